@@ -1,0 +1,47 @@
+"""Errors a user can cause. The CLI and Dagster turn them into one readable line each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class UsageError(Exception):
+    """Bad settings or arguments (exit status 2)."""
+
+
+@dataclass
+class Violation:
+    """One broken rule in one step: what, where, and the first offending rows."""
+
+    rule: str
+    message: str
+    step: int | None = None
+    files: list[str] = field(default_factory=list)
+    rows: list[tuple[int, int]] = field(default_factory=list)  # (index, leaf), first few
+    n_rows: int = 0
+
+    def line(self) -> str:
+        parts = []
+        if self.step is not None:
+            parts.append(f"step {self.step}")
+        if self.files:
+            parts.append(", ".join(self.files))
+        parts.append(f"rule {self.rule}: {self.message}")
+        text = ": ".join(parts)
+        if self.rows:
+            shown = ", ".join(f"({i}, {leaf})" for i, leaf in self.rows)
+            more = f" and {self.n_rows - len(self.rows)} more" if self.n_rows > len(self.rows) else ""
+            text += f"; rows (index, leaf): {shown}{more}"
+        return text
+
+
+class StepError(Exception):
+    """A step's data is invalid, or its settings cannot be satisfied (exit status 1)."""
+
+    def __init__(self, violations: list[Violation]) -> None:
+        self.violations = violations
+        super().__init__("\n".join(v.line() for v in violations))
+
+
+def step_error(rule: str, message: str, step: int | None = None) -> StepError:
+    return StepError([Violation(rule=rule, message=message, step=step)])
