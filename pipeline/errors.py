@@ -30,7 +30,9 @@ class Violation:
         text = ": ".join(parts)
         if self.rows:
             shown = ", ".join(f"({i}, {leaf})" for i, leaf in self.rows)
-            more = f" and {self.n_rows - len(self.rows)} more" if self.n_rows > len(self.rows) else ""
+            more = (
+                f" and {self.n_rows - len(self.rows)} more" if self.n_rows > len(self.rows) else ""
+            )
             text += f"; rows (index, leaf): {shown}{more}"
         return text
 

@@ -1,0 +1,254 @@
+"""One step from sample files to a committed shard folder, in three stages.
+
+`load_samples` (read, type, repair, validate), `plan_batch` (trim, columns, rewards,
+layout) and `write_shards` (atomic step folder with manifest) are what the Dagster
+assets `rollout_samples`, `train_batch` and `training_shards` call; `build_step` runs
+all three for the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from pipeline import columns as c
+from pipeline.errors import StepError
+from pipeline.io import writer
+from pipeline.io.readers import PATH_STEP, SourceFile, load_step
+from pipeline.schemas.validate import RuleFailure, check_samples
+from pipeline.settings import Settings
+from pipeline.transforms import samples as s
+from pipeline.transforms.repair import repair_rollout_ids
+from pipeline.transforms.rewards import with_rewards
+from pipeline.transforms.shard_columns import (
+    light_shard_columns,
+    loss_masks,
+    optional_columns,
+    raw_reward,
+)
+from pipeline.transforms.split import batch_layout
+from pipeline.transforms.trim import is_compact, plan_trim
+
+PROVENANCE = (c.SOURCE_FILE, c.SOURCE_ROW, PATH_STEP)
+REASON = "reason"
+
+
+@dataclass
+class SampleTable:
+    """A step's valid rows in batch order (the `rollout_samples` asset)."""
+
+    step: int
+    frame: pl.DataFrame
+    inputs: list[dict[str, Any]]
+    ignored_columns: list[str]
+    ingested: int
+    repaired: dict[str, int] = field(default_factory=dict)
+    quarantine: pl.DataFrame | None = None
+
+
+@dataclass
+class TrainBatch:
+    """The trimmed batch in write order with its shard columns and metadata (`train_batch`)."""
+
+    step: int
+    frame: pl.DataFrame  # shard columns + `rank`, rank 0's rows first, each in training order
+    meta: dict[str, Any]
+    quarantine: pl.DataFrame | None = None
+
+    def save(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.frame.write_parquet(folder / "batch.parquet")
+        if self.quarantine is not None:
+            self.quarantine.write_parquet(folder / writer.QUARANTINE)
+        (folder / "meta.json").write_text(json.dumps(self.meta))
+
+    @classmethod
+    def load(cls, folder: Path) -> TrainBatch:
+        meta = json.loads((folder / "meta.json").read_text())
+        quarantine = folder / writer.QUARANTINE
+        return cls(
+            step=meta["step"],
+            frame=pl.read_parquet(folder / "batch.parquet"),
+            meta=meta,
+            quarantine=pl.read_parquet(quarantine) if quarantine.exists() else None,
+        )
+
+
+def _light(frame: pl.DataFrame, settings: Settings, step: int) -> pl.DataFrame:
+    return s.light_columns(frame.lazy(), settings.reward_key, step).collect()
+
+
+def _quarantine_rows(frame: pl.DataFrame, failures: list[RuleFailure]) -> pl.DataFrame:
+    """Whole trajectories holding a failing row, with every reason that hit them."""
+    reasons = pl.concat(
+        [
+            frame.select(c.STEP, c.INDEX)
+            .with_row_index("_p")
+            .filter(pl.col("_p").is_in(f.positions.implode()))
+            .select(
+                c.STEP,
+                c.INDEX,
+                pl.lit(f"{f.violation.rule}: {f.violation.message}").alias(REASON),
+            )
+            for f in failures
+        ]
+    )
+    return reasons.group_by(c.STEP, c.INDEX, maintain_order=True).agg(
+        pl.col(REASON).unique(maintain_order=True).str.join("; ")
+    )
+
+
+def load_samples(step: int, sources: Sequence[SourceFile], settings: Settings) -> SampleTable:
+    """Read a step, repair legacy ids if asked, validate; invalid rows fail the step or go to
+    quarantine as whole trajectories."""
+    loaded = load_step(step, sources)
+    frame = loaded.frame
+    repaired: dict[str, int] = {}
+    if settings.rollout_id_policy == "repair":
+        frame, repaired = repair_rollout_ids(frame)
+    failures = check_samples(
+        frame, _light(frame, settings, step), step, settings.normalizes_rewards
+    )
+    quarantine = None
+    if failures and settings.on_invalid == "quarantine":
+        bad = _quarantine_rows(frame, failures)
+        quarantine = frame.join(bad, on=[c.STEP, c.INDEX], how="inner", maintain_order="left")
+        frame = frame.join(bad, on=[c.STEP, c.INDEX], how="anti", maintain_order="left")
+        failures = check_samples(
+            frame, _light(frame, settings, step), step, settings.normalizes_rewards
+        )
+    if failures:
+        raise StepError([f.violation for f in failures])
+    return SampleTable(
+        step=step,
+        frame=frame,
+        inputs=loaded.inputs,
+        ignored_columns=loaded.ignored_columns,
+        ingested=loaded.frame.height,
+        repaired=repaired,
+        quarantine=quarantine,
+    )
+
+
+def _shard_frame(
+    head: pl.DataFrame, light: pl.DataFrame, order: np.ndarray, optional: list[str]
+) -> pl.DataFrame:
+    """Gather the heavy columns into write order once, beside the light shard columns."""
+    heavy = head.select(
+        pl.col(c.TOKENS),
+        loss_masks(),
+        *(
+            pl.col(name).alias(c.METADATA if name == c.TRAIN_METADATA else name)
+            for name in optional
+        ),
+    )
+    scalars = light.select(
+        c.BATCH_POSITION,
+        c.RESPONSE_LENGTHS,
+        c.TOTAL_LENGTHS,
+        c.REWARDS,
+        c.RAW_REWARD,
+        c.TRUNCATED,
+        c.SAMPLE_INDICES,
+        c.ROLLOUT_IDS,
+        c.ROLLOUT_MASK_SUMS,
+    )
+    return pl.concat([scalars, heavy], how="horizontal")[pl.Series(order)]
+
+
+def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
+    """Trim, compute every shard column and the layout; the batch in write order."""
+    step, frame = samples.step, samples.frame
+    light = _light(frame, settings, step).lazy()
+    compact = is_compact(light)
+    trim = plan_trim(frame.height, settings, compact, step)
+    head = frame.head(trim.kept)
+    light = light_shard_columns(light.head(trim.kept)).with_columns(raw_reward(frame.schema))
+    light, equal_groups = with_rewards(light, trim.kept, settings)
+    light_df = light.collect()
+    layout = batch_layout(light_df, settings, compact, step)
+    optional = optional_columns(head)
+    micro_batch = (
+        pl.Series(c.MICRO_BATCH, layout.micro_batch, dtype=pl.Int32)
+        if layout.micro_batch is not None
+        else pl.repeat(None, len(layout.order), dtype=pl.Int32, eager=True).alias(c.MICRO_BATCH)
+    )
+    shard = _shard_frame(head, light_df, layout.order, optional).with_columns(
+        pl.Series(c.TRAIN_STEP, layout.train_step, dtype=pl.Int32),
+        micro_batch,
+        pl.Series(c.RANK, layout.rank, dtype=pl.Int32),
+    )
+    shard = shard.select(
+        *c.SHARD_COLUMNS,
+        *(c.METADATA if name == c.TRAIN_METADATA else name for name in optional),
+        c.RANK,
+    )
+    quarantined = samples.quarantine.height if samples.quarantine is not None else 0
+    counts = {
+        "ingested": samples.ingested,
+        "quarantined": quarantined,
+        "repaired": sum(samples.repaired.values()),
+        "trimmed": trim.trimmed,
+        "dropped": len(layout.dropped),
+        "written": len(layout.order),
+    }
+    meta = {
+        "step": step,
+        "settings": settings.model_dump(mode="json"),
+        "inputs": samples.inputs,
+        "counts": counts,
+        "repaired": samples.repaired,
+        "is_compact": compact,
+        "global_batch_size": trim.global_batch_size,
+        "dynamic_global_batch_size": trim.dynamic_global_batch_size,
+        "num_train_steps": len(layout.num_rollouts),
+        "num_rollouts": layout.num_rollouts,
+        "num_microbatches": layout.num_microbatches,
+        "equal_reward_groups": equal_groups,
+        "ignored_columns": samples.ignored_columns,
+    }
+    return TrainBatch(step=step, frame=shard, meta=meta, quarantine=samples.quarantine)
+
+
+def write_shards(batch: TrainBatch, out_root: Path) -> dict[str, Any]:
+    """Write every rank file, the quarantine and the manifest, then commit the step folder."""
+    dp = batch.meta["settings"]["dp_size"]
+    staged = writer.staging_folder(out_root, batch.step)
+    try:
+        outputs = []
+        ranks = batch.frame.get_column(c.RANK).to_numpy()
+        bounds = np.searchsorted(ranks, np.arange(dp + 1), side="left")
+        for rank in range(dp):
+            part = batch.frame.slice(int(bounds[rank]), int(bounds[rank + 1] - bounds[rank]))
+            name = writer.rank_file(rank)
+            writer.write_parquet(part.drop(c.RANK), staged / name)
+            tokens = int(part.get_column(c.TOTAL_LENGTHS).sum())
+            outputs.append(writer.file_record(staged / name, name, part.height, tokens))
+        if batch.quarantine is not None and batch.quarantine.height:
+            quarantine = batch.quarantine.drop(PROVENANCE[1:], strict=False)
+            writer.write_parquet(quarantine, staged / writer.QUARANTINE)
+            outputs.append(
+                writer.file_record(staged / writer.QUARANTINE, writer.QUARANTINE, quarantine.height)
+            )
+        manifest = {**batch.meta, "outputs": outputs}
+        writer.write_manifest(manifest, staged / writer.MANIFEST)
+        writer.commit_folder(staged, writer.step_folder(out_root, batch.step))
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return manifest
+
+
+def build_step(
+    step: int, sources: Sequence[SourceFile], settings: Settings, out_root: Path
+) -> dict[str, Any]:
+    """The whole build of one step; returns its manifest."""
+    return write_shards(plan_batch(load_samples(step, sources, settings), settings), out_root)

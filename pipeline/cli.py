@@ -1,0 +1,175 @@
+"""The command line: `rollout-shards build` and `rollout-shards validate` (CONTRACT section 4).
+
+It runs the same stage functions as the Dagster assets and never imports Dagster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from pipeline.build import build_step, load_samples, plan_batch
+from pipeline.errors import StepError, UsageError, Violation
+from pipeline.io.readers import find_sources, group_steps
+from pipeline.settings import DISABLE_FLAGS, Settings, data_settings_files, load_settings
+
+PROG = "rollout-shards"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{PROG}: usage error: {message} (see {PROG} --help)\n")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("settings (override the config file; named as miles' flags)")
+    for name, info in Settings.model_fields.items():
+        help_text = info.description
+        if name in DISABLE_FLAGS:
+            group.add_argument(
+                _flag(DISABLE_FLAGS[name]),
+                dest=name,
+                action="store_false",
+                default=argparse.SUPPRESS,
+                help=f"turn off {name}",
+            )
+            continue
+        annotation = info.annotation
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        base = args[0] if isinstance(annotation, types.UnionType) and args else annotation
+        if base is bool:
+            group.add_argument(
+                _flag(name),
+                dest=name,
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+        elif typing.get_origin(base) is typing.Literal:
+            group.add_argument(
+                _flag(name),
+                dest=name,
+                choices=typing.get_args(base),
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+        else:
+            group.add_argument(
+                _flag(name),
+                dest=name,
+                type=base,
+                metavar=name.upper(),
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+
+
+def parser() -> argparse.ArgumentParser:
+    root = _Parser(prog=PROG, description="Validated training shards from RL rollout tables.")
+    commands = root.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    build = commands.add_parser("build", help="write training shards for every step found")
+    build.add_argument("inputs", nargs="+", metavar="INPUT")
+    build.add_argument("--out", required=True, type=Path, help="output root")
+    validate = commands.add_parser("validate", help="check inputs and settings, write nothing")
+    validate.add_argument("inputs", nargs="+", metavar="INPUT")
+    validate.add_argument("--format", choices=("text", "json"), default="text")
+    for sub in (build, validate):
+        sub.add_argument("--config", type=Path, help="settings YAML")
+        _add_setting_flags(sub)
+    return root
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    names = set(Settings.model_fields)
+    overrides = {k: v for k, v in vars(args).items() if k in names}
+    return load_settings(args.config, data_settings_files(args.inputs), **overrides)
+
+
+def _steps(inputs: Sequence[str]) -> dict:
+    steps = group_steps(find_sources(inputs))
+    if not steps:
+        raise UsageError(f"no rollout tables found under {', '.join(inputs)}")
+    return steps
+
+
+def _report(command: str, violations: list[Violation]) -> None:
+    for violation in violations:
+        print(f"{PROG}: {command}: {violation.line()}", file=sys.stderr)
+
+
+def _summary(manifest: dict[str, Any], out: Path) -> str:
+    n = manifest["counts"]
+    kind = "compact" if manifest["is_compact"] else "not compact"
+    return (
+        f"step {manifest['step']}: {n['ingested']} rows in, {n['quarantined']} quarantined, "
+        f"{n['trimmed']} trimmed, {n['dropped']} dropped, {n['written']} written to "
+        f"{manifest['settings']['dp_size']} ranks, {manifest['num_train_steps']} train steps, "
+        f"{kind} -> {out / ('step=' + str(manifest['step']))}"
+    )
+
+
+def run_build(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    status = 0
+    for step, sources in _steps(args.inputs).items():
+        try:
+            manifest = build_step(step, sources, settings, args.out)
+        except StepError as exc:
+            _report("build", exc.violations)
+            status = 1
+            continue
+        print(_summary(manifest, args.out))
+    return status
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    report = []
+    for step, sources in _steps(args.inputs).items():
+        try:
+            batch = plan_batch(load_samples(step, sources, settings), settings)
+        except StepError as exc:
+            report.append({"step": step, "valid": False, "violations": exc.violations})
+            continue
+        report.append(
+            {"step": step, "valid": True, "violations": [], "counts": batch.meta["counts"]}
+        )
+    if args.format == "json":
+        for entry in report:
+            entry["violations"] = [v.__dict__ for v in entry["violations"]]
+        print(json.dumps(report, indent=2))
+    else:
+        for entry in report:
+            if entry["valid"]:
+                n = entry["counts"]
+                step = entry["step"]
+                print(f"step {step}: valid, {n['ingested']} rows, {n['written']} would be written")
+            else:
+                _report("validate", entry["violations"])
+    return 0 if all(entry["valid"] for entry in report) else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return run_build(args) if args.command == "build" else run_validate(args)
+    except UsageError as exc:
+        print(f"{PROG}: usage error: {exc}", file=sys.stderr)
+        return 2
+    except StepError as exc:
+        _report(args.command, exc.violations)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

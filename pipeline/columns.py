@@ -1,0 +1,97 @@
+"""Column names of the contract (CONTRACT.md sections 1 and 2), in one place."""
+
+from __future__ import annotations
+
+import polars as pl
+
+# Input: rollout sample tables.
+STEP = "step"
+GROUP_INDEX = "group_index"
+INDEX = "index"
+LEAF = "leaf"
+ROLLOUT_ID = "rollout_id"
+SESSION_VERSION = "session_version"
+STATUS = "status"
+TOKENS = "tokens"
+RESPONSE_LENGTH = "response_length"
+LOSS_MASK = "loss_mask"
+REWARD = "reward"
+REMOVE_SAMPLE = "remove_sample"
+ROLLOUT_LOG_PROBS = "rollout_log_probs"
+TEACHER_LOG_PROBS = "teacher_log_probs"
+WEIGHT_VERSIONS = "weight_versions"
+RAW_REWARD = "raw_reward"
+ROUND_NUMBER = "round_number"
+TRAIN_METADATA = "train_metadata"
+PROMPT = "prompt"
+METADATA = "metadata"
+
+# Provenance added on ingest, never written to shards.
+SOURCE_FILE = "_file"
+SOURCE_ROW = "_row"
+
+INPUT_SCHEMA: dict[str, pl.DataType] = {
+    STEP: pl.Int64(),
+    GROUP_INDEX: pl.Int64(),
+    INDEX: pl.Int64(),
+    LEAF: pl.Int32(),
+    ROLLOUT_ID: pl.Int64(),
+    SESSION_VERSION: pl.String(),
+    STATUS: pl.String(),
+    TOKENS: pl.List(pl.Int32()),
+    RESPONSE_LENGTH: pl.Int32(),
+    LOSS_MASK: pl.List(pl.Int8()),
+    REMOVE_SAMPLE: pl.Boolean(),
+    ROLLOUT_LOG_PROBS: pl.List(pl.Float32()),
+    TEACHER_LOG_PROBS: pl.List(pl.Float32()),
+    WEIGHT_VERSIONS: pl.List(pl.String()),
+    RAW_REWARD: pl.Float64(),
+    ROUND_NUMBER: pl.Int64(),
+    TRAIN_METADATA: pl.String(),
+    PROMPT: pl.String(),
+    METADATA: pl.String(),
+}
+# `reward` is float64 or a struct of float64; it is typed on read (see io.readers).
+KNOWN_COLUMNS = frozenset(INPUT_SCHEMA) | {REWARD}
+REQUIRED_COLUMNS = (INDEX, STATUS, TOKENS, RESPONSE_LENGTH, REWARD)
+STATUSES = ("pending", "completed", "truncated", "aborted", "failed")
+SESSION_VERSIONS = ("v1", "v2")
+
+# Output: training shards.
+BATCH_POSITION = "batch_position"
+TRAIN_STEP = "train_step"
+MICRO_BATCH = "micro_batch"
+RESPONSE_LENGTHS = "response_lengths"
+TOTAL_LENGTHS = "total_lengths"
+LOSS_MASKS = "loss_masks"
+REWARDS = "rewards"
+TRUNCATED = "truncated"
+SAMPLE_INDICES = "sample_indices"
+ROLLOUT_IDS = "rollout_ids"
+ROLLOUT_MASK_SUMS = "rollout_mask_sums"
+RANK = "rank"
+
+SHARD_COLUMNS = (
+    BATCH_POSITION,
+    TRAIN_STEP,
+    MICRO_BATCH,
+    TOKENS,
+    RESPONSE_LENGTHS,
+    TOTAL_LENGTHS,
+    LOSS_MASKS,
+    REWARDS,
+    RAW_REWARD,
+    TRUNCATED,
+    SAMPLE_INDICES,
+    ROLLOUT_IDS,
+    ROLLOUT_MASK_SUMS,
+)
+# Copied when the input has them, in this order after SHARD_COLUMNS; `train_metadata`
+# is written as `metadata`.
+OPTIONAL_SHARD_COLUMNS = (
+    ROLLOUT_LOG_PROBS,
+    TEACHER_LOG_PROBS,
+    WEIGHT_VERSIONS,
+    ROUND_NUMBER,
+    METADATA,
+)

@@ -1,0 +1,146 @@
+"""Pandera models of a rollout sample table (CONTRACT section 1, SEMANTICS sections 2-5).
+
+`RolloutSampleTable` checks types and nullability of the full table. The rules that look
+across rows run on the light per-row frame of `transforms.samples.light_columns`, so
+failure cases never carry token lists.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pandera.polars as pa
+import polars as pl
+from pandera.api.polars.types import PolarsData
+
+from pipeline import columns as c
+from pipeline.transforms import samples as s
+
+TRAJECTORY = [c.STEP, c.INDEX]
+V2_MULTI_LEAF = (pl.col(c.SESSION_VERSION) == "v2").fill_null(False) & (
+    pl.col(s.TRAJECTORY_SIZE) > 1
+)
+
+
+class RolloutSampleTable(pa.DataFrameModel):
+    """Types and nullability of every contract column."""
+
+    step: pl.Int64 = pa.Field(nullable=False)
+    group_index: Optional[pl.Int64] = pa.Field(nullable=True)  # noqa: UP045 - pandera reads Optional
+    index: pl.Int64 = pa.Field(nullable=False)
+    leaf: pl.Int32 = pa.Field(nullable=False, ge=0)
+    rollout_id: Optional[pl.Int64] = pa.Field(nullable=True)  # noqa: UP045
+    session_version: Optional[pl.String] = pa.Field(nullable=True, isin=list(c.SESSION_VERSIONS))  # noqa: UP045
+    status: pl.String = pa.Field(nullable=False, isin=list(c.STATUSES))
+    tokens: pl.List(pl.Int32) = pa.Field(nullable=False)
+    response_length: pl.Int32 = pa.Field(nullable=False, ge=0)
+    loss_mask: Optional[pl.List(pl.Int8)] = pa.Field(nullable=True)  # noqa: UP045
+    remove_sample: pl.Boolean = pa.Field(nullable=False)
+    rollout_log_probs: Optional[pl.List(pl.Float32)] = pa.Field(nullable=True)  # noqa: UP045
+    teacher_log_probs: Optional[pl.List(pl.Float32)] = pa.Field(nullable=True)  # noqa: UP045
+    weight_versions: Optional[pl.List(pl.String)] = pa.Field(nullable=True)  # noqa: UP045
+    raw_reward: Optional[pl.Float64] = pa.Field(nullable=True)  # noqa: UP045
+    round_number: Optional[pl.Int64] = pa.Field(nullable=True)  # noqa: UP045
+    train_metadata: Optional[pl.String] = pa.Field(nullable=True)  # noqa: UP045
+
+    class Config:
+        strict = False
+
+
+def _ok(data: PolarsData, expr: pl.Expr) -> pl.LazyFrame:
+    return data.lazyframe.select(expr.fill_null(True).alias("ok"))
+
+
+def _all_or_none(name: str) -> pl.Expr:
+    has = pl.col(f"_has_{name}")
+    return has | ~has.any()
+
+
+class SampleRules(pa.DataFrameModel):
+    """Row invariants and the rollout-id rule, on the light per-row frame."""
+
+    class Config:
+        strict = False
+
+    @pa.dataframe_check(error="step column disagrees with the step in the file path")
+    def step_matches_path(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, pl.col(c.STEP) == pl.col("_path_step"))
+
+    @pa.dataframe_check(error="response_length must be within 0..len(tokens)")
+    def response_within_tokens(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, pl.col(c.RESPONSE_LENGTH) <= pl.col(s.N_TOKENS))
+
+    @pa.dataframe_check(error="loss_mask length must equal response_length")
+    def loss_mask_length(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, pl.col(s.MASK_LEN) == pl.col(c.RESPONSE_LENGTH))
+
+    @pa.dataframe_check(error="loss_mask values must be 0 or 1")
+    def loss_mask_binary(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, pl.col(s.MASK_BINARY))
+
+    @pa.dataframe_check(error="rollout_log_probs length must equal response_length")
+    def rollout_log_probs_length(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, pl.col(s.RLP_LEN) == pl.col(c.RESPONSE_LENGTH))
+
+    @pa.dataframe_check(error="teacher_log_probs length must equal response_length")
+    def teacher_log_probs_length(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, pl.col(s.TLP_LEN) == pl.col(c.RESPONSE_LENGTH))
+
+    @pa.dataframe_check(error="(step, index, leaf) must be unique")
+    def unique_leaf(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, pl.len().over(c.STEP, c.INDEX, c.LEAF) == 1)
+
+    @pa.dataframe_check(error="all leaves of a trajectory must have one session_version")
+    def one_session_version(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, pl.col(c.SESSION_VERSION).fill_null("").n_unique().over(TRAJECTORY) == 1)
+
+    @pa.dataframe_check(
+        error="rollout_id must be set exactly on the leaves of v2 multi-leaf trajectories; "
+        "v1 rows and v2 singletons keep it null (miles PR #2536)"
+    )
+    def rollout_id_only_on_v2_multi_leaf(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, pl.col(c.ROLLOUT_ID).is_not_null() == V2_MULTI_LEAF)
+
+    @pa.dataframe_check(error="all leaves of a v2 multi-leaf trajectory must share one rollout_id")
+    def rollout_id_shared_by_siblings(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, pl.col(c.ROLLOUT_ID).n_unique().over(TRAJECTORY) == 1)
+
+    @pa.dataframe_check(
+        error="a rollout key (rollout_id, else index) must belong to exactly one trajectory "
+        "of the step; two trajectories share it"
+    )
+    def rollout_key_unique_per_trajectory(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, pl.col(c.INDEX).n_unique().over(c.STEP, s.ROLLOUT_KEY) == 1)
+
+    @pa.dataframe_check(error="reward must be a finite number on every row")
+    def reward_finite(cls, data: PolarsData) -> pl.LazyFrame:
+        return data.lazyframe.select(pl.col(s.REWARD_VALUE).is_finite().fill_null(False))
+
+    @pa.dataframe_check(error="rollout_log_probs is null on some rows and set on others")
+    def rollout_log_probs_all_or_none(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, _all_or_none(c.ROLLOUT_LOG_PROBS))
+
+    @pa.dataframe_check(error="teacher_log_probs is null on some rows and set on others")
+    def teacher_log_probs_all_or_none(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, _all_or_none(c.TEACHER_LOG_PROBS))
+
+    @pa.dataframe_check(error="round_number is null on some rows and set on others")
+    def round_number_all_or_none(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, _all_or_none(c.ROUND_NUMBER))
+
+    @pa.dataframe_check(error="train_metadata is null on some rows and set on others")
+    def train_metadata_all_or_none(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, _all_or_none(c.TRAIN_METADATA))
+
+
+class SiblingRewards(pa.DataFrameModel):
+    """Rows of one rollout share one raw reward (SEMANTICS 5.3 step 3), when normalizing."""
+
+    class Config:
+        strict = False
+
+    @pa.dataframe_check(error="all samples of a rollout must share one reward")
+    def rollout_shares_reward(cls, data: PolarsData) -> pl.LazyFrame:
+        reward = pl.col(s.REWARD_VALUE)
+        same = (reward.max() == reward.min()) & ~reward.is_nan().any()
+        return _ok(data, same.over(c.STEP, s.ROLLOUT_KEY))

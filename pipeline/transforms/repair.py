@@ -1,0 +1,42 @@
+"""Legacy rollout-id repair (`rollout_id_policy: repair`, CONTRACT section 3)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from pipeline import columns as c
+
+TRAJECTORY = (c.STEP, c.INDEX)
+CLEARED = "cleared_on_v1_or_singleton"
+STAMPED = "stamped_on_v2_multi_leaf"
+
+
+def repair_rollout_ids(frame: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, int]]:
+    """Clear ids outside v2 multi-leaf trajectories (before miles PR #2536) and stamp missing
+    ids on v2 multi-leaf leaves with a sibling's id, else the index (before PR #2368)."""
+    if c.ROLLOUT_ID not in frame.columns:
+        frame = frame.with_columns(pl.lit(None, dtype=pl.Int64).alias(c.ROLLOUT_ID))
+    session = (
+        pl.col(c.SESSION_VERSION) if c.SESSION_VERSION in frame.columns else pl.lit(None, pl.String)
+    )
+    multi_leaf_v2 = (session == "v2").fill_null(False) & (pl.len().over(TRAJECTORY) > 1)
+    rollout_id = pl.col(c.ROLLOUT_ID)
+    sibling_id = rollout_id.drop_nulls().first().over(TRAJECTORY)
+    flagged = frame.with_columns(
+        (~multi_leaf_v2 & rollout_id.is_not_null()).alias(CLEARED),
+        (multi_leaf_v2 & rollout_id.is_null()).alias(STAMPED),
+        pl.coalesce(sibling_id, pl.col(c.INDEX)).alias("_stamp"),
+    )
+    counts = {
+        CLEARED: int(flagged.get_column(CLEARED).sum()),
+        STAMPED: int(flagged.get_column(STAMPED).sum()),
+    }
+    repaired = flagged.with_columns(
+        pl.when(pl.col(CLEARED))
+        .then(pl.lit(None, dtype=pl.Int64))
+        .when(pl.col(STAMPED))
+        .then(pl.col("_stamp"))
+        .otherwise(rollout_id)
+        .alias(c.ROLLOUT_ID)
+    ).drop(CLEARED, STAMPED, "_stamp")
+    return repaired, counts

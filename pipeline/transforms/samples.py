@@ -1,0 +1,96 @@
+"""Derived light columns of a sample table: what validation and planning look at.
+
+Heavy list columns are reduced to lengths and flags here, so that every rule and the
+whole plan run on a few scalar columns per row.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from pipeline import columns as c
+from pipeline.errors import StepError, Violation
+
+POSITION = "_pos"
+N_TOKENS = "_n_tokens"
+MASK_LEN = "_mask_len"
+MASK_BINARY = "_mask_binary"
+MASK_SUM = "_mask_sum"
+RLP_LEN = "_rlp_len"
+TLP_LEN = "_tlp_len"
+TRAJECTORY_SIZE = "_trajectory_size"
+ROLLOUT_KEY = "_rollout_key"
+REWARD_VALUE = "_reward"
+# Optional columns that must be set on every row or on none (SEMANTICS section 4).
+ALL_OR_NONE = (c.ROLLOUT_LOG_PROBS, c.TEACHER_LOG_PROBS, c.ROUND_NUMBER, c.TRAIN_METADATA)
+TRAJECTORY = (c.STEP, c.INDEX)
+
+
+def reward_value(schema: pl.Schema, reward_key: str | None, step: int) -> pl.Expr:
+    """The scalar raw reward (SEMANTICS 5.1): the reward, or its field `reward_key`."""
+    dtype = schema[c.REWARD]
+    if not isinstance(dtype, pl.Struct):
+        return pl.col(c.REWARD).cast(pl.Float64)
+    fields = [f.name for f in dtype.fields]
+    if reward_key is None or reward_key not in fields:
+        what = "is not set" if reward_key is None else f"{reward_key!r} is not a field"
+        raise StepError(
+            [
+                Violation(
+                    rule="reward_key",
+                    message=f"reward is a struct of {fields} and reward_key {what}: "
+                    "set reward_key to the field to train on",
+                    step=step,
+                )
+            ]
+        )
+    return pl.col(c.REWARD).struct.field(reward_key).cast(pl.Float64)
+
+
+def _list_len(schema: pl.Schema, name: str) -> pl.Expr:
+    if name not in schema:
+        return pl.lit(None, dtype=pl.UInt32)
+    return pl.col(name).list.len()
+
+
+def _or_null(schema: pl.Schema, name: str, dtype: pl.DataType) -> pl.Expr:
+    return pl.col(name) if name in schema else pl.lit(None, dtype=dtype)
+
+
+def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.LazyFrame:
+    """The per-row scalars every rule and the plan need, without any list column."""
+    schema = lf.collect_schema()
+    mask_sum = pl.col(c.LOSS_MASK).list.sum() if c.LOSS_MASK in schema else pl.lit(None)
+    mask_binary = (
+        pl.col(c.LOSS_MASK).list.eval(pl.element().is_in([0, 1])).list.all()
+        if c.LOSS_MASK in schema
+        else pl.lit(None, dtype=pl.Boolean)
+    )
+    key = pl.coalesce(_or_null(schema, c.ROLLOUT_ID, pl.Int64()), pl.col(c.INDEX))
+    return lf.select(
+        pl.int_range(pl.len(), dtype=pl.Int64).alias(POSITION),
+        pl.col(c.STEP),
+        pl.col(c.INDEX),
+        pl.col(c.LEAF),
+        _or_null(schema, c.GROUP_INDEX, pl.Int64()).alias(c.GROUP_INDEX),
+        _or_null(schema, c.ROLLOUT_ID, pl.Int64()).alias(c.ROLLOUT_ID),
+        _or_null(schema, c.SESSION_VERSION, pl.String()).alias(c.SESSION_VERSION),
+        pl.col(c.STATUS),
+        pl.col(c.RESPONSE_LENGTH),
+        pl.col(c.REMOVE_SAMPLE),
+        pl.col(c.TOKENS).list.len().cast(pl.Int64).alias(N_TOKENS),
+        _list_len(schema, c.LOSS_MASK).cast(pl.Int64).alias(MASK_LEN),
+        mask_binary.alias(MASK_BINARY),
+        mask_sum.cast(pl.Int64).alias(MASK_SUM),
+        _list_len(schema, c.ROLLOUT_LOG_PROBS).cast(pl.Int64).alias(RLP_LEN),
+        _list_len(schema, c.TEACHER_LOG_PROBS).cast(pl.Int64).alias(TLP_LEN),
+        *(
+            (pl.col(name).is_not_null() if name in schema else pl.lit(False)).alias(f"_has_{name}")
+            for name in ALL_OR_NONE
+        ),
+        reward_value(schema, reward_key, step).alias(REWARD_VALUE),
+        pl.len().over(TRAJECTORY).cast(pl.Int64).alias(TRAJECTORY_SIZE),
+        key.alias(ROLLOUT_KEY),
+        pl.col(c.SOURCE_FILE),
+        _or_null(schema, "_path_step", pl.Int64()).alias("_path_step"),
+    )

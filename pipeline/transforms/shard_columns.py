@@ -1,0 +1,61 @@
+"""Per-row shard columns of the trimmed batch (SEMANTICS section 4)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from pipeline import columns as c
+from pipeline.transforms import samples as s
+
+EFFECTIVE_MASK_SUM = "_effective_mask_sum"
+
+
+def light_shard_columns(light: pl.LazyFrame) -> pl.LazyFrame:
+    """The scalar shard columns, computed on the light frame of the trimmed batch."""
+    mask_sum = (
+        pl.when(pl.col(c.REMOVE_SAMPLE))
+        .then(0)
+        .otherwise(pl.coalesce(pl.col(s.MASK_SUM), pl.col(c.RESPONSE_LENGTH).cast(pl.Int64)))
+    )
+    return light.with_columns(
+        pl.col(s.POSITION).alias(c.BATCH_POSITION),
+        pl.col(c.RESPONSE_LENGTH).alias(c.RESPONSE_LENGTHS),
+        pl.col(s.N_TOKENS).cast(pl.Int32).alias(c.TOTAL_LENGTHS),
+        (pl.col(c.STATUS) == "truncated").cast(pl.Int8).alias(c.TRUNCATED),
+        pl.col(c.INDEX).alias(c.SAMPLE_INDICES),
+        pl.col(s.ROLLOUT_KEY).alias(c.ROLLOUT_IDS),
+        mask_sum.sum().over(s.ROLLOUT_KEY).cast(pl.Int64).alias(c.ROLLOUT_MASK_SUMS),
+    )
+
+
+def loss_masks() -> pl.Expr:
+    """Null becomes response_length ones; remove_sample zeroes the mask."""
+    length = pl.col(c.RESPONSE_LENGTH)
+    return (
+        pl.when(pl.col(c.REMOVE_SAMPLE))
+        .then(pl.lit(0, dtype=pl.Int8).repeat_by(length))
+        .when(pl.col(c.LOSS_MASK).is_null())
+        .then(pl.lit(1, dtype=pl.Int8).repeat_by(length))
+        .otherwise(pl.col(c.LOSS_MASK))
+        .alias(c.LOSS_MASKS)
+    )
+
+
+def raw_reward(schema: pl.Schema) -> pl.Expr:
+    """The raw reward written to shards: the `raw_reward` column where set, else the reward."""
+    if c.RAW_REWARD in schema:
+        return pl.coalesce(pl.col(c.RAW_REWARD), pl.col(s.REWARD_VALUE)).alias(c.RAW_REWARD)
+    return pl.col(s.REWARD_VALUE).alias(c.RAW_REWARD)
+
+
+def optional_columns(frame: pl.DataFrame) -> list[str]:
+    """Optional input columns that go into shards (as their shard names' sources)."""
+    present = []
+    for name in (c.ROLLOUT_LOG_PROBS, c.TEACHER_LOG_PROBS, c.ROUND_NUMBER, c.TRAIN_METADATA):
+        if name in frame.columns and frame.get_column(name).is_not_null().any():
+            present.append(name)
+    if c.WEIGHT_VERSIONS in frame.columns and bool(
+        frame.select((pl.col(c.WEIGHT_VERSIONS).list.len() > 0).any()).item()
+    ):
+        present.insert(2, c.WEIGHT_VERSIONS)
+    return present
