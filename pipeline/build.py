@@ -142,7 +142,7 @@ def _shard_frame(
     """Gather the heavy columns into write order once, beside the light shard columns."""
     heavy = head.select(
         pl.col(c.TOKENS),
-        loss_masks(),
+        loss_masks(head.schema),
         *(
             pl.col(name).alias(c.METADATA if name == c.TRAIN_METADATA else name)
             for name in optional
@@ -172,7 +172,8 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     light = light_shard_columns(light.head(trim.kept)).with_columns(raw_reward(frame.schema))
     light, equal_groups = with_rewards(light, trim.kept, settings)
     light_df = light.collect()
-    layout = batch_layout(light_df, settings, compact, step)
+    effective = settings.model_copy(update={"global_batch_size": trim.global_batch_size})
+    layout = batch_layout(light_df, effective, compact, step)
     optional = optional_columns(head)
     micro_batch = (
         pl.Series(c.MICRO_BATCH, layout.micro_batch, dtype=pl.Int32)

@@ -233,8 +233,11 @@ def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
         frame = frame.with_columns(pl.col(PATH_STEP).alias(c.STEP))
     else:
         frame = frame.with_columns(pl.col(c.STEP).fill_null(pl.col(PATH_STEP)))
+    # A missing remove_sample (absent column, or a JSON object without the key) is false.
     if c.REMOVE_SAMPLE not in frame.columns:
         frame = frame.with_columns(pl.lit(False).alias(c.REMOVE_SAMPLE))
+    else:
+        frame = frame.with_columns(pl.col(c.REMOVE_SAMPLE).fill_null(False))
     if c.LEAF not in frame.columns:
         frame = frame.with_columns(
             pl.int_range(pl.len(), dtype=pl.Int32).over(c.STEP, c.INDEX).alias(c.LEAF)

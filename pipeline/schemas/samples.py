@@ -62,73 +62,98 @@ class SampleRules(pa.DataFrameModel):
     class Config:
         strict = False
 
-    @pa.dataframe_check(error="step column disagrees with the step in the file path")
+    @pa.dataframe_check(
+        error="step_matches_path: step column disagrees with the step in the file path"
+    )
     def step_matches_path(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, pl.col(c.STEP) == pl.col("_path_step"))
 
-    @pa.dataframe_check(error="response_length must be within 0..len(tokens)")
+    @pa.dataframe_check(
+        error="response_within_tokens: response_length must be within 0..len(tokens)"
+    )
     def response_within_tokens(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, pl.col(c.RESPONSE_LENGTH) <= pl.col(s.N_TOKENS))
 
-    @pa.dataframe_check(error="loss_mask length must equal response_length")
+    @pa.dataframe_check(error="loss_mask_length: loss_mask length must equal response_length")
     def loss_mask_length(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, pl.col(s.MASK_LEN) == pl.col(c.RESPONSE_LENGTH))
 
-    @pa.dataframe_check(error="loss_mask values must be 0 or 1")
+    @pa.dataframe_check(error="loss_mask_binary: loss_mask values must be 0 or 1")
     def loss_mask_binary(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, pl.col(s.MASK_BINARY))
 
-    @pa.dataframe_check(error="rollout_log_probs length must equal response_length")
+    @pa.dataframe_check(
+        error="rollout_log_probs_length: rollout_log_probs length must equal response_length"
+    )
     def rollout_log_probs_length(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, pl.col(s.RLP_LEN) == pl.col(c.RESPONSE_LENGTH))
 
-    @pa.dataframe_check(error="teacher_log_probs length must equal response_length")
+    @pa.dataframe_check(
+        error="teacher_log_probs_length: teacher_log_probs length must equal response_length"
+    )
     def teacher_log_probs_length(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, pl.col(s.TLP_LEN) == pl.col(c.RESPONSE_LENGTH))
 
-    @pa.dataframe_check(error="(step, index, leaf) must be unique")
+    @pa.dataframe_check(error="unique_leaf: (step, index, leaf) must be unique")
     def unique_leaf(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, pl.len().over(c.STEP, c.INDEX, c.LEAF) == 1)
 
-    @pa.dataframe_check(error="all leaves of a trajectory must have one session_version")
+    @pa.dataframe_check(
+        error="one_session_version: all leaves of a trajectory must have one session_version"
+    )
     def one_session_version(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, pl.col(c.SESSION_VERSION).fill_null("").n_unique().over(TRAJECTORY) == 1)
 
     @pa.dataframe_check(
-        error="rollout_id must be set exactly on the leaves of v2 multi-leaf trajectories; "
+        error="rollout_id_only_on_v2_multi_leaf: "
+        "rollout_id must be set exactly on the leaves of v2 multi-leaf trajectories; "
         "v1 rows and v2 singletons keep it null (miles PR #2536)"
     )
     def rollout_id_only_on_v2_multi_leaf(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, pl.col(c.ROLLOUT_ID).is_not_null() == V2_MULTI_LEAF)
 
-    @pa.dataframe_check(error="all leaves of a v2 multi-leaf trajectory must share one rollout_id")
+    @pa.dataframe_check(
+        error="rollout_id_shared_by_siblings: "
+        "all leaves of a v2 multi-leaf trajectory must share one rollout_id"
+    )
     def rollout_id_shared_by_siblings(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, pl.col(c.ROLLOUT_ID).n_unique().over(TRAJECTORY) == 1)
 
     @pa.dataframe_check(
-        error="a rollout key (rollout_id, else index) must belong to exactly one trajectory "
+        error="rollout_key_unique_per_trajectory: "
+        "a rollout key (rollout_id, else index) must belong to exactly one trajectory "
         "of the step; two trajectories share it"
     )
     def rollout_key_unique_per_trajectory(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, pl.col(c.INDEX).n_unique().over(c.STEP, s.ROLLOUT_KEY) == 1)
 
-    @pa.dataframe_check(error="reward must be a finite number on every row")
+    @pa.dataframe_check(error="reward_finite: reward must be a finite number on every row")
     def reward_finite(cls, data: PolarsData) -> pl.LazyFrame:
         return data.lazyframe.select(pl.col(s.REWARD_VALUE).is_finite().fill_null(False))
 
-    @pa.dataframe_check(error="rollout_log_probs is null on some rows and set on others")
+    @pa.dataframe_check(
+        error="rollout_log_probs_all_or_none: "
+        "rollout_log_probs is null on some rows and set on others"
+    )
     def rollout_log_probs_all_or_none(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, _all_or_none(c.ROLLOUT_LOG_PROBS))
 
-    @pa.dataframe_check(error="teacher_log_probs is null on some rows and set on others")
+    @pa.dataframe_check(
+        error="teacher_log_probs_all_or_none: "
+        "teacher_log_probs is null on some rows and set on others"
+    )
     def teacher_log_probs_all_or_none(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, _all_or_none(c.TEACHER_LOG_PROBS))
 
-    @pa.dataframe_check(error="round_number is null on some rows and set on others")
+    @pa.dataframe_check(
+        error="round_number_all_or_none: round_number is null on some rows and set on others"
+    )
     def round_number_all_or_none(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, _all_or_none(c.ROUND_NUMBER))
 
-    @pa.dataframe_check(error="train_metadata is null on some rows and set on others")
+    @pa.dataframe_check(
+        error="train_metadata_all_or_none: train_metadata is null on some rows and set on others"
+    )
     def train_metadata_all_or_none(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, _all_or_none(c.TRAIN_METADATA))
 
@@ -139,7 +164,9 @@ class SiblingRewards(pa.DataFrameModel):
     class Config:
         strict = False
 
-    @pa.dataframe_check(error="all samples of a rollout must share one reward")
+    @pa.dataframe_check(
+        error="rollout_shares_reward: all samples of a rollout must share one reward"
+    )
     def rollout_shares_reward(cls, data: PolarsData) -> pl.LazyFrame:
         reward = pl.col(s.REWARD_VALUE)
         same = (reward.max() == reward.min()) & ~reward.is_nan().any()

@@ -50,12 +50,12 @@ def _summarise(
         .then(pl.col("column") + "_" + pl.col("check").str.extract(r"^([^(]*)"))
         .otherwise(pl.col("check"))
     )
-    cases = cases.with_columns(rule.alias("rule"))
+    cases = cases.with_columns(rule.str.split(": ").list.first().alias("rule"))
     failures = []
     for (rule,), group in cases.group_by("rule", maintain_order=True):
         positions = group.get_column("index").drop_nulls().cast(pl.Int64).unique().sort()
         rows = light.filter(pl.col(s.POSITION).is_in(positions.implode())).sort(s.POSITION)
-        message = messages.get(rule) or group.get_column("check")[0]
+        message = messages.get(rule) or group.get_column("check")[0].partition(": ")[2]
         if rule == "rollout_shares_reward":
             message = _rollout_reward_message(light, positions)
         elif rows.height == 0:

@@ -89,6 +89,7 @@ def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.Laz
             for name in ALL_OR_NONE
         ),
         reward_value(schema, reward_key, step).alias(REWARD_VALUE),
+        _or_null(schema, c.RAW_REWARD, pl.Float64()).alias(c.RAW_REWARD),
         pl.len().over(TRAJECTORY).cast(pl.Int64).alias(TRAJECTORY_SIZE),
         key.alias(ROLLOUT_KEY),
         pl.col(c.SOURCE_FILE),

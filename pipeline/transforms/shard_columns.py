@@ -28,14 +28,17 @@ def light_shard_columns(light: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-def loss_masks() -> pl.Expr:
+def loss_masks(schema: pl.Schema) -> pl.Expr:
     """Null becomes response_length ones; remove_sample zeroes the mask."""
     length = pl.col(c.RESPONSE_LENGTH)
+    ones = pl.lit(1, dtype=pl.Int8).repeat_by(length)
+    if c.LOSS_MASK not in schema:
+        return pl.when(pl.col(c.REMOVE_SAMPLE)).then(ones * 0).otherwise(ones).alias(c.LOSS_MASKS)
     return (
         pl.when(pl.col(c.REMOVE_SAMPLE))
         .then(pl.lit(0, dtype=pl.Int8).repeat_by(length))
         .when(pl.col(c.LOSS_MASK).is_null())
-        .then(pl.lit(1, dtype=pl.Int8).repeat_by(length))
+        .then(ones)
         .otherwise(pl.col(c.LOSS_MASK))
         .alias(c.LOSS_MASKS)
     )
@@ -49,13 +52,14 @@ def raw_reward(schema: pl.Schema) -> pl.Expr:
 
 
 def optional_columns(frame: pl.DataFrame) -> list[str]:
-    """Optional input columns that go into shards (as their shard names' sources)."""
-    present = []
-    for name in (c.ROLLOUT_LOG_PROBS, c.TEACHER_LOG_PROBS, c.ROUND_NUMBER, c.TRAIN_METADATA):
-        if name in frame.columns and frame.get_column(name).is_not_null().any():
-            present.append(name)
-    if c.WEIGHT_VERSIONS in frame.columns and bool(
-        frame.select((pl.col(c.WEIGHT_VERSIONS).list.len() > 0).any()).item()
-    ):
-        present.insert(2, c.WEIGHT_VERSIONS)
-    return present
+    """Optional input columns that go into shards, in shard column order."""
+
+    def present(name: str) -> bool:
+        if name not in frame.columns:
+            return False
+        if name == c.WEIGHT_VERSIONS:  # only when some row has a non-empty list
+            return bool(frame.select((pl.col(name).list.len() > 0).any()).item())
+        return bool(frame.get_column(name).is_not_null().any())
+
+    order = (c.ROLLOUT_LOG_PROBS, c.TEACHER_LOG_PROBS, c.WEIGHT_VERSIONS, c.ROUND_NUMBER)
+    return [name for name in (*order, c.TRAIN_METADATA) if present(name)]

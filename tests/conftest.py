@@ -1,0 +1,78 @@
+"""Shared helpers: write small sample tables and build them in-process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from pipeline.build import build_step, load_samples, plan_batch
+from pipeline.columns import INPUT_SCHEMA
+from pipeline.io.readers import find_sources, group_steps
+from pipeline.settings import load_settings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def sample(index: int, leaf: int = 0, **fields: Any) -> dict[str, Any]:
+    """One sample row: 2 prompt tokens plus `response_length` response tokens."""
+    response = fields.pop("response_length", 2)
+    row = {
+        "index": index,
+        "leaf": leaf,
+        "status": "completed",
+        "tokens": list(range(2 + response)),
+        "response_length": response,
+        "reward": 0.0,
+    }
+    row.update(fields)
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    names = list(dict.fromkeys(k for row in rows for k in row))
+    data = {name: [row.get(name) for row in rows] for name in names}
+    schema = {n: INPUT_SCHEMA[n] for n in names if n in INPUT_SCHEMA}
+    frame = pl.DataFrame({n: data[n] for n in schema}, schema=schema, strict=False)
+    extra = [pl.Series(n, data[n], strict=False) for n in names if n not in schema]
+    return frame.with_columns(extra).select(names)
+
+
+def write_step(root: Path, rows: list[dict[str, Any]], step: int = 1, fmt: str = "parquet") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    frame = table(rows)
+    if fmt == "parquet":
+        path = root / f"step={step}.parquet"
+        frame.write_parquet(path)
+    elif fmt == "arrow":
+        path = root / f"step={step}.arrow"
+        frame.write_ipc(path)
+    else:
+        path = root / f"step={step}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def plan(root: Path, **settings: Any):
+    """The planned batch of the only step under root."""
+    ((step, sources),) = group_steps(find_sources([root])).items()
+    config = load_settings(**settings)
+    return plan_batch(load_samples(step, sources, config), config)
+
+
+def build(root: Path, out: Path, **settings: Any) -> dict[str, Any]:
+    ((step, sources),) = group_steps(find_sources([root])).items()
+    return build_step(step, sources, load_settings(**settings), out)
+
+
+def ranks(out: Path, step: int = 1) -> list[pl.DataFrame]:
+    folder = out / f"step={step}"
+    return [pl.read_parquet(p) for p in sorted(folder.glob("rank=*.parquet"))]
+
+
+@pytest.fixture
+def rows_dir(tmp_path: Path) -> Path:
+    return tmp_path / "rollouts"
