@@ -1,0 +1,540 @@
+"""miles dump import: real `.pt` files written with torch.save, in every layout miles uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pytest
+
+from pipeline.errors import StepError, UsageError
+from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump, read_miles_dump
+
+torch = pytest.importorskip("torch")
+
+TRIM_METADATA = {"dynamic_global_batch_size": 4}
+
+
+def sample_dict(**fields: Any) -> dict[str, Any]:
+    """What miles' `Sample.to_dict()` gives (miles/utils/types.py), with `fields` replaced."""
+    sample: dict[str, Any] = {
+        "group_index": 0,
+        "index": 0,
+        "rollout_id": None,
+        "prompt": "What is 2+2?",
+        "tokens": [1, 2, 3, 4, 5],
+        "multimodal_inputs": None,
+        "multimodal_train_inputs": None,
+        "response": "4",
+        "response_length": 2,
+        "label": "4",
+        "reward": 1.0,
+        "loss_mask": None,
+        "weight_versions": [],
+        "rollout_log_probs": None,
+        "rollout_sampling_mask": None,
+        "rollout_routed_experts": None,
+        "rollout_indexer_topk": None,
+        "remove_sample": False,
+        "teacher_log_probs": None,
+        "opd_reverse_kl": None,
+        "status": "completed",
+        "metadata": {},
+        "generate_function_path": None,
+        "train_metadata": None,
+        "reward_spec": None,
+        "routing_key": None,
+        "non_generation_time": 0.0,
+        "spec_info": {
+            "spec_num_correct_drafts": 0,
+            "spec_num_proposed_drafts": 0,
+            "spec_verify_ct": 0,
+            "completion_tokens": 0,
+        },
+        "prefix_cache_info": {"cached_tokens": 0, "total_prompt_tokens": 0},
+    }
+    sample.update(fields)
+    return sample
+
+
+def write_dump(
+    path: Path, step: int, samples: list[dict[str, Any]], metadata: dict | None = None
+) -> Path:
+    """As miles' save_debug_rollout_data (miles/ray/rollout/debug_data.py) writes it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(
+        {
+            "rollout_id": step,
+            "metadata": TRIM_METADATA if metadata is None else metadata,
+            "samples": samples,
+        },
+        path,
+    )
+    return path
+
+
+def leaf_descriptor(node_id: int, parent: int | None, path_node_ids: list[int]) -> dict[str, Any]:
+    """miles' v2 `metadata["leaf"]` (miles/rollout/session/v2/assembly.py)."""
+    return {
+        "node_id": node_id,
+        "parent": parent,
+        "path_node_ids": path_node_ids,
+        "response_id": f"chatcmpl-{node_id}",
+    }
+
+
+@pytest.fixture
+def dump_details(tmp_path: Path) -> Path:
+    """A `--dump-details` folder: two training steps, an eval dump, the dashboard mirror."""
+    root = tmp_path / "dump"
+    write_dump(root / "rollout_data" / "0.pt", 0, [sample_dict(index=0), sample_dict(index=1)])
+    write_dump(root / "rollout_data" / "1.pt", 1, [sample_dict(index=2)])
+    write_dump(root / "rollout_data" / "eval_1.pt", 1, [sample_dict(index=0)])
+    (root / "dashboard_columns").mkdir()
+    pl.DataFrame({"sample_index": [0, 1]}).write_parquet(
+        root / "dashboard_columns" / "rollout_0.parquet"
+    )
+    return root
+
+
+# --- finding dumps ---------------------------------------------------------------
+
+
+def test_dump_details_folder_reads_rollout_data_only(dump_details: Path) -> None:
+    steps, notes = find_miles_dumps(dump_details)
+
+    assert steps == {
+        0: dump_details / "rollout_data" / "0.pt",
+        1: dump_details / "rollout_data" / "1.pt",
+    }
+    assert "skipped eval dump eval_1.pt" in notes
+    assert any("dashboard_columns/" in note and "ignored" in note for note in notes)
+    assert is_miles_dump(dump_details)
+
+
+def test_rollout_data_folder(dump_details: Path) -> None:
+    steps, notes = find_miles_dumps(dump_details / "rollout_data")
+
+    assert sorted(steps) == [0, 1]
+    assert notes == ["skipped eval dump eval_1.pt"]
+    assert is_miles_dump(dump_details / "rollout_data")
+
+
+def test_single_file(dump_details: Path) -> None:
+    file = dump_details / "rollout_data" / "1.pt"
+
+    assert find_miles_dumps(file) == ({1: file}, [])
+    assert is_miles_dump(file)
+
+
+def test_single_eval_file_is_skipped_with_a_note(dump_details: Path) -> None:
+    assert find_miles_dumps(dump_details / "rollout_data" / "eval_1.pt") == (
+        {},
+        ["skipped eval dump eval_1.pt"],
+    )
+
+
+def test_templated_names_and_strays(tmp_path: Path) -> None:
+    folder = tmp_path / "rollout_data"
+    write_dump(folder / "rollout_7.pt", 7, [sample_dict()])
+    write_dump(folder / "rollout_eval_7.pt", 7, [sample_dict()])
+    write_dump(folder / "latest.pt", 9, [sample_dict()])
+
+    steps, notes = find_miles_dumps(folder)
+
+    assert steps == {7: folder / "rollout_7.pt"}
+    assert sorted(notes) == [
+        "skipped eval dump rollout_eval_7.pt",
+        "skipped latest.pt: not named <step>.pt",
+    ]
+
+
+def test_two_dumps_of_one_step_are_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "rollout_data"
+    write_dump(folder / "3.pt", 3, [sample_dict()])
+    write_dump(folder / "03.pt", 3, [sample_dict()])
+
+    with pytest.raises(StepError) as error:
+        find_miles_dumps(folder)
+    assert error.value.violations[0].rule == "duplicate_step"
+
+
+def test_what_is_not_a_miles_dump(tmp_path: Path) -> None:
+    (tmp_path / "tables").mkdir()
+    pl.DataFrame({"index": [0]}).write_parquet(tmp_path / "tables" / "step=0.parquet")
+    (tmp_path / "empty_details" / "rollout_data").mkdir(parents=True)
+
+    assert not is_miles_dump(tmp_path / "tables")
+    assert not is_miles_dump(tmp_path / "tables" / "step=0.parquet")
+    assert not is_miles_dump(tmp_path / "empty_details")
+    assert not is_miles_dump(tmp_path / "missing")
+    with pytest.raises(UsageError):
+        find_miles_dumps(tmp_path / "tables" / "step=0.parquet")
+    with pytest.raises(UsageError):
+        find_miles_dumps(tmp_path / "missing")
+
+
+# --- reading: columns, types, values -------------------------------------------
+
+
+def test_every_column_type_and_value(tmp_path: Path) -> None:
+    messages = [{"role": "user", "content": "Add 2 and 2."}]
+    samples = [
+        sample_dict(
+            group_index=3,
+            index=12,
+            prompt=messages,
+            tokens=torch.tensor([101, 102, 103, 104, 105]),
+            response_length=3,
+            loss_mask=[1, 0, 1],
+            reward=0.5,
+            rollout_log_probs=torch.tensor([-0.25, -0.5, -1.0], dtype=torch.float32),
+            teacher_log_probs=[-0.125, -0.75, -2.0],
+            weight_versions=["7", "8"],
+            status="truncated",
+            metadata={"raw_reward": 2.0, "round_number": 4, "max_trim_tokens": 1},
+            train_metadata={"loss": "sft", "weight": 0.5},
+        ),
+        sample_dict(
+            group_index=3,
+            index=13,
+            tokens=[201, 202, 203],
+            response_length=1,
+            reward=torch.tensor(1.5, dtype=torch.float64),
+            remove_sample=True,
+            status="COMPLETED",
+            metadata={},
+        ),
+    ]
+    frame = read_miles_dump(write_dump(tmp_path / "rollout_data" / "5.pt", 5, samples))
+
+    assert frame.schema == pl.Schema(
+        {
+            "step": pl.Int64(),
+            "group_index": pl.Int64(),
+            "index": pl.Int64(),
+            "leaf": pl.Int32(),
+            "session_version": pl.String(),
+            "status": pl.String(),
+            "tokens": pl.List(pl.Int32()),
+            "response_length": pl.Int32(),
+            "loss_mask": pl.List(pl.Int8()),
+            "reward": pl.Float64(),
+            "remove_sample": pl.Boolean(),
+            "rollout_log_probs": pl.List(pl.Float32()),
+            "teacher_log_probs": pl.List(pl.Float32()),
+            "weight_versions": pl.List(pl.String()),
+            "raw_reward": pl.Float64(),
+            "round_number": pl.Int64(),
+            "train_metadata": pl.String(),
+            "prompt": pl.String(),
+            "metadata": pl.String(),
+        }
+    )
+    rows = frame.to_dicts()
+    assert rows[0] == {
+        "step": 5,
+        "group_index": 3,
+        "index": 12,
+        "leaf": 0,
+        "session_version": "v1",
+        "status": "truncated",
+        "tokens": [101, 102, 103, 104, 105],
+        "response_length": 3,
+        "loss_mask": [1, 0, 1],
+        "reward": 0.5,
+        "remove_sample": False,
+        "rollout_log_probs": [-0.25, -0.5, -1.0],
+        "teacher_log_probs": [-0.125, -0.75, -2.0],
+        "weight_versions": ["7", "8"],
+        "raw_reward": 2.0,
+        "round_number": 4,
+        "train_metadata": json.dumps({"loss": "sft", "weight": 0.5}),
+        "prompt": json.dumps(messages),
+        "metadata": json.dumps({"raw_reward": 2.0, "round_number": 4, "max_trim_tokens": 1}),
+    }
+    assert rows[1] == {
+        "step": 5,
+        "group_index": 3,
+        "index": 13,
+        "leaf": 0,
+        "session_version": None,
+        "status": "completed",
+        "tokens": [201, 202, 203],
+        "response_length": 1,
+        "loss_mask": None,
+        "reward": 1.5,
+        "remove_sample": True,
+        "rollout_log_probs": None,
+        "teacher_log_probs": None,
+        "weight_versions": [],
+        "raw_reward": None,
+        "round_number": None,
+        "train_metadata": None,
+        "prompt": "What is 2+2?",
+        "metadata": "{}",
+    }
+
+
+def test_optional_columns_are_omitted_when_no_sample_has_them(tmp_path: Path) -> None:
+    bare = {
+        "index": 4,
+        "tokens": [1, 2, 3],
+        "response_length": 1,
+        "reward": 0.0,
+        "status": "completed",
+    }
+    frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, [sample_dict(), bare]))
+
+    assert frame.columns == [
+        "step",
+        "group_index",
+        "index",
+        "leaf",
+        "status",
+        "tokens",
+        "response_length",
+        "reward",
+        "remove_sample",
+        "prompt",
+        "metadata",
+    ]
+    assert frame["remove_sample"].to_list() == [False, False]
+    assert frame["group_index"].to_list() == [0, None]
+    assert frame["metadata"].to_list() == ["{}", None]
+
+
+def test_v2_leaves_v1_markers_and_plain_samples(tmp_path: Path) -> None:
+    session = {"accumulated_token_ids": [1, 2, 3, 4], "max_trim_tokens": 1}
+    samples = [
+        # one v2 call (input index 5) that returned three leaves, stamped per miles PR #2536
+        sample_dict(
+            index=5, rollout_id=5, metadata={"leaf": leaf_descriptor(4, 3, [0, 1, 2, 3, 4])}
+        ),
+        sample_dict(
+            index=5, rollout_id=5, metadata={"leaf": leaf_descriptor(5, 3, [0, 1, 2, 3, 5])}
+        ),
+        sample_dict(
+            index=5, rollout_id=5, metadata={"leaf": leaf_descriptor(8, 7, [0, 1, 6, 7, 8])}
+        ),
+        # a v2 singleton keeps the input's (null) rollout_id
+        sample_dict(index=6, metadata={"leaf": leaf_descriptor(2, 1, [0, 1, 2])}),
+        # a v1 reply: the session metadata merged into its one sample
+        sample_dict(index=7, metadata={**session, "tito_session_mismatch": []}),
+        # no session server
+        sample_dict(index=8),
+    ]
+    frame = read_miles_dump(write_dump(tmp_path / "rollout_data" / "2.pt", 2, samples))
+
+    assert frame["index"].to_list() == [5, 5, 5, 6, 7, 8]
+    assert frame["leaf"].to_list() == [0, 1, 2, 0, 0, 0]
+    assert frame["rollout_id"].to_list() == [5, 5, 5, None, None, None]
+    assert frame["session_version"].to_list() == ["v2", "v2", "v2", "v2", "v1", None]
+    assert json.loads(frame["metadata"][2])["leaf"]["node_id"] == 8
+
+
+def test_numeric_leaf_in_metadata_is_the_position(tmp_path: Path) -> None:
+    samples = [
+        sample_dict(index=1, rollout_id=1, metadata={"leaf": 1}),
+        sample_dict(index=1, rollout_id=1, metadata={"leaf": 0}),
+    ]
+    frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, samples))
+
+    assert frame["leaf"].to_list() == [1, 0]
+    assert frame["session_version"].to_list() == ["v2", "v2"]
+
+
+def test_session_version_override(tmp_path: Path) -> None:
+    samples = [
+        sample_dict(index=0, metadata={"leaf": leaf_descriptor(1, 0, [0, 1])}),
+        sample_dict(index=1),
+    ]
+    path = write_dump(tmp_path / "0.pt", 0, samples)
+
+    assert read_miles_dump(path, session_version="v1")["session_version"].to_list() == ["v1", "v1"]
+    assert read_miles_dump(path, session_version="v2")["session_version"].to_list() == ["v2", "v2"]
+    with pytest.raises(UsageError):
+        read_miles_dump(path, session_version="v3")
+
+
+def test_no_session_markers_and_no_override_omits_session_version(tmp_path: Path) -> None:
+    frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, [sample_dict()]))
+
+    assert "session_version" not in frame.columns
+
+
+def test_reward_dict_becomes_a_struct_of_its_numeric_fields(tmp_path: Path) -> None:
+    samples = [
+        sample_dict(index=0, reward={"score": 2, "accuracy": True, "pred": "4"}),
+        sample_dict(index=1, reward={"score": 6.5, "accuracy": False, "pred": "5"}),
+        sample_dict(index=2, reward=None, status="aborted"),
+    ]
+    frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, samples))
+
+    assert frame.schema["reward"] == pl.Struct({"score": pl.Float64(), "accuracy": pl.Float64()})
+    assert frame["reward"].to_list() == [
+        {"score": 2.0, "accuracy": 1.0},
+        {"score": 6.5, "accuracy": 0.0},
+        None,
+    ]
+
+
+def test_reward_dict_mixed_with_numbers_is_refused(tmp_path: Path) -> None:
+    samples = [sample_dict(index=0, reward={"score": 1.0}), sample_dict(index=1, reward=1.0)]
+
+    with pytest.raises(StepError) as error:
+        read_miles_dump(write_dump(tmp_path / "0.pt", 0, samples))
+    assert error.value.violations[0].rule == "malformed_dump"
+    assert "reward" in str(error.value)
+
+
+def test_weight_version_spans_are_flattened(tmp_path: Path) -> None:
+    # current miles: one list of spans per generate call (WeightVersionsPerCall.to_dicts)
+    spans = [
+        [{"version": "3", "abs_start": 2, "abs_end": 4}],
+        [
+            {"version": "3", "abs_start": 6, "abs_end": 7},
+            {"version": "4", "abs_start": 7, "abs_end": 9},
+        ],
+    ]
+    samples = [
+        sample_dict(index=0, weight_versions=spans),
+        sample_dict(index=1, weight_versions=[], legacy_weight_versions=["2"]),
+    ]
+    frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, samples))
+
+    assert frame["weight_versions"].to_list() == [["3", "3", "4"], ["2"]]
+
+
+def test_numpy_arrays_and_scalars_load(tmp_path: Path) -> None:
+    # routing replay stores rollout_routed_experts as an int32 array (not a contract column)
+    samples = [
+        sample_dict(
+            tokens=np.array([1, 2, 3, 4, 5], dtype=np.int64),
+            reward=np.float64(0.25),
+            rollout_routed_experts=np.zeros((4, 2, 2), dtype=np.int32),
+        )
+    ]
+    frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, samples))
+
+    assert frame["tokens"].to_list() == [[1, 2, 3, 4, 5]]
+    assert frame["reward"].to_list() == [0.25]
+
+
+def test_empty_dump(tmp_path: Path) -> None:
+    frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, []))
+
+    assert frame.height == 0
+    assert {"step", "index", "leaf", "status", "tokens", "response_length"} <= set(frame.columns)
+
+
+# --- reading: refusals ---------------------------------------------------------
+
+
+class RunsAShellCommand:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_torch_save_is_refused_and_never_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "PWNED"
+    path = tmp_path / "rollout_data" / "0.pt"
+    write_dump(path, 0, [sample_dict(metadata={"x": RunsAShellCommand(marker)})])
+
+    with pytest.raises(StepError) as error:
+        read_miles_dump(path)
+
+    violation = error.value.violations[0]
+    assert violation.rule == "unsafe_pickle"
+    assert "refused" in violation.message
+    assert "system" in violation.message
+    assert str(path) in violation.message
+    assert "\n" not in str(error.value)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("protocol", [0, 2, pickle.HIGHEST_PROTOCOL])
+def test_malicious_plain_pickle_is_refused_and_never_runs(tmp_path: Path, protocol: int) -> None:
+    marker = tmp_path / "PWNED"
+    path = tmp_path / "0.pt"
+    path.write_bytes(
+        pickle.dumps({"rollout_id": 0, "samples": [RunsAShellCommand(marker)]}, protocol=protocol)
+    )
+
+    with pytest.raises(StepError) as error:
+        read_miles_dump(path)
+
+    assert error.value.violations[0].rule == "unsafe_pickle"
+    assert "system" in error.value.violations[0].message
+    assert not marker.exists()
+
+
+def test_object_arrays_are_refused(tmp_path: Path) -> None:
+    path = write_dump(tmp_path / "0.pt", 0, [sample_dict(tokens=np.array([1, "x"], dtype=object))])
+
+    with pytest.raises(StepError) as error:
+        read_miles_dump(path)
+    assert error.value.violations[0].rule == "unsafe_pickle"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_damaged_file_is_unreadable(tmp_path: Path, damage: str) -> None:
+    path = write_dump(tmp_path / "0.pt", 0, [sample_dict(index=i) for i in range(20)])
+    data = path.read_bytes()
+    path.write_bytes(
+        {"truncated": data[: len(data) // 2], "garbage": b"not a dump", "empty": b""}[damage]
+    )
+
+    with pytest.raises(StepError) as error:
+        read_miles_dump(path)
+
+    assert error.value.violations[0].rule == "unreadable_file"
+    assert str(path) in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_file_name_and_rollout_id_must_agree(tmp_path: Path) -> None:
+    path = write_dump(tmp_path / "rollout_data" / "3.pt", 4, [sample_dict()])
+
+    with pytest.raises(StepError) as error:
+        read_miles_dump(path)
+    assert error.value.violations[0].rule == "step_mismatch"
+
+
+def test_not_a_dump_payload(tmp_path: Path) -> None:
+    path = tmp_path / "0.pt"
+    torch.save({"model": torch.zeros(2)}, path)
+
+    with pytest.raises(StepError) as error:
+        read_miles_dump(path)
+    assert error.value.violations[0].rule == "malformed_dump"
+
+
+def test_field_of_the_wrong_type_names_field_and_sample(tmp_path: Path) -> None:
+    samples = [sample_dict(index=0), sample_dict(index=1, tokens=["a", "b"])]
+
+    with pytest.raises(StepError) as error:
+        read_miles_dump(write_dump(tmp_path / "0.pt", 0, samples))
+
+    violation = error.value.violations[0]
+    assert violation.rule == "malformed_dump"
+    assert violation.step == 0
+    assert "field tokens" in violation.message
+    assert "sample 1" in violation.message
+
+
+def test_missing_torch_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_dump(tmp_path / "0.pt", 0, [sample_dict()])
+    monkeypatch.setitem(sys.modules, "torch", None)
+
+    with pytest.raises(UsageError, match=r"pip install 'rollout-shards\[miles\]'"):
+        read_miles_dump(path)
