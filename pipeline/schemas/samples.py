@@ -169,5 +169,6 @@ class SiblingRewards(pa.DataFrameModel):
     )
     def rollout_shares_reward(cls, data: PolarsData) -> pl.LazyFrame:
         reward = pl.col(s.REWARD_VALUE)
-        same = (reward.max() == reward.min()) & ~reward.is_nan().any()
+        # NaN never equals itself, so NaN siblings disagree; a lone row always agrees.
+        same = (pl.len() == 1) | ((reward.max() == reward.min()) & ~reward.is_nan().any())
         return _ok(data, same.over(c.STEP, s.ROLLOUT_KEY))

@@ -1,0 +1,192 @@
+"""The command line as a user runs it: a subprocess, exit codes, stderr, files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, sample, write_step
+
+DATA = REPO / "data" / "rollouts"
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+
+
+def digests(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_build_embedded_data_writes_every_step(tmp_path: Path) -> None:
+    out = tmp_path / "shards"
+    result = cli("build", DATA, "--out", out, "--global-batch-size", "8", "--dp-size", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert sorted(p.name for p in out.iterdir()) == ["step=1", "step=2", "step=3", "step=4"]
+    assert len(result.stdout.splitlines()) == 4
+    for folder in out.iterdir():
+        manifest = json.loads((folder / "manifest.json").read_text())
+        n = manifest["counts"]
+        assert n["ingested"] == n["quarantined"] + n["trimmed"] + n["dropped"] + n["written"]
+        assert sorted(p.name for p in folder.glob("rank=*")) == ["rank=0.parquet", "rank=1.parquet"]
+        assert sum(o["rows"] for o in manifest["outputs"]) == n["written"]
+    step3 = json.loads((out / "step=3" / "manifest.json").read_text())
+    assert step3["is_compact"] is True and step3["counts"]["trimmed"] == 0
+    step4 = json.loads((out / "step=4" / "manifest.json").read_text())
+    assert step4["is_compact"] is False and step4["counts"]["trimmed"] == 5
+
+
+def test_build_is_byte_identical_on_rerun(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        assert cli("build", DATA, "--out", tmp_path / name).returncode == 0
+    assert digests(tmp_path / "a") == digests(tmp_path / "b")
+    assert len(digests(tmp_path / "a")) == 12
+
+
+def test_validate_embedded_data_json(tmp_path: Path) -> None:
+    result = cli("validate", DATA, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [entry["step"] for entry in report] == [1, 2, 3, 4]
+    assert all(entry["valid"] for entry in report)
+
+
+def test_broken_rollout_id_rule_is_refused_and_nothing_written(tmp_path: Path) -> None:
+    rows = [sample(i, session_version="v1") for i in range(4)]
+    rows[2]["rollout_id"] = 2
+    write_step(tmp_path / "in", rows, step=7)
+    out = tmp_path / "out"
+    result = cli("build", tmp_path / "in", "--out", out, "--global-batch-size", "2")
+    assert result.returncode == 1
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("rollout-shards: build: step 7: ")
+    assert "step=7.parquet: rule rollout_id_only_on_v2_multi_leaf" in line
+    assert line.endswith("rows (index, leaf): (2, 0)")
+    assert not (out / "step=7").exists()
+    assert list(out.glob("*")) == [] if out.exists() else True
+    result = cli("validate", tmp_path / "in", "--global-batch-size", "2")
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[0].startswith("rollout-shards: validate: step 7: ")
+
+
+def test_validate_reports_settings_the_data_cannot_satisfy(tmp_path: Path) -> None:
+    write_step(tmp_path / "in", [sample(i) for i in range(5)])
+    result = cli("validate", tmp_path / "in", "--global-batch-size", "64")
+    assert result.returncode == 1
+    assert "rule not_enough_samples: not enough samples 5 for global_batch_size 64" in result.stderr
+
+
+def test_a_valid_step_is_written_beside_an_invalid_one(tmp_path: Path) -> None:
+    write_step(tmp_path / "in", [sample(i) for i in range(4)], step=1)
+    write_step(tmp_path / "in", [sample(i, status="bogus") for i in range(4)], step=2)
+    result = cli("build", tmp_path / "in", "--out", tmp_path / "out", "--global-batch-size", "2")
+    assert result.returncode == 1
+    assert (tmp_path / "out" / "step=1" / "manifest.json").exists()
+    assert not (tmp_path / "out" / "step=2").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ["--global-batch-size", "0"],
+            "global_batch_size: Input should be greater than or equal to 1",
+        ),
+        (["--global-batch-size", "8", "--advantage-estimator", "bogus"], "invalid choice: 'bogus'"),
+        (["--global-batch-size", "8", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--global-batch-size", "eight"], "invalid int value: 'eight'"),
+        (
+            [
+                "--global-batch-size",
+                "8",
+                "--use-dynamic-global-batch-size",
+                "--disable-rollout-trim-samples",
+            ],
+            "use_dynamic_global_batch_size needs trimming",
+        ),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
+    result = cli("build", DATA, "--out", tmp_path / "out", *args)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert needle in line
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_input_is_a_usage_error(tmp_path: Path) -> None:
+    result = cli("validate", tmp_path / "nowhere", "--global-batch-size", "1")
+    assert result.returncode == 2
+    assert "does not exist" in result.stderr
+
+
+def test_config_file_and_flags_take_precedence(tmp_path: Path) -> None:
+    config = tmp_path / "settings.yaml"
+    config.write_text("global_batch_size: 4\ndp_size: 1\n")
+    out = tmp_path / "out"
+    result = cli("build", DATA, "--out", out, "--config", config, "--dp-size", "4")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "step=1" / "manifest.json").read_text())
+    # data/rollouts/rollout-shards.yaml < --config < flags
+    assert manifest["settings"]["global_batch_size"] == 4
+    assert manifest["settings"]["dp_size"] == 4
+    assert manifest["settings"]["reward_key"] == "score"
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow", "jsonl"])
+def test_every_format_gives_the_same_shards(tmp_path: Path, fmt: str) -> None:
+    rows = [sample(i, reward=float(i % 2), group_index=i // 2, loss_mask=[1, 0]) for i in range(6)]
+    write_step(tmp_path / "ref", rows, fmt="parquet")
+    write_step(tmp_path / fmt, rows, fmt=fmt)
+    for name in ("ref", fmt):
+        assert (
+            cli(
+                "build",
+                tmp_path / name,
+                "--out",
+                tmp_path / f"out-{name}",
+                "--global-batch-size",
+                "2",
+            ).returncode
+            == 0
+        )
+    ref = digests(tmp_path / "out-ref")
+    got = digests(tmp_path / f"out-{fmt}")
+    assert {k: v for k, v in got.items() if "rank=" in k} == {
+        k: v for k, v in ref.items() if "rank=" in k
+    }
+
+
+def test_step_folder_of_several_files_keeps_file_then_row_order(tmp_path: Path) -> None:
+    folder = tmp_path / "in" / "step=3"
+    write_step(folder, [sample(2), sample(3)], step=0)
+    (folder / "step=0.parquet").rename(folder / "b.parquet")
+    write_step(folder, [sample(0), sample(1)], step=0)
+    (folder / "step=0.parquet").rename(folder / "a.parquet")
+    shutil.copy(folder / "a.parquet", tmp_path / "unused.parquet")
+    result = cli("build", tmp_path / "in", "--out", tmp_path / "out", "--global-batch-size", "4")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "out" / "step=3" / "manifest.json").read_text())
+    assert [Path(i["path"]).name for i in manifest["inputs"]] == ["a.parquet", "b.parquet"]
+    import polars as pl
+
+    shard = pl.read_parquet(tmp_path / "out" / "step=3" / "rank=0.parquet")
+    assert shard.get_column("sample_indices").to_list() == [0, 1, 2, 3]

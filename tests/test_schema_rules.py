@@ -1,0 +1,252 @@
+"""One test per schema rule: the rule fires, names its rows, and says what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from pipeline.errors import StepError
+from tests.conftest import plan, sample, write_step
+
+V2 = {"session_version": "v2"}
+
+
+def violations(root: Path, rows: list[dict[str, Any]], **settings: Any) -> list:
+    write_step(root, rows)
+    with pytest.raises(StepError) as excinfo:
+        plan(root, **{"global_batch_size": 1, **settings})
+    return excinfo.value.violations
+
+
+def only(root: Path, rows: list[dict[str, Any]], **settings: Any):
+    found = violations(root, rows, **settings)
+    assert len(found) == 1, [v.line() for v in found]
+    return found[0]
+
+
+CASES = [
+    (
+        "response_within_tokens",
+        [sample(0), sample(1, tokens=[1, 2], response_length=3)],
+        "response_length must be within 0..len(tokens)",
+        [(1, 0)],
+    ),
+    (
+        "loss_mask_length",
+        [sample(0, response_length=3, loss_mask=[1, 1])],
+        "loss_mask length must equal response_length",
+        [(0, 0)],
+    ),
+    (
+        "loss_mask_binary",
+        [sample(0, response_length=2, loss_mask=[1, 2])],
+        "loss_mask values must be 0 or 1",
+        [(0, 0)],
+    ),
+    (
+        "rollout_log_probs_length",
+        [sample(0, response_length=2, rollout_log_probs=[-1.0])],
+        "rollout_log_probs length must equal response_length",
+        [(0, 0)],
+    ),
+    (
+        "teacher_log_probs_length",
+        [sample(0, response_length=2, teacher_log_probs=[-1.0, -1.0, -1.0])],
+        "teacher_log_probs length must equal response_length",
+        [(0, 0)],
+    ),
+    (
+        "unique_leaf",
+        [sample(0), sample(0)],
+        "(step, index, leaf) must be unique",
+        [(0, 0), (0, 0)],
+    ),
+    (
+        "one_session_version",
+        [sample(0, 0), sample(0, 1, session_version="v1")],
+        "all leaves of a trajectory must have one session_version",
+        [(0, 0), (0, 1)],
+    ),
+    (
+        "rollout_id_only_on_v2_multi_leaf",
+        [sample(0, session_version="v1", rollout_id=7), sample(1)],
+        "rollout_id must be set exactly on the leaves of v2 multi-leaf trajectories",
+        [(0, 0)],
+    ),
+    (
+        "rollout_id_only_on_v2_multi_leaf",
+        [sample(3, 0, **V2), sample(3, 1, **V2)],
+        "v1 rows and v2 singletons keep it null (miles PR #2536)",
+        [(3, 0), (3, 1)],
+    ),
+    (
+        "reward_finite",
+        [sample(0, reward=float("nan")), sample(1, reward=float("inf")), sample(2)],
+        "reward must be a finite number on every row",
+        [(0, 0), (1, 0)],
+    ),
+    (
+        "rollout_log_probs_all_or_none",
+        [sample(0, rollout_log_probs=[-1.0, -1.0]), sample(1)],
+        "rollout_log_probs is null on some rows and set on others",
+        [(1, 0)],
+    ),
+    (
+        "teacher_log_probs_all_or_none",
+        [sample(0), sample(1, teacher_log_probs=[-1.0, -1.0])],
+        "teacher_log_probs is null on some rows and set on others",
+        [(0, 0)],
+    ),
+    (
+        "round_number_all_or_none",
+        [sample(0, round_number=1), sample(1)],
+        "round_number is null on some rows and set on others",
+        [(1, 0)],
+    ),
+    (
+        "train_metadata_all_or_none",
+        [sample(0, train_metadata="{}"), sample(1)],
+        "train_metadata is null on some rows and set on others",
+        [(1, 0)],
+    ),
+    (
+        "status_isin",
+        [sample(0, status="done")],
+        "status must be one of pending, completed, truncated, aborted, failed",
+        [(0, 0)],
+    ),
+    (
+        "session_version_isin",
+        [sample(0, session_version="v3")],
+        "session_version must be v1, v2 or null",
+        [(0, 0)],
+    ),
+    (
+        "leaf_greater_than_or_equal_to",
+        [sample(0, leaf=-1)],
+        "leaf must be >= 0",
+        [(0, -1)],
+    ),
+    (
+        "response_length_greater_than_or_equal_to",
+        [sample(0, response_length=-1, tokens=[1, 2])],
+        "response_length must be >= 0",
+        [(0, 0)],
+    ),
+    (
+        "status_not_nullable",
+        [sample(0, status=None)],
+        "status must not be null",
+        [(0, 0)],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("rule", "rows", "message", "where"),
+    CASES,
+    ids=[f"{i}-{case[0]}" for i, case in enumerate(CASES)],
+)
+def test_rule(rows_dir: Path, rule: str, rows: list, message: str, where: list) -> None:
+    violation = only(rows_dir, rows)
+    assert violation.rule == rule
+    assert message in violation.message
+    assert violation.rows == where
+    assert violation.step == 1
+    assert violation.files == [str(rows_dir / "step=1.parquet")]
+    line = violation.line()
+    assert line.startswith(f"step 1: {rows_dir / 'step=1.parquet'}: rule {rule}: ")
+    assert "rows (index, leaf): " + ", ".join(f"({i}, {leaf})" for i, leaf in where) in line
+
+
+def test_siblings_must_share_one_rollout_id(rows_dir: Path) -> None:
+    rows = [sample(5, 0, rollout_id=5, **V2), sample(5, 1, rollout_id=6, **V2)]
+    violation = only(rows_dir, rows, advantage_estimator="ppo")
+    assert violation.rule == "rollout_id_shared_by_siblings"
+    assert violation.rows == [(5, 0), (5, 1)]
+
+
+def test_rollout_id_must_not_equal_another_trajectorys_index(rows_dir: Path) -> None:
+    rows = [sample(0, 0, rollout_id=1, **V2), sample(0, 1, rollout_id=1, **V2), sample(1, **V2)]
+    violation = only(rows_dir, rows)
+    assert violation.rule == "rollout_key_unique_per_trajectory"
+    assert violation.rows == [(0, 0), (0, 1), (1, 0)]
+
+
+def test_two_trajectories_must_not_share_a_rollout_id(rows_dir: Path) -> None:
+    rows = [sample(i, leaf, rollout_id=9, **V2) for i in (0, 1) for leaf in (0, 1)]
+    violation = only(rows_dir, rows)
+    assert violation.rule == "rollout_key_unique_per_trajectory"
+    assert violation.n_rows == 4
+
+
+def test_siblings_share_one_reward(rows_dir: Path) -> None:
+    rows = [
+        sample(0, 0, rollout_id=0, reward=1.0, **V2),
+        sample(0, 1, rollout_id=0, reward=0.0, **V2),
+    ]
+    violation = only(rows_dir, rows)
+    assert violation.rule == "rollout_shares_reward"
+    assert violation.message.startswith("all samples in rollout 0 must share one reward")
+
+
+def test_nan_siblings_never_share_a_reward(rows_dir: Path) -> None:
+    nan = float("nan")
+    rows = [
+        sample(0, 0, rollout_id=0, reward=nan, **V2),
+        sample(0, 1, rollout_id=0, reward=nan, **V2),
+    ]
+    rules = {v.rule for v in violations(rows_dir, rows)}
+    assert rules == {"rollout_shares_reward", "reward_finite"}
+
+
+def test_step_column_must_agree_with_path(rows_dir: Path) -> None:
+    violation = only(rows_dir, [sample(0, step=2), sample(1, step=1)])
+    assert violation.rule == "step_matches_path"
+    assert violation.rows == [(0, 0)]
+
+
+def test_every_broken_rule_is_reported_once(rows_dir: Path) -> None:
+    rows = [
+        sample(0, status="done"),
+        sample(1, session_version="v1", rollout_id=4),
+        sample(2, response_length=2, loss_mask=[1]),
+    ]
+    rules = [v.rule for v in violations(rows_dir, rows)]
+    assert sorted(rules) == ["loss_mask_length", "rollout_id_only_on_v2_multi_leaf", "status_isin"]
+
+
+def test_at_most_five_rows_are_named(rows_dir: Path) -> None:
+    violation = only(rows_dir, [sample(i, status="nope") for i in range(8)])
+    assert violation.n_rows == 8
+    assert len(violation.rows) == 5
+    assert violation.line().endswith("(4, 0) and 3 more")
+
+
+def test_missing_required_column(rows_dir: Path) -> None:
+    rows_dir.mkdir(parents=True)
+    pl.DataFrame({"index": [0], "status": ["completed"], "reward": [1.0]}).write_parquet(
+        rows_dir / "step=1.parquet"
+    )
+    with pytest.raises(StepError) as excinfo:
+        plan(rows_dir, global_batch_size=1)
+    (violation,) = excinfo.value.violations
+    assert violation.rule == "missing_column"
+    assert "tokens, response_length" in violation.message
+
+
+def test_wrong_type_names_column_and_rows(rows_dir: Path) -> None:
+    rows_dir.mkdir(parents=True)
+    (rows_dir / "step=1.jsonl").write_text(
+        '{"index": 0, "status": "completed", "tokens": [1, 2], "response_length": 1, "reward": 1}\n'
+        '{"index": 1, "status": "completed", "tokens": [1, 2], "response_length": "x", "reward": 1}\n'
+    )
+    with pytest.raises(StepError) as excinfo:
+        plan(rows_dir, global_batch_size=1)
+    (violation,) = excinfo.value.violations
+    assert violation.rule == "column_type"
+    assert violation.message.startswith("column response_length must be Int32")
+    assert violation.rows == [(1, None)]
