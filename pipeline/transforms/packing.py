@@ -1,0 +1,209 @@
+"""Partitioning and bin packing on per-row lengths (SEMANTICS 7.3 to 7.5).
+
+Everything here works on small integer arrays (one length per row or per micro-batch)
+and returns positions into them; token lists never reach this module.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class _Part:
+    """One set of a Karmarkar-Karp state: its sum and item positions in insertion order."""
+
+    __slots__ = ("total", "positions")
+
+    def __init__(self, total: int = 0, positions: list[int] | None = None) -> None:
+        self.total = total
+        self.positions: list[int] = positions if positions is not None else []
+
+    def order(self) -> tuple[int, int, list[int]]:
+        # Positions alone order item lists exactly as (position, value) pairs would: the
+        # lists compared are disjoint, so the first pair that differs differs in position.
+        return self.total, len(self.positions), self.positions
+
+
+class _LargerFirst:
+    """An item list that sorts before smaller item lists in a min-heap.
+
+    Equality stays identity: item lists of two live states are disjoint and non-empty,
+    so two of them are never equal and comparison always settles on `<`.
+    """
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[int]) -> None:
+        self.items = items
+
+    def __lt__(self, other: _LargerFirst) -> bool:
+        return other.items < self.items
+
+
+# A state is its k parts, kept sorted descending by (sum, item count, item list).
+_State = list[_Part]
+
+
+def _state(values: list[int], positions: list[int], k: int) -> _State:
+    """Item i in set i (the items come ascending by value, then position), then sorted."""
+    parts = [_Part(value, [position]) for value, position in zip(values, positions, strict=True)]
+    parts.extend(_Part() for _ in range(k - len(parts)))
+    parts.sort(key=_Part.order, reverse=True)
+    return parts
+
+
+def _heap_entry(state: _State) -> tuple[int, int, int, _LargerFirst, _State]:
+    """Min-heap key: larger spread first, then the larger first set."""
+    first = state[0]
+    spread = first.total - state[-1].total
+    return (-spread, -first.total, -len(first.positions), _LargerFirst(first.positions), state)
+
+
+def _merge_states(into: _State, other: _State) -> None:
+    """Set i of `into` takes set k-1-i of `other`, then the sets are re-sorted."""
+    for part, taken in zip(into, reversed(other), strict=True):
+        part.total += taken.total
+        part.positions.extend(taken.positions)
+    into.sort(key=_Part.order, reverse=True)
+
+
+def _initial_states(array: np.ndarray, k: int, equal_size: bool) -> list[_State]:
+    """Items ascending by (value, position): chunks of k items, or one item per state."""
+    order = np.argsort(array, kind="stable")
+    ordered_values = array[order].tolist()
+    ordered_positions = order.tolist()
+    group = k if equal_size else 1
+    return [
+        _state(ordered_values[i : i + group], ordered_positions[i : i + group], k)
+        for i in range(0, len(ordered_values), group)
+    ]
+
+
+def _non_negative(values: Sequence[int] | np.ndarray) -> np.ndarray:
+    array = np.asarray(values, dtype=np.int64).reshape(-1)
+    if len(array) and array.min() < 0:
+        raise ValueError(f"lengths must be non-negative, got {int(array.min())}")
+    return array
+
+
+def karmarkar_karp(values: Sequence[int] | np.ndarray, k: int, equal_size: bool) -> list[list[int]]:
+    """Largest differencing partition of `values` into `k` sets of positions.
+
+    With `equal_size` every set gets len(values) / k items. The partitions come back in
+    the final state's set order (largest sum first), each sorted ascending.
+    """
+    array = _non_negative(values)
+    n = len(array)
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    if equal_size and n % k:
+        raise ValueError(f"equal-size partitions need len(values) % k == 0, got {n} % {k}")
+    if n == 0:
+        return [[] for _ in range(k)]
+    if k == 1:
+        return [list(range(n))]
+    # With non-negative values every state's first set is non-empty and the states'
+    # item sets are disjoint, so no two heap entries tie and the pop order is exact.
+    heap = [_heap_entry(state) for state in _initial_states(array, k, equal_size)]
+    heapq.heapify(heap)
+    while len(heap) > 1:
+        into = heapq.heappop(heap)[-1]
+        other = heapq.heappop(heap)[-1]
+        _merge_states(into, other)
+        heapq.heappush(heap, _heap_entry(into))
+    return [sorted(part.positions) for part in heap[0][-1]]
+
+
+def first_fit_decreasing(lengths: Sequence[int] | np.ndarray, cap: int) -> list[list[int]]:
+    """Bins of positions: rows by length descending (ties by position), each into the
+    first bin, in creation order, that stays within `cap`; an oversized row gets its own.
+
+    A max-tree over the bins' free space finds the first fitting bin in O(log n), which
+    keeps steps with thousands of micro-batches fast. Bins not yet opened sit at full
+    capacity to the right of the open ones, so the leftmost fit is either an open bin or
+    the next one to open.
+    """
+    values = _non_negative(lengths)
+    n = len(values)
+    if n == 0:
+        return []
+    order = np.argsort(-values, kind="stable").tolist()
+    sizes = values.tolist()
+    leaves = 1
+    while leaves < n:
+        leaves *= 2
+    free = [int(cap)] * (2 * leaves)
+    bins: list[list[int]] = []
+    for row in order:
+        length = sizes[row]
+        if free[1] >= length:
+            node = 1
+            while node < leaves:
+                node *= 2
+                if free[node] < length:
+                    node += 1
+        else:
+            node = leaves + len(bins)
+        slot = node - leaves
+        if slot == len(bins):
+            bins.append([row])
+        else:
+            bins[slot].append(row)
+        free[node] -= length
+        while node > 1:
+            node //= 2
+            widest = max(free[2 * node], free[2 * node + 1])
+            if free[node] == widest:
+                break
+            free[node] = widest
+    return bins
+
+
+def _halves(rows: list[int], lengths: Sequence[int]) -> tuple[list[int], list[int], int, int]:
+    """Greedy two-way split: longest rows first, each to the lighter half (first on ties)."""
+    halves: tuple[list[int], list[int]] = ([], [])
+    sums = [0, 0]
+    for row in sorted(rows, key=lengths.__getitem__, reverse=True):
+        side = 0 if sums[0] <= sums[1] else 1
+        halves[side].append(row)
+        sums[side] += lengths[row]
+    if not halves[1]:
+        # Only a bin of zero-length rows lands whole in the first half; miles would then
+        # append empty micro-batches. Ours: its last row becomes the second half.
+        halves[1].append(halves[0].pop())
+    return halves[0], halves[1], sums[0], sums[1]
+
+
+def _heaviest_splittable(bins: list[list[int]], sums: list[int]) -> int | None:
+    """The multi-row bin with the largest token sum, the later one on ties."""
+    chosen = None
+    for position, rows in enumerate(bins):
+        if len(rows) > 1 and (chosen is None or sums[position] >= sums[chosen]):
+            chosen = position
+    return chosen
+
+
+def split_bins(
+    bins: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray, target: int
+) -> list[list[int]]:
+    """Grow `bins` towards `target` bins by halving the heaviest multi-row bin.
+
+    The first half replaces the bin and the second is appended. Stops early when every
+    bin holds a single row, so the result can have fewer than `target` bins. A split
+    never leaves a half empty, even for zero-length rows.
+    """
+    sizes = lengths.tolist() if isinstance(lengths, np.ndarray) else list(lengths)
+    result = [list(rows) for rows in bins]
+    sums = [sum(sizes[row] for row in rows) for rows in result]
+    while len(result) < target:
+        chosen = _heaviest_splittable(result, sums)
+        if chosen is None:
+            break
+        first, second, first_sum, second_sum = _halves(result[chosen], sizes)
+        result[chosen], sums[chosen] = first, first_sum
+        result.append(second)
+        sums.append(second_sum)
+    return result
