@@ -85,6 +85,11 @@ def parser() -> argparse.ArgumentParser:
     validate.add_argument("--format", choices=("text", "json"), default="text")
     for sub in (build, validate):
         sub.add_argument("--config", type=Path, help="settings YAML")
+        sub.add_argument(
+            "--session-version",
+            choices=("v1", "v2"),
+            help="session version of every row of miles .pt dumps (they do not store it)",
+        )
         _add_setting_flags(sub)
     return root
 
@@ -95,8 +100,11 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, data_settings_files(args.inputs), **overrides)
 
 
-def _steps(inputs: Sequence[str]) -> dict:
-    steps = group_steps(find_sources(inputs))
+def _steps(inputs: Sequence[str], session_version: str | None = None) -> dict:
+    notes: list[str] = []
+    steps = group_steps(find_sources(inputs, session_version, notes))
+    for note in notes:
+        print(f"{PROG}: note: {note}", file=sys.stderr)
     if not steps:
         raise UsageError(f"no rollout tables found under {', '.join(inputs)}")
     return steps
@@ -121,7 +129,7 @@ def _summary(manifest: dict[str, Any], out: Path) -> str:
 def run_build(args: argparse.Namespace) -> int:
     settings = _settings(args)
     status = 0
-    for step, sources in _steps(args.inputs).items():
+    for step, sources in _steps(args.inputs, args.session_version).items():
         try:
             manifest = build_step(step, sources, settings, args.out)
         except StepError as exc:
@@ -135,7 +143,7 @@ def run_build(args: argparse.Namespace) -> int:
 def run_validate(args: argparse.Namespace) -> int:
     settings = _settings(args)
     report = []
-    for step, sources in _steps(args.inputs).items():
+    for step, sources in _steps(args.inputs, args.session_version).items():
         try:
             batch = plan_batch(load_samples(step, sources, settings), settings)
         except StepError as exc:

@@ -12,6 +12,7 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.errors import StepError, UsageError, Violation
+from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump, read_miles_dump
 
 TABLE_SUFFIXES = {".parquet": "parquet", ".arrow": "ipc", ".feather": "ipc", ".jsonl": "jsonl"}
 STEP_NAME = re.compile(r"^step=(\d+)(\.[a-z]+)?$")
@@ -22,6 +23,8 @@ PATH_STEP = "_path_step"
 class SourceFile:
     path: Path
     step: int | None  # from the path; None when only the `step` column tells
+    kind: str = "table"  # or "miles": a miles `--dump-details` .pt file
+    session_version: str | None = None  # overrides a miles dump's inferred session version
 
 
 @dataclass
@@ -47,13 +50,27 @@ def _step_of(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def find_sources(inputs: Sequence[str | Path]) -> list[SourceFile]:
-    """Every table file under the inputs, with the step its path names (CONTRACT section 1)."""
+def find_sources(
+    inputs: Sequence[str | Path],
+    session_version: str | None = None,
+    notes: list[str] | None = None,
+) -> list[SourceFile]:
+    """Every table file under the inputs, with the step its path names (CONTRACT section 1);
+    miles dump folders and .pt files too (SEMANTICS section 9). Notes on skipped files
+    are appended to `notes`."""
     found: list[SourceFile] = []
     for raw in inputs:
         path = Path(raw)
         if not path.exists():
             raise UsageError(f"input {path} does not exist")
+        if is_miles_dump(path):
+            dumps, dump_notes = find_miles_dumps(path)
+            if notes is not None:
+                notes.extend(dump_notes)
+            found.extend(
+                SourceFile(p, step, "miles", session_version) for step, p in dumps.items()
+            )
+            continue
         step = _step_of(path)
         if path.is_file():
             if not _is_table(path):
@@ -114,6 +131,12 @@ def read_table(path: Path, step: int | None = None) -> pl.DataFrame:
     except Exception as exc:  # noqa: BLE001 - any reader failure is the file's fault
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise _unreadable(path, step, f"cannot read {kind}: {first}") from exc
+
+
+def read_source(source: SourceFile, step: int | None = None) -> pl.DataFrame:
+    if source.kind == "miles":
+        return read_miles_dump(source.path, source.session_version)
+    return read_table(source.path, step)
 
 
 def sha256_of(path: Path) -> str:
@@ -204,7 +227,7 @@ def group_steps(sources: Iterable[SourceFile]) -> dict[int, list[SourceFile]]:
         if source.step is not None:
             steps.setdefault(source.step, []).append(source)
             continue
-        frame = read_table(source.path)
+        frame = read_source(source)
         if c.STEP not in frame.columns:
             raise UsageError(
                 f"{source.path}: no step in the file name (step=<N>.<ext>) and no `step` column"
@@ -219,7 +242,7 @@ def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
     """Read, type and concatenate a step's files in batch order, with provenance columns."""
     frames, inputs, extras = [], [], set()
     for source in sources:
-        frame = read_table(source.path, step)
+        frame = read_source(source, step)
         frame, extra = conform(frame, source.path, step)
         extras.update(extra)
         if source.step is None:
