@@ -1,0 +1,414 @@
+"""A naive, per-sample reference of SEMANTICS sections 3, 3.1, 4, 5 and 6.
+
+Written the way miles' own conversion is written: one dict per sample, plain loops,
+no dataframe. It imports nothing from `pipeline`, so the vectorised pipeline can be
+checked against it (differential tests) and benchmarked against it (bench/miles_path.py).
+
+Scope: compact detection, trimming, the dynamic global batch size, every shard column,
+reward normalization with torch's float32 arithmetic, and the strided data-parallel
+split. Not here: `balance_data`, the rollout-side schedule (SEMANTICS 7), the rollout-id
+schema rule, quarantine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+Row = dict[str, Any]
+
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "global_batch_size": None,
+    "dp_size": 1,
+    "use_dynamic_global_batch_size": False,
+    "disable_rollout_trim_samples": False,
+    "advantage_estimator": "grpo",
+    "rewards_normalization": True,
+    "grpo_std_normalization": True,
+    "reward_key": None,
+    "n_samples_per_prompt": None,
+    "rollout_batch_size": None,
+}
+
+NORMALIZED_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
+STD_ESTIMATORS = ("grpo", "gspo")
+
+# input column -> shard column, copied when the input has them (all rows or none)
+ALL_OR_NONE_COLUMNS = {
+    "rollout_log_probs": "rollout_log_probs",
+    "teacher_log_probs": "teacher_log_probs",
+    "round_number": "round_number",
+    "train_metadata": "metadata",
+}
+
+# optional input columns that must be set on every row or on none (SEMANTICS 4, Ours)
+ALL_OR_NONE_CHECKED = (*ALL_OR_NONE_COLUMNS, "raw_reward")
+
+TORCH_VECTOR_WIDTH = 8
+TORCH_GRAIN_SIZE = 32768
+
+
+# --- torch's CPU float32 arithmetic -------------------------------------------------
+
+
+def _ceil_log2(x: int) -> int:
+    if x <= 2:
+        return 1
+    return (x - 1).bit_length()
+
+
+def _multi_row_sum(rows: Sequence[Sequence[Any]], zero: Any) -> list[Any]:
+    """aten's multi_row_sum with 4 columns: a 4-level cascade of 4 accumulators."""
+    num_levels = 4
+    size = len(rows)
+    level_power = max(4, _ceil_log2(size) // num_levels)
+    level_step = 1 << level_power
+    level_mask = level_step - 1
+    acc = [[zero] * 4 for _ in range(num_levels)]
+    i = 0
+    while i + level_step <= size:
+        for _ in range(level_step):
+            for k in range(4):
+                acc[0][k] = acc[0][k] + rows[i][k]
+            i += 1
+        for j in range(1, num_levels):
+            for k in range(4):
+                acc[j][k] = acc[j][k] + acc[j - 1][k]
+                acc[j - 1][k] = zero
+            if i & (level_mask << (j * level_power)):
+                break
+    while i < size:
+        for k in range(4):
+            acc[0][k] = acc[0][k] + rows[i][k]
+        i += 1
+    for j in range(1, num_levels):
+        for k in range(4):
+            acc[0][k] = acc[0][k] + acc[j][k]
+    return acc[0]
+
+
+def _row_sum(items: Sequence[Any], zero: Any) -> Any:
+    """aten's row_sum: rows of 4 into multi_row_sum, leftovers into the first sum."""
+    size_ilp = len(items) // 4
+    rows = [items[4 * i : 4 * i + 4] for i in range(size_ilp)]
+    partial = _multi_row_sum(rows, zero)
+    for i in range(size_ilp * 4, len(items)):
+        partial[0] = partial[0] + items[i]
+    for k in range(1, 4):
+        partial[0] = partial[0] + partial[k]
+    return partial[0]
+
+
+def torch_f32_sum(values: Iterable[float], width: int = TORCH_VECTOR_WIDTH) -> np.float32:
+    """`torch.tensor(values, dtype=torch.float).sum()` on the CPU, bit for bit.
+
+    Follows aten/src/ATen/native/cpu/SumKernel.cpp (cascade_sum): below `width` values,
+    row_sum over scalars (four partial sums, leftovers to the first); from `width` values
+    on, vectorized_inner_sum: row_sum over `width`-lane vectors, then a scalar sum of the
+    tail, then the lanes in order. The sum kernel is registered without an AVX512
+    variant, so it runs 8-wide even on AVX512 machines. Checked bitwise against torch
+    2.13 (CPU, AVX512 and default dispatch, one thread) for every size up to 300 and
+    sizes up to 300,000; golden values in tests/test_reference.py. Not modelled: with
+    several threads torch splits a sum of TORCH_GRAIN_SIZE values or more across them
+    (seen to differ at 100,000 values on 2 threads), so that result depends on the
+    trainer's thread count.
+    """
+    x = np.array(list(values), dtype=np.float32)
+    zero = np.float32(0.0)
+    n = len(x)
+    if n < width:
+        total = _row_sum(list(x), zero)
+    else:
+        n_vectors = n // width
+        vectors = [x[i * width : (i + 1) * width] for i in range(n_vectors)]
+        lanes = _row_sum(vectors, np.zeros(width, dtype=np.float32))
+        total = zero
+        for value in x[n_vectors * width :]:
+            total = total + value
+        for lane in lanes:
+            total = total + lane
+    # the output is zero-filled and the sum accumulated onto it
+    return np.float32(zero + total)
+
+
+def torch_f32_mean(values: Sequence[float]) -> np.float32:
+    """`tensor.mean()` for float32 on the CPU: the float32 sum divided by n in float32."""
+    return np.float32(torch_f32_sum(values) / np.float32(len(values)))
+
+
+def torch_f32_std(values: Sequence[float]) -> np.float32:
+    """`tensor.std()` for float32 on the CPU (std_var_all_cpu, Bessel's correction).
+
+    Squared deviations from the float32 mean, accumulated in float64 in order; the
+    square root in float64, rounded to float32.
+    """
+    mean = float(torch_f32_mean(values))
+    total = 0.0
+    for value in values:
+        dx = float(np.float32(value)) - mean
+        total += dx * dx
+    return np.float32(math.sqrt(total / max(0, len(values) - 1)))
+
+
+# --- settings and batch shape -------------------------------------------------------
+
+
+def effective_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    merged = {**DEFAULT_SETTINGS, **{k: v for k, v in settings.items() if v is not None}}
+    if merged["global_batch_size"] is None and not merged["use_dynamic_global_batch_size"]:
+        raise ValueError("global_batch_size is required")
+    if merged.get("balance_data") or merged.get("cp_size") is not None:
+        raise NotImplementedError("the reference covers the strided split only (SEMANTICS 6)")
+    # miles turns std normalization off itself when there is one sample per prompt
+    if merged["n_samples_per_prompt"] == 1:
+        merged["grpo_std_normalization"] = False
+    return merged
+
+
+def is_compact_batch(rows: list[Row]) -> bool:
+    return any(row.get("rollout_id") is not None for row in rows)
+
+
+def rollout_key(row: Row) -> int:
+    rollout_id = row.get("rollout_id")
+    return rollout_id if rollout_id is not None else row["index"]
+
+
+def dynamic_global_batch_size(num_samples: int, dp_size: int) -> int:
+    return (num_samples // dp_size) * dp_size or dp_size
+
+
+def trim_samples(rows: list[Row], global_batch_size: int) -> list[Row]:
+    num_samples = len(rows)
+    if num_samples % global_batch_size == 0:
+        return rows
+    keep = (num_samples // global_batch_size) * global_batch_size
+    if keep == 0:
+        raise ValueError(
+            f"not enough samples {num_samples} for global_batch_size {global_batch_size}"
+        )
+    return rows[:keep]
+
+
+# --- per-row values -----------------------------------------------------------------
+
+
+def get_reward_value(row: Row, position: int, reward_key: str | None) -> float:
+    reward = row.get("reward")
+    if isinstance(reward, dict):
+        if reward_key is None:
+            raise ValueError(f"row {position}: reward is a struct; set reward_key")
+        if reward.get(reward_key) is None:
+            raise ValueError(f"row {position}: reward has no field {reward_key!r} (reward_key)")
+        reward = reward[reward_key]
+    if reward is None:
+        raise ValueError(f"row {position}: reward is null")
+    return float(reward)
+
+
+def check_loss_mask(row: Row, position: int) -> None:
+    mask = row.get("loss_mask")
+    if mask is None:
+        return
+    if len(mask) != row["response_length"]:
+        raise ValueError(
+            f"row {position}: loss mask length {len(mask)} != response length "
+            f"{row['response_length']}"
+        )
+    for value in mask:
+        if value not in (0, 1):
+            raise ValueError(f"row {position}: loss mask value {value} is not 0 or 1")
+
+
+def loss_mask_of(row: Row) -> list[int]:
+    response_length = row["response_length"]
+    if row.get("remove_sample"):
+        return [0] * response_length
+    mask = row.get("loss_mask")
+    return [1] * response_length if mask is None else mask
+
+
+def check_rows(rows: list[Row], reward_key: str | None) -> None:
+    """Row invariants of SEMANTICS 4 and 5.1, over every input row (before trimming)."""
+    for position, row in enumerate(rows):
+        check_loss_mask(row, position)
+        get_reward_value(row, position, reward_key)
+    for column in ALL_OR_NONE_CHECKED:
+        set_rows = [i for i, row in enumerate(rows) if row.get(column) is not None]
+        if set_rows and len(set_rows) != len(rows):
+            null_rows = [i for i, row in enumerate(rows) if row.get(column) is None]
+            raise ValueError(
+                f"column {column} is set on some rows and null on others: null on rows "
+                f"{null_rows[:5]}"
+            )
+
+
+# --- rewards (SEMANTICS 5) ----------------------------------------------------------
+
+
+def prompt_groups(rows: list[Row], settings: dict[str, Any]) -> list[list[int]]:
+    """Row positions of each prompt group, groups in order of first appearance."""
+    if rows and all(row.get("group_index") is not None for row in rows):
+        groups: dict[int, list[int]] = {}
+        for position, row in enumerate(rows):
+            groups.setdefault(row["group_index"], []).append(position)
+        return list(groups.values())
+    n = settings["n_samples_per_prompt"]
+    batch = settings["rollout_batch_size"]
+    if n is not None and batch is not None and len(rows) == n * batch:
+        return [list(range(start, start + n)) for start in range(0, len(rows), n)]
+    return [list(range(len(rows)))]
+
+
+def normalize_rollout_rewards(
+    values: list[float], settings: dict[str, Any]
+) -> tuple[list[float], bool]:
+    """Normalized value of each rollout of one group, and whether all were equal."""
+    r = [np.float32(v) for v in values]
+    if len(r) == 1:
+        return [0.0], True
+    if all(v == r[0] for v in r):
+        # Ours: exact zeros instead of torch's rounding noise
+        return [0.0] * len(r), True
+    mean = torch_f32_mean(r)
+    out = [np.float32(v - mean) for v in r]
+    if settings["advantage_estimator"] in STD_ESTIMATORS and settings["grpo_std_normalization"]:
+        std = torch_f32_std(r)
+        if std > 0:
+            denominator = np.float32(std + np.float32(1e-6))
+            out = [np.float32(v / denominator) for v in out]
+    return [float(v) for v in out], False
+
+
+def post_process_rewards(
+    rows: list[Row], raw_rewards: list[float], settings: dict[str, Any]
+) -> tuple[list[float], int]:
+    """The `rewards` column and the number of equal-reward groups."""
+    normalize = (
+        settings["advantage_estimator"] in NORMALIZED_ESTIMATORS
+        and settings["rewards_normalization"]
+    )
+    if not normalize:
+        return list(raw_rewards), 0
+
+    rewards = [0.0] * len(rows)
+    equal_reward_groups = 0
+    for group in prompt_groups(rows, settings):
+        rollouts: dict[int, list[int]] = {}
+        for position in group:
+            rollouts.setdefault(rollout_key(rows[position]), []).append(position)
+        values = []
+        for key, positions in rollouts.items():
+            first = raw_rewards[positions[0]]
+            if any(not raw_rewards[p] == first for p in positions[1:]):
+                shown = [raw_rewards[p] for p in positions]
+                raise ValueError(
+                    f"all samples in rollout {key} must share one reward; "
+                    f"rows {positions} have rewards {shown}"
+                )
+            values.append(first)
+        normalized, all_equal = normalize_rollout_rewards(values, settings)
+        equal_reward_groups += all_equal
+        for value, positions in zip(normalized, rollouts.values(), strict=True):
+            for position in positions:
+                rewards[position] = value
+    return rewards, equal_reward_groups
+
+
+# --- the whole step -----------------------------------------------------------------
+
+
+def convert_samples_to_shard_rows(
+    rows: list[Row], settings: dict[str, Any], global_batch_size: int, is_compact: bool
+) -> tuple[list[Row], int]:
+    raw_rewards = [get_reward_value(row, i, settings["reward_key"]) for i, row in enumerate(rows)]
+    rewards, equal_reward_groups = post_process_rewards(rows, raw_rewards, settings)
+    loss_masks = [loss_mask_of(row) for row in rows]
+
+    mask_sums: dict[int, int] = {}
+    rollout_ordinals: dict[int, int] = {}
+    for row, mask in zip(rows, loss_masks, strict=True):
+        key = rollout_key(row)
+        mask_sums[key] = mask_sums.get(key, 0) + sum(mask)
+        rollout_ordinals.setdefault(key, len(rollout_ordinals))
+
+    present = {
+        column: any(row.get(column) is not None for row in rows) for column in ALL_OR_NONE_COLUMNS
+    }
+    has_weight_versions = any(row.get("weight_versions") for row in rows)
+
+    shard_rows = []
+    for position, row in enumerate(rows):
+        key = rollout_key(row)
+        ordinal = rollout_ordinals[key] if is_compact else position
+        raw_override = row.get("raw_reward")
+        shard_row = {
+            "batch_position": position,
+            "train_step": ordinal // global_batch_size,
+            "micro_batch": None,
+            "tokens": row["tokens"],
+            "response_lengths": row["response_length"],
+            "total_lengths": len(row["tokens"]),
+            "loss_masks": loss_masks[position],
+            "rewards": rewards[position],
+            "raw_reward": raw_override if raw_override is not None else raw_rewards[position],
+            "truncated": 1 if row["status"] == "truncated" else 0,
+            "sample_indices": row["index"],
+            "rollout_ids": key,
+            "rollout_mask_sums": mask_sums[key],
+        }
+        for column, shard_column in ALL_OR_NONE_COLUMNS.items():
+            if present[column]:
+                shard_row[shard_column] = row[column]
+        if has_weight_versions:
+            shard_row["weight_versions"] = row.get("weight_versions")
+        shard_rows.append(shard_row)
+    return shard_rows, equal_reward_groups
+
+
+def split_by_dp(shard_rows: list[Row], dp_size: int) -> list[list[Row]]:
+    return [shard_rows[rank::dp_size] for rank in range(dp_size)]
+
+
+def reference_build(rows: list[Row], settings: dict[str, Any]) -> dict[str, Any]:
+    """One step's sample rows (batch order) -> what each data-parallel rank trains on."""
+    settings = effective_settings(settings)
+    dp_size = settings["dp_size"]
+    is_compact = is_compact_batch(rows)
+    check_rows(rows, settings["reward_key"])
+
+    dynamic = None
+    if settings["use_dynamic_global_batch_size"]:
+        if is_compact:
+            raise ValueError(
+                "use_dynamic_global_batch_size needs a batch trimmed by row count, but this "
+                "batch is compact (rows carry rollout_id); turn the setting off"
+            )
+        if settings["disable_rollout_trim_samples"]:
+            raise ValueError(
+                "use_dynamic_global_batch_size needs trimming, but "
+                "disable_rollout_trim_samples is on; turn one of them off"
+            )
+        dynamic = dynamic_global_batch_size(len(rows), dp_size)
+        global_batch_size = dynamic
+    else:
+        global_batch_size = settings["global_batch_size"]
+
+    kept = rows
+    if not settings["disable_rollout_trim_samples"] and not is_compact:
+        kept = trim_samples(rows, global_batch_size)
+
+    shard_rows, equal_reward_groups = convert_samples_to_shard_rows(
+        kept, settings, global_batch_size, is_compact
+    )
+    return {
+        "ranks": split_by_dp(shard_rows, dp_size),
+        "is_compact": is_compact,
+        "global_batch_size": global_batch_size,
+        "dynamic_global_batch_size": dynamic,
+        "trimmed": len(rows) - len(kept),
+        "equal_reward_groups": equal_reward_groups,
+    }
