@@ -54,7 +54,7 @@ def normalized_rollout_rewards(rollouts: pl.LazyFrame, use_std: bool) -> pl.Lazy
     )
     return rollouts.with_columns(
         value.alias(c.REWARDS),
-        (equal & (n > 1) & (pl.int_range(pl.len()).over(GROUP) == 0)).alias("_equal_group"),
+        (equal & (pl.int_range(pl.len()).over(GROUP) == 0)).alias("_equal_group"),
     )
 
 
