@@ -12,11 +12,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pytest
+import torch
 
 from pipeline.errors import StepError, UsageError
 from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump, read_miles_dump
-
-torch = pytest.importorskip("torch")
 
 TRIM_METADATA = {"dynamic_global_batch_size": 4}
 

@@ -240,10 +240,8 @@ def test_missing_required_column(rows_dir: Path) -> None:
 
 def test_wrong_type_names_column_and_rows(rows_dir: Path) -> None:
     rows_dir.mkdir(parents=True)
-    (rows_dir / "step=1.jsonl").write_text(
-        '{"index": 0, "status": "completed", "tokens": [1, 2], "response_length": 1, "reward": 1}\n'
-        '{"index": 1, "status": "completed", "tokens": [1, 2], "response_length": "x", "reward": 1}\n'
-    )
+    line = '{"index": %d, "status": "completed", "tokens": [1, 2], "response_length": %s, "reward": 1}'
+    (rows_dir / "step=1.jsonl").write_text(line % (0, "1") + "\n" + line % (1, '"x"') + "\n")
     with pytest.raises(StepError) as excinfo:
         plan(rows_dir, global_batch_size=1)
     (violation,) = excinfo.value.violations
