@@ -240,7 +240,8 @@ def test_missing_required_column(rows_dir: Path) -> None:
 
 def test_wrong_type_names_column_and_rows(rows_dir: Path) -> None:
     rows_dir.mkdir(parents=True)
-    line = '{"index": %d, "status": "completed", "tokens": [1, 2], "response_length": %s, "reward": 1}'
+    line = '{"index": %d, "status": "completed", "tokens": [1, 2], "response_length": %s, '
+    line += '"reward": 1}'
     (rows_dir / "step=1.jsonl").write_text(line % (0, "1") + "\n" + line % (1, '"x"') + "\n")
     with pytest.raises(StepError) as excinfo:
         plan(rows_dir, global_batch_size=1)
