@@ -1,4 +1,5 @@
-"""The command line: `rollout-shards build` and `rollout-shards validate` (CONTRACT section 4).
+"""The command line: `rollout-shards build` and `rollout-shards validate` (CONTRACT section 4),
+and `rollout-shards parity` (issue 7).
 
 It runs the same stage functions as the Dagster assets and never imports Dagster.
 """
@@ -17,6 +18,7 @@ from typing import Any, NoReturn
 from pipeline.build import build_step, load_samples, plan_batch
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.io.readers import find_sources, group_steps
+from pipeline.parity import parity
 from pipeline.settings import DISABLE_FLAGS, Settings, data_settings_files, load_settings
 
 PROG = "rollout-shards"
@@ -91,6 +93,12 @@ def parser() -> argparse.ArgumentParser:
             help="session version of every row of miles .pt dumps (they do not store it)",
         )
         _add_setting_flags(sub)
+    compare = commands.add_parser(
+        "parity", help="compare two builds or two inputs field by field, bitwise"
+    )
+    compare.add_argument("left", metavar="A", help="output root, step folder or input")
+    compare.add_argument("right", metavar="B", help="the same kind as A")
+    compare.add_argument("--format", choices=("text", "json"), default="text")
     return root
 
 
@@ -167,10 +175,20 @@ def run_validate(args: argparse.Namespace) -> int:
     return 0 if all(entry["valid"] for entry in report) else 1
 
 
+def run_parity(args: argparse.Namespace) -> int:
+    report = parity(args.left, args.right)
+    if args.format == "json":
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(report.text())
+    return 0 if report.identical else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    commands = {"build": run_build, "validate": run_validate, "parity": run_parity}
     try:
-        return run_build(args) if args.command == "build" else run_validate(args)
+        return commands[args.command](args)
     except UsageError as exc:
         print(f"{PROG}: usage error: {exc}", file=sys.stderr)
         return 2
