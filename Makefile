@@ -7,7 +7,15 @@ OUTPUT ?= data/shards
 # torch only reads miles' .pt dumps; this pin is the CPU build this machine carries.
 TORCH ?= torch==2.13.0
 
-.PHONY: run test install lint data clean
+# Dagster reads its roots from the environment; INPUT and OUTPUT fill them in when unset.
+ROLLOUT_SHARDS_INPUT ?= $(INPUT)
+ROLLOUT_SHARDS_OUTPUT ?= $(OUTPUT)
+DAGSTER_HOME := $(CURDIR)/.dagster_home
+UI_PORT ?= 3000
+DAGSTER_ENV = DAGSTER_HOME=$(DAGSTER_HOME) ROLLOUT_SHARDS_INPUT=$(ROLLOUT_SHARDS_INPUT) \
+	ROLLOUT_SHARDS_OUTPUT=$(ROLLOUT_SHARDS_OUTPUT)
+
+.PHONY: run ui test install lint data clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,15 +28,22 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
-run: install
-	$(BIN)/rollout-shards build $(INPUT) --out $(OUTPUT)
-	@echo "shards written under $(OUTPUT)/ (one step=<N>/ folder per step, manifest.json in each)"
+$(DAGSTER_HOME)/dagster.yaml:
+	mkdir -p $(DAGSTER_HOME) && touch $@
+
+# Every step through Dagster, in process, on the instance that `make ui` shows.
+run: install $(DAGSTER_HOME)/dagster.yaml
+	$(DAGSTER_ENV) $(BIN)/python -m pipeline.run_all
+
+ui: install $(DAGSTER_HOME)/dagster.yaml
+	$(DAGSTER_ENV) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
 
 lint: install
 	$(BIN)/ruff check pipeline tests bench
 
-test: install lint
+test: install lint $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/rollout-shards validate $(INPUT)
+	$(DAGSTER_ENV) $(BIN)/dagster definitions validate -w workspace.yaml
 	$(BIN)/python -m pytest
 
 data: install

@@ -253,3 +253,60 @@ def build_step(
 ) -> dict[str, Any]:
     """The whole build of one step; returns its manifest."""
     return write_shards(plan_batch(load_samples(step, sources, settings), settings), out_root)
+
+
+# Staging and freshness for the Dagster layer: the `rollout_samples` asset is stored as
+# Parquet between runs, and sensors and schedules ask whether a step folder is current.
+
+
+def save_sample_table(samples: SampleTable, folder: Path) -> None:
+    """Write a SampleTable as Parquet plus a small JSON of its bookkeeping."""
+    folder.mkdir(parents=True, exist_ok=True)
+    # lz4: staging is written and read once, so speed beats size.
+    samples.frame.write_parquet(folder / "samples.parquet", compression="lz4")
+    if samples.quarantine is not None:
+        samples.quarantine.write_parquet(folder / writer.QUARANTINE, compression="lz4")
+    meta = {
+        "step": samples.step,
+        "inputs": samples.inputs,
+        "ignored_columns": samples.ignored_columns,
+        "ingested": samples.ingested,
+        "repaired": samples.repaired,
+    }
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def load_sample_table(folder: Path) -> SampleTable:
+    """Read a SampleTable written by `save_sample_table`."""
+    meta = json.loads((folder / "meta.json").read_text())
+    quarantine = folder / writer.QUARANTINE
+    return SampleTable(
+        step=meta["step"],
+        frame=pl.read_parquet(folder / "samples.parquet"),
+        inputs=meta["inputs"],
+        ignored_columns=meta["ignored_columns"],
+        ingested=meta["ingested"],
+        repaired=meta["repaired"],
+        quarantine=pl.read_parquet(quarantine) if quarantine.exists() else None,
+    )
+
+
+def read_manifest(out_root: Path, step: int) -> dict[str, Any] | None:
+    """A committed step's manifest, or None when the step folder is absent or incomplete."""
+    path = writer.step_folder(out_root, step) / writer.MANIFEST
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def shards_are_current(
+    manifest: dict[str, Any] | None, input_sha256: Sequence[str], settings: Settings
+) -> bool:
+    """True when a step was written from files with these checksums, in this batch order,
+    and with these settings: building it again would give the same shards."""
+    if manifest is None:
+        return False
+    written_from = [record["sha256"] for record in manifest.get("inputs", [])]
+    same_inputs = written_from == list(input_sha256)
+    return same_inputs and manifest.get("settings") == settings.model_dump(mode="json")

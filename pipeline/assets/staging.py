@@ -1,0 +1,66 @@
+"""The staging area: the intermediate assets as Parquet under `<output root>/.staging/`."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from pipeline.build import SampleTable, TrainBatch, load_sample_table, save_sample_table
+from pipeline.errors import UsageError
+from pipeline.io import writer
+from pipeline.resources import RolloutStorage
+from pipeline.settings import Settings
+
+SAMPLES = "rollout_samples"
+BATCH = "train_batch"
+SETTINGS = "settings.json"
+
+
+def _commit(final: Path, save: Callable[[Path], None]) -> None:
+    """Write into a fresh sibling folder, then swap it in: a reader sees the old or the new."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staged = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        save(staged)
+        writer.commit_folder(staged, final)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+
+
+def _existing(folder: Path, asset: str, step: int) -> Path:
+    if not folder.is_dir():
+        raise UsageError(
+            f"step {step} has no staged {asset} at {folder}: materialize {asset} first"
+        )
+    return folder
+
+
+def save_samples(storage: RolloutStorage, samples: SampleTable, settings: Settings) -> Path:
+    """Stage a step's validated samples with the settings they were validated under."""
+    folder = storage.staging_folder(SAMPLES, samples.step)
+
+    def save(target: Path) -> None:
+        save_sample_table(samples, target)
+        (target / SETTINGS).write_text(settings.model_dump_json())
+
+    _commit(folder, save)
+    return folder
+
+
+def load_samples(storage: RolloutStorage, step: int) -> tuple[SampleTable, Settings]:
+    folder = _existing(storage.staging_folder(SAMPLES, step), SAMPLES, step)
+    settings = Settings.model_validate_json((folder / SETTINGS).read_text())
+    return load_sample_table(folder), settings
+
+
+def save_batch(storage: RolloutStorage, batch: TrainBatch) -> Path:
+    folder = storage.staging_folder(BATCH, batch.step)
+    _commit(folder, batch.save)
+    return folder
+
+
+def load_batch(storage: RolloutStorage, step: int) -> TrainBatch:
+    return TrainBatch.load(_existing(storage.staging_folder(BATCH, step), BATCH, step))

@@ -1,0 +1,36 @@
+"""Everything Dagster loads for rollout-shards (`workspace.yaml` points here)."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from pipeline.assets.rollout_samples import rollout_samples
+from pipeline.assets.train_batch import train_batch
+from pipeline.assets.training_shards import training_shards
+from pipeline.checks import (
+    manifest_counts_add_up,
+    no_rows_quarantined,
+    rank_files_match_manifest,
+    rollouts_stay_in_one_train_step,
+)
+from pipeline.jobs import rollout_step_job
+from pipeline.resources import RolloutStorage
+from pipeline.schedules import stale_shards_schedule
+from pipeline.sensors import rollout_steps_sensor
+
+defs = dg.Definitions(
+    assets=[rollout_samples, train_batch, training_shards],
+    asset_checks=[
+        manifest_counts_add_up,
+        rank_files_match_manifest,
+        rollouts_stay_in_one_train_step,
+        no_rows_quarantined,
+    ],
+    jobs=[rollout_step_job],
+    sensors=[rollout_steps_sensor],
+    schedules=[stale_shards_schedule],
+    resources={"rollout_storage": RolloutStorage.from_env()},
+    # A step's three assets run one after another; separate processes would only add
+    # seconds of start-up per run.
+    executor=dg.in_process_executor,
+)
