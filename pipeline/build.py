@@ -20,11 +20,11 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import StepError
 from pipeline.io import writer
-from pipeline.io.readers import PATH_STEP, SourceFile, load_step
-from pipeline.schemas.validate import RuleFailure, check_samples
+from pipeline.io.readers import PATH_STEP, TYPE_ERROR, SourceFile, load_step, sha256_of
+from pipeline.schemas.validate import REASON, ROW_ID, TRAJECTORY, validate_step
 from pipeline.settings import Settings
 from pipeline.transforms import samples as s
-from pipeline.transforms.repair import repair_rollout_ids
+from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
 from pipeline.transforms.rewards import with_rewards
 from pipeline.transforms.shard_columns import (
     light_shard_columns,
@@ -36,7 +36,9 @@ from pipeline.transforms.split import batch_layout
 from pipeline.transforms.trim import is_compact, plan_trim
 
 PROVENANCE = (c.SOURCE_FILE, c.SOURCE_ROW, PATH_STEP)
-REASON = "reason"
+# Provenance as the quarantine table names it: where to find the row as it was written.
+QUARANTINE_PROVENANCE = {c.SOURCE_FILE: "source_file", c.SOURCE_ROW: "source_row"}
+SIBLING = "sibling of an invalid leaf: "
 
 
 @dataclass
@@ -84,50 +86,66 @@ def _light(frame: pl.DataFrame, settings: Settings, step: int) -> pl.DataFrame:
     return s.light_columns(frame.lazy(), settings.reward_key, step).collect()
 
 
-def _quarantine_rows(frame: pl.DataFrame, failures: list[RuleFailure]) -> pl.DataFrame:
-    """Whole trajectories holding a failing row, with every reason that hit them."""
-    reasons = pl.concat(
-        [
-            frame.select(c.STEP, c.INDEX)
-            .with_row_index("_p")
-            .filter(pl.col("_p").is_in(f.positions.implode()))
-            .select(
-                c.STEP,
-                c.INDEX,
-                pl.lit(f"{f.violation.rule}: {f.violation.message}").alias(REASON),
-            )
-            for f in failures
-        ]
-    )
-    return reasons.group_by(c.STEP, c.INDEX, maintain_order=True).agg(
+def quarantine_table(loaded: pl.DataFrame, failing: pl.DataFrame) -> pl.DataFrame:
+    """Every row of each trajectory holding a failing row, as loaded (before any repair),
+    in batch order, with a `reason`: the failing row's rules, or for its siblings
+    "sibling of an invalid leaf: " and the rules their trajectory broke."""
+    own = failing.group_by(ROW_ID, maintain_order=True).agg(
         pl.col(REASON).unique(maintain_order=True).str.join("; ")
+    )
+    trajectory = (
+        failing.join(loaded.select(ROW_ID, *TRAJECTORY), on=ROW_ID, maintain_order="left")
+        .group_by(*TRAJECTORY, maintain_order=True)
+        .agg(pl.col(REASON).unique(maintain_order=True).str.join("; ").alias("_trajectory"))
+    )
+    touched = pl.col(ROW_ID).is_in(failing.get_column(ROW_ID).implode()).any().over(TRAJECTORY)
+    return (
+        loaded.filter(touched)
+        .join(own, on=ROW_ID, how="left", maintain_order="left")
+        .join(trajectory, on=list(TRAJECTORY), how="left", nulls_equal=True, maintain_order="left")
+        .with_columns(pl.coalesce(REASON, pl.lit(SIBLING) + pl.col("_trajectory")).alias(REASON))
+        .drop(ROW_ID, PATH_STEP, "_trajectory")
+        .rename(QUARANTINE_PROVENANCE)
+        .select(
+            pl.exclude(*QUARANTINE_PROVENANCE.values(), REASON),
+            *QUARANTINE_PROVENANCE.values(),
+            REASON,
+        )
     )
 
 
 def load_samples(step: int, sources: Sequence[SourceFile], settings: Settings) -> SampleTable:
-    """Read a step, repair legacy ids if asked, validate; invalid rows fail the step or go to
-    quarantine as whole trajectories."""
+    """Read a step, repair legacy ids if asked, validate. With `on_invalid: fail` any broken
+    rule fails the step; with `quarantine` the trajectories holding a failing row are set
+    aside whole and the rest goes on. Problems that name no rows (an unreadable file, a
+    missing column, a column of an impossible type, a struct reward without reward_key)
+    fail the step in both modes: there is nothing to set aside and nothing to count."""
     loaded = load_step(step, sources)
-    frame = loaded.frame
-    repaired: dict[str, int] = {}
+    original = loaded.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(ROW_ID))
+    type_errors = loaded.type_errors
+    if type_errors is None:
+        type_errors = pl.repeat(None, original.height, dtype=pl.String, eager=True)
+    frame = original.with_columns(type_errors.alias(TYPE_ERROR))
+    repaired = {CLEARED: 0, STAMPED: 0}
     if settings.rollout_id_policy == "repair":
         frame, repaired = repair_rollout_ids(frame)
-    failures = check_samples(
-        frame, _light(frame, settings, step), step, settings.normalizes_rewards
+    quarantining = settings.on_invalid == "quarantine"
+    verdict = validate_step(
+        frame,
+        loaded.type_violations,
+        step,
+        settings.reward_key,
+        settings.normalizes_rewards,
+        until_valid=quarantining,
     )
+    if verdict.violations and not (quarantining and verdict.settled):
+        raise StepError(verdict.violations)
     quarantine = None
-    if failures and settings.on_invalid == "quarantine":
-        bad = _quarantine_rows(frame, failures)
-        quarantine = frame.join(bad, on=[c.STEP, c.INDEX], how="inner", maintain_order="left")
-        frame = frame.join(bad, on=[c.STEP, c.INDEX], how="anti", maintain_order="left")
-        failures = check_samples(
-            frame, _light(frame, settings, step), step, settings.normalizes_rewards
-        )
-    if failures:
-        raise StepError([f.violation for f in failures])
+    if verdict.violations:
+        quarantine = quarantine_table(original, verdict.failing)
     return SampleTable(
         step=step,
-        frame=frame,
+        frame=verdict.valid.drop(ROW_ID, TYPE_ERROR),
         inputs=loaded.inputs,
         ignored_columns=loaded.ignored_columns,
         ingested=loaded.frame.height,
@@ -167,7 +185,16 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     step, frame = samples.step, samples.frame
     light = _light(frame, settings, step).lazy()
     compact = is_compact(light)
-    trim = plan_trim(frame.height, settings, compact, step)
+    try:
+        trim = plan_trim(frame.height, settings, compact, step)
+    except StepError as error:
+        if samples.quarantine is not None:
+            for violation in error.violations:
+                violation.message += (
+                    f" (left after quarantining {samples.quarantine.height} rows of invalid "
+                    "trajectories; `rollout-shards validate` with on_invalid fail lists why)"
+                )
+        raise
     head = frame.head(trim.kept)
     light = light_shard_columns(light.head(trim.kept)).with_columns(raw_reward(frame.schema))
     light, equal_groups = with_rewards(light, trim.kept, settings)
@@ -220,6 +247,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
 def write_shards(batch: TrainBatch, out_root: Path) -> dict[str, Any]:
     """Write every rank file, the quarantine and the manifest, then commit the step folder."""
     dp = batch.meta["settings"]["dp_size"]
+    writer.clean_stale(out_root)
     staged = writer.staging_folder(out_root, batch.step)
     try:
         outputs = []
@@ -232,7 +260,7 @@ def write_shards(batch: TrainBatch, out_root: Path) -> dict[str, Any]:
             tokens = int(part.get_column(c.TOTAL_LENGTHS).sum())
             outputs.append(writer.file_record(staged / name, name, part.height, tokens))
         if batch.quarantine is not None and batch.quarantine.height:
-            quarantine = batch.quarantine.drop(PROVENANCE[1:], strict=False)
+            quarantine = batch.quarantine
             writer.write_parquet(quarantine, staged / writer.QUARANTINE)
             outputs.append(
                 writer.file_record(staged / writer.QUARANTINE, writer.QUARANTINE, quarantine.height)
@@ -248,10 +276,38 @@ def write_shards(batch: TrainBatch, out_root: Path) -> dict[str, Any]:
     return manifest
 
 
-def build_step(
+def current_manifest(
     step: int, sources: Sequence[SourceFile], settings: Settings, out_root: Path
+) -> dict[str, Any] | None:
+    """The manifest of a complete step folder built from these very inputs (same paths,
+    same sha256, same order) with these settings, whose files are all there unchanged;
+    None when the step must be built."""
+    manifest = read_manifest(out_root, step)
+    checksums = [sha256_of(source.path) for source in sources]
+    if not shards_are_current(manifest, checksums, settings):
+        return None
+    paths = [record.get("path") for record in manifest.get("inputs", [])]
+    if paths != [str(source.path) for source in sources]:
+        return None
+    folder = writer.step_folder(out_root, step)
+    for output in manifest.get("outputs", []):
+        path = folder / output["path"]
+        if not path.is_file() or sha256_of(path) != output["sha256"]:
+            return None
+    return manifest
+
+
+def build_step(
+    step: int,
+    sources: Sequence[SourceFile],
+    settings: Settings,
+    out_root: Path,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """The whole build of one step; returns its manifest."""
+    """The whole build of one step; returns its manifest. A step folder that is current
+    (`current_manifest`) is kept as it is unless `force`; any other is replaced whole."""
+    if not force and (manifest := current_manifest(step, sources, settings, out_root)):
+        return manifest
     return write_shards(plan_batch(load_samples(step, sources, settings), settings), out_root)
 
 

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pipeline.build import build_step, load_samples, plan_batch
+from pipeline.build import build_step, current_manifest, load_samples, plan_batch
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.io.readers import find_sources, group_steps
+from pipeline.io.writer import clean_stale
 from pipeline.parity import parity
 from pipeline.settings import DISABLE_FLAGS, Settings, data_settings_files, load_settings
 
@@ -82,6 +83,11 @@ def parser() -> argparse.ArgumentParser:
     build = commands.add_parser("build", help="write training shards for every step found")
     build.add_argument("inputs", nargs="+", metavar="INPUT")
     build.add_argument("--out", required=True, type=Path, help="output root")
+    build.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild steps whose folder is already current (same inputs and settings)",
+    )
     validate = commands.add_parser("validate", help="check inputs and settings, write nothing")
     validate.add_argument("inputs", nargs="+", metavar="INPUT")
     validate.add_argument("--format", choices=("text", "json"), default="text")
@@ -137,9 +143,17 @@ def _summary(manifest: dict[str, Any], out: Path) -> str:
 def run_build(args: argparse.Namespace) -> int:
     settings = _settings(args)
     status = 0
+    clean_stale(args.out)
     for step, sources in _steps(args.inputs, args.session_version).items():
+        current = None if args.force else current_manifest(step, sources, settings, args.out)
+        if current is not None:
+            print(
+                f"step {step}: up to date, skipped: {args.out / f'step={step}'} was built from "
+                "the same inputs and settings (--force rebuilds it)"
+            )
+            continue
         try:
-            manifest = build_step(step, sources, settings, args.out)
+            manifest = build_step(step, sources, settings, args.out, force=True)
         except StepError as exc:
             _report("build", exc.violations)
             status = 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,12 @@ from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump, read_miles_d
 TABLE_SUFFIXES = {".parquet": "parquet", ".arrow": "ipc", ".feather": "ipc", ".jsonl": "jsonl"}
 STEP_NAME = re.compile(r"^step=(\d+)(\.[a-z]+)?$")
 PATH_STEP = "_path_step"
+# Per-row text of every contract type a row's values do not fit (null when they all fit).
+TYPE_ERROR = "_type_error"
+# Columns kept for people rather than training: a JSON array or object there is kept as
+# its JSON text, since miles' `prompt` is often a chat list and `metadata` a dict.
+JSON_TEXT_COLUMNS = (c.TRAIN_METADATA, c.PROMPT, c.METADATA)
+VALUE_TEXT_CHARS = 60
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,10 @@ class LoadedStep:
     frame: pl.DataFrame
     inputs: list[dict] = field(default_factory=list)  # path, sha256, rows
     ignored_columns: list[str] = field(default_factory=list)
+    # One `column_type` violation per file and column with values that do not fit, and
+    # per row the text of the types its values do not fit (null where all fit).
+    type_violations: list[Violation] = field(default_factory=list)
+    type_errors: pl.Series | None = None
 
 
 def _is_table(path: Path) -> bool:
@@ -96,23 +107,66 @@ def _unreadable(path: Path, step: int | None, reason: str) -> StepError:
     )
 
 
+def _json_kind(value: object) -> str:
+    if isinstance(value, dict):
+        return "object"
+    return "array" if isinstance(value, list) else "scalar"
+
+
+def _json_name(value: object) -> str:
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "an array"
+    if isinstance(value, bool):
+        return "a boolean"
+    return "a string" if isinstance(value, str) else "a number"
+
+
+def _json_objects(path: Path, step: int | None) -> list[dict]:
+    """Every line as a JSON object, or an error naming the first line that is not one."""
+    records = []
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                reason = getattr(exc, "msg", str(exc))
+                raise _unreadable(
+                    path, step, f"line {number} is not a JSON object ({reason})"
+                ) from None
+            if not isinstance(record, dict):
+                kind = type(record).__name__
+                raise _unreadable(path, step, f"line {number} is not a JSON object (a {kind})")
+            records.append((number, record))
+    first: dict[str, tuple[int, object]] = {}
+    for number, record in records:
+        for key, value in record.items():
+            if value is None:
+                continue
+            seen = first.setdefault(key, (number, value))
+            if _json_kind(seen[1]) != _json_kind(value):
+                raise _unreadable(
+                    path,
+                    step,
+                    f"line {number}: {key} is {_json_name(value)} where line {seen[0]} has "
+                    f"{_json_name(seen[1])}",
+                )
+    return [record for _, record in records]
+
+
 def _read_jsonl(path: Path, step: int | None) -> pl.DataFrame:
     try:
         return pl.read_ndjson(path, infer_schema_length=None)
-    except (pl.exceptions.ComputeError, pl.exceptions.PolarsError) as exc:
-        # Name the first line that is not a JSON object, which polars does not.
-        import json
-
-        with path.open("rb") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    if not isinstance(json.loads(line), dict):
-                        raise ValueError("not an object")
-                except ValueError:
-                    raise _unreadable(path, step, f"line {number} is not a JSON object") from exc
-        raise _unreadable(path, step, f"not valid JSON Lines: {str(exc).splitlines()[0]}") from exc
+    except pl.exceptions.PolarsError as exc:
+        # Slow path, only for files polars refuses: name the offending line, and accept
+        # the NaN and Infinity that Python's json.dumps writes (reward_finite rejects them).
+        records = _json_objects(path, step)
+        try:
+            return pl.from_dicts(records, infer_schema_length=None)
+        except (pl.exceptions.PolarsError, TypeError, ValueError):
+            first = str(exc).strip().splitlines()[0]
+            raise _unreadable(path, step, f"not valid JSON Lines: {first}") from None
 
 
 def read_table(path: Path, step: int | None = None) -> pl.DataFrame:
@@ -144,14 +198,84 @@ def sha256_of(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def _cast_column(frame: pl.DataFrame, name: str, dtype: pl.DataType) -> tuple[pl.Series, pl.Series]:
-    """The column cast to its contract type, and a mask of rows that did not cast."""
-    source = frame.get_column(name)
-    cast = source.cast(dtype, strict=False)
-    bad = cast.is_null() & source.is_not_null()
-    if isinstance(dtype, pl.List):
-        bad = bad | cast.list.eval(pl.element().is_null()).list.any().fill_null(False)
-    return cast, bad
+def _kind(dtype: pl.DataType) -> str:
+    if isinstance(dtype, pl.List | pl.Array):
+        return "list"
+    if isinstance(dtype, pl.Struct):
+        return "struct"
+    if dtype == pl.Boolean:
+        return "bool"
+    if dtype == pl.Null:
+        return "null"
+    if dtype.is_numeric():
+        return "number"
+    return "string" if isinstance(dtype, pl.String | pl.Categorical | pl.Enum) else "other"
+
+
+def _fits(value: pl.Expr, source: pl.DataType, target: pl.DataType) -> pl.Expr:
+    """True where a non-null value converts to the target type without loss: 1.5 is not
+    an integer, 1e300 is not a float32, 2 is not a boolean, a list holds no nulls."""
+    if isinstance(target, pl.List):
+        if not isinstance(source, pl.List | pl.Array):
+            return value.is_null()
+        inner = source.inner
+        value = value.cast(pl.List(inner)) if isinstance(source, pl.Array) else value
+        element = pl.element()
+        return value.list.eval(
+            element.is_not_null() & _fits(element, inner, target.inner)
+        ).list.all()
+    cast = value.cast(target, strict=False)
+    fits = cast.is_not_null()
+    if target.is_integer() and source.is_float():
+        fits = fits & (value == value.floor())
+    elif target.is_float() and source.is_numeric():
+        fits = fits & (cast.is_finite() | ~value.is_finite())
+    elif target == pl.Boolean and source.is_integer():
+        fits = fits & value.is_in([0, 1])
+    return fits
+
+
+def _json_text(value: pl.Expr) -> pl.Expr:
+    """Any value as its JSON text; null stays null."""
+    encoded = pl.struct(value.alias("v")).struct.json_encode()
+    return pl.when(value.is_not_null()).then(encoded.str.slice(5).str.strip_suffix("}"))
+
+
+def _column_kinds_agree(source: pl.DataType, target: pl.DataType) -> bool:
+    have, want = _kind(source), _kind(target)
+    if have == "null" or have == want:
+        return True
+    return {have, want} <= {"number", "string"} or (have == "number" and want == "bool")
+
+
+def _cast_column(
+    frame: pl.DataFrame, name: str, target: pl.DataType, path: Path, step: int | None
+) -> tuple[pl.Expr, pl.Series]:
+    """The column as its contract type, and the mask of rows whose value does not fit.
+    A column whose type cannot hold the contract type at all is the file's fault."""
+    source = frame.schema[name]
+    value = pl.col(name)
+    if name in JSON_TEXT_COLUMNS and _kind(source) in ("list", "struct"):
+        return _json_text(value).alias(name), pl.repeat(False, frame.height, eager=True)
+    wrong_type = StepError(
+        [
+            Violation(
+                rule="column_type",
+                message=f"column {name} must be {target}, but the file stores it as {source}",
+                step=step,
+                files=[str(path)],
+            )
+        ]
+    )
+    if not _column_kinds_agree(source, target):
+        raise wrong_type
+    try:
+        bad = frame.select(
+            (value.is_not_null() & ~_fits(value, source, target).fill_null(False)).alias(name)
+        ).to_series()
+    except pl.exceptions.PolarsError:
+        raise wrong_type from None
+    return value.cast(target, strict=False), bad
 
 
 def _reward_dtype(series: pl.Series) -> pl.DataType:
@@ -160,46 +284,70 @@ def _reward_dtype(series: pl.Series) -> pl.DataType:
     return pl.Float64()
 
 
-def conform(frame: pl.DataFrame, path: Path, step: int | None) -> tuple[pl.DataFrame, list[str]]:
-    """Cast every contract column to its type; name rows that do not fit. Returns extra columns."""
-    violations: list[Violation] = []
+def _value_text(frame: pl.DataFrame, name: str, bad: pl.Series) -> str:
+    text = frame.filter(bad).select(_json_text(pl.col(name))).to_series()[0] or "null"
+    return text if len(text) <= VALUE_TEXT_CHARS else text[:VALUE_TEXT_CHARS] + "..."
+
+
+def conform(
+    frame: pl.DataFrame, path: Path, step: int | None
+) -> tuple[pl.DataFrame, list[str], list[Violation]]:
+    """Cast every contract column to its type. Rows whose values do not fit are marked in
+    TYPE_ERROR and named in one `column_type` violation per column; a missing required
+    column or a column of an impossible type fails the whole file (StepError).
+    Returns the typed frame, the extra (ignored) columns and those violations."""
     missing = [name for name in c.REQUIRED_COLUMNS if name not in frame.columns]
-    if step is None and c.STEP not in frame.columns:
-        missing.insert(0, c.STEP)
     if missing:
-        violations.append(
-            Violation(
-                rule="missing_column",
-                message=f"required column(s) {', '.join(missing)} missing",
-                step=step,
-                files=[str(path)],
-            )
+        raise StepError(
+            [
+                Violation(
+                    rule="missing_column",
+                    message=f"required column(s) {', '.join(missing)} missing",
+                    step=step,
+                    files=[str(path)],
+                )
+            ]
         )
     types = dict(c.INPUT_SCHEMA)
     if c.REWARD in frame.columns:
         types[c.REWARD] = _reward_dtype(frame.get_column(c.REWARD))
-    cast_columns = []
+    cast_columns, reasons, violations, errors = [], [], [], []
     for name in frame.columns:
         if name not in types:
             continue
-        cast, bad = _cast_column(frame, name, types[name])
-        if bad.any():
-            rows = frame.filter(bad)
-            violations.append(
-                Violation(
-                    rule="column_type",
-                    message=f"column {name} must be {types[name]}, got {frame.schema[name]}",
-                    step=step,
-                    files=[str(path)],
-                    rows=_index_leaf_pairs(rows),
-                    n_rows=rows.height,
-                )
-            )
+        try:
+            cast, bad = _cast_column(frame, name, types[name], path, step)
+        except StepError as error:
+            errors += error.violations
+            continue
         cast_columns.append(cast)
-    if violations:
-        raise StepError(violations)
-    extra = [name for name in frame.columns if name not in types]
-    return frame.with_columns(cast_columns).drop(extra), extra
+        if not bad.any():
+            continue
+        rows = frame.filter(bad)
+        first_row = int(rows.get_column(c.SOURCE_ROW)[0]) + 1 if c.SOURCE_ROW in rows else None
+        where = f" at file row {first_row}" if first_row is not None else ""
+        expected = f"column {name} must be {types[name]}"
+        violations.append(
+            Violation(
+                rule="column_type",
+                message=f"{expected}, got {_value_text(frame, name, bad)}{where}",
+                step=step,
+                files=[str(path)],
+                rows=_index_leaf_pairs(rows),
+                n_rows=rows.height,
+            )
+        )
+        reasons.append(pl.when(pl.lit(bad)).then(pl.lit(f"column_type: {expected}")))
+    if errors:
+        raise StepError(errors)
+    type_error = (
+        pl.concat_str(reasons, separator="; ", ignore_nulls=True).replace("", None)
+        if reasons
+        else pl.lit(None, dtype=pl.String)
+    )
+    extra = [name for name in frame.columns if name not in types and name != c.SOURCE_ROW]
+    typed = frame.with_columns(*cast_columns, type_error.alias(TYPE_ERROR)).drop(extra)
+    return typed, extra, violations
 
 
 def _index_leaf_pairs(rows: pl.DataFrame, limit: int = 5) -> list[tuple[int, int]]:
@@ -214,9 +362,42 @@ def _index_leaf_pairs(rows: pl.DataFrame, limit: int = 5) -> list[tuple[int, int
 def _with_provenance(frame: pl.DataFrame, path: Path, path_step: int | None) -> pl.DataFrame:
     return frame.with_columns(
         pl.lit(str(path)).alias(c.SOURCE_FILE),
-        pl.int_range(pl.len(), dtype=pl.Int64).alias(c.SOURCE_ROW),
         pl.lit(path_step, dtype=pl.Int64).alias(PATH_STEP),
     )
+
+
+def _column_steps(source: SourceFile, frame: pl.DataFrame) -> list[int]:
+    """The steps named by the `step` column of a file whose path names none; every row
+    must name one, since a row without a step belongs to no step's accounting."""
+    if c.STEP not in frame.columns:
+        raise StepError(
+            [
+                Violation(
+                    rule="missing_column",
+                    message="no step in the file name (step=<N>.<ext>) and no step column",
+                    files=[str(source.path)],
+                )
+            ]
+        )
+    with_rows = frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(c.SOURCE_ROW))
+    cast, bad = _cast_column(with_rows, c.STEP, pl.Int64(), source.path, None)
+    bad = bad | frame.get_column(c.STEP).is_null()
+    if bad.any():
+        rows = with_rows.filter(bad)
+        first = int(rows.get_column(c.SOURCE_ROW)[0]) + 1
+        raise StepError(
+            [
+                Violation(
+                    rule="column_type",
+                    message="column step must hold a step number on every row when the file "
+                    f"name carries no step; file row {first} has {_value_text(frame, c.STEP, bad)}",
+                    files=[str(source.path)],
+                    rows=_index_leaf_pairs(rows),
+                    n_rows=rows.height,
+                )
+            ]
+        )
+    return frame.select(cast).to_series().unique().sort().to_list()
 
 
 def group_steps(sources: Iterable[SourceFile]) -> dict[int, list[SourceFile]]:
@@ -227,30 +408,28 @@ def group_steps(sources: Iterable[SourceFile]) -> dict[int, list[SourceFile]]:
         if source.step is not None:
             steps.setdefault(source.step, []).append(source)
             continue
-        frame = read_source(source)
-        if c.STEP not in frame.columns:
-            raise UsageError(
-                f"{source.path}: no step in the file name (step=<N>.<ext>) and no `step` column"
-            )
-        values = frame.get_column(c.STEP).cast(pl.Int64, strict=False).drop_nulls().unique()
-        for value in values.to_list():
+        for value in _column_steps(source, read_source(source)):
             steps.setdefault(int(value), []).append(source)
     return {step: sorted(files, key=lambda s: str(s.path)) for step, files in sorted(steps.items())}
 
 
 def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
     """Read, type and concatenate a step's files in batch order, with provenance columns."""
-    frames, inputs, extras = [], [], set()
+    frames, inputs, extras, type_violations = [], [], set(), []
     for source in sources:
-        frame = read_source(source, step)
-        frame, extra = conform(frame, source.path, step)
-        extras.update(extra)
+        frame = read_source(source, step).with_columns(
+            pl.int_range(pl.len(), dtype=pl.Int64).alias(c.SOURCE_ROW)
+        )
         if source.step is None:
-            frame = frame.filter(pl.col(c.STEP) == step)
+            frame = frame.filter(pl.col(c.STEP).cast(pl.Int64, strict=False) == step)
+        frame, extra, found = conform(frame, source.path, step)
+        extras.update(extra)
+        type_violations += found
         inputs.append(
             {"path": str(source.path), "sha256": sha256_of(source.path), "rows": frame.height}
         )
         frames.append(_with_provenance(frame, source.path, source.step))
+    _check_one_reward_type(frames, step)
     frame = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
     if c.STEP not in frame.columns:
         frame = frame.with_columns(pl.col(PATH_STEP).alias(c.STEP))
@@ -265,4 +444,32 @@ def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
         frame = frame.with_columns(
             pl.int_range(pl.len(), dtype=pl.Int32).over(c.STEP, c.INDEX).alias(c.LEAF)
         )
-    return LoadedStep(step=step, frame=frame, inputs=inputs, ignored_columns=sorted(extras))
+    return LoadedStep(
+        step=step,
+        frame=frame.drop(TYPE_ERROR),
+        inputs=inputs,
+        ignored_columns=sorted(extras),
+        type_violations=type_violations,
+        type_errors=frame.get_column(TYPE_ERROR),
+    )
+
+
+def _check_one_reward_type(frames: Sequence[pl.DataFrame], step: int) -> None:
+    """A struct reward in one file and a number in another would silently become structs."""
+    kinds: dict[bool, str] = {}
+    for frame in frames:
+        if c.REWARD in frame.columns and frame.height:
+            is_struct = isinstance(frame.schema[c.REWARD], pl.Struct)
+            kinds.setdefault(is_struct, frame.get_column(c.SOURCE_FILE)[0])
+    if len(kinds) > 1:
+        raise StepError(
+            [
+                Violation(
+                    rule="column_type",
+                    message=f"reward is a struct in {kinds[True]} but a number in "
+                    f"{kinds[False]}: every file of a step must store reward the same way",
+                    step=step,
+                    files=[kinds[True], kinds[False]],
+                )
+            ]
+        )

@@ -1,11 +1,30 @@
-"""The atomic step writer: rank shards, quarantine and manifest, committed by one rename."""
+"""The atomic step writer: rank shards, quarantine and manifest, committed by one rename.
+
+A build writes a step into its own staging folder beside the step folders, named
+`.tmp-step=<N>-<host>-<pid>-<random>`: dot-prefixed, so a trainer listing `step=*` never
+sees it. Every file and the folder are fsynced, the manifest last, then the folder is
+renamed to `step=<N>`. When `step=<N>` already exists the two are swapped in one system
+call (Linux renameat2 with RENAME_EXCHANGE) and the old folder, now under the staging
+name, is deleted. A reader therefore sees the old step or the new one, never a mix, and a
+SIGKILL at any moment leaves at most a dot-prefixed folder, which the next build on the
+same host deletes once the process that made it is gone (`clean_stale`).
+
+Concurrent builds of one step take no lock: each writes its own staging folder and the
+last swap wins. Both folders were complete, and the same inputs and settings give the
+same bytes, so the survivor is a whole, correct step either way. Where renameat2 is
+missing (not Linux) the old folder is first renamed aside to `.old-step=<N>-...`, which
+opens a moment with no `step=<N>`: a reader then finds the step missing, never partial.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
+import re
 import shutil
+import socket
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,6 +43,11 @@ PARQUET_OPTIONS: dict[str, Any] = {
     "row_group_size": 4096,
 }
 RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+# A private folder of one build process: `.tmp-` while written, `.old-` once retired.
+PRIVATE = re.compile(r"^\.(?:tmp|old)-(?P<name>.+)-(?P<host>[^-]+)-(?P<pid>\d+)-[0-9a-f]{8}$")
+# Bounds the retries when other builds keep replacing the same step folder.
+COMMIT_ATTEMPTS = 8
 
 
 def step_folder(out_root: Path, step: int) -> Path:
@@ -42,36 +66,89 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (Linux renameat2); False where the system cannot."""
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "localhost"
+
+
+def _private_name(kind: str, name: str) -> str:
+    return f".{kind}-{name}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _alive(pid: int) -> bool:
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
-    at_fdcwd = -100
-    result = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), RENAME_EXCHANGE)
-    return result == 0
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(out_root: Path) -> list[Path]:
+    """Delete the private folders that builds on this host left when they were killed
+    (their process is gone); folders of live builds and of other hosts stay."""
+    try:
+        entries = sorted(out_root.iterdir())
+    except FileNotFoundError:
+        return []
+    host, removed = _host(), []
+    for entry in entries:
+        match = PRIVATE.match(entry.name)
+        if match and match["host"] == host and not _alive(int(match["pid"])):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def _exchange(a: Path, b: Path) -> bool | None:
+    """Atomically swap two paths (Linux renameat2). False when `b` vanished meanwhile,
+    None where the system cannot swap."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+    renameat2.argtypes += [ctypes.c_uint]
+    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code == errno.ENOENT:
+        return False
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return None
+    raise OSError(code, os.strerror(code), str(b))
 
 
 def commit_folder(staged: Path, final: Path) -> None:
     """Move a complete staged folder to its final name; an existing folder is swapped out
-    in one step, so a reader sees the old step or the new one, never a mix."""
-    try:
-        os.rename(staged, final)
-    except OSError:
-        if not _exchange(staged, final):
-            retired = final.with_name(f".old-{final.name}-{uuid.uuid4().hex[:8]}")
-            os.rename(final, retired)
+    in one step, so a reader sees the old folder or the new one, never a mix."""
+    _fsync(staged)
+    for _ in range(COMMIT_ATTEMPTS):
+        try:
             os.rename(staged, final)
-            staged = retired
-        shutil.rmtree(staged, ignore_errors=True)
+            break
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        swapped = _exchange(staged, final)
+        if swapped:
+            shutil.rmtree(staged, ignore_errors=True)
+            break
+        if swapped is None:
+            retired = final.with_name(_private_name("old", final.name))
+            try:
+                os.rename(final, retired)
+            except FileNotFoundError:
+                continue
+            shutil.rmtree(retired, ignore_errors=True)
+    else:
+        raise OSError(errno.EBUSY, f"other builds keep replacing {final}; {staged} is kept")
     _fsync(final.parent)
 
 
 def staging_folder(out_root: Path, step: int) -> Path:
     out_root.mkdir(parents=True, exist_ok=True)
-    folder = out_root / f".tmp-step={step}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    folder = out_root / _private_name("tmp", step_folder(out_root, step).name)
     folder.mkdir()
     return folder
 

@@ -52,8 +52,11 @@ def _ok(data: PolarsData, expr: pl.Expr) -> pl.LazyFrame:
 
 
 def _all_or_none(name: str) -> pl.Expr:
+    """The rows on the minority side are the odd ones out: rows without the column,
+    unless fewer than half the rows have it (then those few rows are flagged)."""
     has = pl.col(f"_has_{name}")
-    return has | ~has.any()
+    mostly_set = has.sum() * 2 >= pl.len()
+    return pl.when(mostly_set).then(has).otherwise(~has)
 
 
 class SampleRules(pa.DataFrameModel):
@@ -117,7 +120,8 @@ class SampleRules(pa.DataFrameModel):
         "all leaves of a v2 multi-leaf trajectory must share one rollout_id"
     )
     def rollout_id_shared_by_siblings(cls, data: PolarsData) -> pl.LazyFrame:
-        return _ok(data, pl.col(c.ROLLOUT_ID).n_unique().over(TRAJECTORY) == 1)
+        # A leaf without an id is rollout_id_only_on_v2_multi_leaf's to report.
+        return _ok(data, pl.col(c.ROLLOUT_ID).drop_nulls().n_unique().over(TRAJECTORY) <= 1)
 
     @pa.dataframe_check(
         error="rollout_key_unique_per_trajectory: "
@@ -171,4 +175,6 @@ class SiblingRewards(pa.DataFrameModel):
         reward = pl.col(s.REWARD_VALUE)
         # NaN never equals itself, so NaN siblings disagree; a lone row always agrees.
         same = (pl.len() == 1) | ((reward.max() == reward.min()) & ~reward.is_nan().any())
-        return _ok(data, same.over(c.STEP, s.ROLLOUT_KEY))
+        # A key shared by two trajectories is rollout_key_unique_per_trajectory's to report.
+        shared_key = pl.col(c.INDEX).n_unique() > 1
+        return _ok(data, (same | shared_key).over(c.STEP, s.ROLLOUT_KEY))

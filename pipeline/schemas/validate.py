@@ -1,4 +1,11 @@
-"""Run the sample-table models and turn their failure cases into one line per rule."""
+"""Run the sample-table models and turn their failure cases into one line per rule.
+
+`validate_step` checks a step in three phases, so that one bad value is reported once
+rather than again by every rule it upsets: values that do not fit their contract type
+(found while reading), then single-value rules (nullability, allowed values, ranges) on
+the rows that typed, then the row and cross-row rules on the trajectories left. In
+quarantine mode the last phase repeats on what remains until nothing more fails.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +16,25 @@ import polars as pl
 from pandera.config import ValidationDepth, config_context
 
 from pipeline import columns as c
-from pipeline.errors import Violation
+from pipeline.errors import StepError, Violation
+from pipeline.io.readers import TYPE_ERROR
 from pipeline.schemas.samples import RolloutSampleTable, SampleRules, SiblingRewards
 from pipeline.transforms import samples as s
 
 MAX_ROWS_SHOWN = 5
+ROW_ID = "_row_id"  # a row's position in the step as loaded; stable while rows are removed
+REASON = "reason"
+TRAJECTORY = (c.STEP, c.INDEX)
+# Removing invalid trajectories can expose a new failure (the all-or-none rules count
+# rows); a few rounds always settle it, the cap only guards against a rule that never does.
+MAX_ROUNDS = 4
 
 
 @dataclass
 class RuleFailure:
     violation: Violation
     positions: pl.Series  # every failing row position in the step's batch order
+    reason: str = ""  # "rule: message" for each failing row, without row-specific detail
 
 
 def _failure_cases(model: type[pa.DataFrameModel], frame: pl.DataFrame) -> pl.DataFrame | None:
@@ -56,6 +71,7 @@ def _summarise(
         positions = group.get_column("index").drop_nulls().cast(pl.Int64).unique().sort()
         rows = light.filter(pl.col(s.POSITION).is_in(positions.implode())).sort(s.POSITION)
         message = messages.get(rule) or group.get_column("check")[0].partition(": ")[2]
+        reason = f"{rule}: {message}"
         if rule == "rollout_shares_reward":
             message = _rollout_reward_message(light, positions)
         elif rows.height == 0:
@@ -74,7 +90,7 @@ def _summarise(
             ),
             n_rows=rows.height,
         )
-        failures.append(RuleFailure(violation, positions))
+        failures.append(RuleFailure(violation, positions, reason))
     return failures
 
 
@@ -87,21 +103,107 @@ def _column_messages() -> dict[str, str]:
     }
 
 
-def check_samples(
-    frame: pl.DataFrame, light: pl.DataFrame, step: int, sibling_rewards: bool
-) -> list[RuleFailure]:
-    """Every rule broken by a step's rows; [] when the step is valid."""
-    failures: list[RuleFailure] = []
+def check_columns(frame: pl.DataFrame, light: pl.DataFrame, step: int) -> list[RuleFailure]:
+    """Rules of single values (nullability, allowed values, ranges) of a step's rows."""
     table_cases = _failure_cases(RolloutSampleTable, frame.drop(c.REWARD))
-    if table_cases is not None:
-        messages = _column_messages()
-        for key in ("not_nullable",):
-            for name in frame.columns:
-                messages[f"{name}_{key}"] = f"{name} must not be null"
-        failures += _summarise(table_cases, light, step, messages)
-    models = [SampleRules] + ([SiblingRewards] if sibling_rewards else [])
-    for model in models:
+    if table_cases is None:
+        return []
+    messages = _column_messages()
+    for name in frame.columns:
+        messages[f"{name}_not_nullable"] = f"{name} must not be null"
+    return _summarise(table_cases, light, step, messages)
+
+
+def check_rules(light: pl.DataFrame, step: int, sibling_rewards: bool) -> list[RuleFailure]:
+    """Row invariants and the rules across rows (rollout ids, sibling rewards)."""
+    failures: list[RuleFailure] = []
+    for model in [SampleRules] + ([SiblingRewards] if sibling_rewards else []):
         cases = _failure_cases(model, light)
         if cases is not None:
             failures += _summarise(cases, light, step, {})
     return failures
+
+
+def check_samples(
+    frame: pl.DataFrame, light: pl.DataFrame, step: int, sibling_rewards: bool
+) -> list[RuleFailure]:
+    """Every rule broken by a step's rows; [] when the step is valid."""
+    return check_columns(frame, light, step) + check_rules(light, step, sibling_rewards)
+
+
+@dataclass
+class Verdict:
+    """What validation found in a step."""
+
+    valid: pl.DataFrame  # the rows outside every trajectory holding a failing row
+    violations: list[Violation]  # one per broken rule
+    failing: pl.DataFrame  # ROW_ID, REASON: one row per failing row and rule
+    settled: bool  # every violation names rows, so setting them aside leaves a valid step
+
+
+def without_trajectories(frame: pl.DataFrame, row_ids: pl.Series) -> pl.DataFrame:
+    """The rows of every trajectory that holds none of `row_ids`."""
+    touched = pl.col(ROW_ID).is_in(row_ids.implode()).any().over(TRAJECTORY)
+    return frame.filter(~touched)
+
+
+def _failing_rows(frame: pl.DataFrame, failures: list[RuleFailure]) -> pl.DataFrame:
+    ids = frame.get_column(ROW_ID)
+    return pl.concat(
+        [
+            ids.gather(f.positions).to_frame(ROW_ID).with_columns(pl.lit(f.reason).alias(REASON))
+            for f in failures
+        ],
+        how="vertical_relaxed",
+    )
+
+
+def validate_step(
+    frame: pl.DataFrame,
+    type_violations: list[Violation],
+    step: int,
+    reward_key: str | None,
+    sibling_rewards: bool,
+    until_valid: bool,
+) -> Verdict:
+    """Check a loaded step (with ROW_ID and TYPE_ERROR columns). With `until_valid`, keep
+    setting failing trajectories aside until the rest passes every rule."""
+
+    def light(rows: pl.DataFrame) -> pl.DataFrame:
+        try:
+            return s.light_columns(rows.lazy(), reward_key, step).collect()
+        except StepError as error:
+            files = rows.get_column(c.SOURCE_FILE).unique(maintain_order=True).head(3)
+            for violation in error.violations:
+                violation.files = violation.files or files.to_list()
+            raise
+
+    violations = list(type_violations)
+    typed_bad = frame.filter(pl.col(TYPE_ERROR).is_not_null())
+    failing = [typed_bad.select(ROW_ID, pl.col(TYPE_ERROR).alias(REASON))]
+    typed = frame.filter(pl.col(TYPE_ERROR).is_null())
+    failures = check_columns(typed, light(typed), step)
+    settled = all(f.positions.len() for f in failures)
+    if failures:
+        violations += [f.violation for f in failures]
+        failing.append(_failing_rows(typed, failures))
+    valid = without_trajectories(frame, pl.concat([f.get_column(ROW_ID) for f in failing]))
+    for _ in range(MAX_ROUNDS):
+        failures = check_rules(light(valid), step, sibling_rewards)
+        if not failures:
+            break
+        settled = settled and all(f.positions.len() for f in failures)
+        violations += [f.violation for f in failures]
+        rows = _failing_rows(valid, failures)
+        failing.append(rows)
+        valid = without_trajectories(valid, rows.get_column(ROW_ID))
+        if not until_valid:
+            break
+    else:
+        settled = False
+    return Verdict(
+        valid=valid,
+        violations=violations,
+        failing=pl.concat(failing, how="vertical_relaxed"),
+        settled=settled,
+    )

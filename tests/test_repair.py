@@ -1,0 +1,158 @@
+"""`rollout_id_policy: repair` for data from before the rollout-id rule was fixed
+(pipeline/transforms/repair.py): ids cleared on v1 rows and v2 singletons (before miles
+PR #2536), missing ids stamped on v2 multi-leaf leaves (before PR #2368), each repaired
+row counted per rule; `strict` repairs nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from pipeline import columns as c
+from pipeline.errors import StepError
+from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
+from tests.conftest import build, ranks, sample, table, write_step
+
+V1 = {"session_version": "v1"}
+V2 = {"session_version": "v2"}
+REPAIR = {"rollout_id_policy": "repair"}
+
+
+def pre_2536() -> list[dict]:
+    """v1 rows and v2 singletons stamped with their index, as miles did before #2536."""
+    return [
+        *(sample(i, rollout_id=i, **V1) for i in range(3)),
+        *(sample(i, rollout_id=i, **V2) for i in range(3, 6)),
+        sample(6, **V1),
+        sample(7, **V2),
+    ]
+
+
+def pre_2368() -> list[dict]:
+    """v2 multi-leaf trajectories without ids, as miles wrote them before #2368."""
+    return [
+        *(sample(0, leaf, reward=1.0, **V2) for leaf in range(3)),
+        *(sample(1, leaf, **V2) for leaf in range(2)),
+        sample(2, **V2),
+        sample(3, **V1),
+    ]
+
+
+def test_repair_transform_exact() -> None:
+    frame = table(
+        [
+            sample(0, rollout_id=0, **V1),
+            sample(1, rollout_id=1, **V2),
+            sample(2, 0, **V2),
+            sample(2, 1, **V2),
+            sample(3, 0, rollout_id=30, **V2),
+            sample(3, 1, **V2),
+            sample(4, 0, rollout_id=4, **V2),
+            sample(4, 1, rollout_id=4, **V2),
+            sample(5, rollout_id=5),
+        ]
+    ).with_columns(pl.lit(1, dtype=pl.Int64).alias(c.STEP))
+    repaired, counts = repair_rollout_ids(frame)
+    assert repaired.get_column(c.ROLLOUT_ID).to_list() == [None, None, 2, 2, 30, 30, 4, 4, 5]
+    assert counts == {CLEARED: 2, STAMPED: 3}
+    assert repaired.drop(c.ROLLOUT_ID).equals(frame.drop(c.ROLLOUT_ID))
+
+
+def test_strict_refuses_the_pre_2536_window(rows_dir: Path, tmp_path: Path) -> None:
+    write_step(rows_dir, pre_2536())
+    with pytest.raises(StepError) as error:
+        build(rows_dir, tmp_path / "out", global_batch_size=4)
+    (violation,) = error.value.violations
+    assert violation.rule == "rollout_id_only_on_v2_multi_leaf"
+    assert violation.n_rows == 6
+    assert not (tmp_path / "out").exists()
+
+
+def test_repair_clears_ids_of_the_pre_2536_window(rows_dir: Path, tmp_path: Path) -> None:
+    write_step(rows_dir, pre_2536())
+    manifest = build(rows_dir, tmp_path / "out", global_batch_size=4, **REPAIR)
+    assert manifest["repaired"] == {CLEARED: 6, STAMPED: 0}
+    assert manifest["counts"]["repaired"] == 6
+    assert manifest["counts"]["written"] == 8
+    assert manifest["is_compact"] is False
+    (shard,) = ranks(tmp_path / "out")
+    assert shard.get_column("rollout_ids").to_list() == list(range(8))
+
+
+def test_strict_refuses_the_pre_2368_window(rows_dir: Path, tmp_path: Path) -> None:
+    write_step(rows_dir, pre_2368())
+    with pytest.raises(StepError) as error:
+        build(rows_dir, tmp_path / "out", global_batch_size=2)
+    (violation,) = error.value.violations
+    assert violation.rule == "rollout_id_only_on_v2_multi_leaf"
+    assert violation.rows == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+
+
+def test_repair_stamps_ids_of_the_pre_2368_window(rows_dir: Path, tmp_path: Path) -> None:
+    write_step(rows_dir, pre_2368())
+    manifest = build(rows_dir, tmp_path / "out", global_batch_size=2, **REPAIR)
+    assert manifest["repaired"] == {CLEARED: 0, STAMPED: 5}
+    assert manifest["counts"]["repaired"] == 5
+    assert manifest["is_compact"] is True
+    assert manifest["counts"]["trimmed"] == 0
+    (shard,) = ranks(tmp_path / "out")
+    assert shard.get_column("rollout_ids").to_list() == [0, 0, 0, 1, 1, 2, 3]
+    assert shard.get_column("rollout_mask_sums").to_list() == [6, 6, 6, 4, 4, 2, 2]
+
+
+def test_both_windows_in_one_step(rows_dir: Path, tmp_path: Path) -> None:
+    rows = [
+        *(sample(i, leaf, **V2) for i in (0, 1) for leaf in (0, 1)),
+        *(sample(i, rollout_id=i, **V2) for i in (2, 3)),
+        sample(4, rollout_id=4, **V1),
+    ]
+    write_step(rows_dir, rows)
+    manifest = build(rows_dir, tmp_path / "out", global_batch_size=2, **REPAIR)
+    assert manifest["repaired"] == {CLEARED: 3, STAMPED: 4}
+    assert manifest["counts"]["repaired"] == 7
+
+
+def test_strict_and_repair_agree_on_data_that_needs_none(rows_dir: Path, tmp_path: Path) -> None:
+    rows = [sample(0, leaf, rollout_id=0, **V2) for leaf in (0, 1)] + [sample(1, **V1)]
+    write_step(rows_dir, rows)
+    strict = build(rows_dir, tmp_path / "strict", global_batch_size=2)
+    repair = build(rows_dir, tmp_path / "repair", global_batch_size=2, **REPAIR)
+    for manifest in (strict, repair):
+        assert manifest["repaired"] == {CLEARED: 0, STAMPED: 0}
+        assert manifest["counts"]["repaired"] == 0
+    assert strict["outputs"] == repair["outputs"]
+
+
+def test_repair_leaves_what_no_legacy_window_wrote(rows_dir: Path, tmp_path: Path) -> None:
+    rows = [
+        sample(0, rollout_id=7),  # no session server, yet an id
+        sample(1, 0, rollout_id=10, **V2),  # siblings with two ids
+        sample(1, 1, rollout_id=11, **V2),
+    ]
+    write_step(rows_dir, rows)
+    with pytest.raises(StepError) as error:
+        build(rows_dir, tmp_path / "out", global_batch_size=1, **REPAIR)
+    assert [(v.rule, v.rows) for v in error.value.violations] == [
+        ("rollout_id_only_on_v2_multi_leaf", [(0, 0)]),
+        ("rollout_id_shared_by_siblings", [(1, 0), (1, 1)]),
+    ]
+
+
+def test_a_stamped_id_still_has_to_be_unique(rows_dir: Path, tmp_path: Path) -> None:
+    rows = [sample(0, leaf, **V2) for leaf in (0, 1)]
+    rows += [sample(5, leaf, rollout_id=0, **V2) for leaf in (0, 1)]
+    write_step(rows_dir, rows)
+    with pytest.raises(StepError) as error:
+        build(rows_dir, tmp_path / "out", global_batch_size=1, **REPAIR)
+    assert [v.rule for v in error.value.violations] == ["rollout_key_unique_per_trajectory"]
+
+
+def test_the_repaired_counts_are_in_the_manifest_file(rows_dir: Path, tmp_path: Path) -> None:
+    write_step(rows_dir, pre_2536())
+    build(rows_dir, tmp_path / "out", global_batch_size=4, **REPAIR)
+    written = json.loads((tmp_path / "out" / "step=1" / "manifest.json").read_text())
+    assert written["repaired"] == {CLEARED: 6, STAMPED: 0}
+    assert written["settings"]["rollout_id_policy"] == "repair"
