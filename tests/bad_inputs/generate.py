@@ -30,7 +30,30 @@ from typing import Any
 
 import polars as pl
 
-from pipeline.columns import INPUT_SCHEMA
+# The contract's column types (CONTRACT.md section 1), written out here so the corpus
+# states the contract independently of the pipeline's code.
+CONTRACT_TYPES: dict[str, pl.DataType] = {
+    "step": pl.Int64(),
+    "group_index": pl.Int64(),
+    "index": pl.Int64(),
+    "leaf": pl.Int32(),
+    "rollout_id": pl.Int64(),
+    "session_version": pl.String(),
+    "status": pl.String(),
+    "tokens": pl.List(pl.Int32()),
+    "response_length": pl.Int32(),
+    "loss_mask": pl.List(pl.Int8()),
+    "reward": pl.Float64(),
+    "remove_sample": pl.Boolean(),
+    "rollout_log_probs": pl.List(pl.Float32()),
+    "teacher_log_probs": pl.List(pl.Float32()),
+    "weight_versions": pl.List(pl.String()),
+    "raw_reward": pl.Float64(),
+    "round_number": pl.Int64(),
+    "train_metadata": pl.String(),
+    "prompt": pl.String(),
+    "metadata": pl.String(),
+}
 
 STEP = 7
 ARGS = ["--global-batch-size", "4"]
@@ -67,7 +90,7 @@ def base(**changes: Row) -> list[Row]:
 def frame(rows: list[Row], types: dict[str, pl.DataType] | None = None) -> pl.DataFrame:
     """Rows as a table with the contract's types, except where `types` says otherwise."""
     names = list(dict.fromkeys(name for row in rows for name in row))
-    schema = {**INPUT_SCHEMA, "reward": pl.Float64(), **(types or {})}
+    schema = {**CONTRACT_TYPES, **(types or {})}
     return pl.DataFrame(
         [pl.Series(name, [row.get(name) for row in rows], schema.get(name)) for name in names]
     )
