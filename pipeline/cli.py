@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import types
 import typing
@@ -15,11 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pipeline.build import build_step, current_manifest, load_samples, plan_batch
+from pipeline.build import current_manifest, load_samples, plan_batch, write_shards
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.io.readers import find_sources, group_steps
 from pipeline.io.writer import clean_stale
 from pipeline.parity import parity
+from pipeline.progress import Progress
 from pipeline.settings import DISABLE_FLAGS, Settings, data_settings_files, load_settings
 
 PROG = "rollout-shards"
@@ -140,24 +142,43 @@ def _summary(manifest: dict[str, Any], out: Path) -> str:
     )
 
 
+def _build_one(step: int, sources: list, settings: Settings, out: Path, progress: Progress) -> dict:
+    """The stages of `build_step`, reported as they finish."""
+    progress.begin(step, "read and validate")
+    samples = load_samples(step, sources, settings)
+    progress.end(step, "read and validate", f"{samples.ingested} rows read")
+    progress.begin(step, "plan")
+    batch = plan_batch(samples, settings)
+    progress.end(step, "plan", f"{batch.meta['counts']['written']} rows to write")
+    progress.begin(step, "write")
+    manifest = write_shards(batch, out)
+    progress.end(step, "write", f"{len(manifest['outputs'])} files")
+    return manifest
+
+
 def run_build(args: argparse.Namespace) -> int:
     settings = _settings(args)
     status = 0
     clean_stale(args.out)
-    for step, sources in _steps(args.inputs, args.session_version).items():
+    steps = _steps(args.inputs, args.session_version)
+    progress = Progress(len(steps), ("read and validate", "plan", "write"))
+    for step, sources in steps.items():
         current = None if args.force else current_manifest(step, sources, settings, args.out)
         if current is not None:
+            progress.step_done()
             print(
                 f"step {step}: up to date, skipped: {args.out / f'step={step}'} was built from "
                 "the same inputs and settings (--force rebuilds it)"
             )
             continue
         try:
-            manifest = build_step(step, sources, settings, args.out, force=True)
+            manifest = _build_one(step, sources, settings, args.out, progress)
         except StepError as exc:
+            progress.step_done()
             _report("build", exc.violations)
             status = 1
             continue
+        progress.step_done()
         print(_summary(manifest, args.out))
     return status
 
@@ -165,12 +186,21 @@ def run_build(args: argparse.Namespace) -> int:
 def run_validate(args: argparse.Namespace) -> int:
     settings = _settings(args)
     report = []
-    for step, sources in _steps(args.inputs, args.session_version).items():
+    steps = _steps(args.inputs, args.session_version)
+    # JSON output is for machines: no progress lines mixed into it.
+    progress = Progress(len(steps), ("read and validate", "plan"), quiet=args.format == "json")
+    for step, sources in steps.items():
         try:
-            batch = plan_batch(load_samples(step, sources, settings), settings)
+            progress.begin(step, "read and validate")
+            samples = load_samples(step, sources, settings)
+            progress.end(step, "read and validate", f"{samples.ingested} rows read")
+            progress.begin(step, "plan")
+            batch = plan_batch(samples, settings)
         except StepError as exc:
+            progress.step_done()
             report.append({"step": step, "valid": False, "violations": exc.violations})
             continue
+        progress.step_done()
         report.append(
             {"step": step, "valid": True, "violations": [], "counts": batch.meta["counts"]}
         )
@@ -203,6 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {"build": run_build, "validate": run_validate, "parity": run_parity}
     try:
         return commands[args.command](args)
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, as other command-line tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except UsageError as exc:
         print(f"{PROG}: usage error: {exc}", file=sys.stderr)
         return 2
