@@ -351,3 +351,25 @@ def test_shard_columns_and_types(rows_dir: Path, tmp_path: Path) -> None:
     assert str(shard.schema["tokens"]) == "List(Int32)"
     assert str(shard.schema["loss_masks"]) == "List(Int8)"
     assert str(shard.schema["truncated"]) == "Int8"
+
+
+def test_rewards_match_torch_bit_for_bit(rows_dir: Path) -> None:
+    import numpy as np
+    import torch
+
+    raw = (np.random.default_rng(3).integers(0, 9, 37) / 8.0 + 0.1).tolist()
+    write_step(rows_dir, [sample(i, reward=r, group_index=0) for i, r in enumerate(raw)])
+    got = batch_column(rows_dir, c.REWARDS, global_batch_size=1)
+    t = torch.tensor(raw, dtype=torch.float)
+    want = ((t - t.mean()) / (t.std() + 1e-6)).tolist()
+    assert [v.hex() for v in got] == [float(v).hex() for v in want]
+
+
+def test_seven_equal_rewards_are_zero_where_miles_gives_noise(rows_dir: Path) -> None:
+    import torch
+
+    t = torch.tensor([0.7] * 7, dtype=torch.float)
+    miles = ((t - t.mean()) / (t.std() + 1e-6)).tolist()
+    assert all(abs(v - 0.056) < 0.01 for v in miles)  # SEMANTICS 5.3: miles' noise
+    write_step(rows_dir, [sample(i, reward=0.7, group_index=0) for i in range(7)])
+    assert batch_column(rows_dir, c.REWARDS, global_batch_size=7) == [0.0] * 7

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from pipeline import columns as c
 from pipeline.settings import Settings
 from pipeline.transforms import samples as s
+from pipeline.transforms.torch_float import grouped_mean_std
 
 GROUP = "_group"
 ROLLOUT_REWARD = "_r"
@@ -32,27 +34,30 @@ def _uses_std(settings: Settings) -> bool:
     )
 
 
-def normalized_rollout_rewards(rollouts: pl.LazyFrame, use_std: bool) -> pl.LazyFrame:
-    """One float32 value per (group, rollout key): centred, optionally scaled by the std."""
+def normalized_rollout_rewards(rollouts: pl.DataFrame, use_std: bool) -> pl.DataFrame:
+    """One float32 value per (group, rollout key): centred, optionally scaled by the std.
+
+    `rollouts` lists each group's rollouts together, in order of first appearance; the
+    group means and stds are torch's bits (transforms.torch_float)."""
+    sizes = rollouts.group_by(GROUP, maintain_order=True).len().get_column("len").to_numpy()
+    values = rollouts.get_column(ROLLOUT_REWARD).to_numpy()
+    mean, std = grouped_mean_std(values, sizes)
     r = pl.col(ROLLOUT_REWARD)
     n = pl.len().over(GROUP)
-    mean = (r.cast(pl.Float64).sum().over(GROUP) / n).cast(pl.Float32)
-    centred = r - mean
-    std = (
-        (((r.cast(pl.Float64) - mean.cast(pl.Float64)) ** 2).sum().over(GROUP) / (n - 1))
-        .sqrt()
-        .cast(pl.Float32)
-    )
+    centred = r - pl.col("_mean")
+    scaled = centred / (pl.col("_std") + pl.lit(EPS, dtype=pl.Float32))
     equal = r.min().over(GROUP) == r.max().over(GROUP)
-    scaled = centred / (std + pl.lit(EPS, dtype=pl.Float32))
     value = (
         pl.when(equal | (n == 1))
         .then(pl.lit(0.0, dtype=pl.Float32))
-        .when(pl.lit(use_std) & (std > 0))
+        .when(pl.lit(use_std) & (pl.col("_std") > 0))
         .then(scaled)
         .otherwise(centred)
     )
     return rollouts.with_columns(
+        pl.Series("_mean", np.repeat(mean, sizes), dtype=pl.Float32),
+        pl.Series("_std", np.repeat(std, sizes), dtype=pl.Float32),
+    ).with_columns(
         value.alias(c.REWARDS),
         (equal & (pl.int_range(pl.len()).over(GROUP) == 0)).alias("_equal_group"),
     )
@@ -66,8 +71,12 @@ def with_rewards(light: pl.LazyFrame, n_rows: int, settings: Settings) -> tuple[
     rollouts = (
         grouped.group_by(GROUP, s.ROLLOUT_KEY, maintain_order=True)
         .agg(pl.col(s.REWARD_VALUE).first().cast(pl.Float32).alias(ROLLOUT_REWARD))
-        .pipe(normalized_rollout_rewards, use_std=_uses_std(settings))
+        # each group's rollouts together, groups in order of first appearance
+        .with_row_index("_first")
+        .sort(pl.col("_first").min().over(GROUP), maintain_order=True)
+        .drop("_first")
         .collect()
+        .pipe(normalized_rollout_rewards, use_std=_uses_std(settings))
     )
     equal_groups = int(rollouts.get_column("_equal_group").sum())
     values = rollouts.lazy().select(GROUP, s.ROLLOUT_KEY, pl.col(c.REWARDS).cast(pl.Float64))
