@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,12 @@ from pipeline import columns as c
 from pipeline.errors import StepError
 from pipeline.io import writer
 from pipeline.io.readers import PATH_STEP, TYPE_ERROR, SourceFile, load_step, sha256_of
-from pipeline.schemas.validate import REASON, ROW_ID, TRAJECTORY, validate_step
+from pipeline.schemas.validate import REASON, ROW_ID, TRAJECTORY, load_models, validate_step
 from pipeline.settings import Settings
 from pipeline.transforms import samples as s
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
 from pipeline.transforms.rewards import with_rewards
+from pipeline.transforms.schedule import Layout
 from pipeline.transforms.shard_columns import (
     light_shard_columns,
     loss_masks,
@@ -39,6 +41,9 @@ PROVENANCE = (c.SOURCE_FILE, c.SOURCE_ROW, PATH_STEP)
 # Provenance as the quarantine table names it: where to find the row as it was written.
 QUARANTINE_PROVENANCE = {c.SOURCE_FILE: "source_file", c.SOURCE_ROW: "source_row"}
 SIBLING = "sibling of an invalid leaf: "
+# Rank files written at once. Each holds one rank's gathered rows in memory; Polars
+# already spreads one file's encoding over the cores it can use.
+RANK_WRITERS = 2
 
 
 @dataclass
@@ -55,13 +60,79 @@ class SampleTable:
 
 
 @dataclass
-class TrainBatch:
-    """The trimmed batch in write order with its shard columns and metadata (`train_batch`)."""
+class RankRows:
+    """The shard columns of a batch before the list columns are gathered into write order."""
 
-    step: int
-    frame: pl.DataFrame  # shard columns + `rank`, rank 0's rows first, each in training order
-    meta: dict[str, Any]
-    quarantine: pl.DataFrame | None = None
+    scalars: pl.DataFrame  # the scalar shard columns and `rank`, in write order
+    inputs: pl.DataFrame  # the input columns the list shard columns come from, in batch order
+    optional: list[str]  # optional input columns that go into shards, in shard order
+    order: np.ndarray  # the batch position of each row in write order
+
+    def rows(self, start: int, length: int) -> pl.DataFrame:
+        """Rows [start, start + length) in write order with every column, gathered."""
+        picked = self.inputs[pl.Series(self.order[start : start + length])]
+        lists = picked.select(
+            pl.col(c.TOKENS),
+            loss_masks(picked.schema),
+            *(
+                pl.col(name).alias(c.METADATA if name == c.TRAIN_METADATA else name)
+                for name in self.optional
+            ),
+        )
+        scalars = _compact(self.scalars, start, length)
+        return pl.concat([scalars, lists], how="horizontal").select(
+            *c.SHARD_COLUMNS, *lists.columns[2:], c.RANK
+        )
+
+
+def _compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
+    """Rows [start, start + length) copied into buffers of their own. Polars sizes Parquet
+    pages by a column's whole buffers, so a slice of a larger frame would be written with
+    other page boundaries than the same rows held alone: every rank file is written from
+    a copy, whichever path (CLI or staged Dagster batch) produced the rows."""
+    return frame[pl.Series(np.arange(start, start + length, dtype=np.int64))]
+
+
+class TrainBatch:
+    """The trimmed batch in write order with its shard columns and metadata (`train_batch`).
+
+    `frame` holds every shard column and `rank`, rank 0's rows first, each in training
+    order. plan_batch hands over the list columns still in batch order (RankRows): `frame`
+    gathers them on first use, while write_shards gathers one rank at a time, so a build
+    never holds a second copy of the step's tokens.
+    """
+
+    def __init__(
+        self,
+        step: int,
+        frame: pl.DataFrame | RankRows,
+        meta: dict[str, Any],
+        quarantine: pl.DataFrame | None = None,
+    ) -> None:
+        self.step = step
+        self.meta = meta
+        self.quarantine = quarantine
+        self._frame = frame if isinstance(frame, pl.DataFrame) else None
+        self._rows = frame if isinstance(frame, RankRows) else None
+
+    @property
+    def frame(self) -> pl.DataFrame:
+        if self._frame is None:
+            assert self._rows is not None
+            self._frame = self._rows.rows(0, self._rows.scalars.height)
+            self._rows = None
+        return self._frame
+
+    def ranks(self) -> pl.Series:
+        """The `rank` column, in write order."""
+        scalars = self._rows.scalars if self._rows is not None else self.frame
+        return scalars.get_column(c.RANK)
+
+    def rows(self, start: int, length: int) -> pl.DataFrame:
+        """Rows [start, start + length) of `frame`, without gathering the others."""
+        if self._rows is not None:
+            return self._rows.rows(start, length)
+        return _compact(self.frame, start, length)
 
     def save(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -120,7 +191,11 @@ def load_samples(step: int, sources: Sequence[SourceFile], settings: Settings) -
     aside whole and the rest goes on. Problems that name no rows (an unreadable file, a
     missing column, a column of an impossible type, a struct reward without reward_key)
     fail the step in both modes: there is nothing to set aside and nothing to count."""
-    loaded = load_step(step, sources)
+    # Polars reads without the GIL: Pandera's import and set-up run meanwhile.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        models = pool.submit(load_models)
+        loaded = load_step(step, sources)
+        models.result()
     original = loaded.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(ROW_ID))
     type_errors = loaded.type_errors
     if type_errors is None:
@@ -154,17 +229,15 @@ def load_samples(step: int, sources: Sequence[SourceFile], settings: Settings) -
     )
 
 
-def _shard_frame(
-    head: pl.DataFrame, light: pl.DataFrame, order: np.ndarray, optional: list[str]
-) -> pl.DataFrame:
-    """Gather the heavy columns into write order once, beside the light shard columns."""
-    heavy = head.select(
-        pl.col(c.TOKENS),
-        loss_masks(head.schema),
-        *(
-            pl.col(name).alias(c.METADATA if name == c.TRAIN_METADATA else name)
-            for name in optional
-        ),
+def _rank_rows(
+    head: pl.DataFrame, light: pl.DataFrame, layout: Layout, optional: list[str]
+) -> RankRows:
+    """The scalar shard columns in write order. The list columns are left in batch order,
+    to be gathered once, rank by rank, as they are written."""
+    micro_batch = (
+        pl.Series(c.MICRO_BATCH, layout.micro_batch, dtype=pl.Int32)
+        if layout.micro_batch is not None
+        else pl.repeat(None, len(layout.order), dtype=pl.Int32, eager=True).alias(c.MICRO_BATCH)
     )
     scalars = light.select(
         c.BATCH_POSITION,
@@ -176,8 +249,14 @@ def _shard_frame(
         c.SAMPLE_INDICES,
         c.ROLLOUT_IDS,
         c.ROLLOUT_MASK_SUMS,
+    )[pl.Series(layout.order)].with_columns(
+        pl.Series(c.TRAIN_STEP, layout.train_step, dtype=pl.Int32),
+        micro_batch,
+        pl.Series(c.RANK, layout.rank, dtype=pl.Int32),
     )
-    return pl.concat([scalars, heavy], how="horizontal")[pl.Series(order)]
+    needed = [c.TOKENS, c.LOSS_MASK, c.RESPONSE_LENGTH, c.REMOVE_SAMPLE, *optional]
+    inputs = head.select(name for name in needed if name in head.columns)
+    return RankRows(scalars=scalars, inputs=inputs, optional=optional, order=layout.order)
 
 
 def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
@@ -202,21 +281,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     effective = settings.model_copy(update={"global_batch_size": trim.global_batch_size})
     layout = batch_layout(light_df, effective, compact, step)
     optional = optional_columns(head)
-    micro_batch = (
-        pl.Series(c.MICRO_BATCH, layout.micro_batch, dtype=pl.Int32)
-        if layout.micro_batch is not None
-        else pl.repeat(None, len(layout.order), dtype=pl.Int32, eager=True).alias(c.MICRO_BATCH)
-    )
-    shard = _shard_frame(head, light_df, layout.order, optional).with_columns(
-        pl.Series(c.TRAIN_STEP, layout.train_step, dtype=pl.Int32),
-        micro_batch,
-        pl.Series(c.RANK, layout.rank, dtype=pl.Int32),
-    )
-    shard = shard.select(
-        *c.SHARD_COLUMNS,
-        *(c.METADATA if name == c.TRAIN_METADATA else name for name in optional),
-        c.RANK,
-    )
+    rows = _rank_rows(head, light_df, layout, optional)
     quarantined = samples.quarantine.height if samples.quarantine is not None else 0
     counts = {
         "ingested": samples.ingested,
@@ -241,7 +306,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
         "equal_reward_groups": equal_groups,
         "ignored_columns": samples.ignored_columns,
     }
-    return TrainBatch(step=step, frame=shard, meta=meta, quarantine=samples.quarantine)
+    return TrainBatch(step=step, frame=rows, meta=meta, quarantine=samples.quarantine)
 
 
 def write_shards(batch: TrainBatch, out_root: Path) -> dict[str, Any]:
@@ -250,15 +315,21 @@ def write_shards(batch: TrainBatch, out_root: Path) -> dict[str, Any]:
     writer.clean_stale(out_root)
     staged = writer.staging_folder(out_root, batch.step)
     try:
-        outputs = []
-        ranks = batch.frame.get_column(c.RANK).to_numpy()
+        ranks = batch.ranks().to_numpy()
         bounds = np.searchsorted(ranks, np.arange(dp + 1), side="left")
-        for rank in range(dp):
-            part = batch.frame.slice(int(bounds[rank]), int(bounds[rank + 1] - bounds[rank]))
+
+        def write_rank(rank: int) -> dict[str, Any]:
+            part = batch.rows(int(bounds[rank]), int(bounds[rank + 1] - bounds[rank]))
             name = writer.rank_file(rank)
             writer.write_parquet(part.drop(c.RANK), staged / name)
             tokens = int(part.get_column(c.TOTAL_LENGTHS).sum())
-            outputs.append(writer.file_record(staged / name, name, part.height, tokens))
+            return writer.file_record(staged / name, name, part.height, tokens)
+
+        # Polars gathers and encodes, and hashlib hashes, without the GIL: two ranks at a
+        # time keep two cores busy where one small file leaves one idle. A file's bytes do
+        # not depend on the threads.
+        with ThreadPoolExecutor(max_workers=RANK_WRITERS) as pool:
+            outputs = list(pool.map(write_rank, range(dp)))
         if batch.quarantine is not None and batch.quarantine.height:
             quarantine = batch.quarantine
             writer.write_parquet(quarantine, staged / writer.QUARANTINE)
@@ -283,6 +354,8 @@ def current_manifest(
     same sha256, same order) with these settings, whose files are all there unchanged;
     None when the step must be built."""
     manifest = read_manifest(out_root, step)
+    if manifest is None:  # a first build: no need to hash the inputs here
+        return None
     checksums = [sha256_of(source.path) for source in sources]
     if not shards_are_current(manifest, checksums, settings):
         return None

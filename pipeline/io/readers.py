@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,6 +171,27 @@ def _read_jsonl(path: Path, step: int | None) -> pl.DataFrame:
             raise _unreadable(path, step, f"not valid JSON Lines: {first}") from None
 
 
+def _read_parquet(path: Path) -> pl.DataFrame:
+    """A Parquet file, its list columns each decoded on a thread of its own.
+
+    Polars decodes a row group's columns one after another, and writers such as pyarrow
+    put a whole step in one row group, so a plain read keeps one core busy; the list
+    columns hold nearly all the bytes. Any failure falls back to a plain read, whose error
+    is the one to report."""
+    try:
+        schema = pl.read_parquet_schema(path)
+        lists = [name for name, dtype in schema.items() if isinstance(dtype, pl.List)]
+        rest = [name for name in schema if name not in lists]
+        groups = [[name] for name in lists] + ([rest] if rest else [])
+        if len(groups) < 2:
+            return pl.read_parquet(path)
+        with ThreadPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1)) as pool:
+            parts = list(pool.map(lambda columns: pl.read_parquet(path, columns=columns), groups))
+        return pl.concat(parts, how="horizontal").select(schema.names())
+    except Exception:  # noqa: BLE001 - the plain read below reports it
+        return pl.read_parquet(path)
+
+
 def read_table(path: Path, step: int | None = None) -> pl.DataFrame:
     """One input file as a DataFrame, in file order; an unreadable file is a StepError."""
     kind = TABLE_SUFFIXES[path.suffix]
@@ -176,7 +199,7 @@ def read_table(path: Path, step: int | None = None) -> pl.DataFrame:
         raise _unreadable(path, step, "the file is empty")
     try:
         if kind == "parquet":
-            return pl.read_parquet(path)
+            return _read_parquet(path)
         if kind == "ipc":
             return pl.read_ipc(path)
         return _read_jsonl(path, step)
@@ -416,19 +439,25 @@ def group_steps(sources: Iterable[SourceFile]) -> dict[int, list[SourceFile]]:
 def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
     """Read, type and concatenate a step's files in batch order, with provenance columns."""
     frames, inputs, extras, type_violations = [], [], set(), []
-    for source in sources:
-        frame = read_source(source, step).with_columns(
-            pl.int_range(pl.len(), dtype=pl.Int64).alias(c.SOURCE_ROW)
-        )
-        if source.step is None:
-            frame = frame.filter(pl.col(c.STEP).cast(pl.Int64, strict=False) == step)
-        frame, extra, found = conform(frame, source.path, step)
-        extras.update(extra)
-        type_violations += found
-        inputs.append(
-            {"path": str(source.path), "sha256": sha256_of(source.path), "rows": frame.height}
-        )
-        frames.append(_with_provenance(frame, source.path, source.step))
+    # Each file is hashed on a second thread while Polars decodes it; both release the GIL.
+    hasher = ThreadPoolExecutor(max_workers=1)
+    checksums = [hasher.submit(sha256_of, source.path) for source in sources]
+    try:
+        for source, checksum in zip(sources, checksums, strict=True):
+            frame = read_source(source, step).with_columns(
+                pl.int_range(pl.len(), dtype=pl.Int64).alias(c.SOURCE_ROW)
+            )
+            if source.step is None:
+                frame = frame.filter(pl.col(c.STEP).cast(pl.Int64, strict=False) == step)
+            frame, extra, found = conform(frame, source.path, step)
+            extras.update(extra)
+            type_violations += found
+            inputs.append(
+                {"path": str(source.path), "sha256": checksum.result(), "rows": frame.height}
+            )
+            frames.append(_with_provenance(frame, source.path, source.step))
+    finally:
+        hasher.shutdown(wait=False, cancel_futures=True)
     _check_one_reward_type(frames, step)
     frame = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
     if c.STEP not in frame.columns:

@@ -10,16 +10,19 @@ quarantine mode the last phase repeats on what remains until nothing more fails.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import pandera.polars as pa
 import polars as pl
-from pandera.config import ValidationDepth, config_context
 
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation
 from pipeline.io.readers import TYPE_ERROR
-from pipeline.schemas.samples import RolloutSampleTable, SampleRules, SiblingRewards
 from pipeline.transforms import samples as s
+
+if TYPE_CHECKING:
+    import pandera.polars as pa
 
 MAX_ROWS_SHOWN = 5
 ROW_ID = "_row_id"  # a row's position in the step as loaded; stable while rows are removed
@@ -37,11 +40,31 @@ class RuleFailure:
     reason: str = ""  # "rule: message" for each failing row, without row-specific detail
 
 
+@cache
+def load_models() -> ModuleType:
+    """The Pandera models, with Pandera's Polars backends registered. Importing pandera and
+    registering them is about 0.3 s of Python, so it happens on first use, and
+    `build.load_samples` does it on a second thread while Polars reads the files."""
+    from pipeline.schemas import samples as models
+
+    for model in (models.RolloutSampleTable, models.SampleRules, models.SiblingRewards):
+        model.to_schema().get_backend(check_type=pl.DataFrame)
+    return models
+
+
 def _failure_cases(model: type[pa.DataFrameModel], frame: pl.DataFrame) -> pl.DataFrame | None:
-    with config_context(validation_depth=ValidationDepth.SCHEMA_AND_DATA):
+    from pandera.config import ValidationDepth, config_context
+    from pandera.errors import SchemaErrors
+
+    # Pandera runs one small query per check: Polars' in-memory engine starts each one
+    # faster than the streaming engine that Polars 2 picks by default.
+    with (
+        config_context(validation_depth=ValidationDepth.SCHEMA_AND_DATA),
+        pl.Config(engine_affinity="in-memory"),
+    ):
         try:
             model.validate(frame, lazy=True)
-        except pa.errors.SchemaErrors as exc:
+        except SchemaErrors as exc:
             return exc.failure_cases
     return None
 
@@ -105,7 +128,7 @@ def _column_messages() -> dict[str, str]:
 
 def check_columns(frame: pl.DataFrame, light: pl.DataFrame, step: int) -> list[RuleFailure]:
     """Rules of single values (nullability, allowed values, ranges) of a step's rows."""
-    table_cases = _failure_cases(RolloutSampleTable, frame.drop(c.REWARD))
+    table_cases = _failure_cases(load_models().RolloutSampleTable, frame.drop(c.REWARD))
     if table_cases is None:
         return []
     messages = _column_messages()
@@ -117,7 +140,8 @@ def check_columns(frame: pl.DataFrame, light: pl.DataFrame, step: int) -> list[R
 def check_rules(light: pl.DataFrame, step: int, sibling_rewards: bool) -> list[RuleFailure]:
     """Row invariants and the rules across rows (rollout ids, sibling rewards)."""
     failures: list[RuleFailure] = []
-    for model in [SampleRules] + ([SiblingRewards] if sibling_rewards else []):
+    models = load_models()
+    for model in [models.SampleRules] + ([models.SiblingRewards] if sibling_rewards else []):
         cases = _failure_cases(model, light)
         if cases is not None:
             failures += _summarise(cases, light, step, {})
