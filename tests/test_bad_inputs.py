@@ -136,7 +136,12 @@ def test_case(corpus: dict[str, tuple[Path, Any]], name: str) -> None:
         assert result.stderr == ""
         _check_written(folder, spec, result.stdout)
     else:
-        assert result.stdout == ""
+        # Only progress lines on stdout (not a terminal); no summary of a written step.
+        assert " rows in, " not in result.stdout
+        assert all(
+            ": read and validate: " in line or ": plan: " in line
+            for line in result.stdout.splitlines()
+        ), result.stdout
         _check_refused(folder, spec, result.stderr)
 
 
