@@ -44,6 +44,9 @@ SIBLING = "sibling of an invalid leaf: "
 # Rank files written at once. Each holds one rank's gathered rows in memory; Polars
 # already spreads one file's encoding over the cores it can use.
 RANK_WRITERS = 2
+# Staged assets (Dagster) are written once and read once: lz4 writes 3-4x faster than
+# Polars' default zstd, and groups of 4096 rows are read back in parallel.
+STAGING_PARQUET: dict[str, Any] = {"compression": "lz4", "row_group_size": 4096}
 
 
 @dataclass
@@ -136,9 +139,9 @@ class TrainBatch:
 
     def save(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        self.frame.write_parquet(folder / "batch.parquet")
+        self.frame.write_parquet(folder / "batch.parquet", **STAGING_PARQUET)
         if self.quarantine is not None:
-            self.quarantine.write_parquet(folder / writer.QUARANTINE)
+            self.quarantine.write_parquet(folder / writer.QUARANTINE, **STAGING_PARQUET)
         (folder / "meta.json").write_text(json.dumps(self.meta))
 
     @classmethod
@@ -391,10 +394,9 @@ def build_step(
 def save_sample_table(samples: SampleTable, folder: Path) -> None:
     """Write a SampleTable as Parquet plus a small JSON of its bookkeeping."""
     folder.mkdir(parents=True, exist_ok=True)
-    # lz4: staging is written and read once, so speed beats size.
-    samples.frame.write_parquet(folder / "samples.parquet", compression="lz4")
+    samples.frame.write_parquet(folder / "samples.parquet", **STAGING_PARQUET)
     if samples.quarantine is not None:
-        samples.quarantine.write_parquet(folder / writer.QUARANTINE, compression="lz4")
+        samples.quarantine.write_parquet(folder / writer.QUARANTINE, **STAGING_PARQUET)
     meta = {
         "step": samples.step,
         "inputs": samples.inputs,
