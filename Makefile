@@ -23,7 +23,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[dev,miles]"
+	$(BIN)/pip install --quiet -e ".[dev,miles,ray]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -13,6 +13,7 @@ from pipeline.checks import (
     rank_files_match_manifest,
     rollouts_stay_in_one_train_step,
 )
+from pipeline.compute import StepCompute
 from pipeline.jobs import rollout_step_job
 from pipeline.resources import RolloutStorage
 from pipeline.schedules import stale_shards_schedule
@@ -29,7 +30,10 @@ defs = dg.Definitions(
     jobs=[rollout_step_job],
     sensors=[rollout_steps_sensor],
     schedules=[stale_shards_schedule],
-    resources={"rollout_storage": RolloutStorage.from_env()},
+    resources={
+        "rollout_storage": RolloutStorage.from_env(),
+        "step_compute": StepCompute.from_env(),
+    },
     # A step's three assets run one after another; separate processes would only add
     # seconds of start-up per run.
     executor=dg.in_process_executor,

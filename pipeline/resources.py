@@ -16,8 +16,8 @@ import dagster as dg
 from pydantic import Field
 
 from pipeline.errors import UsageError
-from pipeline.io import writer
-from pipeline.io.readers import SourceFile, find_sources, group_steps
+from pipeline.io.readers import SourceFile
+from pipeline.roots import StepRoots
 from pipeline.settings import Settings, data_settings_files, load_settings
 
 INPUT_ENV = "ROLLOUT_SHARDS_INPUT"
@@ -25,9 +25,6 @@ OUTPUT_ENV = "ROLLOUT_SHARDS_OUTPUT"
 CONFIG_ENV = "ROLLOUT_SHARDS_CONFIG"
 DEFAULT_INPUT = "data/rollouts"
 DEFAULT_OUTPUT = "data/shards"
-# Intermediate assets live under the output root, beside the step folders but hidden from
-# a trainer that looks for `step=<N>/`.
-STAGING = ".staging"
 
 
 def configured_input_root() -> Path:
@@ -104,20 +101,19 @@ class RolloutStorage(dg.ConfigurableResource):
         data_configs = data_settings_files([self.input_path])
         return load_settings(self.settings_path, data_configs, **(overrides or {}))
 
+    def roots(self) -> StepRoots:
+        """The checked roots as plain paths, for the stages in process or in a Pipes worker."""
+        return StepRoots(input_root=self.input_path, output_root=self.output_path)
+
     def steps(self) -> dict[int, list[SourceFile]]:
         """Every step under the input root with its files in batch order."""
-        if not self.input_path.is_dir():
-            raise UsageError(f"input root {self.input_path} is not a folder")
-        return group_steps(find_sources([self.input_path]))
+        return self.roots().steps()
 
     def step_sources(self, step: int) -> list[SourceFile]:
-        sources = self.steps().get(step)
-        if not sources:
-            raise UsageError(f"no rollout tables for step {step} under {self.input_path}")
-        return sources
+        return self.roots().step_sources(step)
 
     def step_folder(self, step: int) -> Path:
-        return writer.step_folder(self.output_path, step)
+        return self.roots().step_folder(step)
 
     def staging_folder(self, asset: str, step: int) -> Path:
-        return self.output_path / STAGING / asset / f"step={step}"
+        return self.roots().staging_folder(asset, step)

@@ -11,6 +11,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from pipeline.compute import StepCompute
 from pipeline.definitions import defs
 from pipeline.partitions import rollout_steps
 from pipeline.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV, RolloutStorage
@@ -42,15 +43,20 @@ def materialize(
     key: str,
     run_config: dict[str, Any] | None = None,
     selection: dg.AssetSelection | None = None,
+    compute: StepCompute | None = None,
 ) -> dg.ExecuteInProcessResult:
-    """Materialize one step's assets and checks in process, as the job would."""
+    """Materialize one step's assets and checks in process, as the job would; the stages run
+    where `compute` says (default: in process)."""
     if not instance.has_dynamic_partition(rollout_steps.name, key):
         instance.add_dynamic_partitions(rollout_steps.name, [key])
     return dg.materialize(
         [*ASSETS, *CHECKS],
         partition_key=key,
         instance=instance,
-        resources={"rollout_storage": RolloutStorage.from_env()},
+        resources={
+            "rollout_storage": RolloutStorage.from_env(),
+            "step_compute": compute or StepCompute(),
+        },
         run_config=run_config,
         selection=selection,
         raise_on_error=False,

@@ -70,7 +70,7 @@ EXPECTED: dict[str, Any] = {
             "default_status": "STOPPED",
         }
     },
-    "resources": ["rollout_storage"],
+    "resources": ["rollout_storage", "step_compute"],
 }
 
 

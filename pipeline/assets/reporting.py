@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import polars as pl
 
-from pipeline import columns as c
-from pipeline.build import PROVENANCE, SampleTable, TrainBatch
 from pipeline.errors import StepError, UsageError, Violation
-from pipeline.io import writer
+from pipeline.stages import Metadata
 
 ROWS_SHOWN = 20
 FAILURE_TAG = "rollout_shards/invalid"
@@ -71,97 +67,35 @@ def failures_reported(context: dg.AssetExecutionContext) -> Iterator[None]:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
 
 
-def column_schema(frame: pl.DataFrame) -> dg.TableSchema:
+def _table_schema(columns: list[dict[str, str]]) -> dg.TableSchema:
     return dg.TableSchema(
-        columns=[dg.TableColumn(name, str(dtype)) for name, dtype in frame.schema.items()]
+        columns=[dg.TableColumn(column["name"], column["type"]) for column in columns]
     )
 
 
-def sample_metadata(samples: SampleTable, folder: Path) -> dict[str, Any]:
-    inputs = dg.MetadataValue.table(
-        records=[
-            dg.TableRecord({"path": i["path"], "rows": i["rows"], "sha256": i["sha256"][:16]})
-            for i in samples.inputs
-        ],
-        schema=dg.TableSchema(
-            columns=[
-                dg.TableColumn("path", "string"),
-                dg.TableColumn("rows", "int"),
-                dg.TableColumn("sha256", "string"),
-            ]
-        ),
-    )
-    quarantined = samples.quarantine.height if samples.quarantine is not None else 0
-    return {
-        "dagster/partition_row_count": samples.frame.height,
-        "dagster/column_schema": column_schema(samples.frame.drop(PROVENANCE, strict=False)),
-        "ingested": samples.ingested,
-        "quarantined": quarantined,
-        "repaired": dg.MetadataValue.json(samples.repaired),
-        "ignored_columns": dg.MetadataValue.json(samples.ignored_columns),
-        "inputs": inputs,
-        "staged": dg.MetadataValue.path(str(folder)),
+def _metadata_value(value: dict[str, Any]) -> dg.MetadataValue:
+    kind, raw = value["type"], value["raw_value"]
+    if kind == "table":
+        return dg.MetadataValue.table(
+            records=[dg.TableRecord(record) for record in raw["records"]],
+            schema=_table_schema(raw["schema"]),
+        )
+    if kind == "table_schema":
+        return dg.MetadataValue.table_schema(_table_schema(raw["columns"]))
+    if kind == "null":
+        return dg.MetadataValue.null()
+    simple = {
+        "bool": dg.MetadataValue.bool,
+        "int": dg.MetadataValue.int,
+        "float": dg.MetadataValue.float,
+        "text": dg.MetadataValue.text,
+        "json": dg.MetadataValue.json,
+        "md": dg.MetadataValue.md,
+        "path": dg.MetadataValue.path,
     }
+    return simple[kind](raw)
 
 
-def _layout_metadata(meta: dict[str, Any]) -> dict[str, Any]:
-    return {
-        **meta["counts"],
-        "is_compact": meta["is_compact"],
-        "global_batch_size": meta["global_batch_size"],
-        "dynamic_global_batch_size": meta["dynamic_global_batch_size"],
-        "num_train_steps": meta["num_train_steps"],
-        "num_rollouts": dg.MetadataValue.json(meta["num_rollouts"]),
-    }
-
-
-def batch_metadata(batch: TrainBatch, folder: Path) -> dict[str, Any]:
-    return {
-        "dagster/partition_row_count": batch.frame.height,
-        "dagster/column_schema": column_schema(batch.frame),
-        **_layout_metadata(batch.meta),
-        "num_microbatches": dg.MetadataValue.json(batch.meta["num_microbatches"]),
-        "equal_reward_groups": batch.meta["equal_reward_groups"],
-        "staged": dg.MetadataValue.path(str(folder)),
-    }
-
-
-def _rank_table(outputs: list[dict[str, Any]]) -> dg.MetadataValue:
-    records = [
-        dg.TableRecord({"file": o["path"], "rows": o["rows"], "tokens": o["tokens"]})
-        for o in outputs
-        if o["path"] != writer.QUARANTINE
-    ]
-    return dg.MetadataValue.table(
-        records=records,
-        schema=dg.TableSchema(
-            columns=[
-                dg.TableColumn("file", "string"),
-                dg.TableColumn("rows", "int"),
-                dg.TableColumn("tokens", "int"),
-            ]
-        ),
-    )
-
-
-def _reward_stats(frame: pl.DataFrame) -> dict[str, float | None]:
-    stats = frame.select(
-        pl.col(c.REWARDS).mean().alias("reward_mean"),
-        pl.col(c.REWARDS).std().alias("reward_std"),
-        pl.col(c.REWARDS).min().alias("reward_min"),
-        pl.col(c.REWARDS).max().alias("reward_max"),
-        pl.col(c.RAW_REWARD).mean().alias("raw_reward_mean"),
-    )
-    return stats.row(0, named=True)
-
-
-def shard_metadata(manifest: dict[str, Any], batch: TrainBatch, folder: Path) -> dict[str, Any]:
-    """Row count, schema, manifest counts, layout, per-rank table and reward statistics."""
-    return {
-        "dagster/partition_row_count": manifest["counts"]["written"],
-        "dagster/column_schema": column_schema(batch.frame.drop(c.RANK)),
-        **_layout_metadata(manifest),
-        "ranks": _rank_table(manifest["outputs"]),
-        **_reward_stats(batch.frame),
-        "path": dg.MetadataValue.path(str(folder)),
-    }
+def dagster_metadata(metadata: Metadata) -> dict[str, dg.MetadataValue]:
+    """A stage's metadata (Pipes wire format) as Dagster's values, as Pipes resolves it."""
+    return {key: _metadata_value(value) for key, value in metadata.items()}

@@ -2,30 +2,26 @@
 
 import dagster as dg
 
-from pipeline.assets import GROUP, staging
-from pipeline.assets.reporting import failures_reported, sample_metadata
-from pipeline.build import load_samples
-from pipeline.partitions import rollout_steps, step_of
+from pipeline.assets import GROUP
+from pipeline.assets.reporting import failures_reported
+from pipeline.compute import StepCompute
+from pipeline.partitions import rollout_steps
 from pipeline.resources import RolloutStorage
 from pipeline.run_config import BuildConfig
 
 
 @dg.asset(partitions_def=rollout_steps, group_name=GROUP, kinds={"polars", "parquet"})
 def rollout_samples(
-    context: dg.AssetExecutionContext, config: BuildConfig, rollout_storage: RolloutStorage
+    context: dg.AssetExecutionContext,
+    config: BuildConfig,
+    rollout_storage: RolloutStorage,
+    step_compute: StepCompute,
 ) -> dg.MaterializeResult:
     """A rollout step's sample rows in batch order, typed to the contract and validated
     (row invariants and the rollout-id rule of session v2). An invalid step fails here,
     before anything is written, with the rows per rule and the first offending rows;
     with `on_invalid: quarantine` whole invalid trajectories are set aside instead.
     Staged as Parquet under `<output root>/.staging/rollout_samples/`."""
-    step = step_of(context.partition_key)
     with failures_reported(context):
         settings = rollout_storage.settings(config.overrides())
-        samples = load_samples(step, rollout_storage.step_sources(step), settings)
-        folder = staging.save_samples(rollout_storage, samples, settings)
-    context.log.info(
-        f"step {step}: {samples.ingested} rows read, {samples.frame.height} valid, "
-        f"{sum(samples.repaired.values())} repaired"
-    )
-    return dg.MaterializeResult(metadata=sample_metadata(samples, folder))
+        return step_compute.materialize(context, rollout_storage.roots(), settings)

@@ -10,7 +10,7 @@ from pathlib import Path
 from pipeline.build import SampleTable, TrainBatch, load_sample_table, save_sample_table
 from pipeline.errors import UsageError
 from pipeline.io import writer
-from pipeline.resources import RolloutStorage
+from pipeline.roots import StepRoots
 from pipeline.settings import Settings
 
 SAMPLES = "rollout_samples"
@@ -38,9 +38,9 @@ def _existing(folder: Path, asset: str, step: int) -> Path:
     return folder
 
 
-def save_samples(storage: RolloutStorage, samples: SampleTable, settings: Settings) -> Path:
+def save_samples(roots: StepRoots, samples: SampleTable, settings: Settings) -> Path:
     """Stage a step's validated samples with the settings they were validated under."""
-    folder = storage.staging_folder(SAMPLES, samples.step)
+    folder = roots.staging_folder(SAMPLES, samples.step)
 
     def save(target: Path) -> None:
         save_sample_table(samples, target)
@@ -50,17 +50,17 @@ def save_samples(storage: RolloutStorage, samples: SampleTable, settings: Settin
     return folder
 
 
-def load_samples(storage: RolloutStorage, step: int) -> tuple[SampleTable, Settings]:
-    folder = _existing(storage.staging_folder(SAMPLES, step), SAMPLES, step)
+def load_samples(roots: StepRoots, step: int) -> tuple[SampleTable, Settings]:
+    folder = _existing(roots.staging_folder(SAMPLES, step), SAMPLES, step)
     settings = Settings.model_validate_json((folder / SETTINGS).read_text())
     return load_sample_table(folder), settings
 
 
-def save_batch(storage: RolloutStorage, batch: TrainBatch) -> Path:
-    folder = storage.staging_folder(BATCH, batch.step)
+def save_batch(roots: StepRoots, batch: TrainBatch) -> Path:
+    folder = roots.staging_folder(BATCH, batch.step)
     _commit(folder, batch.save)
     return folder
 
 
-def load_batch(storage: RolloutStorage, step: int) -> TrainBatch:
-    return TrainBatch.load(_existing(storage.staging_folder(BATCH, step), BATCH, step))
+def load_batch(roots: StepRoots, step: int) -> TrainBatch:
+    return TrainBatch.load(_existing(roots.staging_folder(BATCH, step), BATCH, step))

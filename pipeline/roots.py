@@ -1,0 +1,52 @@
+"""The resolved roots of one build: where a step's tables are and where its folders go.
+
+Plain paths, no Dagster: the `rollout_storage` resource checks run config against the
+configured roots and hands these on, in process or to a Pipes worker on another machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import UsageError
+from pipeline.io import writer
+from pipeline.io.readers import SourceFile, find_sources, group_steps
+
+# Intermediate assets live under the output root, beside the step folders but hidden from
+# a trainer that looks for `step=<N>/`.
+STAGING = ".staging"
+
+
+@dataclass(frozen=True)
+class StepRoots:
+    """Input root (rollout tables) and output root (step folders and staging)."""
+
+    input_root: Path
+    output_root: Path
+
+    def steps(self) -> dict[int, list[SourceFile]]:
+        """Every step under the input root with its files in batch order."""
+        if not self.input_root.is_dir():
+            raise UsageError(f"input root {self.input_root} is not a folder")
+        return group_steps(find_sources([self.input_root]))
+
+    def step_sources(self, step: int) -> list[SourceFile]:
+        sources = self.steps().get(step)
+        if not sources:
+            raise UsageError(f"no rollout tables for step {step} under {self.input_root}")
+        return sources
+
+    def step_folder(self, step: int) -> Path:
+        return writer.step_folder(self.output_root, step)
+
+    def staging_folder(self, asset: str, step: int) -> Path:
+        return self.output_root / STAGING / asset / f"step={step}"
+
+    def to_json(self) -> dict[str, str]:
+        return {"input_root": str(self.input_root), "output_root": str(self.output_root)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepRoots:
+        return cls(input_root=Path(data["input_root"]), output_root=Path(data["output_root"]))

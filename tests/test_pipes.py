@@ -1,0 +1,330 @@
+"""The stages behind Dagster Pipes: a worker process per asset, the same shards, metadata
+and failures as in process; the Ray and Kubernetes clients built from configuration."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import yaml
+from dagster_support import Roots, break_step_1, configured_roots, materialize
+
+from pipeline.assets.reporting import FAILURE_TAG
+from pipeline.compute import (
+    COMPUTE_ENV,
+    K8S_IMAGE_ENV,
+    Compute,
+    K8sCompute,
+    RayCompute,
+    StepCompute,
+)
+from pipeline.definitions import defs
+from pipeline.errors import StepError, UsageError, Violation
+from pipeline.pipes_worker import failure_message, reported_failure
+
+# pipeline.compute silences these two warnings of Dagster's own Pipes code, but pytest
+# drops the filters a module sets while it is collected.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Function `PipesMessageReader.expected_writer_count`"),
+    pytest.mark.filterwarnings("ignore:AssetExecutionContext.run_id is deprecated"),
+]
+SUBPROCESS = StepCompute(compute=Compute.subprocess)
+ASSETS = ("rollout_samples", "train_batch", "training_shards")
+# Keyword parameters of dagster-k8s 0.29's PipesK8sClient, read from its source: dagster-k8s
+# pins the dagster release it was built with, so it may not install beside this one.
+K8S_CLIENT_PARAMETERS = {
+    "env",
+    "context_injector",
+    "message_reader",
+    "load_incluster_config",
+    "kubeconfig_file",
+    "kube_context",
+    "poll_interval",
+}
+K8S_RUN_PARAMETERS = {
+    "context",
+    "extras",
+    "image",
+    "command",
+    "namespace",
+    "env",
+    "base_pod_meta",
+    "base_pod_spec",
+    "ignore_containers",
+    "enable_multi_container_logs",
+    "pod_wait_timeout",
+    "delete_pod_on_completion",
+}
+# The launchpad run config of the README's "Scaling out" section.
+RAY_RUN_CONFIG = """
+resources:
+  step_compute:
+    config:
+      compute: ray
+      ray:
+        address: http://ray-head:8265
+        runtime_env: {env_vars: {POLARS_MAX_THREADS: "8"}}
+        num_cpus: 8
+"""
+K8S_RUN_CONFIG = """
+resources:
+  step_compute:
+    config:
+      compute: k8s
+      k8s:
+        image: registry.example/rollout-shards:0.1.0
+        namespace: rl-data
+        base_pod_spec:
+          volumes: [{name: rollouts, persistentVolumeClaim: {claimName: rollouts}}]
+          containers:
+            - name: worker
+              volumeMounts: [{name: rollouts, mountPath: /mnt/rollouts}]
+              resources: {requests: {cpu: "8", memory: 32Gi}}
+"""
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as instance:
+        yield instance
+
+
+@pytest.fixture
+def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
+    return configured_roots(tmp_path, monkeypatch)
+
+
+def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:
+    (event,) = result.asset_materializations_for_node(asset)
+    return dict(event.metadata)
+
+
+def _messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    return [record.user_message for record in instance.all_logs(run_id)]
+
+
+def _step_failure(result: dg.ExecuteInProcessResult) -> tuple[str, dg.Failure]:
+    (event,) = [e for e in result.all_events if e.is_step_failure]
+    return event.step_key, event.step_failure_data.user_failure_data
+
+
+def test_a_subprocess_worker_builds_the_step(instance: dg.DagsterInstance, roots: Roots) -> None:
+    result = materialize(instance, "00000001", compute=SUBPROCESS)
+
+    assert result.success
+    folder = roots.output / "step=1"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "manifest.json",
+        "rank=0.parquet",
+        "rank=1.parquet",
+    ]
+    assert json.loads((folder / "manifest.json").read_text())["counts"]["written"] == 16
+    assert all(check.passed for check in result.get_asset_check_evaluations())
+    messages = _messages(instance, result.run_id)
+    assert messages.count("[pipes] external process successfully opened dagster pipes.") == 3
+    for asset in ASSETS:
+        (line,) = [m for m in messages if m.startswith(f"step 1: {asset} on ")]
+        assert int(line.rsplit("pid ", 1)[1]) != os.getpid()
+    assert f"step 1: 16 rows written to {folder}" in messages
+    shards = _metadata(result, "training_shards")
+    assert shards["written"].value == 16
+    assert shards["path"].value == str(folder)
+
+
+def test_pipes_metadata_and_shards_match_in_process(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    in_process = materialize(instance, "00000004")
+    elsewhere = {"resources": {"rollout_storage": {"config": {"output_root": "pipes"}}}}
+    piped = materialize(instance, "00000004", elsewhere, compute=SUBPROCESS)
+
+    assert in_process.success and piped.success
+    for asset in ASSETS:
+        here, there = _metadata(in_process, asset), _metadata(piped, asset)
+        assert here.keys() == there.keys()
+        for key in here:
+            if key in ("path", "staged"):
+                relative = Path(there[key].value).relative_to(roots.output / "pipes")
+                assert Path(here[key].value).relative_to(roots.output) == relative
+            else:
+                assert here[key] == there[key], (asset, key)
+    for name in ("rank=0.parquet", "rank=1.parquet"):
+        in_process_bytes = (roots.output / "step=4" / name).read_bytes()
+        assert (roots.output / "pipes" / "step=4" / name).read_bytes() == in_process_bytes
+
+
+def test_an_invalid_step_fails_through_pipes_with_its_summary(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    break_step_1(roots)
+
+    in_process = materialize(instance, "00000001")
+    result = materialize(instance, "00000001", compute=SUBPROCESS)
+
+    assert not result.success
+    step_key, failure = _step_failure(result)
+    assert step_key == "rollout_samples"
+    assert "rule response_within_tokens" in failure.description
+    expected = _step_failure(in_process)[1]
+    assert failure.description == expected.description
+    assert failure.metadata == expected.metadata
+    rows = failure.metadata["first_offending_rows"].value
+    assert f"| response_within_tokens | {roots.input / 'step=1.parquet'} | 2 | 0 |" in rows
+    assert "response_within_tokens" in instance.get_run_by_id(result.run_id).tags[FAILURE_TAG]
+    assert not roots.output.exists()
+
+
+def test_settings_the_data_cannot_satisfy_fail_in_the_worker(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    run_config = {"ops": {"rollout_samples": {"config": {"global_batch_size": 64}}}}
+
+    result = materialize(instance, "00000002", run_config, compute=SUBPROCESS)
+
+    step_key, failure = _step_failure(result)
+    assert step_key == "train_batch"
+    assert "step 2" in failure.description
+    assert not (roots.output / "step=2").exists()
+
+
+def test_failures_survive_the_trip_through_pipes() -> None:
+    violation = Violation(
+        rule="response_within_tokens",
+        message="response longer than tokens",
+        step=1,
+        files=["a.parquet"],
+        rows=[(2, 0), (5, 1)],
+        n_rows=2,
+    )
+    messages = [{"other": 1}, json.loads(json.dumps(failure_message(StepError([violation]))))]
+
+    error = reported_failure(messages)
+
+    assert isinstance(error, StepError)
+    assert error.violations == [violation]
+    usage = reported_failure([failure_message(UsageError("no rollout tables for step 9"))])
+    assert isinstance(usage, UsageError) and str(usage) == "no rollout tables for step 9"
+    assert reported_failure([{"other": 1}]) is None
+
+
+def test_the_worker_needs_dagster_pipes_only() -> None:
+    code = (
+        "import json, sys, pipeline.pipes_worker; "
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+
+    loaded = set(json.loads(out.stdout))
+    assert "dagster_pipes" in loaded
+    assert not loaded & {"dagster", "dagster_ray", "dagster_k8s", "ray", "kubernetes"}
+
+
+def test_compute_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(COMPUTE_ENV, "subprocess")
+    monkeypatch.setenv(K8S_IMAGE_ENV, "registry.example/rollout-shards:0.1.0")
+    compute = StepCompute.from_env()
+    assert compute.compute == Compute.subprocess
+    assert compute.k8s.image == "registry.example/rollout-shards:0.1.0"
+    assert compute.run_arguments() == {"command": [sys.executable, "-m", "pipeline.pipes_worker"]}
+
+    monkeypatch.delenv(COMPUTE_ENV)
+    assert StepCompute.from_env().compute == Compute.in_process
+    monkeypatch.setenv(COMPUTE_ENV, "spark")
+    with pytest.raises(UsageError, match="ROLLOUT_SHARDS_COMPUTE=spark: one of in_process"):
+        StepCompute.from_env()
+
+
+def _configured(run_config: str) -> StepCompute:
+    """The resource as a launch with this run config gets it (checked against the job)."""
+    parsed = yaml.safe_load(run_config)
+    job = defs.resolve_job_def("rollout_step_job")
+    dg.validate_run_config(job, parsed)
+    return StepCompute(**parsed["resources"]["step_compute"]["config"])
+
+
+def test_the_ray_client_from_run_config() -> None:
+    from dagster_ray import PipesRayJobClient
+    from dagster_ray.core.pipes import SubmitJobParams
+
+    compute = _configured(RAY_RUN_CONFIG)
+    client = compute.client()
+
+    assert isinstance(client, PipesRayJobClient)
+    assert client._address == "http://ray-head:8265"
+    arguments = compute.run_arguments()
+    assert arguments == {
+        "submit_job_params": {
+            "entrypoint": "python -m pipeline.pipes_worker",
+            "runtime_env": {"env_vars": {"POLARS_MAX_THREADS": "8"}},
+            "entrypoint_num_cpus": 8.0,
+        }
+    }
+    assert set(arguments["submit_job_params"]) <= set(SubmitJobParams.__annotations__)
+    # The client adds the Pipes variables to the runtime_env it gets: a copy, every launch.
+    arguments["submit_job_params"]["runtime_env"]["env_vars"]["DAGSTER_PIPES_CONTEXT"] = "x"
+    assert compute.ray.runtime_env == {"env_vars": {"POLARS_MAX_THREADS": "8"}}
+
+
+def test_the_k8s_client_from_run_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: dict[str, Any] = {}
+
+    class PipesK8sClient:
+        def __init__(self, **kwargs: Any) -> None:
+            made.update(kwargs)
+
+    stand_in = types.ModuleType("dagster_k8s")
+    stand_in.PipesK8sClient = PipesK8sClient  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "dagster_k8s", stand_in)
+    compute = _configured(K8S_RUN_CONFIG)
+
+    assert isinstance(compute.client(), PipesK8sClient)
+    assert made == {
+        "load_incluster_config": None,
+        "kubeconfig_file": None,
+        "kube_context": None,
+        "poll_interval": 10.0,
+    }
+    assert set(made) <= K8S_CLIENT_PARAMETERS
+    arguments = compute.run_arguments()
+    assert set(arguments) | {"context", "extras"} <= K8S_RUN_PARAMETERS
+    assert arguments["image"] == "registry.example/rollout-shards:0.1.0"
+    assert arguments["command"] == ["python", "-m", "pipeline.pipes_worker"]
+    assert arguments["namespace"] == "rl-data"
+    spec = arguments["base_pod_spec"]
+    assert spec["containers"][0]["volumeMounts"] == [
+        {"name": "rollouts", "mountPath": "/mnt/rollouts"}
+    ]
+
+
+def test_k8s_needs_an_image() -> None:
+    with pytest.raises(UsageError, match=re.escape("k8s.image or $ROLLOUT_SHARDS_K8S_IMAGE")):
+        StepCompute(compute=Compute.k8s).run_arguments()
+
+
+def test_a_missing_extra_fails_the_run_with_the_install_line(
+    instance: dg.DagsterInstance, roots: Roots, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "dagster_k8s", None)
+    compute = StepCompute(compute=Compute.k8s, k8s=K8sCompute(image="rollout-shards:0.1.0"))
+
+    result = materialize(instance, "00000001", compute=compute)
+
+    step_key, failure = _step_failure(result)
+    assert step_key == "rollout_samples"
+    assert "compute k8s needs dagster-k8s: pip install 'rollout-shards[k8s]'" in failure.description
+    assert not roots.output.exists()
+
+
+def test_in_process_has_no_pipes_client() -> None:
+    with pytest.raises(UsageError, match="runs in process"):
+        StepCompute().client()
+    assert RayCompute().entrypoint == "python -m pipeline.pipes_worker"
