@@ -1,7 +1,7 @@
 """The Ray path end to end against a local Ray head bound to 127.0.0.1.
 
-Opt-in (ROLLOUT_SHARDS_RAY_TEST=1; needs the `ray` extra): starting a head takes a while
-and several hundred MB. Each asset's stage runs as a Ray job submitted through the head's
+Part of `make test` (the `ray` extra is installed there): starting a head takes about a
+minute and several hundred MB. Each asset's stage runs as a Ray job submitted through the head's
 job API by `dagster_ray.PipesRayJobClient`; logs and metadata come back in the job's logs.
 """
 
@@ -27,10 +27,6 @@ from dagster_support import Roots, configured_roots, materialize
 from pipeline.compute import Compute, RayCompute, StepCompute
 
 pytestmark = [
-    pytest.mark.skipif(
-        os.environ.get("ROLLOUT_SHARDS_RAY_TEST") != "1",
-        reason="starts a local Ray head; set ROLLOUT_SHARDS_RAY_TEST=1",
-    ),
     pytest.mark.filterwarnings("ignore:Function `PipesMessageReader.expected_writer_count`"),
     pytest.mark.filterwarnings("ignore:AssetExecutionContext.run_id is deprecated"),
     # dagster-ray's and Ray's own deprecations, nothing this project calls.
