@@ -29,7 +29,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 
 $(DAGSTER_HOME)/dagster.yaml:
-	mkdir -p $(DAGSTER_HOME) && touch $@
+	mkdir -p $(DAGSTER_HOME) && printf 'telemetry:\n  enabled: false\n' > $@
 
 # Every step through Dagster, in process, on the instance that `make ui` shows.
 run: install $(DAGSTER_HOME)/dagster.yaml
