@@ -1,0 +1,475 @@
+"""The benchmark of issue 6 in one command: `rollout-shards build` against the I/O floor.
+
+    .venv/bin/python bench/run.py              # everything: 4-7 min on 2 cores, once generated
+    .venv/bin/python bench/run.py --quick      # 8k and 32k samples only, no big step
+
+Generates steps with bench/generate.py (cached under --work), then times whole processes,
+median of --repeats runs, interleaved so that load from other work hits every tool alike:
+
+- (a) floor: Polars reads the step and writes it back with the pipeline's Parquet options;
+- (b) build: `rollout-shards build` (read, validate, plan, write ranks, hashes, manifest);
+- (c) miles: bench/miles_path.py, the per-sample Python path of the trainer.
+
+Then one build of a ~250M-token step (time and peak RSS), and the Dagster path: one
+partition materialized in process (`dg.materialize` of the three assets) against the CLI
+on the same step. Peak RSS and CPU time are each child's own (`os.wait4`). The table goes
+between the markers of docs/PERFORMANCE.md, the raw figures to <work>/results.json.
+
+The module imports only the standard library at the top: it is also the program of the
+floor and Dagster children (`bench/run.py _floor ...`), whose start-up it must not slow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = Path(sys.executable)
+CLI = PYTHON.parent / "rollout-shards"
+GENERATOR = ROOT / "bench" / "generate.py"
+MILES_PATH = ROOT / "bench" / "miles_path.py"
+REPORT = ROOT / "docs" / "PERFORMANCE.md"
+BEGIN = "<!-- bench/run.py: begin -->"
+END = "<!-- bench/run.py: end -->"
+KINDS = ("non-compact", "compact")
+FLOOR, BUILD, MILES, BEFORE = "floor", "build", "miles", "before"
+
+
+@dataclass
+class Run:
+    """One child process: wall seconds, CPU seconds (user + system), peak RSS in MiB."""
+
+    wall: float
+    cpu: float
+    rss: float
+
+
+@dataclass
+class Case:
+    kind: str
+    samples: int
+    tokens: int
+    input_mib: float
+    runs: dict[str, list[Run]] = field(default_factory=dict)
+
+    def median(self, tool: str, what: str) -> float | None:
+        runs = self.runs.get(tool)
+        return statistics.median(getattr(r, what) for r in runs) if runs else None
+
+
+def timed(cmd: Sequence[str | Path], log: Path, env: dict[str, str] | None = None) -> Run:
+    """Run a command to completion; its own wall time, CPU time and peak RSS."""
+    with log.open("w") as out:
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            [str(part) for part in cmd], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{log.read_text()}"
+        )
+    # ru_maxrss is in KiB on Linux
+    return Run(wall=wall, cpu=usage.ru_utime + usage.ru_stime, rss=usage.ru_maxrss / 1024)
+
+
+def generate(work: Path, kind: str, samples: int, mean_tokens: float, fresh: bool) -> Path:
+    """A one-step input folder, generated once per (kind, size, mean tokens)."""
+    folder = work / "inputs" / f"{kind}-{samples}-{mean_tokens:g}"
+    stamp = folder / "generated.json"
+    if stamp.exists() and not fresh:
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    cmd = [PYTHON, GENERATOR, "--samples", samples, "--mean-tokens", mean_tokens, "--out", folder]
+    if kind == "non-compact":
+        cmd.append("--non-compact")
+    print(f"generating {kind} step of {samples} samples ...", file=sys.stderr, flush=True)
+    log = work / "generate.log"
+    timed([*cmd, "--steps", "1"], log)
+    tokens = re.search(r"(\d+) tokens", log.read_text())
+    if tokens is None:
+        raise SystemExit(f"no token count in {log}")
+    stamp.write_text(json.dumps({"tokens": int(tokens.group(1))}))
+    return folder
+
+
+def tool_command(tool: str, step_dir: Path, out: Path, args: argparse.Namespace) -> list[Any]:
+    settings = ["--global-batch-size", args.global_batch_size, "--dp-size", args.dp_size]
+    if tool == FLOOR:
+        return [PYTHON, __file__, "_floor", step_dir / "step=0.parquet", out / "floor.parquet"]
+    if tool == BUILD:
+        return [CLI, "build", step_dir, "--out", out, *settings]
+    if tool == BEFORE:
+        # -P keeps the working directory off sys.path, so PYTHONPATH picks the source tree
+        return [PYTHON, "-P", "-m", "pipeline.cli", "build", step_dir, "--out", out, *settings]
+    # (c) writes zstd like the pipeline, so codecs do not decide the comparison
+    return [PYTHON, MILES_PATH, step_dir, "--out", out, *settings, "--compression", "zstd"]
+
+
+def measure(case: Case, step_dir: Path, tools: Sequence[str], args: argparse.Namespace) -> None:
+    out = args.work / "out"
+    for repeat in range(args.repeats):
+        for tool in tools:
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+            env = None
+            if tool == BEFORE:
+                env = {**os.environ, "PYTHONPATH": str(args.before)}
+            command = tool_command(tool, step_dir, out, args)
+            run = timed(command, args.work / f"{tool}.log", env=env)
+            case.runs.setdefault(tool, []).append(run)
+            print(
+                f"  {case.kind} {case.samples}: {tool} run {repeat + 1}: {run.wall:.2f} s, "
+                f"{run.cpu:.2f} cpu-s, {run.rss:.0f} MiB",
+                file=sys.stderr,
+                flush=True,
+            )
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def floor_main(source: str, target: str) -> int:
+    """Child (a): read the step and write it back with the pipeline's Parquet options."""
+    import polars as pl
+
+    options = json.loads(os.environ["BENCH_PARQUET_OPTIONS"])
+    pl.read_parquet(source).write_parquet(target, **options)
+    return 0
+
+
+def dagster_main(input_root: str, output_root: str, gbs: str, dp: str) -> int:
+    """Child: materialize one partition's three assets in process; print the phases."""
+    started = time.perf_counter()
+    os.environ["ROLLOUT_SHARDS_INPUT"] = input_root
+    os.environ["ROLLOUT_SHARDS_OUTPUT"] = output_root
+    os.environ.pop("ROLLOUT_SHARDS_CONFIG", None)
+    import dagster as dg
+
+    from pipeline.definitions import defs
+    from pipeline.partitions import partition_key, rollout_steps
+
+    imported = time.perf_counter()
+    key = partition_key(0)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(rollout_steps.name, [key])
+        config = {"global_batch_size": int(gbs), "dp_size": int(dp)}
+        materialize_started = time.perf_counter()
+        result = dg.materialize(
+            list(defs.assets or []),
+            partition_key=key,
+            instance=instance,
+            resources=dict(defs.resources or {}),
+            run_config={"ops": {"rollout_samples": {"config": config}}},
+        )
+        materialized = time.perf_counter()
+        steps = {
+            event.step_key: event.event_specific_data.duration_ms / 1000  # type: ignore[union-attr]
+            for event in result.all_events
+            if event.event_type_value == "STEP_SUCCESS"
+        }
+    print(
+        json.dumps(
+            {
+                "import": imported - started,
+                "materialize": materialized - materialize_started,
+                "steps": steps,
+            }
+        )
+    )
+    return 0 if result.success else 1
+
+
+def measure_dagster(step_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The CLI and the in-process Dagster materialization of the same step, interleaved."""
+    out = args.work / "out"
+    cli: list[Run] = []
+    dagster: list[Run] = []
+    phases: list[dict[str, Any]] = []
+    log = args.work / "dagster.log"
+    for repeat in range(args.repeats):
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        cli.append(timed(tool_command(BUILD, step_dir, out, args), args.work / "build.log"))
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        cmd = [PYTHON, __file__, "_dagster", step_dir, out, args.global_batch_size, args.dp_size]
+        dagster.append(timed(cmd, log))
+        phases.append(json.loads(log.read_text().strip().splitlines()[-1]))
+        print(
+            f"  dagster run {repeat + 1}: cli {cli[-1].wall:.2f} s, dagster process "
+            f"{dagster[-1].wall:.2f} s, materialize {phases[-1]['materialize']:.2f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    shutil.rmtree(out, ignore_errors=True)
+    step_names = sorted({name for p in phases for name in p["steps"]})
+    return {
+        "cli": statistics.median(r.wall for r in cli),
+        "cli_rss": statistics.median(r.rss for r in cli),
+        "process": statistics.median(r.wall for r in dagster),
+        "process_rss": statistics.median(r.rss for r in dagster),
+        "import": statistics.median(p["import"] for p in phases),
+        "materialize": statistics.median(p["materialize"] for p in phases),
+        "steps": {n: statistics.median(p["steps"].get(n, 0.0) for p in phases) for n in step_names},
+    }
+
+
+def machine() -> dict[str, str]:
+    import importlib.metadata as md
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    versions = ", ".join(
+        f"{name} {md.version(name)}"
+        for name in ("polars", "pyarrow", "pandera", "numpy", "dagster")
+    )
+    return {
+        "cpus": str(os.cpu_count()),
+        "memory": f"{memory:.1f} GiB",
+        "cpu": cpu,
+        "system": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "versions": versions,
+    }
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def ratio(top: float | None, bottom: float | None) -> str:
+    return "-" if top is None or bottom is None else f"{top / bottom:.2f}"
+
+
+def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least squares y = a + b x: intercept and slope."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
+    return my - slope * mx, slope
+
+
+def report(
+    cases: list[Case],
+    big: Case | None,
+    dagster: dict[str, Any] | None,
+    info: dict[str, Any],
+    args: argparse.Namespace,
+) -> str:
+    lines = [
+        f"Measured {info['date']} by `{info['command']}` in {info['minutes']:.1f} min: "
+        f"{info['machine']['cpus']} CPUs ({info['machine']['cpu']}), "
+        f"{info['machine']['memory']}, {info['machine']['system']}, Python "
+        f"{info['machine']['python']}; {info['machine']['versions']}. Load average "
+        f"{info['load_before']:.2f} before, {info['load_after']:.2f} after (other work shares "
+        "the machine). Times are wall seconds of whole processes, median of "
+        f"{args.repeats}, interleaved; RSS is each process's peak; global batch size "
+        f"{args.global_batch_size}, {args.dp_size} ranks, ~{args.mean_tokens:g} tokens per "
+        "sample with rollout log probs.",
+        "",
+        "| step | samples | tokens | input MiB | (a) floor s | (b) build s | (c) miles s "
+        "| b/a | b/a cpu | c/b | (a) MiB | (b) MiB | (c) MiB | (b) s per M tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for case in cases:
+        a, b, cc = (case.median(t, "wall") for t in (FLOOR, BUILD, MILES))
+        lines.append(
+            f"| {case.kind} | {case.samples} | {case.tokens / 1e6:.1f}M | {case.input_mib:.0f} "
+            f"| {fmt(a)} | {fmt(b)} | {fmt(cc)} | {ratio(b, a)} "
+            f"| {ratio(case.median(BUILD, 'cpu'), case.median(FLOOR, 'cpu'))} | {ratio(cc, b)} "
+            f"| {fmt(case.median(FLOOR, 'rss'), 0)} | {fmt(case.median(BUILD, 'rss'), 0)} "
+            f"| {fmt(case.median(MILES, 'rss'), 0)} "
+            f"| {fmt(b / (case.tokens / 1e6) if b else None, 3)} |"
+        )
+    if any(BEFORE in case.runs for case in cases):
+        lines += [
+            "",
+            f"Before, the build of `{args.before}` measured in the same rounds:",
+            "",
+            "| step | samples | before s | build s | before/build | before b/a | before MiB "
+            "| build MiB |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for case in cases:
+            a, b, b0 = (case.median(t, "wall") for t in (FLOOR, BUILD, BEFORE))
+            lines.append(
+                f"| {case.kind} | {case.samples} | {fmt(b0)} | {fmt(b)} | {ratio(b0, b)} "
+                f"| {ratio(b0, a)} | {fmt(case.median(BEFORE, 'rss'), 0)} "
+                f"| {fmt(case.median(BUILD, 'rss'), 0)} |"
+            )
+    lines += ["", "Scaling (least squares over the sizes, wall = fixed + per-token cost):", ""]
+    for kind in KINDS:
+        mine = [c for c in cases if c.kind == kind]
+        if len(mine) < 2:
+            continue
+        for tool in (FLOOR, BUILD):
+            xs = [c.tokens / 1e6 for c in mine]
+            ys = [c.median(tool, "wall") or 0.0 for c in mine]
+            fixed, slope = linear_fit(xs, ys)
+            worst = max(abs(y - (fixed + slope * x)) / y for x, y in zip(xs, ys, strict=True))
+            rss = [c.median(tool, "rss") or 0.0 for c in mine]
+            lines.append(
+                f"- {kind}, {tool}: {fixed:.2f} s + {slope * 1000:.1f} ms per M tokens "
+                f"(largest deviation from the line {worst:.0%}); peak RSS "
+                + " -> ".join(f"{r:.0f}" for r in rss)
+                + f" MiB over {', '.join(f'{x:.0f}M' for x in xs)} tokens"
+            )
+    if big is not None:
+        a, b = big.median(FLOOR, "wall"), big.median(BUILD, "wall")
+        lines += [
+            "",
+            f"Big step ({big.kind}, {big.samples} samples, {big.tokens / 1e6:.0f}M tokens, "
+            f"{big.input_mib:.0f} MiB of Parquet), one run each: build {fmt(b)} s, "
+            f"{fmt(big.median(BUILD, 'rss'), 0)} MiB peak RSS, {fmt(big.median(BUILD, 'cpu'))} "
+            f"cpu-s; floor {fmt(a)} s, {fmt(big.median(FLOOR, 'rss'), 0)} MiB; b/a "
+            f"{ratio(b, a)}; machine memory {info['machine']['memory']}.",
+        ]
+    if dagster is not None:
+        steps = ", ".join(f"{name} {value:.2f} s" for name, value in dagster["steps"].items())
+        lines += [
+            "",
+            f"Dagster, {dagster['step']} step: the CLI takes {dagster['cli']:.2f} s "
+            f"({dagster['cli_rss']:.0f} MiB); one partition materialized in process takes "
+            f"{dagster['materialize']:.2f} s in `dg.materialize` ({steps}), "
+            f"+{dagster['materialize'] - dagster['cli']:.2f} s over the whole CLI process; the "
+            f"whole Dagster process {dagster['process']:.2f} s ({dagster['process_rss']:.0f} MiB), "
+            f"of which {dagster['import']:.2f} s importing dagster and the definitions.",
+        ]
+    return "\n".join(lines)
+
+
+def write_report(table: str) -> None:
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    text = REPORT.read_text() if REPORT.exists() else f"# Performance\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in text or END not in text:
+        text = text.rstrip("\n") + f"\n\n## Latest run\n\n{BEGIN}\n{END}\n"
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    REPORT.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="8192,32768,131072", help="samples per step")
+    parser.add_argument("--mean-tokens", type=float, default=950.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--global-batch-size", type=int, default=256)
+    parser.add_argument("--dp-size", type=int, default=8)
+    parser.add_argument(
+        "--miles-max-samples",
+        type=int,
+        default=32768,
+        help="run (c) only up to this size: it holds every token as a Python int (3 GB at 32k)",
+    )
+    parser.add_argument("--big-tokens", type=float, default=250e6, help="0 skips the big step")
+    parser.add_argument("--dagster-samples", type=int, default=32768, help="0 skips Dagster")
+    parser.add_argument("--quick", action="store_true", help="8k and 32k, no big step")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="also time the build of another source tree (say `git archive` of an older "
+        "commit), interleaved with the others",
+    )
+    parser.add_argument("--fresh", action="store_true", help="regenerate the inputs")
+    parser.add_argument("--no-report", action="store_true", help="leave docs/ alone")
+    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "out")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.big_tokens = "8192,32768", 0
+    args.work = args.work.resolve()
+    args.before = args.before.resolve() if args.before else None
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    began = time.perf_counter()
+    args.work.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(ROOT))
+    from pipeline.io.writer import PARQUET_OPTIONS
+
+    os.environ["BENCH_PARQUET_OPTIONS"] = json.dumps(PARQUET_OPTIONS)
+    load_before = os.getloadavg()[0]
+    sizes = [int(s) for s in args.sizes.split(",")]
+    cases = []
+    for kind in KINDS:
+        for samples in sizes:
+            step_dir = generate(args.work, kind, samples, args.mean_tokens, args.fresh)
+            case = Case(
+                kind=kind,
+                samples=samples,
+                tokens=json.loads((step_dir / "generated.json").read_text())["tokens"],
+                input_mib=(step_dir / "step=0.parquet").stat().st_size / 2**20,
+            )
+            tools = [FLOOR, BUILD] + ([MILES] if samples <= args.miles_max_samples else [])
+            tools += [BEFORE] if args.before else []
+            measure(case, step_dir, tools, args)
+            cases.append(case)
+    big = None
+    if args.big_tokens > 0:
+        samples = round(args.big_tokens / args.mean_tokens)
+        step_dir = generate(args.work, "compact", samples, args.mean_tokens, args.fresh)
+        big = Case(
+            kind="compact",
+            samples=samples,
+            tokens=json.loads((step_dir / "generated.json").read_text())["tokens"],
+            input_mib=(step_dir / "step=0.parquet").stat().st_size / 2**20,
+        )
+        measure(big, step_dir, [FLOOR, BUILD], argparse.Namespace(**{**vars(args), "repeats": 1}))
+    dagster = None
+    if args.dagster_samples > 0:
+        step_dir = generate(args.work, "compact", args.dagster_samples, args.mean_tokens, False)
+        dagster = measure_dagster(step_dir, args)
+        dagster["step"] = f"compact {args.dagster_samples}-sample"
+    info = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": "bench/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "minutes": (time.perf_counter() - began) / 60,
+        "machine": machine(),
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+    }
+    table = report(cases, big, dagster, info, args)
+    results = {
+        "info": info,
+        "cases": [asdict(c) for c in cases],
+        "big": asdict(big) if big else None,
+        "dagster": dagster,
+    }
+    (args.work / "results.json").write_text(json.dumps(results, indent=2))
+    print(table)
+    if not args.no_report:
+        write_report(table)
+        print(f"\nwritten to {REPORT.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_floor":
+        sys.exit(floor_main(*sys.argv[2:4]))
+    if len(sys.argv) > 1 and sys.argv[1] == "_dagster":
+        sys.exit(dagster_main(*sys.argv[2:6]))
+    sys.exit(main())
