@@ -15,7 +15,7 @@ UI_PORT ?= 3000
 DAGSTER_ENV = DAGSTER_HOME=$(DAGSTER_HOME) ROLLOUT_SHARDS_INPUT=$(ROLLOUT_SHARDS_INPUT) \
 	ROLLOUT_SHARDS_OUTPUT=$(ROLLOUT_SHARDS_OUTPUT)
 
-.PHONY: run ui test install lint data clean
+.PHONY: run ui test install lint browser data clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,15 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 lint: install
 	$(BIN)/ruff check pipeline tests bench
 
-test: install lint $(DAGSTER_HOME)/dagster.yaml
+# The browser test drives Debian's chromium through the playwright wheel; playwright
+# cannot download its own browser builds here.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
+		$$sudo apt-get update -qq && \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
+test: install lint browser $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/rollout-shards validate $(INPUT)
 	$(DAGSTER_ENV) $(BIN)/dagster definitions validate -w workspace.yaml
 	$(BIN)/python -m pytest

@@ -431,6 +431,18 @@ def read_manifest(out_root: Path, step: int) -> dict[str, Any] | None:
         return None
 
 
+def summary_line(manifest: dict[str, Any], folder: Path) -> str:
+    """One line per built step, as the CLI and `make run` print it."""
+    n = manifest["counts"]
+    kind = "compact" if manifest["is_compact"] else "not compact"
+    return (
+        f"step {manifest['step']}: {n['ingested']} rows in, {n['quarantined']} quarantined, "
+        f"{n['trimmed']} trimmed, {n['dropped']} dropped, {n['written']} written to "
+        f"{manifest['settings']['dp_size']} ranks, {manifest['num_train_steps']} train steps, "
+        f"{kind} -> {folder}"
+    )
+
+
 def shards_are_current(
     manifest: dict[str, Any] | None, input_sha256: Sequence[str], settings: Settings
 ) -> bool:

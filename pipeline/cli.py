@@ -14,12 +14,18 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
-from pipeline.build import current_manifest, load_samples, plan_batch, write_shards
+from pipeline.build import (
+    current_manifest,
+    load_samples,
+    plan_batch,
+    summary_line,
+    write_shards,
+)
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.io.readers import find_sources, group_steps
-from pipeline.io.writer import clean_stale
+from pipeline.io.writer import clean_stale, step_folder
 from pipeline.parity import parity
 from pipeline.progress import Progress
 from pipeline.settings import DISABLE_FLAGS, Settings, data_settings_files, load_settings
@@ -131,17 +137,6 @@ def _report(command: str, violations: list[Violation]) -> None:
         print(f"{PROG}: {command}: {violation.line()}", file=sys.stderr)
 
 
-def _summary(manifest: dict[str, Any], out: Path) -> str:
-    n = manifest["counts"]
-    kind = "compact" if manifest["is_compact"] else "not compact"
-    return (
-        f"step {manifest['step']}: {n['ingested']} rows in, {n['quarantined']} quarantined, "
-        f"{n['trimmed']} trimmed, {n['dropped']} dropped, {n['written']} written to "
-        f"{manifest['settings']['dp_size']} ranks, {manifest['num_train_steps']} train steps, "
-        f"{kind} -> {out / ('step=' + str(manifest['step']))}"
-    )
-
-
 def _build_one(step: int, sources: list, settings: Settings, out: Path, progress: Progress) -> dict:
     """The stages of `build_step`, reported as they finish."""
     progress.begin(step, "read and validate")
@@ -179,7 +174,7 @@ def run_build(args: argparse.Namespace) -> int:
             status = 1
             continue
         progress.step_done()
-        print(_summary(manifest, args.out))
+        print(summary_line(manifest, step_folder(args.out, step)))
     return status
 
 

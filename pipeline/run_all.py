@@ -11,7 +11,7 @@ import time
 
 import dagster as dg
 
-from pipeline.build import read_manifest
+from pipeline.build import read_manifest, summary_line
 from pipeline.definitions import defs
 from pipeline.errors import StepError, UsageError
 from pipeline.io.readers import SourceFile
@@ -35,14 +35,7 @@ def _summary(step: int, storage: RolloutStorage, seconds: float) -> str:
     manifest = read_manifest(storage.output_path, step)
     if manifest is None:
         return f"step {step}: materialized, but {storage.step_folder(step)} has no manifest"
-    n = manifest["counts"]
-    kind = "compact" if manifest["is_compact"] else "not compact"
-    return (
-        f"step {step}: {n['ingested']} rows in, {n['quarantined']} quarantined, "
-        f"{n['trimmed']} trimmed, {n['dropped']} dropped, {n['written']} written to "
-        f"{manifest['settings']['dp_size']} ranks, {manifest['num_train_steps']} train steps, "
-        f"{kind} -> {storage.step_folder(step)} ({seconds:.1f}s)"
-    )
+    return f"{summary_line(manifest, storage.step_folder(step))} ({seconds:.1f}s)"
 
 
 def _failure(result: dg.ExecuteInProcessResult) -> str:
