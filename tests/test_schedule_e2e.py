@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from tests.conftest import sample, write_step
 from tests.test_cli import cli
@@ -122,3 +123,34 @@ def test_balanced_split_needs_rows_divisible_by_ranks(tmp_path: Path) -> None:
     result = cli("validate", tmp_path / "in", *args)
     assert result.returncode == 1
     assert "rule balance_not_divisible" in result.stderr
+
+
+def test_schedule_through_a_dagster_materialization(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dagster as dg
+    from dagster_support import configured_roots, materialize
+
+    roots = configured_roots(tmp_path, monkeypatch)
+    settings = {"cp_size": 1, "use_dynamic_batch_size": True, "max_tokens_per_gpu": 40}
+    run_config = {"ops": {"rollout_samples": {"config": settings}}}
+    with dg.instance_for_test() as instance:
+        result = materialize(instance, "00000003", run_config)
+        assert result.success
+        assert all(check.passed for check in result.get_asset_check_evaluations())
+    ranks, manifest = shards(roots.output, step=3)
+    assert manifest["settings"]["cp_size"] == 1
+    assert manifest["num_microbatches"] is not None and manifest["num_microbatches"][0] >= 1
+    for rank in ranks:
+        assert rank.get_column("micro_batch").null_count() == 0
+        # each micro-batch within the cap (40 tokens) unless it is a single row
+        sizes = rank.group_by("train_step", "micro_batch").agg(
+            pl.col("total_lengths").sum().alias("tokens"), pl.len().alias("rows")
+        )
+        assert sizes.filter((pl.col("tokens") > 40) & (pl.col("rows") > 1)).height == 0
+    # siblings of one rollout share a train step, across ranks
+    rows = pl.concat(ranks)
+    assert (
+        rows.group_by("rollout_ids").agg(pl.col("train_step").n_unique()).get_column("train_step")
+        == 1
+    ).all()
