@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import polars as pl
@@ -282,7 +282,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     light, equal_groups = with_rewards(light, trim.kept, settings)
     light_df = light.collect()
     effective = settings.model_copy(update={"global_batch_size": trim.global_batch_size})
-    layout = batch_layout(light_df, effective, compact, step)
+    layout = batch_layout(light_df, effective, compact)
     optional = optional_columns(head)
     rows = _rank_rows(head, light_df, layout, optional)
     quarantined = samples.quarantine.height if samples.quarantine is not None else 0
@@ -373,18 +373,45 @@ def current_manifest(
     return manifest
 
 
+class StageReporter(Protocol):
+    """Told when each stage of a step starts and ends (the CLI's progress)."""
+
+    def begin(self, step: int, stage: str) -> None: ...
+
+    def end(self, step: int, stage: str, detail: str) -> None: ...
+
+
+class _Silent:
+    def begin(self, step: int, stage: str) -> None:
+        pass
+
+    def end(self, step: int, stage: str, detail: str) -> None:
+        pass
+
+
 def build_step(
     step: int,
     sources: Sequence[SourceFile],
     settings: Settings,
     out_root: Path,
     force: bool = False,
+    reporter: StageReporter | None = None,
 ) -> dict[str, Any]:
     """The whole build of one step; returns its manifest. A step folder that is current
     (`current_manifest`) is kept as it is unless `force`; any other is replaced whole."""
     if not force and (manifest := current_manifest(step, sources, settings, out_root)):
         return manifest
-    return write_shards(plan_batch(load_samples(step, sources, settings), settings), out_root)
+    report = reporter or _Silent()
+    report.begin(step, "read and validate")
+    samples = load_samples(step, sources, settings)
+    report.end(step, "read and validate", f"{samples.ingested} rows read")
+    report.begin(step, "plan")
+    batch = plan_batch(samples, settings)
+    report.end(step, "plan", f"{batch.meta['counts']['written']} rows to write")
+    report.begin(step, "write")
+    manifest = write_shards(batch, out_root)
+    report.end(step, "write", f"{len(manifest['outputs'])} files")
+    return manifest
 
 
 # Staging and freshness for the Dagster layer: the `rollout_samples` asset is stored as

@@ -16,13 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from pipeline.build import (
-    current_manifest,
-    load_samples,
-    plan_batch,
-    summary_line,
-    write_shards,
-)
+from pipeline.build import build_step, current_manifest, load_samples, plan_batch, summary_line
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.io.readers import find_sources, group_steps
 from pipeline.io.writer import clean_stale, step_folder
@@ -137,20 +131,6 @@ def _report(command: str, violations: list[Violation]) -> None:
         print(f"{PROG}: {command}: {violation.line()}", file=sys.stderr)
 
 
-def _build_one(step: int, sources: list, settings: Settings, out: Path, progress: Progress) -> dict:
-    """The stages of `build_step`, reported as they finish."""
-    progress.begin(step, "read and validate")
-    samples = load_samples(step, sources, settings)
-    progress.end(step, "read and validate", f"{samples.ingested} rows read")
-    progress.begin(step, "plan")
-    batch = plan_batch(samples, settings)
-    progress.end(step, "plan", f"{batch.meta['counts']['written']} rows to write")
-    progress.begin(step, "write")
-    manifest = write_shards(batch, out)
-    progress.end(step, "write", f"{len(manifest['outputs'])} files")
-    return manifest
-
-
 def run_build(args: argparse.Namespace) -> int:
     settings = _settings(args)
     status = 0
@@ -167,7 +147,7 @@ def run_build(args: argparse.Namespace) -> int:
             )
             continue
         try:
-            manifest = _build_one(step, sources, settings, args.out, progress)
+            manifest = build_step(step, sources, settings, args.out, force=True, reporter=progress)
         except StepError as exc:
             progress.step_done()
             _report("build", exc.violations)

@@ -52,7 +52,6 @@ INPUT_SCHEMA: dict[str, pl.DataType] = {
     METADATA: pl.String(),
 }
 # `reward` is float64 or a struct of float64; it is typed on read (see io.readers).
-KNOWN_COLUMNS = frozenset(INPUT_SCHEMA) | {REWARD}
 REQUIRED_COLUMNS = (INDEX, STATUS, TOKENS, RESPONSE_LENGTH, REWARD)
 STATUSES = ("pending", "completed", "truncated", "aborted", "failed")
 SESSION_VERSIONS = ("v1", "v2")
@@ -85,13 +84,4 @@ SHARD_COLUMNS = (
     SAMPLE_INDICES,
     ROLLOUT_IDS,
     ROLLOUT_MASK_SUMS,
-)
-# Copied when the input has them, in this order after SHARD_COLUMNS; `train_metadata`
-# is written as `metadata`.
-OPTIONAL_SHARD_COLUMNS = (
-    ROLLOUT_LOG_PROBS,
-    TEACHER_LOG_PROBS,
-    WEIGHT_VERSIONS,
-    ROUND_NUMBER,
-    METADATA,
 )

@@ -148,13 +148,6 @@ def check_rules(light: pl.DataFrame, step: int, sibling_rewards: bool) -> list[R
     return failures
 
 
-def check_samples(
-    frame: pl.DataFrame, light: pl.DataFrame, step: int, sibling_rewards: bool
-) -> list[RuleFailure]:
-    """Every rule broken by a step's rows; [] when the step is valid."""
-    return check_columns(frame, light, step) + check_rules(light, step, sibling_rewards)
-
-
 @dataclass
 class Verdict:
     """What validation found in a step."""

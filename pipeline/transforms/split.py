@@ -18,7 +18,7 @@ def rollout_ordinals(keys: np.ndarray) -> np.ndarray:
 
 
 def plain_layout(
-    keys: np.ndarray, lengths: np.ndarray, settings: Settings, compact: bool, step: int
+    keys: np.ndarray, lengths: np.ndarray, settings: Settings, compact: bool
 ) -> Layout:
     """Strided (or balanced) ranks; train step = the global batch holding the row."""
     n = len(keys)
@@ -50,10 +50,10 @@ def plain_layout(
     )
 
 
-def batch_layout(light: pl.DataFrame, settings: Settings, compact: bool, step: int) -> Layout:
+def batch_layout(light: pl.DataFrame, settings: Settings, compact: bool) -> Layout:
     """The rollout-side schedule when cp_size is set and there are enough rollouts, else plain."""
     keys = light.get_column(c.ROLLOUT_IDS).to_numpy()
     lengths = light.get_column(c.TOTAL_LENGTHS).to_numpy().astype(np.int64)
     if settings.uses_schedule and len(np.unique(keys)) >= settings.global_batch_size:
         return rollout_schedule(keys, lengths, settings)
-    return plain_layout(keys, lengths, settings, compact, step)
+    return plain_layout(keys, lengths, settings, compact)
