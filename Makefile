@@ -21,9 +21,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[dev,miles,ray]"
+	$(BIN)/pip install --quiet -e ".[dev,miles,ray,k8s]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -40,6 +40,7 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 
 lint: install
 	$(BIN)/ruff check pipeline tests bench
+	$(BIN)/ruff format --check pipeline tests bench
 
 # The browser test drives Debian's chromium through the playwright wheel; playwright
 # cannot download its own browser builds here.

@@ -3,12 +3,12 @@ and failures as in process; the Ray and Kubernetes clients built from configurat
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
 import subprocess
 import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 import dagster as dg
 import pytest
 import yaml
+from dagster_k8s import PipesK8sClient
 from dagster_support import Roots, break_step_1, configured_roots, materialize
 
 from pipeline.assets.reporting import FAILURE_TAG
@@ -39,31 +40,6 @@ pytestmark = [
 ]
 SUBPROCESS = StepCompute(compute=Compute.subprocess)
 ASSETS = ("rollout_samples", "train_batch", "training_shards")
-# Keyword parameters of dagster-k8s 0.29's PipesK8sClient, read from its source: dagster-k8s
-# pins the dagster release it was built with, so it may not install beside this one.
-K8S_CLIENT_PARAMETERS = {
-    "env",
-    "context_injector",
-    "message_reader",
-    "load_incluster_config",
-    "kubeconfig_file",
-    "kube_context",
-    "poll_interval",
-}
-K8S_RUN_PARAMETERS = {
-    "context",
-    "extras",
-    "image",
-    "command",
-    "namespace",
-    "env",
-    "base_pod_meta",
-    "base_pod_spec",
-    "ignore_containers",
-    "enable_multi_container_logs",
-    "pod_wait_timeout",
-    "delete_pod_on_completion",
-}
 # The launchpad run config of the README's "Scaling out" section.
 RAY_RUN_CONFIG = """
 resources:
@@ -274,28 +250,15 @@ def test_the_ray_client_from_run_config() -> None:
     assert compute.ray.runtime_env == {"env_vars": {"POLARS_MAX_THREADS": "8"}}
 
 
-def test_the_k8s_client_from_run_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    made: dict[str, Any] = {}
-
-    class PipesK8sClient:
-        def __init__(self, **kwargs: Any) -> None:
-            made.update(kwargs)
-
-    stand_in = types.ModuleType("dagster_k8s")
-    stand_in.PipesK8sClient = PipesK8sClient  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "dagster_k8s", stand_in)
+def test_the_k8s_client_from_run_config() -> None:
     compute = _configured(K8S_RUN_CONFIG)
 
-    assert isinstance(compute.client(), PipesK8sClient)
-    assert made == {
-        "load_incluster_config": None,
-        "kubeconfig_file": None,
-        "kube_context": None,
-        "poll_interval": 10.0,
-    }
-    assert set(made) <= K8S_CLIENT_PARAMETERS
+    client = compute.client()
+    assert isinstance(client, PipesK8sClient)
+    assert client.load_incluster_config is None
+    assert (client.kubeconfig_file, client.kube_context, client.poll_interval) == (None, None, 10.0)
     arguments = compute.run_arguments()
-    assert set(arguments) | {"context", "extras"} <= K8S_RUN_PARAMETERS
+    assert set(arguments) | {"context", "extras"} <= inspect.signature(client.run).parameters.keys()
     assert arguments["image"] == "registry.example/rollout-shards:0.1.0"
     assert arguments["command"] == ["python", "-m", "pipeline.pipes_worker"]
     assert arguments["namespace"] == "rl-data"

@@ -371,6 +371,7 @@ def test_normalization_matches_torch_bitwise(n: int, expected: list[str]) -> Non
 
 def test_torch_f32_sum_against_live_torch() -> None:
     import torch  # the miles extra, which make installs
+
     rng = np.random.default_rng(7)
     for n in [*range(1, 200), 1023, 1024, 1025, 5000]:
         values = (rng.normal(size=n) * 10.0 ** rng.integers(-3, 4, n)).tolist()

@@ -80,9 +80,7 @@ def find_sources(
             dumps, dump_notes = find_miles_dumps(path)
             if notes is not None:
                 notes.extend(dump_notes)
-            found.extend(
-                SourceFile(p, step, "miles", session_version) for step, p in dumps.items()
-            )
+            found.extend(SourceFile(p, step, "miles", session_version) for step, p in dumps.items())
             continue
         step = _step_of(path)
         if path.is_file():

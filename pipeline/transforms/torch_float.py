@@ -87,8 +87,10 @@ def torch_mean_std(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mean = (torch_sums(x) / np.float32(n)).astype(np.float32)
     deviations = x.astype(np.float64) - mean.astype(np.float64)[:, None]
     squares = np.cumsum(deviations * deviations, axis=1)[:, -1]  # sequential, as torch
-    std = np.sqrt(squares / max(n - 1, 1)).astype(np.float32) if n > 1 else np.full(
-        len(x), np.nan, dtype=np.float32
+    std = (
+        np.sqrt(squares / max(n - 1, 1)).astype(np.float32)
+        if n > 1
+        else np.full(len(x), np.nan, dtype=np.float32)
     )
     return mean, std
 
