@@ -113,6 +113,17 @@ CASES = [
         [(1, 0)],
     ),
     (
+        "train_metadata_json_object",
+        [
+            sample(0, train_metadata='{"turns": 2}'),
+            sample(1, train_metadata='{"turns": 2'),
+            sample(2, train_metadata="[1, 2]"),
+            sample(3, train_metadata='"{x}"'),
+        ],
+        "train_metadata must be a JSON object ({...})",
+        [(1, 0), (2, 0), (3, 0)],
+    ),
+    (
         "status_isin",
         [sample(0, status="done")],
         "status must be one of pending, completed, truncated, aborted, failed",

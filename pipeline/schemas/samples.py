@@ -97,6 +97,12 @@ class SampleRules(pa.DataFrameModel):
     def teacher_log_probs_length(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, pl.col(s.TLP_LEN) == pl.col(c.RESPONSE_LENGTH))
 
+    @pa.dataframe_check(
+        error="train_metadata_json_object: train_metadata must be a JSON object ({...})"
+    )
+    def train_metadata_json_object(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, pl.col(s.METADATA_OBJECT))
+
     @pa.dataframe_check(error="unique_leaf: (step, index, leaf) must be unique")
     def unique_leaf(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, pl.len().over(c.STEP, c.INDEX, c.LEAF) == 1)

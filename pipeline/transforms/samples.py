@@ -18,6 +18,7 @@ MASK_BINARY = "_mask_binary"
 MASK_SUM = "_mask_sum"
 RLP_LEN = "_rlp_len"
 TLP_LEN = "_tlp_len"
+METADATA_OBJECT = "_metadata_object"
 TRAJECTORY_SIZE = "_trajectory_size"
 ROLLOUT_KEY = "_rollout_key"
 REWARD_VALUE = "_reward"
@@ -66,6 +67,17 @@ def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.Laz
         if c.LOSS_MASK in schema
         else pl.lit(None, dtype=pl.Boolean)
     )
+    # A text that starts with "{" and parses (json_path_match gives null when it does
+    # not) is a JSON object; a null train_metadata is the all-or-none rule's to judge.
+    metadata = pl.col(c.TRAIN_METADATA)
+    metadata_object = (
+        pl.when(metadata.is_not_null()).then(
+            metadata.str.strip_chars().str.starts_with("{")
+            & metadata.str.json_path_match("$").is_not_null()
+        )
+        if c.TRAIN_METADATA in schema
+        else pl.lit(None, dtype=pl.Boolean)
+    )
     key = pl.coalesce(_or_null(schema, c.ROLLOUT_ID, pl.Int64()), pl.col(c.INDEX))
     return lf.select(
         pl.int_range(pl.len(), dtype=pl.Int64).alias(POSITION),
@@ -84,6 +96,7 @@ def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.Laz
         mask_sum.cast(pl.Int64).alias(MASK_SUM),
         _list_len(schema, c.ROLLOUT_LOG_PROBS).cast(pl.Int64).alias(RLP_LEN),
         _list_len(schema, c.TEACHER_LOG_PROBS).cast(pl.Int64).alias(TLP_LEN),
+        metadata_object.alias(METADATA_OBJECT),
         *(
             (pl.col(name).is_not_null() if name in schema else pl.lit(False)).alias(f"_has_{name}")
             for name in ALL_OR_NONE

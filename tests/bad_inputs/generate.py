@@ -654,6 +654,19 @@ def rule_cases() -> list[Case]:
             "null on some rows",
         ),
         invalid(
+            "train_metadata_not_json",
+            "train_metadata that does not parse on row 2 and a list on row 5",
+            base(
+                **{
+                    f"row{i}": {"train_metadata": {2: "{turns: 1}", 5: "[1]"}.get(i, "{}")}
+                    for i in range(8)
+                }
+            ),
+            "train_metadata_json_object",
+            [(2, 0), (5, 0)],
+            "must be a JSON object",
+        ),
+        invalid(
             "train_metadata_missing_on_one_row",
             "train_metadata on seven rows",
             base(**{f"row{i}": {"train_metadata": "{}"} for i in range(8) if i != 0}),
