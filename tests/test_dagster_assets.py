@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from dagster_support import (
 from pipeline import cli
 from pipeline import columns as c
 from pipeline.assets.reporting import FAILURE_TAG
+from pipeline.io import writer
 
 BLOCKING_CHECKS = {
     "manifest_counts_add_up",
@@ -70,6 +74,34 @@ def test_valid_partition_writes_the_step_folder(instance: dg.DagsterInstance, ro
     staged = roots.output / ".staging"
     assert (staged / "rollout_samples" / "step=1" / "samples.parquet").is_file()
     assert (staged / "train_batch" / "step=1" / "batch.parquet").is_file()
+
+
+def test_a_killed_stage_leaves_nothing_the_next_run_keeps(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    host = writer._host()
+    leftovers = {
+        asset: roots.output / ".staging" / asset / f".tmp-step=1-{host}-{int(dead.stdout)}-0123abcd"
+        for asset in ("rollout_samples", "train_batch")
+    }
+    live = roots.output / ".staging" / "train_batch" / f".tmp-step=2-{host}-{os.getpid()}-4567cdef"
+    for folder in [*leftovers.values(), live]:
+        folder.mkdir(parents=True)
+        (folder / "samples.parquet").write_bytes(b"partial")
+
+    result = materialize(instance, "00000001")
+
+    assert result.success
+    for asset, leftover in leftovers.items():
+        assert sorted(p.name for p in leftover.parent.iterdir()) == sorted(
+            ["step=1", *([live.name] if asset == "train_batch" else [])]
+        )
 
 
 def test_valid_partition_passes_every_check(instance: dg.DagsterInstance, roots: Roots) -> None:

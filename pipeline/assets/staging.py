@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,9 +18,11 @@ SETTINGS = "settings.json"
 
 
 def _commit(final: Path, save: Callable[[Path], None]) -> None:
-    """Write into a fresh sibling folder, then swap it in: a reader sees the old or the new."""
+    """Write into a fresh sibling folder, then swap it in: a reader sees the old or the new.
+    What killed stages of this host left beside it is removed first, as the writer does."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    staged = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}")
+    writer.clean_stale(final.parent)
+    staged = final.parent / writer.private_name("tmp", final.name)
     try:
         save(staged)
         writer.commit_folder(staged, final)

@@ -75,7 +75,9 @@ def _host() -> str:
     return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "localhost"
 
 
-def _private_name(kind: str, name: str) -> str:
+def private_name(kind: str, name: str) -> str:
+    """A dot-prefixed name for one process's folder beside `name`, which `clean_stale`
+    removes once that process is gone."""
     return f".{kind}-{name}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
@@ -140,7 +142,7 @@ def commit_folder(staged: Path, final: Path) -> None:
             shutil.rmtree(staged, ignore_errors=True)
             break
         if swapped is None:
-            retired = final.with_name(_private_name("old", final.name))
+            retired = final.with_name(private_name("old", final.name))
             try:
                 os.rename(final, retired)
             except FileNotFoundError:
@@ -153,7 +155,7 @@ def commit_folder(staged: Path, final: Path) -> None:
 
 def staging_folder(out_root: Path, step: int) -> Path:
     out_root.mkdir(parents=True, exist_ok=True)
-    folder = out_root / _private_name("tmp", step_folder(out_root, step).name)
+    folder = out_root / private_name("tmp", step_folder(out_root, step).name)
     folder.mkdir()
     return folder
 
