@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import polars as pl
 import pytest
+from dagster_support import Roots, configured_roots
 
 from pipeline.build import build_step, load_samples, plan_batch
 from pipeline.columns import INPUT_SCHEMA
@@ -71,6 +74,19 @@ def build(root: Path, out: Path, **settings: Any) -> dict[str, Any]:
 def ranks(out: Path, step: int = 1) -> list[pl.DataFrame]:
     folder = out / f"step={step}"
     return [pl.read_parquet(p) for p in sorted(folder.glob("rank=*.parquet"))]
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    """A throwaway Dagster instance (temporary home, in-process runs)."""
+    with dg.instance_for_test() as instance:
+        yield instance
+
+
+@pytest.fixture
+def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
+    """A copy of data/rollouts as the configured input root, an empty output root."""
+    return configured_roots(tmp_path, monkeypatch)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
-from dagster_support import EMBEDDED_KEYS, Roots, configured_roots
+from dagster_support import EMBEDDED_KEYS, Roots
 
 from pipeline.build import current_manifest
 from pipeline.compute import COMPUTE_ENV
@@ -32,11 +32,6 @@ FORKSERVER = {"forkserver": {"preload_modules": ["dagster", "pipeline.definition
 RUN_CONFIG = {"execution": {"config": {"max_concurrent": 2, "start_method": FORKSERVER}}}
 # Four runs of seven step processes each share two cores (and whatever else runs).
 TIMEOUT_S = 400
-
-
-@pytest.fixture
-def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
-    return configured_roots(tmp_path, monkeypatch)
 
 
 def _launch(key: str, config: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

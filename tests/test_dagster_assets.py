@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -16,7 +15,6 @@ from dagster_support import (
     EMBEDDED_KEYS,
     Roots,
     break_step_1,
-    configured_roots,
     materialize,
     run_checks,
 )
@@ -31,17 +29,6 @@ BLOCKING_CHECKS = {
     "rank_files_match_manifest",
     "rollouts_stay_in_one_train_step",
 }
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
-
-
-@pytest.fixture
-def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
-    return configured_roots(tmp_path, monkeypatch)
 
 
 def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, object]:

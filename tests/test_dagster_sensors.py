@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
 import polars as pl
 import pytest
-from dagster_support import EMBEDDED_KEYS, Roots, configured_roots, materialize
+from dagster_support import EMBEDDED_KEYS, Roots, materialize
 
 from pipeline import sensors
 from pipeline.partitions import rollout_steps
@@ -19,25 +18,16 @@ from pipeline.schedules import REASON_TAG, stale_shards_schedule
 from pipeline.sensors import rollout_steps_sensor
 
 
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
-
-
-@pytest.fixture
-def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
-    return configured_roots(tmp_path, monkeypatch)
-
-
 def _tick(instance: dg.DagsterInstance, cursor: str | None = None) -> dg.SensorResult:
     """One sensor evaluation; its partition requests applied as the daemon would."""
-    context = dg.build_sensor_context(
+    # Entered, so that whatever the context opens (resources, an instance from its ref)
+    # is closed here and not when it is garbage collected.
+    with dg.build_sensor_context(
         instance=instance,
         cursor=cursor,
         resources={"rollout_storage": RolloutStorage.from_env()},
-    )
-    result = rollout_steps_sensor(context)
+    ) as context:
+        result = rollout_steps_sensor(context)
     assert isinstance(result, dg.SensorResult)
     for request in result.dynamic_partitions_requests or []:
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
@@ -49,10 +39,10 @@ def _requested(result: dg.SensorResult) -> list[str]:
 
 
 def _schedule(instance: dg.DagsterInstance) -> list[dg.RunRequest] | dg.SkipReason:
-    context = dg.build_schedule_context(
+    with dg.build_schedule_context(
         instance=instance, resources={"rollout_storage": RolloutStorage.from_env()}
-    )
-    return stale_shards_schedule(context)
+    ) as context:
+        return stale_shards_schedule(context)
 
 
 def _rewrite_step_2(roots: Roots) -> None:

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import dagster as dg
 import pytest
 import yaml
 from dagster_k8s import PipesK8sClient
-from dagster_support import Roots, break_step_1, configured_roots, materialize
+from dagster_support import Roots, break_step_1, materialize
 
 from pipeline.assets.reporting import FAILURE_TAG
 from pipeline.compute import (
@@ -66,17 +65,6 @@ resources:
               volumeMounts: [{name: rollouts, mountPath: /mnt/rollouts}]
               resources: {requests: {cpu: "8", memory: 32Gi}}
 """
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
-
-
-@pytest.fixture
-def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
-    return configured_roots(tmp_path, monkeypatch)
 
 
 def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import dagster as dg
 import pytest
 from dagster_k8s import PipesK8sClient
 from dagster_pipes import decode_param
-from dagster_support import Roots, break_step_1, configured_roots, materialize
+from dagster_support import Roots, break_step_1, materialize
 from kube_stand_in import KubeStandIn, Pod, kube_stand_in
 
 from pipeline.compute import Compute, K8sCompute, StepCompute
@@ -41,17 +41,6 @@ POD_SPEC: dict[str, Any] = {
         }
     ],
 }
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
-
-
-@pytest.fixture
-def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
-    return configured_roots(tmp_path, monkeypatch)
 
 
 @pytest.fixture
