@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,17 @@ def build(root: Path, out: Path, **settings: Any) -> dict[str, Any]:
 def ranks(out: Path, step: int = 1) -> list[pl.DataFrame]:
     folder = out / f"step={step}"
     return [pl.read_parquet(p) for p in sorted(folder.glob("rank=*.parquet"))]
+
+
+def dead_pid() -> int:
+    """The pid of a process that has just exited (until the system reuses it)."""
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return int(child.stdout)
 
 
 @pytest.fixture

@@ -63,6 +63,12 @@ def materialize(
     )
 
 
+def metadata_of(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:
+    """The metadata of the run's one materialization of `asset`."""
+    (event,) = result.asset_materializations_for_node(asset)
+    return dict(event.metadata)
+
+
 def break_step_1(roots: Roots) -> None:
     """Two rows of step 1 claim a response longer than their tokens."""
     path = roots.input / "step=1.parquet"

@@ -26,7 +26,7 @@ import polars as pl
 import pytest
 
 from pipeline.io import writer
-from tests.conftest import REPO
+from tests.conftest import REPO, dead_pid
 
 ROWS = 80_000  # about one second of build on a laptop core, most of it after start-up
 SETTINGS = ["--global-batch-size", "64", "--dp-size", "4"]
@@ -179,19 +179,13 @@ def test_next_build_removes_leftovers_of_dead_builds_only(
     inputs, built, _ = reference
     out = tmp_path / "shards"
     out.mkdir()
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    dead_pid = int(dead.stdout)
+    dead = dead_pid()
     host = writer._host()
     names = {
-        "dead_tmp": f".tmp-step=1-{host}-{dead_pid}-0123abcd",
-        "dead_old": f".old-step=1-{host}-{dead_pid}-4567cdef",
+        "dead_tmp": f".tmp-step=1-{host}-{dead}-0123abcd",
+        "dead_old": f".old-step=1-{host}-{dead}-4567cdef",
         "live": f".tmp-step=1-{host}-{os.getpid()}-89ab0123",
-        "other_host": f".tmp-step=1-elsewhere-{dead_pid}-cdef4567",
+        "other_host": f".tmp-step=1-elsewhere-{dead}-cdef4567",
         "not_ours": ".tmp-notes",
     }
     for name in names.values():

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import dagster as dg
@@ -23,6 +21,7 @@ from pipeline import cli
 from pipeline import columns as c
 from pipeline.assets.reporting import FAILURE_TAG
 from pipeline.io import writer
+from tests.conftest import dead_pid
 
 BLOCKING_CHECKS = {
     "manifest_counts_add_up",
@@ -66,15 +65,10 @@ def test_valid_partition_writes_the_step_folder(instance: dg.DagsterInstance, ro
 def test_a_killed_stage_leaves_nothing_the_next_run_keeps(
     instance: dg.DagsterInstance, roots: Roots
 ) -> None:
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    dead = dead_pid()
     host = writer._host()
     leftovers = {
-        asset: roots.output / ".staging" / asset / f".tmp-step=1-{host}-{int(dead.stdout)}-0123abcd"
+        asset: roots.output / ".staging" / asset / f".tmp-step=1-{host}-{dead}-0123abcd"
         for asset in ("rollout_samples", "train_batch")
     }
     live = roots.output / ".staging" / "train_batch" / f".tmp-step=2-{host}-{os.getpid()}-4567cdef"

@@ -10,13 +10,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import pytest
 import yaml
 from dagster_k8s import PipesK8sClient
-from dagster_support import Roots, break_step_1, materialize
+from dagster_support import Roots, break_step_1, materialize, metadata_of
 
 from pipeline.assets.reporting import FAILURE_TAG
 from pipeline.compute import (
@@ -67,11 +66,6 @@ resources:
 """
 
 
-def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:
-    (event,) = result.asset_materializations_for_node(asset)
-    return dict(event.metadata)
-
-
 def _messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
     return [record.user_message for record in instance.all_logs(run_id)]
 
@@ -99,7 +93,7 @@ def test_a_subprocess_worker_builds_the_step(instance: dg.DagsterInstance, roots
         (line,) = [m for m in messages if m.startswith(f"step 1: {asset} on ")]
         assert int(line.rsplit("pid ", 1)[1]) != os.getpid()
     assert f"step 1: 16 rows written to {folder}" in messages
-    shards = _metadata(result, "training_shards")
+    shards = metadata_of(result, "training_shards")
     assert shards["written"].value == 16
     assert shards["path"].value == str(folder)
 
@@ -113,7 +107,7 @@ def test_pipes_metadata_and_shards_match_in_process(
 
     assert in_process.success and piped.success
     for asset in ASSETS:
-        here, there = _metadata(in_process, asset), _metadata(piped, asset)
+        here, there = metadata_of(in_process, asset), metadata_of(piped, asset)
         assert here.keys() == there.keys()
         for key in here:
             if key in ("path", "staged"):

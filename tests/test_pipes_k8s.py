@@ -17,7 +17,7 @@ import dagster as dg
 import pytest
 from dagster_k8s import PipesK8sClient
 from dagster_pipes import decode_param
-from dagster_support import Roots, break_step_1, materialize
+from dagster_support import Roots, break_step_1, materialize, metadata_of
 from kube_stand_in import KubeStandIn, Pod, kube_stand_in
 
 from pipeline.compute import Compute, K8sCompute, StepCompute
@@ -65,11 +65,6 @@ def _compute(cluster: KubeStandIn, **pod: Any) -> StepCompute:
     )
 
 
-def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:
-    (event,) = result.asset_materializations_for_node(asset)
-    return dict(event.metadata)
-
-
 def _env(container: dict[str, Any]) -> dict[str, str]:
     return {item["name"]: item["value"] for item in container["env"]}
 
@@ -95,12 +90,12 @@ def test_each_stage_runs_in_a_pod(
     for name in ("rank=0.parquet", "rank=1.parquet"):
         here = (roots.output / "step=3" / name).read_bytes()
         assert (roots.output / "k8s" / "step=3" / name).read_bytes() == here
-    shards = _metadata(result, "training_shards")
+    shards = metadata_of(result, "training_shards")
     assert shards["written"].value == 16
     assert shards["is_compact"].value is True
     assert shards["path"].value == str(roots.output / "k8s" / "step=3")
     for asset in STAGES:
-        here, there = _metadata(in_process, asset), _metadata(result, asset)
+        here, there = metadata_of(in_process, asset), metadata_of(result, asset)
         assert here.keys() == there.keys()
         assert {k: v for k, v in here.items() if k not in ("path", "staged")} == {
             k: v for k, v in there.items() if k not in ("path", "staged")
