@@ -23,7 +23,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[dev,miles,ray,k8s]"
+	$(BIN)/pip install --quiet -e ".[dev,dagster,miles,ray,k8s]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -33,7 +33,7 @@ $(DAGSTER_HOME)/dagster.yaml:
 
 # Every step through Dagster, in process, on the instance that `make ui` shows.
 run: install $(DAGSTER_HOME)/dagster.yaml
-	$(DAGSTER_ENV) $(BIN)/python -m pipeline.run_all
+	$(DAGSTER_ENV) $(BIN)/python -m pipeline.orchestration.run_all
 
 ui: install $(DAGSTER_HOME)/dagster.yaml
 	$(DAGSTER_ENV) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)

@@ -161,7 +161,7 @@ def dagster_main(input_root: str, output_root: str, gbs: str, dp: str) -> int:
     import dagster as dg
 
     from pipeline.definitions import defs
-    from pipeline.partitions import partition_key, rollout_steps
+    from pipeline.orchestration.partitions import partition_key, rollout_steps
 
     imported = time.perf_counter()
     key = partition_key(0)

@@ -16,13 +16,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from pipeline.build import build_step, current_manifest, load_samples, plan_batch, summary_line
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.io.readers import find_sources, group_steps
 from pipeline.io.writer import clean_stale, step_folder
 from pipeline.parity import parity
 from pipeline.progress import Progress
 from pipeline.settings import DISABLE_FLAGS, Settings, data_settings_files, load_settings
+from pipeline.step.build import STAGE_NAMES, build_step, summary_line
+from pipeline.step.freshness import current_manifest
+from pipeline.step.ingest import load_samples
+from pipeline.step.plan import plan_batch
 
 PROG = "rollout-shards"
 
@@ -136,7 +139,7 @@ def run_build(args: argparse.Namespace) -> int:
     status = 0
     clean_stale(args.out)
     steps = _steps(args.inputs, args.session_version)
-    progress = Progress(len(steps), ("read and validate", "plan", "write"))
+    progress = Progress(len(steps), STAGE_NAMES)
     for step, sources in steps.items():
         current = None if args.force else current_manifest(step, sources, settings, args.out)
         if current is not None:
@@ -163,13 +166,13 @@ def run_validate(args: argparse.Namespace) -> int:
     report = []
     steps = _steps(args.inputs, args.session_version)
     # JSON output is for machines: no progress lines mixed into it.
-    progress = Progress(len(steps), ("read and validate", "plan"), quiet=args.format == "json")
+    progress = Progress(len(steps), STAGE_NAMES[:2], quiet=args.format == "json")
     for step, sources in steps.items():
         try:
-            progress.begin(step, "read and validate")
+            progress.begin(step, STAGE_NAMES[0])
             samples = load_samples(step, sources, settings)
-            progress.end(step, "read and validate", f"{samples.ingested} rows read")
-            progress.begin(step, "plan")
+            progress.end(step, STAGE_NAMES[0], f"{samples.ingested} rows read")
+            progress.begin(step, STAGE_NAMES[1])
             batch = plan_batch(samples, settings)
         except StepError as exc:
             progress.step_done()
@@ -177,7 +180,12 @@ def run_validate(args: argparse.Namespace) -> int:
             continue
         progress.step_done()
         report.append(
-            {"step": step, "valid": True, "violations": [], "counts": batch.meta["counts"]}
+            {
+                "step": step,
+                "valid": True,
+                "violations": [],
+                "counts": batch.meta.counts.model_dump(),
+            }
         )
     if args.format == "json":
         for entry in report:

@@ -85,3 +85,35 @@ SHARD_COLUMNS = (
     ROLLOUT_IDS,
     ROLLOUT_MASK_SUMS,
 )
+
+# A trajectory: the rows of one step sharing `index` (one generate call's leaves).
+TRAJECTORY = (STEP, INDEX)
+
+# Internal columns: computed while a step is processed, never written to shards.
+# row bookkeeping of transforms/samples.py
+POSITION = "_pos"
+N_TOKENS = "_n_tokens"
+MASK_LEN = "_mask_len"
+MASK_BINARY = "_mask_binary"
+MASK_SUM = "_mask_sum"
+RLP_LEN = "_rlp_len"
+TLP_LEN = "_tlp_len"
+METADATA_OBJECT = "_metadata_object"
+TRAJECTORY_SIZE = "_trajectory_size"
+ROLLOUT_KEY = "_rollout_key"
+REWARD_VALUE = "_reward"
+GROUP = "_group"
+ROLLOUT_REWARD = "_r"
+ROW_ID = "_row_id"  # a row's position in the step as loaded; stable while rows are removed
+REASON = "reason"
+PATH_STEP = "_path_step"
+# Per-row text of every contract type a row's values do not fit (null when they all fit).
+TYPE_ERROR = "_type_error"
+# Fields of the layout that no column holds: where a row sits in what the trainer reads.
+RANK_POSITION = "rank_position"
+INPUT_POSITION = "input_position"
+# The k-th row sharing a key pairs with the other side's k-th, so duplicate keys (invalid
+# input) are compared in order instead of multiplying in the join.
+OCCURRENCE = "_occurrence"
+IN_LEFT = "_in_left"
+IN_RIGHT = "_in_right"

@@ -7,17 +7,17 @@ import dagster as dg
 from pipeline.assets.rollout_samples import rollout_samples
 from pipeline.assets.train_batch import train_batch
 from pipeline.assets.training_shards import training_shards
-from pipeline.checks import (
+from pipeline.orchestration.checks import (
     manifest_counts_add_up,
     no_rows_quarantined,
     rank_files_match_manifest,
     rollouts_stay_in_one_train_step,
 )
-from pipeline.compute import StepCompute
-from pipeline.jobs import rollout_step_job
-from pipeline.resources import RolloutStorage
-from pipeline.schedules import stale_shards_schedule
-from pipeline.sensors import rollout_steps_sensor
+from pipeline.orchestration.compute import StepCompute
+from pipeline.orchestration.jobs import rollout_step_job
+from pipeline.orchestration.resources import RolloutStorage
+from pipeline.orchestration.schedules import stale_shards_schedule
+from pipeline.orchestration.sensors import rollout_steps_sensor
 
 defs = dg.Definitions(
     assets=[rollout_samples, train_batch, training_shards],

@@ -20,22 +20,15 @@ from typing import Any
 import polars as pl
 
 from pipeline import columns as c
+from pipeline.columns import IN_LEFT, IN_RIGHT, INPUT_POSITION, OCCURRENCE, RANK_POSITION
 from pipeline.errors import StepError, UsageError, Violation
-from pipeline.io import writer
 from pipeline.io.readers import PATH_STEP, find_sources, group_steps, load_step, read_table
+from pipeline.manifest import MANIFEST
 
 BUILD_KEYS = (c.STEP, c.BATCH_POSITION)
 INPUT_KEYS = (c.STEP, c.INDEX, c.LEAF)
-# Fields of the layout that no column holds: where a row sits in what the trainer reads.
-RANK_POSITION = "rank_position"
-INPUT_POSITION = "input_position"
 PROVENANCE = (c.SOURCE_FILE, c.SOURCE_ROW, PATH_STEP)
 
-# The k-th row sharing a key pairs with the other side's k-th, so duplicate keys (invalid
-# input) are compared in order instead of multiplying in the join.
-OCCURRENCE = "_occurrence"
-IN_LEFT = "_in_left"
-IN_RIGHT = "_in_right"
 LEFT = "left:"
 RIGHT = "right:"
 DIFF = "diff:"
@@ -427,27 +420,27 @@ def is_build(path: Path) -> bool:
     """An output root (step=<N>/manifest.json folders) or one step folder (manifest.json)."""
     if not path.is_dir():
         return False
-    if (path / writer.MANIFEST).is_file():
+    if (path / MANIFEST).is_file():
         return True
-    return any(p.is_file() for p in path.glob(f"step=*/{writer.MANIFEST}"))
+    return any(p.is_file() for p in path.glob(f"step=*/{MANIFEST}"))
 
 
 def _step_folders(path: Path, notes: list[str]) -> list[Path]:
-    if (path / writer.MANIFEST).is_file():
+    if (path / MANIFEST).is_file():
         return [path]
     folders = []
     for folder in sorted(path.glob("step=*"), key=str):
         if not folder.is_dir():
             continue
-        if (folder / writer.MANIFEST).is_file():
+        if (folder / MANIFEST).is_file():
             folders.append(folder)
         else:
-            notes.append(f"{folder}: no {writer.MANIFEST} (an incomplete step), not compared")
+            notes.append(f"{folder}: no {MANIFEST} (an incomplete step), not compared")
     return folders
 
 
 def _manifest_step(folder: Path) -> int:
-    manifest = folder / writer.MANIFEST
+    manifest = folder / MANIFEST
     try:
         return int(json.loads(manifest.read_text())[c.STEP])
     except (ValueError, KeyError, TypeError) as exc:

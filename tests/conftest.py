@@ -5,19 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import dagster as dg
 import polars as pl
 import pytest
-from dagster_support import Roots, configured_roots
 
-from pipeline.build import build_step, load_samples, plan_batch
 from pipeline.columns import INPUT_SCHEMA
 from pipeline.io.readers import find_sources, group_steps
 from pipeline.settings import load_settings
+from pipeline.step.build import build_step
+from pipeline.step.ingest import load_samples
+from pipeline.step.plan import plan_batch
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,8 +68,9 @@ def plan(root: Path, **settings: Any):
 
 
 def build(root: Path, out: Path, **settings: Any) -> dict[str, Any]:
+    """Build the only step under root; its manifest as the JSON a user reads."""
     ((step, sources),) = group_steps(find_sources([root])).items()
-    return build_step(step, sources, load_settings(**settings), out)
+    return build_step(step, sources, load_settings(**settings), out).model_dump(mode="json")
 
 
 def ranks(out: Path, step: int = 1) -> list[pl.DataFrame]:
@@ -87,19 +87,6 @@ def dead_pid() -> int:
         text=True,
     )
     return int(child.stdout)
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    """A throwaway Dagster instance (temporary home, in-process runs)."""
-    with dg.instance_for_test() as instance:
-        yield instance
-
-
-@pytest.fixture
-def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
-    """A copy of data/rollouts as the configured input root, an empty output root."""
-    return configured_roots(tmp_path, monkeypatch)
 
 
 @pytest.fixture

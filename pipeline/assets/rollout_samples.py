@@ -3,11 +3,11 @@
 import dagster as dg
 
 from pipeline.assets import GROUP
-from pipeline.assets.reporting import failures_reported
-from pipeline.compute import StepCompute
-from pipeline.partitions import rollout_steps
-from pipeline.resources import RolloutStorage
-from pipeline.run_config import BuildConfig
+from pipeline.orchestration.compute import StepCompute
+from pipeline.orchestration.partitions import rollout_steps
+from pipeline.orchestration.reporting import failures_reported
+from pipeline.orchestration.resources import RolloutStorage
+from pipeline.orchestration.run_config import BuildConfig
 
 
 @dg.asset(partitions_def=rollout_steps, group_name=GROUP, kinds={"polars", "parquet"})

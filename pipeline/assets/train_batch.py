@@ -3,11 +3,11 @@
 import dagster as dg
 
 from pipeline.assets import GROUP
-from pipeline.assets.reporting import failures_reported
 from pipeline.assets.rollout_samples import rollout_samples
-from pipeline.compute import StepCompute
-from pipeline.partitions import rollout_steps
-from pipeline.resources import RolloutStorage
+from pipeline.orchestration.compute import StepCompute
+from pipeline.orchestration.partitions import rollout_steps
+from pipeline.orchestration.reporting import failures_reported
+from pipeline.orchestration.resources import RolloutStorage
 
 
 @dg.asset(partitions_def=rollout_steps, deps=[rollout_samples], group_name=GROUP, kinds={"polars"})

@@ -3,11 +3,11 @@
 import dagster as dg
 
 from pipeline.assets import GROUP
-from pipeline.assets.reporting import failures_reported
 from pipeline.assets.train_batch import train_batch
-from pipeline.compute import StepCompute
-from pipeline.partitions import rollout_steps
-from pipeline.resources import RolloutStorage
+from pipeline.orchestration.compute import StepCompute
+from pipeline.orchestration.partitions import rollout_steps
+from pipeline.orchestration.reporting import failures_reported
+from pipeline.orchestration.resources import RolloutStorage
 
 
 @dg.asset(partitions_def=rollout_steps, deps=[train_batch], group_name=GROUP, kinds={"parquet"})

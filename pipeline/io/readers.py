@@ -14,14 +14,12 @@ from pathlib import Path
 import polars as pl
 
 from pipeline import columns as c
+from pipeline.columns import PATH_STEP, TYPE_ERROR
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump, read_miles_dump
 
 TABLE_SUFFIXES = {".parquet": "parquet", ".arrow": "ipc", ".feather": "ipc", ".jsonl": "jsonl"}
 STEP_NAME = re.compile(r"^step=(\d+)(\.[a-z]+)?$")
-PATH_STEP = "_path_step"
-# Per-row text of every contract type a row's values do not fit (null when they all fit).
-TYPE_ERROR = "_type_error"
 # Columns kept for people rather than training: a JSON array or object there is kept as
 # its JSON text, since miles' `prompt` is often a chat list and `metadata` a dict.
 JSON_TEXT_COLUMNS = (c.TRAIN_METADATA, c.PROMPT, c.METADATA)

@@ -20,20 +20,20 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import json
 import os
 import re
 import shutil
 import socket
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from pipeline.io.readers import sha256_of
+from pipeline.manifest import OutputFile
 
-MANIFEST = "manifest.json"
 QUARANTINE = "quarantine.parquet"
 # Rank files are written once and read whole by a trainer (docs/PERFORMANCE.md has the
 # figures). zstd level 1 costs about a third more CPU to write than lz4 but makes token
@@ -153,11 +153,20 @@ def commit_folder(staged: Path, final: Path) -> None:
     _fsync(final.parent)
 
 
-def staging_folder(out_root: Path, step: int) -> Path:
-    out_root.mkdir(parents=True, exist_ok=True)
-    folder = out_root / private_name("tmp", step_folder(out_root, step).name)
-    folder.mkdir()
-    return folder
+def replace_folder(final: Path, fill: Callable[[Path], None]) -> None:
+    """Fill a fresh hidden sibling of `final`, then swap it in (`commit_folder`): a reader
+    sees the old folder or the new one. What killed builds of this host left beside it is
+    removed first; on any failure the sibling is removed and `final` is left as it was."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(final.parent)
+    staged = final.parent / private_name("tmp", final.name)
+    staged.mkdir()
+    try:
+        fill(staged)
+        commit_folder(staged, final)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
 
 
 def write_parquet(frame: pl.DataFrame, path: Path) -> None:
@@ -165,13 +174,5 @@ def write_parquet(frame: pl.DataFrame, path: Path) -> None:
     _fsync(path)
 
 
-def write_manifest(manifest: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
-    _fsync(path)
-
-
-def file_record(path: Path, name: str, rows: int, tokens: int | None = None) -> dict[str, Any]:
-    record: dict[str, Any] = {"path": name, "sha256": sha256_of(path), "rows": rows}
-    if tokens is not None:
-        record["tokens"] = tokens
-    return record
+def file_record(path: Path, name: str, rows: int, tokens: int | None = None) -> OutputFile:
+    return OutputFile(path=name, sha256=sha256_of(path), rows=rows, tokens=tokens)

@@ -16,7 +16,6 @@ from pandera.api.polars.types import PolarsData
 from pipeline import columns as c
 from pipeline.transforms import samples as s
 
-TRAJECTORY = [c.STEP, c.INDEX]
 V2_MULTI_LEAF = (pl.col(c.SESSION_VERSION) == "v2").fill_null(False) & (
     pl.col(s.TRAJECTORY_SIZE) > 1
 )
@@ -111,7 +110,7 @@ class SampleRules(pa.DataFrameModel):
         error="one_session_version: all leaves of a trajectory must have one session_version"
     )
     def one_session_version(cls, data: PolarsData) -> pl.LazyFrame:
-        return _ok(data, pl.col(c.SESSION_VERSION).fill_null("").n_unique().over(TRAJECTORY) == 1)
+        return _ok(data, pl.col(c.SESSION_VERSION).fill_null("").n_unique().over(c.TRAJECTORY) == 1)
 
     @pa.dataframe_check(
         error="rollout_id_only_on_v2_multi_leaf: "
@@ -127,7 +126,7 @@ class SampleRules(pa.DataFrameModel):
     )
     def rollout_id_shared_by_siblings(cls, data: PolarsData) -> pl.LazyFrame:
         # A leaf without an id is rollout_id_only_on_v2_multi_leaf's to report.
-        return _ok(data, pl.col(c.ROLLOUT_ID).drop_nulls().n_unique().over(TRAJECTORY) <= 1)
+        return _ok(data, pl.col(c.ROLLOUT_ID).drop_nulls().n_unique().over(c.TRAJECTORY) <= 1)
 
     @pa.dataframe_check(
         error="rollout_key_unique_per_trajectory: "

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from pipeline import columns as c
+from pipeline.columns import REASON, ROW_ID
 from pipeline.errors import StepError, Violation
 from pipeline.io.readers import TYPE_ERROR
 from pipeline.transforms import samples as s
@@ -25,9 +26,6 @@ if TYPE_CHECKING:
     import pandera.polars as pa
 
 MAX_ROWS_SHOWN = 5
-ROW_ID = "_row_id"  # a row's position in the step as loaded; stable while rows are removed
-REASON = "reason"
-TRAJECTORY = (c.STEP, c.INDEX)
 # Removing invalid trajectories can expose a new failure (the all-or-none rules count
 # rows); a few rounds always settle it, the cap only guards against a rule that never does.
 MAX_ROUNDS = 4
@@ -160,7 +158,7 @@ class Verdict:
 
 def without_trajectories(frame: pl.DataFrame, row_ids: pl.Series) -> pl.DataFrame:
     """The rows of every trajectory that holds none of `row_ids`."""
-    touched = pl.col(ROW_ID).is_in(row_ids.implode()).any().over(TRAJECTORY)
+    touched = pl.col(ROW_ID).is_in(row_ids.implode()).any().over(c.TRAJECTORY)
     return frame.filter(~touched)
 
 

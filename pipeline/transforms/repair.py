@@ -14,7 +14,6 @@ import polars as pl
 
 from pipeline import columns as c
 
-TRAJECTORY = (c.STEP, c.INDEX)
 CLEARED = "cleared_on_v1_or_singleton"
 STAMPED = "stamped_on_v2_multi_leaf"
 
@@ -28,13 +27,13 @@ def repair_rollout_ids(frame: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, int
     session = (
         pl.col(c.SESSION_VERSION) if c.SESSION_VERSION in frame.columns else pl.lit(None, pl.String)
     )
-    multi_leaf = pl.len().over(TRAJECTORY) > 1
+    multi_leaf = pl.len().over(c.TRAJECTORY) > 1
     multi_leaf_v2 = (session == "v2").fill_null(False) & multi_leaf
     v1_or_v2_singleton = (session == "v1").fill_null(False) | (
         (session == "v2").fill_null(False) & ~multi_leaf
     )
     rollout_id = pl.col(c.ROLLOUT_ID)
-    sibling_id = rollout_id.drop_nulls().first().over(TRAJECTORY)
+    sibling_id = rollout_id.drop_nulls().first().over(c.TRAJECTORY)
     flagged = frame.with_columns(
         (v1_or_v2_singleton & rollout_id.is_not_null()).alias(CLEARED),
         (multi_leaf_v2 & rollout_id.is_null()).alias(STAMPED),

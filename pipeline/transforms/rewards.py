@@ -6,12 +6,11 @@ import numpy as np
 import polars as pl
 
 from pipeline import columns as c
+from pipeline.columns import GROUP, ROLLOUT_REWARD
 from pipeline.settings import Settings
 from pipeline.transforms import samples as s
 from pipeline.transforms.torch_float import grouped_mean_std
 
-GROUP = "_group"
-ROLLOUT_REWARD = "_r"
 EPS = 1e-6
 
 

@@ -9,22 +9,24 @@ from __future__ import annotations
 import polars as pl
 
 from pipeline import columns as c
+from pipeline.columns import (
+    MASK_BINARY,
+    MASK_LEN,
+    MASK_SUM,
+    METADATA_OBJECT,
+    N_TOKENS,
+    POSITION,
+    REWARD_VALUE,
+    RLP_LEN,
+    ROLLOUT_KEY,
+    TLP_LEN,
+    TRAJECTORY,
+    TRAJECTORY_SIZE,
+)
 from pipeline.errors import StepError, Violation
 
-POSITION = "_pos"
-N_TOKENS = "_n_tokens"
-MASK_LEN = "_mask_len"
-MASK_BINARY = "_mask_binary"
-MASK_SUM = "_mask_sum"
-RLP_LEN = "_rlp_len"
-TLP_LEN = "_tlp_len"
-METADATA_OBJECT = "_metadata_object"
-TRAJECTORY_SIZE = "_trajectory_size"
-ROLLOUT_KEY = "_rollout_key"
-REWARD_VALUE = "_reward"
 # Optional columns that must be set on every row or on none (SEMANTICS section 4).
 ALL_OR_NONE = (c.ROLLOUT_LOG_PROBS, c.TEACHER_LOG_PROBS, c.ROUND_NUMBER, c.TRAIN_METADATA)
-TRAJECTORY = (c.STEP, c.INDEX)
 
 
 def reward_value(schema: pl.Schema, reward_key: str | None, step: int) -> pl.Expr:

@@ -1,0 +1,101 @@
+"""The manifest of a step folder (`manifest.json`), typed, read and written here only.
+
+A step's manifest is written last, so its presence means the step is complete. One that
+cannot be read, or does not have this shape, is as good as none: the step is rebuilt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+MANIFEST = "manifest.json"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class InputFile(_Record):
+    """One input file of the step, in batch order."""
+
+    path: str
+    sha256: str
+    rows: int
+
+
+class OutputFile(_Record):
+    """One written file of the step folder (rank files, then the quarantine)."""
+
+    path: str
+    sha256: str
+    rows: int
+    tokens: int | None = None
+
+
+class Counts(_Record):
+    """Where every ingested row went: ingested = quarantined + trimmed + dropped + written.
+    `untrained` counts written rows the trainer never trains (`train_step` null)."""
+
+    ingested: int
+    quarantined: int
+    repaired: int
+    trimmed: int
+    dropped: int
+    written: int
+    untrained: int = 0
+
+    def add_up(self) -> bool:
+        return self.ingested == self.quarantined + self.trimmed + self.dropped + self.written
+
+
+class Manifest(_Record):
+    """Everything a step folder records about how it was built; `outputs` is empty until
+    the files are written (the staged `train_batch` carries the rest)."""
+
+    step: int
+    settings: dict[str, Any]
+    inputs: list[InputFile]
+    counts: Counts
+    repaired: dict[str, int]
+    is_compact: bool
+    global_batch_size: int
+    dynamic_global_batch_size: int | None
+    num_train_steps: int
+    num_rollouts: list[int]
+    num_microbatches: list[int] | None
+    equal_reward_groups: int
+    ignored_columns: list[str]
+    outputs: list[OutputFile] = Field(default_factory=list)
+
+    @property
+    def dp_size(self) -> int:
+        return int(self.settings["dp_size"])
+
+    def rank_outputs(self) -> list[OutputFile]:
+        """The rank files' records (every output but the quarantine)."""
+        return [o for o in self.outputs if o.path.startswith("rank=")]
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2) + "\n"
+
+    def write(self, path: Path) -> None:
+        """Write and fsync: the manifest is the step folder's commit record."""
+        path.write_text(self.to_json())
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def read(cls, path: Path) -> Manifest | None:
+        """The manifest at `path`; None when it is missing, unreadable or of another shape."""
+        try:
+            return cls.model_validate_json(path.read_bytes())
+        except (OSError, ValidationError, ValueError):
+            return None

@@ -1,0 +1,147 @@
+"""Asset checks on `training_shards`: what was written is what the manifest says.
+
+Each check reads the committed step folder of its partition (`context.partition_key`), not
+the asset's value, so checking one step never loads another.
+"""
+
+import warnings
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+
+from pipeline.assets.training_shards import training_shards
+from pipeline.columns import REASON
+from pipeline.io import writer
+from pipeline.manifest import MANIFEST, Manifest
+from pipeline.orchestration.partitions import rollout_steps, step_of
+from pipeline.orchestration.reporting import markdown_table
+from pipeline.orchestration.resources import RolloutStorage
+from pipeline.step import verify
+from pipeline.step.freshness import read_manifest
+
+# Partitioned asset checks are a preview feature of dagster 1.13; they are what lets the
+# UI show a check result per step rather than only the latest step's.
+warnings.filterwarnings(
+    "ignore",
+    message="Specifying a partitions_def on an AssetCheckSpec",
+    category=dg.PreviewWarning,
+)
+
+
+def _manifest(
+    context: dg.AssetCheckExecutionContext, storage: RolloutStorage
+) -> tuple[Path, Manifest | None]:
+    step = step_of(context.partition_key)
+    return storage.step_folder(step), read_manifest(storage.output_path, step)
+
+
+def _no_manifest(folder: Path) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        passed=False, description=f"{folder / MANIFEST} is missing or unreadable"
+    )
+
+
+def _table(key: str, header: list[str], rows: list[tuple]) -> dict[str, dg.MetadataValue]:
+    """A Markdown table under `key`, or nothing when there are no rows to show."""
+    return {key: dg.MetadataValue.md(markdown_table(header, rows))} if rows else {}
+
+
+@dg.asset_check(asset=training_shards, partitions_def=rollout_steps, blocking=True)
+def manifest_counts_add_up(
+    context: dg.AssetCheckExecutionContext, rollout_storage: RolloutStorage
+) -> dg.AssetCheckResult:
+    """Every ingested row is accounted for (ingested = quarantined + trimmed + dropped +
+    written), and the rank files together hold the written rows."""
+    folder, manifest = _manifest(context, rollout_storage)
+    if manifest is None:
+        return _no_manifest(folder)
+    problems = verify.count_problems(manifest)
+    return dg.AssetCheckResult(
+        passed=not problems,
+        description="; ".join(problem for _, problem in problems) or None,
+        metadata={
+            **manifest.counts.model_dump(),
+            "rows_in_rank_files": verify.rows_in_rank_files(manifest),
+        },
+    )
+
+
+@dg.asset_check(asset=training_shards, partitions_def=rollout_steps, blocking=True)
+def rank_files_match_manifest(
+    context: dg.AssetCheckExecutionContext, rollout_storage: RolloutStorage
+) -> dg.AssetCheckResult:
+    """A rank file exists for every data-parallel rank, reads as Parquet, and matches the
+    sha256 and row count the manifest recorded for it."""
+    folder, manifest = _manifest(context, rollout_storage)
+    if manifest is None:
+        return _no_manifest(folder)
+    rows = verify.rank_file_problems(manifest, folder)
+    return dg.AssetCheckResult(
+        passed=not rows,
+        description=f"{len(rows)} rank file(s) do not match the manifest" if rows else None,
+        metadata={
+            "rank_files": len(verify.rank_files(manifest)),
+            **_table("problems", ["file", "problem"], rows),
+        },
+    )
+
+
+@dg.asset_check(asset=training_shards, partitions_def=rollout_steps, blocking=True)
+def rollouts_stay_in_one_train_step(
+    context: dg.AssetCheckExecutionContext, rollout_storage: RolloutStorage
+) -> dg.AssetCheckResult:
+    """With the rollout-side schedule (`cp_size` set), all trained rows of one rollout
+    (`rollout_ids`) sit in one train step across every rank, so the loss counts the rollout
+    once in one optimizer step. Without it the trainer itself can split a rollout across
+    steps (SEMANTICS 6.1): the split rollouts are counted, and the check passes."""
+    folder, manifest = _manifest(context, rollout_storage)
+    if manifest is None:
+        return _no_manifest(folder)
+    try:
+        split = verify.split_rollouts(manifest, folder)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        return dg.AssetCheckResult(
+            passed=False, description=f"cannot read the rank files: {str(exc).splitlines()[0]}"
+        )
+    scheduled = manifest.settings.get("cp_size") is not None
+    shown = verify.split_rollout_problems(manifest, folder) if split.height else []
+    return dg.AssetCheckResult(
+        passed=split.height == 0 or not scheduled,
+        description=f"{split.height} rollout(s) span train steps" if split.height else None,
+        metadata={
+            "split_rollouts": split.height,
+            "scheduled": scheduled,
+            **_table("first_split_rollouts", ["rollout", "train steps"], shown),
+        },
+    )
+
+
+@dg.asset_check(asset=training_shards, partitions_def=rollout_steps)
+def no_rows_quarantined(
+    context: dg.AssetCheckExecutionContext, rollout_storage: RolloutStorage
+) -> dg.AssetCheckResult:
+    """Warns when `on_invalid: quarantine` set trajectories aside: how many rows, and why.
+    The shards are usable; the quarantined rows are in `quarantine.parquet`."""
+    folder, manifest = _manifest(context, rollout_storage)
+    if manifest is None:
+        return _no_manifest(folder)
+    quarantined = manifest.counts.quarantined
+    reasons: list[tuple[str, int]] = []
+    if quarantined and (folder / writer.QUARANTINE).is_file():
+        reasons = (
+            pl.read_parquet(folder / writer.QUARANTINE, columns=[REASON])
+            .group_by(REASON)
+            .len()
+            .sort("len", descending=True)
+            .rows()
+        )
+    return dg.AssetCheckResult(
+        passed=quarantined == 0,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=f"{quarantined} rows quarantined" if quarantined else None,
+        metadata={
+            "quarantined": quarantined,
+            **_table("reasons", ["reason", "rows"], reasons),
+        },
+    )

@@ -1,0 +1,197 @@
+"""Where the work of each asset runs: in the run's process, or behind Dagster Pipes.
+
+`compute` picks one of
+- `in_process` (default): the stage runs in the Dagster step's own process;
+- `subprocess`: `python -m pipeline.orchestration.pipes_worker` on this machine, via
+  `dg.PipesSubprocessClient`;
+- `ray`: the same worker as a Ray job, via `dagster_ray.PipesRayJobClient` (extra `ray`);
+- `k8s`: the same worker in a pod, via `dagster_k8s.PipesK8sClient` (extra `k8s`).
+All four run `pipeline.step.stages`, so shards and metadata are the same wherever they are built.
+The worker reads and writes the roots by path: on Ray or Kubernetes they must be on a
+filesystem mounted at the same path on the workers (`k8s.base_pod_spec` mounts it in a pod).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+import sys
+import warnings
+from enum import StrEnum
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from pipeline.errors import UsageError
+from pipeline.orchestration.partitions import step_of
+from pipeline.orchestration.pipes_worker import reported_failure, worker_extras
+from pipeline.orchestration.reporting import dagster_metadata
+from pipeline.settings import Settings
+from pipeline.step.roots import StepRoots
+from pipeline.step.stages import run_stage
+
+COMPUTE_ENV = "ROLLOUT_SHARDS_COMPUTE"
+K8S_IMAGE_ENV = "ROLLOUT_SHARDS_K8S_IMAGE"
+K8S_NAMESPACE_ENV = "ROLLOUT_SHARDS_K8S_NAMESPACE"
+WORKER_MODULE = "pipeline.orchestration.pipes_worker"
+WORKER_COMMAND = ["python", "-m", WORKER_MODULE]
+
+# Dagster's own Pipes code calls a preview API and a deprecated one on every launch; the
+# warnings are not about anything this project does.
+warnings.filterwarnings(
+    "ignore", message=r"Function `PipesMessageReader\.expected_writer_count`", category=Warning
+)
+warnings.filterwarnings(
+    "ignore", message=r"AssetExecutionContext\.run_id is deprecated", category=DeprecationWarning
+)
+
+
+class Compute(StrEnum):
+    in_process = "in_process"
+    subprocess = "subprocess"
+    ray = "ray"
+    k8s = "k8s"
+
+
+class RayCompute(dg.Config):
+    """The Ray job of `compute: ray`; the cluster must see the roots and have rollout-shards."""
+
+    address: str | None = Field(
+        None, description="Ray dashboard address (http://head:8265); unset: $RAY_ADDRESS."
+    )
+    entrypoint: str = Field(
+        " ".join(WORKER_COMMAND), description="Command of the Ray job, run on the cluster."
+    )
+    runtime_env: dict[str, Any] | None = Field(
+        None, description="Ray runtime_env of the job (pip, working_dir, env_vars, ...)."
+    )
+    num_cpus: float | None = Field(None, description="CPUs reserved for the job's entrypoint.")
+    memory: int | None = Field(None, description="Memory in bytes reserved for the entrypoint.")
+    poll_interval: float = Field(1.0, description="Seconds between job status polls.")
+
+
+class K8sCompute(dg.Config):
+    """The pod of `compute: k8s`: an image with rollout-shards, the roots mounted by path."""
+
+    image: str | None = Field(None, description=f"Image with rollout-shards; ${K8S_IMAGE_ENV}.")
+    namespace: str | None = Field(None, description=f"Namespace; ${K8S_NAMESPACE_ENV}.")
+    command: list[str] = Field(WORKER_COMMAND, description="Command of the pod's container.")
+    env: dict[str, str] = Field({}, description="Environment of the pod's container.")
+    base_pod_spec: dict[str, Any] | None = Field(
+        None, description="Pod spec to start from: volumes mounting the roots, resources, ..."
+    )
+    base_pod_meta: dict[str, Any] | None = Field(None, description="Pod metadata: labels, ...")
+    load_incluster_config: bool | None = Field(
+        None, description="Load the in-cluster config (unset: when in a cluster)."
+    )
+    kubeconfig_file: str | None = Field(None, description="kubeconfig outside a cluster.")
+    kube_context: str | None = Field(None, description="kubeconfig context.")
+    poll_interval: float = Field(10.0, description="Seconds between pod status polls.")
+
+
+def _client_class(module: str, name: str, extra: str) -> Any:
+    """A Pipes client class from an optional extra, imported only when it is selected."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as error:
+        raise UsageError(
+            f"compute {extra} needs {module.replace('_', '-')}: "
+            f"pip install 'rollout-shards[{extra}]' ({error})"
+        ) from error
+
+
+class StepCompute(dg.ConfigurableResource):
+    """Where each asset's stage runs: in process, or a Pipes worker in a subprocess, on a
+    Ray cluster or in a Kubernetes pod."""
+
+    compute: Compute = Field(
+        Compute.in_process, description=f"in_process, subprocess, ray or k8s; ${COMPUTE_ENV}."
+    )
+    python: str | None = Field(
+        None, description="Interpreter of the subprocess worker (unset: this one)."
+    )
+    ray: RayCompute = Field(RayCompute(), description="The Ray job of compute: ray.")
+    k8s: K8sCompute = Field(K8sCompute(), description="The pod of compute: k8s.")
+
+    @classmethod
+    def from_env(cls) -> StepCompute:
+        value = os.environ.get(COMPUTE_ENV) or Compute.in_process.value
+        if value not in Compute.__members__:
+            raise UsageError(f"{COMPUTE_ENV}={value}: one of {', '.join(Compute.__members__)}")
+        return cls(
+            compute=Compute(value),
+            k8s=K8sCompute(
+                image=os.environ.get(K8S_IMAGE_ENV) or None,
+                namespace=os.environ.get(K8S_NAMESPACE_ENV) or None,
+            ),
+        )
+
+    def client(self) -> dg.PipesClient:
+        """The Pipes client of the configured compute."""
+        if self.compute == Compute.subprocess:
+            return dg.PipesSubprocessClient()
+        if self.compute == Compute.ray:
+            ray_client = _client_class("dagster_ray", "PipesRayJobClient", "ray")
+            return ray_client(address=self.ray.address, poll_interval=self.ray.poll_interval)
+        if self.compute == Compute.k8s:
+            k8s_client = _client_class("dagster_k8s", "PipesK8sClient", "k8s")
+            return k8s_client(
+                load_incluster_config=self.k8s.load_incluster_config,
+                kubeconfig_file=self.k8s.kubeconfig_file,
+                kube_context=self.k8s.kube_context,
+                poll_interval=self.k8s.poll_interval,
+            )
+        raise UsageError(f"compute {self.compute.value} runs in process, without a Pipes client")
+
+    def run_arguments(self) -> dict[str, Any]:
+        """The arguments of the client's `run` besides context and extras; fresh each time,
+        as the Ray client adds the Pipes variables to the runtime_env it is given."""
+        if self.compute == Compute.subprocess:
+            return {"command": [self.python or sys.executable, "-m", WORKER_MODULE]}
+        if self.compute == Compute.ray:
+            params: dict[str, Any] = {"entrypoint": self.ray.entrypoint}
+            if self.ray.runtime_env is not None:
+                params["runtime_env"] = copy.deepcopy(self.ray.runtime_env)
+            if self.ray.num_cpus is not None:
+                params["entrypoint_num_cpus"] = self.ray.num_cpus
+            if self.ray.memory is not None:
+                params["entrypoint_memory"] = self.ray.memory
+            return {"submit_job_params": params}
+        if self.compute == Compute.k8s:
+            if not self.k8s.image:
+                raise UsageError(
+                    f"compute k8s needs an image with rollout-shards: k8s.image or ${K8S_IMAGE_ENV}"
+                )
+            return {
+                "image": self.k8s.image,
+                "command": list(self.k8s.command),
+                "namespace": self.k8s.namespace,
+                "env": dict(self.k8s.env),
+                "base_pod_spec": copy.deepcopy(self.k8s.base_pod_spec),
+                "base_pod_meta": copy.deepcopy(self.k8s.base_pod_meta),
+            }
+        raise UsageError(f"compute {self.compute.value} runs in process, without a Pipes client")
+
+    def materialize(
+        self, context: dg.AssetExecutionContext, roots: StepRoots, settings: Settings | None = None
+    ) -> dg.MaterializeResult:
+        """Run the stage of the context's asset on its partition here or behind Pipes; a
+        StepError or UsageError of the stage is raised here either way."""
+        stage = context.asset_key.to_user_string()
+        step = step_of(context.partition_key)
+        if self.compute == Compute.in_process:
+            report = run_stage(stage, roots, step, settings)
+            context.log.info(report.log)
+            return dg.MaterializeResult(metadata=dagster_metadata(report.metadata))
+        context.log.info(f"step {step}: {stage} through Dagster Pipes ({self.compute.value})")
+        invocation = self.client().run(  # type: ignore[call-arg]
+            context=context,
+            extras=worker_extras(stage, roots, step, settings),
+            **self.run_arguments(),
+        )
+        failure = reported_failure(list(invocation.get_custom_messages()))
+        if failure is not None:
+            raise failure
+        return invocation.get_materialize_result()

@@ -1,0 +1,84 @@
+"""The Dagster Pipes worker: one asset's stage of one step, outside the orchestrator.
+
+`python -m pipeline.orchestration.pipes_worker`, launched by `dg.PipesSubprocessClient`,
+`dagster_ray.PipesRayJobClient` or `dagster_k8s.PipesK8sClient` (see
+`pipeline.orchestration.compute`).
+It needs only dagster-pipes and the core, not Dagster: the extras name the stage, the
+step, the roots and the effective settings; logs and the materialization go back through
+Pipes. A step that is invalid (or a setting its data cannot satisfy) is not a crash: the
+worker reports the violations as a custom message and exits 0, and the asset fails the run
+with the same summary as in process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from dagster_pipes import open_dagster_pipes
+
+from pipeline.errors import StepError, UsageError, Violation
+from pipeline.settings import Settings
+from pipeline.step.roots import StepRoots
+from pipeline.step.stages import run_stage
+
+FAILURE = "rollout_shards_failure"
+
+
+def worker_extras(
+    stage: str, roots: StepRoots, step: int, settings: Settings | None
+) -> dict[str, Any]:
+    """What a worker needs to run `stage` on `step`, as JSON for the Pipes extras."""
+    return {
+        "stage": stage,
+        "step": step,
+        "roots": roots.to_json(),
+        "settings": settings.model_dump(mode="json") if settings is not None else None,
+    }
+
+
+def failure_message(error: StepError | UsageError) -> dict[str, Any]:
+    if isinstance(error, StepError):
+        return {FAILURE: "step", "violations": [asdict(v) for v in error.violations]}
+    return {FAILURE: "usage", "message": str(error)}
+
+
+def reported_failure(messages: list[Any]) -> StepError | UsageError | None:
+    """The error a worker reported among its custom messages, rebuilt; None if it reported none."""
+    for message in messages:
+        if not isinstance(message, dict) or FAILURE not in message:
+            continue
+        if message[FAILURE] == "usage":
+            return UsageError(message["message"])
+        violations = [
+            Violation(**{**v, "rows": [tuple(row) for row in v["rows"]]})
+            for v in message["violations"]
+        ]
+        return StepError(violations)
+    return None
+
+
+def main() -> int:
+    with open_dagster_pipes() as pipes:
+        stage = pipes.get_extra("stage")
+        step = int(pipes.get_extra("step"))
+        roots = StepRoots.from_json(pipes.get_extra("roots"))
+        raw_settings = pipes.get_extra("settings")
+        settings = Settings.model_validate(raw_settings) if raw_settings is not None else None
+        pipes.log.info(f"step {step}: {stage} on {socket.gethostname()}, pid {os.getpid()}")
+        try:
+            report = run_stage(stage, roots, step, settings)
+        except (StepError, UsageError) as error:
+            pipes.log.error(str(error))
+            pipes.report_custom_message(failure_message(error))
+            return 0
+        pipes.log.info(report.log)
+        pipes.report_asset_materialization(metadata=report.metadata)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

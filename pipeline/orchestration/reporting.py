@@ -1,0 +1,101 @@
+"""What the assets show in the UI: materialization metadata and failure summaries."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import dagster as dg
+
+from pipeline.errors import StepError, UsageError, Violation
+from pipeline.step.stages import Metadata
+
+ROWS_SHOWN = 20
+FAILURE_TAG = "rollout_shards/invalid"
+
+
+def _md_cell(value: object) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(_md_cell(v) for v in row) + " |" for row in rows),
+    ]
+    return "\n".join(lines)
+
+
+def violation_metadata(violations: Sequence[Violation]) -> dict[str, Any]:
+    """Rows per rule, and the first offending rows as a Markdown table."""
+    per_rule: dict[str, int] = {}
+    for violation in violations:
+        per_rule[violation.rule] = per_rule.get(violation.rule, 0) + violation.n_rows
+    offending = [
+        (v.rule, ", ".join(v.files), index, leaf) for v in violations for index, leaf in v.rows
+    ][:ROWS_SHOWN]
+    return {
+        "invalid_rows_per_rule": dg.MetadataValue.json(per_rule),
+        "rules": dg.MetadataValue.md(
+            markdown_table(
+                ["rule", "rows", "message"],
+                [(v.rule, v.n_rows, v.message) for v in violations],
+            )
+        ),
+        "first_offending_rows": dg.MetadataValue.md(
+            markdown_table(["rule", "file", "index", "leaf"], offending)
+        ),
+    }
+
+
+@contextmanager
+def failures_reported(context: dg.AssetExecutionContext) -> Iterator[None]:
+    """Turn the core's errors into a run failure that carries its summary, not a traceback."""
+    try:
+        yield
+    except StepError as exc:
+        rules = sorted({v.rule for v in exc.violations})
+        context.instance.add_run_tags(context.run.run_id, {FAILURE_TAG: ", ".join(rules)})
+        raise dg.Failure(
+            description=str(exc),
+            metadata=violation_metadata(exc.violations),
+            allow_retries=False,
+        ) from exc
+    except UsageError as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+
+
+def _table_schema(columns: list[dict[str, str]]) -> dg.TableSchema:
+    return dg.TableSchema(
+        columns=[dg.TableColumn(column["name"], column["type"]) for column in columns]
+    )
+
+
+def _metadata_value(value: dict[str, Any]) -> dg.MetadataValue:
+    kind, raw = value["type"], value["raw_value"]
+    if kind == "table":
+        return dg.MetadataValue.table(
+            records=[dg.TableRecord(record) for record in raw["records"]],
+            schema=_table_schema(raw["schema"]),
+        )
+    if kind == "table_schema":
+        return dg.MetadataValue.table_schema(_table_schema(raw["columns"]))
+    if kind == "null":
+        return dg.MetadataValue.null()
+    simple = {
+        "bool": dg.MetadataValue.bool,
+        "int": dg.MetadataValue.int,
+        "float": dg.MetadataValue.float,
+        "text": dg.MetadataValue.text,
+        "json": dg.MetadataValue.json,
+        "md": dg.MetadataValue.md,
+        "path": dg.MetadataValue.path,
+    }
+    return simple[kind](raw)
+
+
+def dagster_metadata(metadata: Metadata) -> dict[str, dg.MetadataValue]:
+    """A stage's metadata (Pipes wire format) as Dagster's values, as Pipes resolves it."""
+    return {key: _metadata_value(value) for key, value in metadata.items()}

@@ -1,0 +1,57 @@
+"""Run config of a build: the settings of the contract, typed, under their own names.
+
+`BuildConfig` is derived from `pipeline.settings.Settings`, field by field: each setting
+becomes an optional field (a `Literal` becomes an enum, which Dagster's launchpad offers
+as a choice) with the setting's description. A field left unset keeps the value from the
+settings files (`ROLLOUT_SHARDS_CONFIG`, then the input root's `rollout-shards.yaml`, then
+the defaults), so the launchpad only needs what a run changes.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from enum import Enum, StrEnum
+from typing import Any
+
+import dagster as dg
+from pydantic import Field, create_model
+
+from pipeline.settings import Settings
+
+
+def _optional(name: str, annotation: Any) -> Any:
+    """The type of a setting as an optional run-config field."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    base = args[0] if isinstance(annotation, types.UnionType) and args else annotation
+    if typing.get_origin(base) is typing.Literal:
+        values = typing.get_args(base)
+        enum_name = "".join(part.title() for part in name.split("_"))
+        base = StrEnum(enum_name, {value: value for value in values})
+    return base | None
+
+
+class _Overrides(dg.Config):
+    def overrides(self) -> dict[str, Any]:
+        """The settings this run sets, as plain values for `load_settings`."""
+        values = {}
+        for name in Settings.model_fields:
+            value = getattr(self, name)
+            if value is not None:
+                values[name] = value.value if isinstance(value, Enum) else value
+        return values
+
+
+BuildConfig = create_model(  # type: ignore[call-overload]
+    "BuildConfig",
+    __base__=_Overrides,
+    __doc__="Settings overrides for one run, named as miles' flags.",
+    __module__=__name__,
+    **{
+        name: (
+            _optional(name, info.annotation),
+            Field(None, description=f"{info.description} Unset: from the settings files."),
+        )
+        for name, info in Settings.model_fields.items()
+    },
+)

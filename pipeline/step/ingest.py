@@ -1,0 +1,112 @@
+"""Ingest one step: read its files, type them, repair legacy ids if asked, validate.
+
+The `rollout_samples` asset and `rollout-shards validate` stop here; `plan` takes over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from pipeline import columns as c
+from pipeline.errors import StepError
+from pipeline.io.readers import PATH_STEP, TYPE_ERROR, SourceFile, load_step
+from pipeline.schemas.validate import REASON, ROW_ID, load_models, validate_step
+from pipeline.settings import Settings
+from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
+
+PROVENANCE = (c.SOURCE_FILE, c.SOURCE_ROW, PATH_STEP)
+# Provenance as the quarantine table names it: where to find the row as it was written.
+QUARANTINE_PROVENANCE = {c.SOURCE_FILE: "source_file", c.SOURCE_ROW: "source_row"}
+SIBLING = "sibling of an invalid leaf: "
+
+
+@dataclass
+class SampleTable:
+    """A step's valid rows in batch order (the `rollout_samples` asset)."""
+
+    step: int
+    frame: pl.DataFrame
+    inputs: list[dict[str, Any]]
+    ignored_columns: list[str]
+    ingested: int
+    repaired: dict[str, int] = field(default_factory=dict)
+    quarantine: pl.DataFrame | None = None
+
+
+def quarantine_table(loaded: pl.DataFrame, failing: pl.DataFrame) -> pl.DataFrame:
+    """Every row of each trajectory holding a failing row, as loaded (before any repair),
+    in batch order, with a `reason`: the failing row's rules, or for its siblings
+    "sibling of an invalid leaf: " and the rules their trajectory broke."""
+    own = failing.group_by(ROW_ID, maintain_order=True).agg(
+        pl.col(REASON).unique(maintain_order=True).str.join("; ")
+    )
+    trajectory = (
+        failing.join(loaded.select(ROW_ID, *c.TRAJECTORY), on=ROW_ID, maintain_order="left")
+        .group_by(*c.TRAJECTORY, maintain_order=True)
+        .agg(pl.col(REASON).unique(maintain_order=True).str.join("; ").alias("_trajectory"))
+    )
+    touched = pl.col(ROW_ID).is_in(failing.get_column(ROW_ID).implode()).any().over(c.TRAJECTORY)
+    return (
+        loaded.filter(touched)
+        .join(own, on=ROW_ID, how="left", maintain_order="left")
+        .join(
+            trajectory, on=list(c.TRAJECTORY), how="left", nulls_equal=True, maintain_order="left"
+        )
+        .with_columns(pl.coalesce(REASON, pl.lit(SIBLING) + pl.col("_trajectory")).alias(REASON))
+        .drop(ROW_ID, PATH_STEP, "_trajectory")
+        .rename(QUARANTINE_PROVENANCE)
+        .select(
+            pl.exclude(*QUARANTINE_PROVENANCE.values(), REASON),
+            *QUARANTINE_PROVENANCE.values(),
+            REASON,
+        )
+    )
+
+
+def load_samples(step: int, sources: Sequence[SourceFile], settings: Settings) -> SampleTable:
+    """Read a step, repair legacy ids if asked, validate. With `on_invalid: fail` any broken
+    rule fails the step; with `quarantine` the trajectories holding a failing row are set
+    aside whole and the rest goes on. Problems that name no rows (an unreadable file, a
+    missing column, a column of an impossible type, a struct reward without reward_key)
+    fail the step in both modes: there is nothing to set aside and nothing to count."""
+    # Polars reads without the GIL: Pandera's import and set-up run meanwhile.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        models = pool.submit(load_models)
+        loaded = load_step(step, sources)
+        models.result()
+    original = loaded.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(ROW_ID))
+    type_errors = loaded.type_errors
+    if type_errors is None:
+        type_errors = pl.repeat(None, original.height, dtype=pl.String, eager=True)
+    frame = original.with_columns(type_errors.alias(TYPE_ERROR))
+    repaired = {CLEARED: 0, STAMPED: 0}
+    if settings.rollout_id_policy == "repair":
+        frame, repaired = repair_rollout_ids(frame)
+    quarantining = settings.on_invalid == "quarantine"
+    verdict = validate_step(
+        frame,
+        loaded.type_violations,
+        step,
+        settings.reward_key,
+        settings.normalizes_rewards,
+        until_valid=quarantining,
+    )
+    if verdict.violations and not (quarantining and verdict.settled):
+        raise StepError(verdict.violations)
+    quarantine = None
+    if verdict.violations:
+        quarantine = quarantine_table(original, verdict.failing)
+    return SampleTable(
+        step=step,
+        frame=verdict.valid.drop(ROW_ID, TYPE_ERROR),
+        inputs=loaded.inputs,
+        ignored_columns=loaded.ignored_columns,
+        ingested=loaded.frame.height,
+        repaired=repaired,
+        quarantine=quarantine,
+    )

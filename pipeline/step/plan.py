@@ -1,0 +1,188 @@
+"""Plan one step: trim, compute every shard column, lay the batch out across ranks.
+
+The `train_batch` asset; the list columns stay in batch order until `write` gathers them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from pipeline import columns as c
+from pipeline.errors import StepError
+from pipeline.manifest import Counts, InputFile, Manifest
+from pipeline.settings import Settings
+from pipeline.step.ingest import SampleTable
+from pipeline.transforms import samples as s
+from pipeline.transforms.rewards import with_rewards
+from pipeline.transforms.schedule import Layout
+from pipeline.transforms.shard_columns import (
+    light_shard_columns,
+    loss_masks,
+    optional_columns,
+    raw_reward,
+)
+from pipeline.transforms.split import batch_layout
+from pipeline.transforms.trim import is_compact, plan_trim
+
+
+@dataclass
+class RankRows:
+    """The shard columns of a batch before the list columns are gathered into write order."""
+
+    scalars: pl.DataFrame  # the scalar shard columns and `rank`, in write order
+    inputs: pl.DataFrame  # the input columns the list shard columns come from, in batch order
+    optional: list[str]  # optional input columns that go into shards, in shard order
+    order: np.ndarray  # the batch position of each row in write order
+
+    def rows(self, start: int, length: int) -> pl.DataFrame:
+        """Rows [start, start + length) in write order with every column, gathered."""
+        picked = self.inputs[pl.Series(self.order[start : start + length])]
+        lists = picked.select(
+            pl.col(c.TOKENS),
+            loss_masks(picked.schema),
+            *(
+                pl.col(name).alias(c.METADATA if name == c.TRAIN_METADATA else name)
+                for name in self.optional
+            ),
+        )
+        scalars = _compact(self.scalars, start, length)
+        return pl.concat([scalars, lists], how="horizontal").select(
+            *c.SHARD_COLUMNS, *lists.columns[2:], c.RANK
+        )
+
+
+def _compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
+    """Rows [start, start + length) copied into buffers of their own. Polars sizes Parquet
+    pages by a column's whole buffers, so a slice of a larger frame would be written with
+    other page boundaries than the same rows held alone: every rank file is written from
+    a copy, whichever path (CLI or staged Dagster batch) produced the rows."""
+    return frame[pl.Series(np.arange(start, start + length, dtype=np.int64))]
+
+
+class TrainBatch:
+    """The trimmed batch in write order with its shard columns and metadata (`train_batch`).
+
+    `frame` holds every shard column and `rank`, rank 0's rows first, each in training
+    order. plan_batch hands over the list columns still in batch order (RankRows): `frame`
+    gathers them on first use, while write_shards gathers one rank at a time, so a build
+    never holds a second copy of the step's tokens.
+    """
+
+    def __init__(
+        self,
+        step: int,
+        frame: pl.DataFrame | RankRows,
+        meta: Manifest,
+        quarantine: pl.DataFrame | None = None,
+    ) -> None:
+        self.step = step
+        self.meta = meta
+        self.quarantine = quarantine
+        self._frame = frame if isinstance(frame, pl.DataFrame) else None
+        self._rows = frame if isinstance(frame, RankRows) else None
+
+    @property
+    def frame(self) -> pl.DataFrame:
+        if self._frame is None:
+            assert self._rows is not None
+            self._frame = self._rows.rows(0, self._rows.scalars.height)
+            self._rows = None
+        return self._frame
+
+    def ranks(self) -> pl.Series:
+        """The `rank` column, in write order."""
+        scalars = self._rows.scalars if self._rows is not None else self.frame
+        return scalars.get_column(c.RANK)
+
+    def rows(self, start: int, length: int) -> pl.DataFrame:
+        """Rows [start, start + length) of `frame`, without gathering the others."""
+        if self._rows is not None:
+            return self._rows.rows(start, length)
+        return _compact(self.frame, start, length)
+
+
+def _light(frame: pl.DataFrame, settings: Settings, step: int) -> pl.DataFrame:
+    return s.light_columns(frame.lazy(), settings.reward_key, step).collect()
+
+
+def _rank_rows(
+    head: pl.DataFrame, light: pl.DataFrame, layout: Layout, optional: list[str]
+) -> RankRows:
+    """The scalar shard columns in write order. The list columns are left in batch order,
+    to be gathered once, rank by rank, as they are written."""
+    micro_batch = (
+        pl.Series(c.MICRO_BATCH, layout.micro_batch, dtype=pl.Int32)
+        if layout.micro_batch is not None
+        else pl.repeat(None, len(layout.order), dtype=pl.Int32, eager=True).alias(c.MICRO_BATCH)
+    )
+    scalars = light.select(
+        c.BATCH_POSITION,
+        c.RESPONSE_LENGTHS,
+        c.TOTAL_LENGTHS,
+        c.REWARDS,
+        c.RAW_REWARD,
+        c.TRUNCATED,
+        c.SAMPLE_INDICES,
+        c.ROLLOUT_IDS,
+        c.ROLLOUT_MASK_SUMS,
+    )[pl.Series(layout.order)].with_columns(
+        pl.Series(c.TRAIN_STEP, layout.train_step, dtype=pl.Int32),
+        micro_batch,
+        pl.Series(c.RANK, layout.rank, dtype=pl.Int32),
+    )
+    needed = [c.TOKENS, c.LOSS_MASK, c.RESPONSE_LENGTH, c.REMOVE_SAMPLE, *optional]
+    inputs = head.select(name for name in needed if name in head.columns)
+    return RankRows(scalars=scalars, inputs=inputs, optional=optional, order=layout.order)
+
+
+def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
+    """Trim, compute every shard column and the layout; the batch in write order."""
+    step, frame = samples.step, samples.frame
+    light = _light(frame, settings, step).lazy()
+    compact = is_compact(light)
+    try:
+        trim = plan_trim(frame.height, settings, compact, step)
+    except StepError as error:
+        if samples.quarantine is not None:
+            for violation in error.violations:
+                violation.message += (
+                    f" (left after quarantining {samples.quarantine.height} rows of invalid "
+                    "trajectories; `rollout-shards validate` with on_invalid fail lists why)"
+                )
+        raise
+    head = frame.head(trim.kept)
+    light = light_shard_columns(light.head(trim.kept)).with_columns(raw_reward(frame.schema))
+    light, equal_groups = with_rewards(light, trim.kept, settings)
+    light_df = light.collect()
+    effective = settings.model_copy(update={"global_batch_size": trim.global_batch_size})
+    layout = batch_layout(light_df, effective, compact)
+    optional = optional_columns(head)
+    rows = _rank_rows(head, light_df, layout, optional)
+    quarantined = samples.quarantine.height if samples.quarantine is not None else 0
+    counts = Counts(
+        ingested=samples.ingested,
+        quarantined=quarantined,
+        repaired=sum(samples.repaired.values()),
+        trimmed=trim.trimmed,
+        dropped=len(layout.dropped),
+        written=len(layout.order),
+    )
+    meta = Manifest(
+        step=step,
+        settings=settings.model_dump(mode="json"),
+        inputs=[InputFile(**record) for record in samples.inputs],
+        counts=counts,
+        repaired=samples.repaired,
+        is_compact=compact,
+        global_batch_size=trim.global_batch_size,
+        dynamic_global_batch_size=trim.dynamic_global_batch_size,
+        num_train_steps=len(layout.num_rollouts),
+        num_rollouts=layout.num_rollouts,
+        num_microbatches=layout.num_microbatches,
+        equal_reward_groups=equal_groups,
+        ignored_columns=samples.ignored_columns,
+    )
+    return TrainBatch(step=step, frame=rows, meta=meta, quarantine=samples.quarantine)

@@ -1,0 +1,108 @@
+"""What the blocking asset checks verify, as plain functions over a step folder.
+
+`write_shards` runs them on the staged folder before it is renamed into place, so a step
+that a blocking check would reject is never published; the Dagster checks run the same
+functions on the committed folder. Each returns the problems found, as (what, problem).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from pipeline import columns as c
+from pipeline.io import writer
+from pipeline.io.readers import sha256_of
+from pipeline.manifest import Manifest
+
+ROWS_SHOWN = 10
+SPLIT_STEPS = "train_steps"
+
+Problems = list[tuple[str, str]]
+
+
+def rank_files(manifest: Manifest) -> list[str]:
+    return [writer.rank_file(rank) for rank in range(manifest.dp_size)]
+
+
+def rows_in_rank_files(manifest: Manifest) -> int:
+    return sum(output.rows for output in manifest.rank_outputs())
+
+
+def count_problems(manifest: Manifest) -> Problems:
+    """Every ingested row is accounted for, and the rank files together hold the written rows."""
+    n = manifest.counts
+    accounted = n.quarantined + n.trimmed + n.dropped + n.written
+    problems = []
+    if accounted != n.ingested:
+        problems.append(("counts", f"{n.ingested} ingested but {accounted} accounted for"))
+    in_ranks = rows_in_rank_files(manifest)
+    if in_ranks != n.written:
+        problems.append(("counts", f"{n.written} written but the rank files hold {in_ranks}"))
+    return problems
+
+
+def rank_file_problems(manifest: Manifest, folder: Path, hash_files: bool = True) -> Problems:
+    """A rank file for every data-parallel rank, readable as Parquet, with the sha256 and
+    row count the manifest recorded for it (the sha256 not read again with `hash_files`
+    off: the writer computed it from the bytes it wrote)."""
+    recorded = {output.path: output for output in manifest.outputs}
+    problems = []
+    for name in rank_files(manifest):
+        path = folder / name
+        if name not in recorded:
+            problems.append((name, "not in the manifest"))
+        elif not path.is_file():
+            problems.append((name, "missing"))
+        elif hash_files and sha256_of(path) != recorded[name].sha256:
+            problems.append((name, "sha256 differs from the manifest"))
+        else:
+            try:
+                count = pq.ParquetFile(path).metadata.num_rows
+            except Exception as exc:  # noqa: BLE001 - any read failure means a bad file
+                problems.append((name, f"does not read as Parquet: {exc}"))
+                continue
+            if count != recorded[name].rows:
+                problems.append((name, f"{count} rows, manifest says {recorded[name].rows}"))
+    return problems
+
+
+def split_rollouts(manifest: Manifest, folder: Path) -> pl.DataFrame:
+    """Rollouts (`rollout_ids`) whose trained rows sit in more than one train step, with
+    those steps; rows the trainer never trains (null `train_step`) do not count."""
+    paths = [folder / name for name in rank_files(manifest)]
+    return (
+        pl.scan_parquet(paths)
+        .select(c.ROLLOUT_IDS, c.TRAIN_STEP)
+        .drop_nulls(c.TRAIN_STEP)
+        .group_by(c.ROLLOUT_IDS)
+        .agg(pl.col(c.TRAIN_STEP).unique().sort().alias(SPLIT_STEPS))
+        .filter(pl.col(SPLIT_STEPS).list.len() > 1)
+        .sort(c.ROLLOUT_IDS)
+        .collect()
+    )
+
+
+def split_rollout_problems(manifest: Manifest, folder: Path) -> Problems:
+    split = split_rollouts(manifest, folder)
+    shown = split.head(ROWS_SHOWN)
+    return [
+        (f"rollout {rollout}", f"in train steps {steps}")
+        for rollout, steps in zip(
+            shown.get_column(c.ROLLOUT_IDS).to_list(),
+            shown.get_column(SPLIT_STEPS).to_list(),
+            strict=True,
+        )
+    ]
+
+
+def blocking_problems(manifest: Manifest, folder: Path, hash_files: bool = True) -> Problems:
+    """Everything a blocking check of `training_shards` would reject in `folder`. A rollout
+    split across train steps is one only with the rollout-side schedule, which promises to
+    keep rollouts whole; without it the trainer splits them too (SEMANTICS 6.1)."""
+    problems = count_problems(manifest) + rank_file_problems(manifest, folder, hash_files)
+    if not problems and manifest.settings.get("cp_size") is not None:
+        problems += split_rollout_problems(manifest, folder)
+    return problems

@@ -1,0 +1,64 @@
+"""Write one step: every rank file, the quarantine and the manifest, committed at once."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import columns as c
+from pipeline.errors import StepError, Violation
+from pipeline.io import writer
+from pipeline.manifest import MANIFEST, Manifest, OutputFile
+from pipeline.step.plan import TrainBatch
+from pipeline.step.verify import blocking_problems
+
+# Rank files written at once. Each holds one rank's gathered rows in memory; Polars
+# already spreads one file's encoding over the cores it can use.
+RANK_WRITERS = 2
+
+
+def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
+    """Write every rank file, the quarantine and the manifest, then commit the step folder."""
+    dp = batch.meta.dp_size
+    ranks = batch.ranks().to_numpy()
+    bounds = np.searchsorted(ranks, np.arange(dp + 1), side="left")
+    manifest = batch.meta.model_copy()
+
+    def fill(staged: Path) -> None:
+        def write_rank(rank: int) -> OutputFile:
+            part = batch.rows(int(bounds[rank]), int(bounds[rank + 1] - bounds[rank]))
+            name = writer.rank_file(rank)
+            writer.write_parquet(part.drop(c.RANK), staged / name)
+            tokens = int(part.get_column(c.TOTAL_LENGTHS).sum())
+            return writer.file_record(staged / name, name, part.height, tokens)
+
+        # Polars gathers and encodes, and hashlib hashes, without the GIL: two ranks at a
+        # time keep two cores busy where one small file leaves one idle. A file's bytes do
+        # not depend on the threads.
+        with ThreadPoolExecutor(max_workers=RANK_WRITERS) as pool:
+            outputs = list(pool.map(write_rank, range(dp)))
+        if batch.quarantine is not None and batch.quarantine.height:
+            quarantine = batch.quarantine
+            writer.write_parquet(quarantine, staged / writer.QUARANTINE)
+            outputs.append(
+                writer.file_record(staged / writer.QUARANTINE, writer.QUARANTINE, quarantine.height)
+            )
+        manifest.outputs = outputs
+        problems = blocking_problems(manifest, staged, hash_files=False)
+        if problems:
+            raise StepError(
+                [
+                    Violation(
+                        rule="shards_verified",
+                        message="the written step fails a blocking check and is not published: "
+                        + "; ".join(f"{what}: {problem}" for what, problem in problems),
+                        step=batch.step,
+                    )
+                ]
+            )
+        manifest.write(staged / MANIFEST)
+
+    writer.replace_folder(writer.step_folder(out_root, batch.step), fill)
+    return manifest

@@ -1,0 +1,963 @@
+"""Write the bad-input corpus: one folder per case, holding `input/` (the files a user
+might hand to `rollout-shards build`) and `case.json` (what the build must do with them).
+
+    python tests/core/bad_inputs/generate.py OUT_DIR
+
+Every case is a valid step 7 of eight rows (built with `--global-batch-size 4`) with one
+thing broken. `case.json` holds:
+
+- `args`: extra command-line flags;
+- `exit`: the expected exit status;
+- `errors`: one entry per broken rule, in any order, each with `rule`, `step` (or null),
+  `files` (paths under `input/`, or []), `rows` (the (index, leaf) pairs the line names,
+  [] when the problem names none) and `text` (a phrase the line must contain);
+- `outcome` (exit 0 only): the manifest's `counts` and `ignored_columns`, and the
+  quarantined rows as (index, leaf, reason) in batch order.
+
+The corpus is deterministic: the same script writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+# The contract's column types (CONTRACT.md section 1), written out here so the corpus
+# states the contract independently of the pipeline's code.
+CONTRACT_TYPES: dict[str, pl.DataType] = {
+    "step": pl.Int64(),
+    "group_index": pl.Int64(),
+    "index": pl.Int64(),
+    "leaf": pl.Int32(),
+    "rollout_id": pl.Int64(),
+    "session_version": pl.String(),
+    "status": pl.String(),
+    "tokens": pl.List(pl.Int32()),
+    "response_length": pl.Int32(),
+    "loss_mask": pl.List(pl.Int8()),
+    "reward": pl.Float64(),
+    "remove_sample": pl.Boolean(),
+    "rollout_log_probs": pl.List(pl.Float32()),
+    "teacher_log_probs": pl.List(pl.Float32()),
+    "weight_versions": pl.List(pl.String()),
+    "raw_reward": pl.Float64(),
+    "round_number": pl.Int64(),
+    "train_metadata": pl.String(),
+    "prompt": pl.String(),
+    "metadata": pl.String(),
+}
+
+STEP = 7
+ARGS = ["--global-batch-size", "4"]
+QUARANTINE = ["--on-invalid", "quarantine"]
+SIBLING = "sibling of an invalid leaf: "
+
+Row = dict[str, Any]
+
+
+def sample(index: int, leaf: int = 0, **fields: Any) -> Row:
+    """One valid row: four prompt tokens and a response of two."""
+    row: Row = {
+        "step": STEP,
+        "group_index": index // 4,
+        "index": index,
+        "leaf": leaf,
+        "status": "completed",
+        "tokens": [11, 12, 13, 14, 15, 16],
+        "response_length": 2,
+        "reward": float(index % 2),
+    }
+    row.update(fields)
+    return row
+
+
+def base(**changes: Row) -> list[Row]:
+    """The valid step; `changes` maps "row<k>" to fields replaced on row k."""
+    rows = [sample(i) for i in range(8)]
+    for key, fields in changes.items():
+        rows[int(key.removeprefix("row"))].update(fields)
+    return rows
+
+
+def frame(rows: list[Row], types: dict[str, pl.DataType] | None = None) -> pl.DataFrame:
+    """Rows as a table with the contract's types, except where `types` says otherwise."""
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    schema = {**CONTRACT_TYPES, **(types or {})}
+    return pl.DataFrame(
+        [pl.Series(name, [row.get(name) for row in rows], schema.get(name)) for name in names]
+    )
+
+
+def parquet(rows: list[Row], types: dict[str, pl.DataType] | None = None) -> bytes:
+    buffer = io.BytesIO()
+    frame(rows, types).write_parquet(buffer)
+    return buffer.getvalue()
+
+
+def jsonl(rows: list[Row]) -> bytes:
+    # Python's json writes NaN and Infinity for non-finite floats, as a user's dump would.
+    return "".join(json.dumps(row) + "\n" for row in rows).encode()
+
+
+@dataclass
+class Case:
+    name: str
+    what: str
+    files: dict[str, bytes]
+    exit: int = 1
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    args: list[str] = field(default_factory=list)
+    outcome: dict[str, Any] | None = None
+
+
+def error(
+    rule: str,
+    rows: list[tuple[Any, Any]] | None = None,
+    files: list[str] | None = None,
+    text: str = "",
+    step: int | None = STEP,
+) -> dict[str, Any]:
+    return {
+        "rule": rule,
+        "step": step,
+        "files": files if files is not None else [f"step={STEP}.parquet"],
+        "rows": [list(pair) for pair in rows or []],
+        "text": text,
+    }
+
+
+def invalid(name: str, what: str, rows: list[Row], rule: str, where: list, text: str = "") -> Case:
+    """A Parquet step with one broken rule naming rows `where`."""
+    return Case(
+        name, what, {f"step={STEP}.parquet": parquet(rows)}, 1, [error(rule, where, None, text)]
+    )
+
+
+def json_invalid(name: str, what: str, rows: list[Row], rule: str, where: list, text: str) -> Case:
+    """A JSON Lines step with one broken rule naming rows `where`."""
+    files = [f"step={STEP}.jsonl"]
+    return Case(name, what, {files[0]: jsonl(rows)}, 1, [error(rule, where, files, text)])
+
+
+def quarantined(
+    name: str,
+    what: str,
+    files: dict[str, bytes],
+    counts: dict[str, int],
+    rows: list[tuple[int, int, str]],
+) -> Case:
+    outcome = {"counts": counts, "ignored_columns": [], "quarantine": [list(r) for r in rows]}
+    return Case(name, what, files, 0, [], QUARANTINE, outcome)
+
+
+def counts(ingested: int, quarantined: int, trimmed: int, written: int) -> dict[str, int]:
+    return {
+        "ingested": ingested,
+        "quarantined": quarantined,
+        "repaired": 0,
+        "trimmed": trimmed,
+        "dropped": 0,
+        "written": written,
+        "untrained": 0,
+    }
+
+
+V2 = {"session_version": "v2"}
+MASK_LENGTH = "loss_mask_length: loss_mask length must equal response_length"
+FINITE = "reward_finite: reward must be a finite number on every row"
+
+
+def column_cases() -> list[Case]:
+    """Each contract column with a value of the wrong type or an impossible value."""
+    nan, inf = math.nan, math.inf
+    return [
+        json_invalid(
+            "step_not_a_number",
+            "a step that is not a number",
+            base(row3={"step": "seven"}),
+            "column_type",
+            [(3, 0)],
+            'column step must be Int64, got "seven" at file row 4',
+        ),
+        json_invalid(
+            "group_index_not_a_number",
+            "a group_index that is a string",
+            base(row2={"group_index": "g1"}),
+            "column_type",
+            [(2, 0)],
+            "column group_index",
+        ),
+        json_invalid(
+            "index_not_an_integer",
+            "an index of 2.5",
+            base(row2={"index": 2.5}),
+            "column_type",
+            [(2.5, 0)],
+            "column index must be Int64, got 2.5",
+        ),
+        invalid(
+            "index_null",
+            "a row without an index",
+            base(row5={"index": None}),
+            "index_not_nullable",
+            [(None, 0)],
+            "index must not be null",
+        ),
+        invalid(
+            "leaf_negative",
+            "a leaf of -1",
+            base(row1={"leaf": -1}),
+            "leaf_greater_than_or_equal_to",
+            [(1, -1)],
+            "leaf must be >= 0",
+        ),
+        json_invalid(
+            "leaf_overflows_int32",
+            "a leaf beyond int32",
+            base(row4={"leaf": 2**40}),
+            "column_type",
+            [(4, 2**40)],
+            "column leaf must be Int32",
+        ),
+        json_invalid(
+            "rollout_id_not_a_number",
+            "a rollout_id that is a string",
+            base(row0={"rollout_id": "abc"}),
+            "column_type",
+            [(0, 0)],
+            "column rollout_id",
+        ),
+        invalid(
+            "session_version_unknown",
+            "session_version v3",
+            base(row6={"session_version": "v3"}),
+            "session_version_isin",
+            [(6, 0)],
+            "session_version must be v1, v2 or null",
+        ),
+        invalid(
+            "status_unknown",
+            "status done",
+            base(row1={"status": "done"}),
+            "status_isin",
+            [(1, 0)],
+            "status must be one of pending, completed",
+        ),
+        invalid(
+            "status_null",
+            "no status",
+            base(row2={"status": None}),
+            "status_not_nullable",
+            [(2, 0)],
+            "status must not be null",
+        ),
+        invalid(
+            "tokens_null",
+            "no tokens",
+            base(row3={"tokens": None}),
+            "tokens_not_nullable",
+            [(3, 0)],
+            "tokens must not be null",
+        ),
+        Case(
+            "tokens_stored_as_text",
+            "tokens written as one string per row",
+            {
+                f"step={STEP}.parquet": parquet(
+                    base(**{f"row{i}": {"tokens": "11 12 13 14 15 16"} for i in range(8)}),
+                    {"tokens": pl.String()},
+                )
+            },
+            1,
+            [
+                error(
+                    "column_type",
+                    [],
+                    None,
+                    "column tokens must be List(Int32), but the file stores it as String",
+                )
+            ],
+        ),
+        json_invalid(
+            "token_overflows_int32",
+            "a token id beyond int32",
+            base(row5={"tokens": [11, 12, 13, 2**40, 15, 16]}),
+            "column_type",
+            [(5, 0)],
+            "column tokens must be List(Int32)",
+        ),
+        json_invalid(
+            "token_not_an_integer",
+            "a token id of 12.5",
+            base(row0={"tokens": [11, 12.5, 13, 14, 15, 16]}),
+            "column_type",
+            [(0, 0)],
+            "column tokens",
+        ),
+        invalid(
+            "response_length_negative",
+            "a response_length of -1",
+            base(row4={"response_length": -1}),
+            "response_length_greater_than_or_equal_to",
+            [(4, 0)],
+            "response_length must be >= 0",
+        ),
+        invalid(
+            "response_longer_than_tokens",
+            "a response_length above len(tokens)",
+            base(row7={"response_length": 9}),
+            "response_within_tokens",
+            [(7, 0)],
+            "response_length must be within 0..len(tokens)",
+        ),
+        invalid(
+            "loss_mask_wrong_length",
+            "a loss mask of 1 for a response of 2",
+            base(row2={"loss_mask": [1]}),
+            "loss_mask_length",
+            [(2, 0)],
+            "loss_mask length must equal response_length",
+        ),
+        invalid(
+            "loss_mask_not_binary",
+            "a loss mask holding 2",
+            base(row3={"loss_mask": [1, 2]}),
+            "loss_mask_binary",
+            [(3, 0)],
+            "loss_mask values must be 0 or 1",
+        ),
+        Case(
+            "loss_mask_text_in_json",
+            "a loss mask written as a string on line 3",
+            {
+                f"step={STEP}.jsonl": jsonl(
+                    base(row2={"loss_mask": "1,1"}, row0={"loss_mask": [1, 1]})
+                )
+            },
+            1,
+            [
+                error(
+                    "column_type",
+                    [],
+                    [f"step={STEP}.jsonl"],
+                    "column loss_mask must be List(Int8), but the file stores it as String",
+                )
+            ],
+        ),
+        Case(
+            "reward_object_on_one_line",
+            "a JSON object as the reward on line 4, numbers elsewhere",
+            {f"step={STEP}.jsonl": jsonl(base(row3={"reward": {"score": 1.0}}))},
+            1,
+            [
+                error(
+                    "unreadable_file",
+                    [],
+                    [f"step={STEP}.jsonl"],
+                    "line 4: reward is an object where line 1 has a number",
+                )
+            ],
+        ),
+        json_invalid(
+            "reward_not_a_number",
+            'a reward of "good"',
+            base(row5={"reward": "good"}),
+            "column_type",
+            [(5, 0)],
+            'column reward must be Float64, got "good"',
+        ),
+        json_invalid(
+            "reward_nan_in_json",
+            "a NaN reward as Python's json.dumps writes it",
+            base(row1={"reward": nan}),
+            "reward_finite",
+            [(1, 0)],
+            "reward must be a finite number",
+        ),
+        invalid(
+            "reward_infinite",
+            "an infinite reward",
+            base(row6={"reward": inf}),
+            "reward_finite",
+            [(6, 0)],
+            "reward must be a finite number",
+        ),
+        invalid(
+            "reward_negative_infinite_and_nan",
+            "a -inf and a NaN reward",
+            base(row0={"reward": -inf}, row3={"reward": nan}),
+            "reward_finite",
+            [(0, 0), (3, 0)],
+            "reward must be a finite number",
+        ),
+        invalid(
+            "reward_null",
+            "a row without a reward",
+            base(row4={"reward": None}),
+            "reward_finite",
+            [(4, 0)],
+            "reward must be a finite number",
+        ),
+        Case(
+            "reward_struct_without_reward_key",
+            "a struct reward and no reward_key setting",
+            {
+                f"step={STEP}.parquet": parquet(
+                    base(**{f"row{i}": {"reward": {"score": 1.0}} for i in range(8)}),
+                    {"reward": pl.Struct({"score": pl.Float64()})},
+                )
+            },
+            1,
+            [error("reward_key", [], None, "set reward_key to the field to train on")],
+        ),
+        Case(
+            "remove_sample_text",
+            'remove_sample written as "yes"',
+            {
+                f"step={STEP}.jsonl": jsonl(
+                    base(**{f"row{i}": {"remove_sample": "no"} for i in range(8)})
+                )
+            },
+            1,
+            [
+                error(
+                    "column_type",
+                    [],
+                    [f"step={STEP}.jsonl"],
+                    "column remove_sample must be Boolean, but the file stores it as String",
+                )
+            ],
+        ),
+        Case(
+            "remove_sample_two",
+            "remove_sample stored as the integer 2",
+            {
+                f"step={STEP}.parquet": parquet(
+                    base(**{f"row{i}": {"remove_sample": 2 if i == 3 else 0} for i in range(8)}),
+                    {"remove_sample": pl.Int64()},
+                )
+            },
+            1,
+            [error("column_type", [(3, 0)], None, "column remove_sample must be Boolean, got 2")],
+        ),
+        invalid(
+            "rollout_log_probs_wrong_length",
+            "log probs of 3 for a response of 2",
+            base(
+                **{
+                    f"row{i}": {"rollout_log_probs": [-0.5] * (3 if i == 1 else 2)}
+                    for i in range(8)
+                }
+            ),
+            "rollout_log_probs_length",
+            [(1, 0)],
+            "rollout_log_probs length",
+        ),
+        json_invalid(
+            "rollout_log_probs_overflow_float32",
+            "a log prob of -1e300",
+            base(
+                **{
+                    f"row{i}": {"rollout_log_probs": [-0.5, -1e300 if i == 6 else -0.5]}
+                    for i in range(8)
+                }
+            ),
+            "column_type",
+            [(6, 0)],
+            "column rollout_log_probs must be List(Float32)",
+        ),
+        invalid(
+            "teacher_log_probs_wrong_length",
+            "teacher log probs of 1 for a response of 2",
+            base(
+                **{
+                    f"row{i}": {"teacher_log_probs": [-0.5] * (1 if i == 0 else 2)}
+                    for i in range(8)
+                }
+            ),
+            "teacher_log_probs_length",
+            [(0, 0)],
+            "teacher_log_probs length",
+        ),
+        Case(
+            "weight_versions_not_a_list",
+            "weight_versions as a plain string",
+            {
+                f"step={STEP}.jsonl": jsonl(
+                    base(**{f"row{i}": {"weight_versions": "w3"} for i in range(8)})
+                )
+            },
+            1,
+            [
+                error(
+                    "column_type",
+                    [],
+                    [f"step={STEP}.jsonl"],
+                    "column weight_versions must be List(String)",
+                )
+            ],
+        ),
+        json_invalid(
+            "raw_reward_not_a_number",
+            'a raw_reward of "high"',
+            base(**{f"row{i}": {"raw_reward": "high" if i == 2 else 1.0} for i in range(8)}),
+            "column_type",
+            [(2, 0)],
+            "column raw_reward must be Float64",
+        ),
+        json_invalid(
+            "round_number_not_an_integer",
+            "a round_number of 1.5",
+            base(**{f"row{i}": {"round_number": 1.5 if i == 7 else 1} for i in range(8)}),
+            "column_type",
+            [(7, 0)],
+            "column round_number must be Int64, got 1.5",
+        ),
+    ]
+
+
+def rule_cases() -> list[Case]:
+    """Each rule across rows broken once."""
+    v2_pair = [sample(2, 0, rollout_id=2, **V2), sample(2, 1, rollout_id=2, **V2)]
+    return [
+        invalid(
+            "step_column_disagrees_with_file_name",
+            "step 8 inside step=7.parquet",
+            base(row2={"step": 8}),
+            "step_matches_path",
+            [(2, 0)],
+            "step column disagrees with the step in the file path",
+        ),
+        Case(
+            "step_column_disagrees_with_folder_name",
+            "step 9 inside step=7/part-1.parquet",
+            {
+                "step=7/part-0.parquet": parquet(base()[:4]),
+                "step=7/part-1.parquet": parquet(base(row5={"step": 9})[4:]),
+            },
+            1,
+            [error("step_matches_path", [(5, 0)], ["step=7/part-1.parquet"])],
+        ),
+        invalid(
+            "duplicate_step_index_leaf",
+            "row 3 written twice",
+            [*base()[:4], sample(3), *base()[4:]],
+            "unique_leaf",
+            [(3, 0), (3, 0)],
+            "(step, index, leaf) must be unique",
+        ),
+        invalid(
+            "leaves_disagree_on_session_version",
+            "a trajectory of a plain and a v1 leaf",
+            [*base()[:2], sample(2, 0), sample(2, 1, session_version="v1"), *base()[3:]],
+            "one_session_version",
+            [(2, 0), (2, 1)],
+            "one session_version",
+        ),
+        invalid(
+            "rollout_id_on_v1_row",
+            "a v1 row with a rollout id",
+            base(row4={"session_version": "v1", "rollout_id": 4}),
+            "rollout_id_only_on_v2_multi_leaf",
+            [(4, 0)],
+            "miles PR #2536",
+        ),
+        invalid(
+            "rollout_id_on_v2_singleton",
+            "a v2 singleton with a rollout id",
+            base(row5={"session_version": "v2", "rollout_id": 5}),
+            "rollout_id_only_on_v2_multi_leaf",
+            [(5, 0)],
+            "v2 singletons keep it null",
+        ),
+        invalid(
+            "v2_multi_leaf_without_rollout_id",
+            "v2 siblings without an id",
+            [*base()[:2], sample(2, 0, **V2), sample(2, 1, **V2), *base()[3:]],
+            "rollout_id_only_on_v2_multi_leaf",
+            [(2, 0), (2, 1)],
+            "exactly on the leaves",
+        ),
+        invalid(
+            "v2_siblings_disagree_on_rollout_id",
+            "v2 siblings with ids 2 and 3",
+            [
+                *base()[:2],
+                sample(2, 0, rollout_id=2, **V2),
+                sample(2, 1, rollout_id=30, **V2),
+                *base()[3:],
+            ],
+            "rollout_id_shared_by_siblings",
+            [(2, 0), (2, 1)],
+            "share one rollout_id",
+        ),
+        invalid(
+            "two_trajectories_share_a_rollout_id",
+            "trajectories 2 and 5 both use id 40",
+            [
+                *base()[:2],
+                *(dict(r, rollout_id=40) for r in v2_pair),
+                *base()[3:5],
+                sample(5, 0, rollout_id=40, **V2),
+                sample(5, 1, rollout_id=40, **V2),
+                *base()[6:],
+            ],
+            "rollout_key_unique_per_trajectory",
+            [(2, 0), (2, 1), (5, 0), (5, 1)],
+            "two trajectories share it",
+        ),
+        invalid(
+            "rollout_id_equals_another_index",
+            "trajectory 2 uses id 6, row 6's index",
+            [*base()[:2], *(dict(r, rollout_id=6) for r in v2_pair), *base()[3:]],
+            "rollout_key_unique_per_trajectory",
+            [(2, 0), (2, 1), (6, 0)],
+            "a rollout key (rollout_id, else index)",
+        ),
+        invalid(
+            "siblings_disagree_on_reward",
+            "v2 siblings scored 1.0 and 0.0",
+            [*base()[:2], dict(v2_pair[0], reward=1.0), dict(v2_pair[1], reward=0.0), *base()[3:]],
+            "rollout_shares_reward",
+            [(2, 0), (2, 1)],
+            "all samples in rollout 2 must share one reward; rows [2, 3] have rewards [1.0, 0.0]",
+        ),
+        invalid(
+            "rollout_log_probs_on_one_row",
+            "log probs on one row of eight",
+            base(row3={"rollout_log_probs": [-0.5, -0.5]}),
+            "rollout_log_probs_all_or_none",
+            [(3, 0)],
+            "null on some rows and set on others",
+        ),
+        invalid(
+            "teacher_log_probs_missing_on_one_row",
+            "teacher log probs on seven rows",
+            base(**{f"row{i}": {"teacher_log_probs": [-0.5, -0.5]} for i in range(8) if i != 4}),
+            "teacher_log_probs_all_or_none",
+            [(4, 0)],
+            "null on some rows and set on others",
+        ),
+        invalid(
+            "round_number_missing_on_two_rows",
+            "round_number on six rows",
+            base(**{f"row{i}": {"round_number": 3} for i in range(8) if i not in (1, 6)}),
+            "round_number_all_or_none",
+            [(1, 0), (6, 0)],
+            "null on some rows",
+        ),
+        invalid(
+            "train_metadata_not_json",
+            "train_metadata that does not parse on row 2 and a list on row 5",
+            base(
+                **{
+                    f"row{i}": {"train_metadata": {2: "{turns: 1}", 5: "[1]"}.get(i, "{}")}
+                    for i in range(8)
+                }
+            ),
+            "train_metadata_json_object",
+            [(2, 0), (5, 0)],
+            "must be a JSON object",
+        ),
+        invalid(
+            "train_metadata_missing_on_one_row",
+            "train_metadata on seven rows",
+            base(**{f"row{i}": {"train_metadata": "{}"} for i in range(8) if i != 0}),
+            "train_metadata_all_or_none",
+            [(0, 0)],
+            "null on some rows",
+        ),
+        Case(
+            "two_rules_in_one_file",
+            "status done on row 1 and a short mask on row 4",
+            {
+                f"step={STEP}.parquet": parquet(
+                    base(row1={"status": "done"}, row4={"loss_mask": [1]})
+                )
+            },
+            1,
+            [error("status_isin", [(1, 0)]), error("loss_mask_length", [(4, 0)])],
+        ),
+        Case(
+            "too_few_samples",
+            "three rows for a global batch of 4",
+            {f"step={STEP}.parquet": parquet(base()[:3])},
+            1,
+            [error("not_enough_samples", [], [], "not enough samples 3 for global_batch_size 4")],
+        ),
+    ]
+
+
+def file_cases() -> list[Case]:
+    """Files that are not tables, and files that do not say which step they are."""
+    good = parquet(base())
+    return [
+        Case(
+            "empty_parquet",
+            "a Parquet file of zero bytes",
+            {f"step={STEP}.parquet": b""},
+            1,
+            [error("unreadable_file", [], None, "the file is empty")],
+        ),
+        Case(
+            "empty_jsonl",
+            "a JSON Lines file of zero bytes",
+            {f"step={STEP}.jsonl": b""},
+            1,
+            [error("unreadable_file", [], [f"step={STEP}.jsonl"], "the file is empty")],
+        ),
+        Case(
+            "truncated_parquet",
+            "a Parquet file cut in half",
+            {f"step={STEP}.parquet": good[: len(good) // 2]},
+            1,
+            [error("unreadable_file", [], None, "cannot read parquet")],
+        ),
+        Case(
+            "garbage_arrow",
+            "an .arrow file of text",
+            {f"step={STEP}.arrow": b"not arrow\n" * 20},
+            1,
+            [error("unreadable_file", [], [f"step={STEP}.arrow"], "cannot read ipc")],
+        ),
+        Case(
+            "garbage_json_line",
+            "line 3 of a JSON Lines file is not JSON",
+            {f"step={STEP}.jsonl": jsonl(base()[:2]) + b"{index: 2, oops\n" + jsonl(base()[3:])},
+            1,
+            [error("unreadable_file", [], [f"step={STEP}.jsonl"], "line 3 is not a JSON object")],
+        ),
+        Case(
+            "json_line_is_an_array",
+            "line 5 of a JSON Lines file is an array",
+            {f"step={STEP}.jsonl": jsonl(base()[:4]) + b"[4, 0]\n" + jsonl(base()[5:])},
+            1,
+            [
+                error(
+                    "unreadable_file",
+                    [],
+                    [f"step={STEP}.jsonl"],
+                    "line 5 is not a JSON object (a list)",
+                )
+            ],
+        ),
+        Case(
+            "missing_required_column",
+            "no tokens column",
+            {
+                f"step={STEP}.parquet": parquet(
+                    [{k: v for k, v in r.items() if k != "tokens"} for r in base()]
+                )
+            },
+            1,
+            [error("missing_column", [], None, "required column(s) tokens missing")],
+        ),
+        Case(
+            "no_step_anywhere",
+            "rows.parquet without a step column",
+            {
+                "rows.parquet": parquet(
+                    [{k: v for k, v in r.items() if k != "step"} for r in base()]
+                )
+            },
+            1,
+            [error("missing_column", [], ["rows.parquet"], "no step in the file name", step=None)],
+        ),
+        Case(
+            "step_column_null_without_file_step",
+            "rows.parquet whose row 2 has no step",
+            {"rows.parquet": parquet(base(row2={"step": None}))},
+            1,
+            [
+                error(
+                    "column_type",
+                    [(2, 0)],
+                    ["rows.parquet"],
+                    "column step must hold a step number on every row",
+                    step=None,
+                )
+            ],
+        ),
+        Case(
+            "reward_struct_in_one_file_only",
+            "a struct reward in one file, numbers in the other",
+            {
+                "step=7/part-0.parquet": parquet(base()[:4]),
+                "step=7/part-1.parquet": parquet(
+                    [dict(r, reward={"score": 1.0}) for r in base()[4:]],
+                    {"reward": pl.Struct({"score": pl.Float64()})},
+                ),
+            },
+            1,
+            [
+                error(
+                    "column_type",
+                    [],
+                    ["step=7/part-1.parquet", "step=7/part-0.parquet"],
+                    "every file of a step must store reward the same way",
+                )
+            ],
+        ),
+    ]
+
+
+def accepted_cases() -> list[Case]:
+    """Inputs that look odd but are valid."""
+    full = counts(8, 0, 0, 8)
+    return [
+        Case(
+            "extra_columns",
+            "two columns the contract does not know",
+            {
+                f"step={STEP}.parquet": parquet(
+                    [dict(r, judge="gpt", latency_ms=12.5) for r in base()]
+                )
+            },
+            0,
+            outcome={"counts": full, "ignored_columns": ["judge", "latency_ms"], "quarantine": []},
+        ),
+        Case(
+            "chat_prompt_and_dict_metadata",
+            "miles' list prompt and dict metadata in JSON Lines",
+            {
+                f"step={STEP}.jsonl": jsonl(
+                    [
+                        dict(
+                            r,
+                            prompt=[{"role": "user", "content": "hi"}],
+                            metadata={"turns": 1},
+                            train_metadata={"source": "gsm8k"},
+                        )
+                        for r in base()
+                    ]
+                )
+            },
+            0,
+            outcome={"counts": full, "ignored_columns": [], "quarantine": []},
+        ),
+    ]
+
+
+def quarantine_cases() -> list[Case]:
+    """`--on-invalid quarantine`: exactly which rows are set aside, and why."""
+    v2_pair = [sample(2, 0, rollout_id=2, **V2), sample(2, 1, rollout_id=2, **V2)]
+    short_mask = [*base()[:2], v2_pair[0], dict(v2_pair[1], loss_mask=[1]), *base()[3:]]
+    return [
+        quarantined(
+            "quarantine_a_whole_trajectory",
+            "a short mask on one leaf of a v2 trajectory",
+            {f"step={STEP}.parquet": parquet(short_mask)},
+            counts(9, 2, 3, 4),
+            [(2, 0, SIBLING + MASK_LENGTH), (2, 1, MASK_LENGTH)],
+        ),
+        quarantined(
+            "quarantine_a_value_of_the_wrong_type",
+            'a reward of "good" on row 5',
+            {f"step={STEP}.jsonl": jsonl(base(row5={"reward": "good"}))},
+            counts(8, 1, 3, 4),
+            [(5, 0, "column_type: column reward must be Float64")],
+        ),
+        quarantined(
+            "quarantine_nan_and_step_mismatch",
+            "a NaN reward on row 1, step 8 on row 6",
+            {f"step={STEP}.parquet": parquet(base(row1={"reward": math.nan}, row6={"step": 8}))},
+            counts(8, 2, 2, 4),
+            [
+                (1, 0, FINITE),
+                (6, 0, "step_matches_path: step column disagrees with the step in the file path"),
+            ],
+        ),
+        quarantined(
+            "quarantine_duplicates",
+            "row 3 written twice",
+            {f"step={STEP}.parquet": parquet([*base()[:4], sample(3), *base()[4:]])},
+            counts(9, 2, 3, 4),
+            [(3, 0, "unique_leaf: (step, index, leaf) must be unique")] * 2,
+        ),
+        quarantined(
+            "quarantine_the_odd_rows_out",
+            "log probs on one row of eight",
+            {f"step={STEP}.parquet": parquet(base(row3={"rollout_log_probs": [-0.5, -0.5]}))},
+            counts(8, 1, 3, 4),
+            [
+                (
+                    3,
+                    0,
+                    "rollout_log_probs_all_or_none: "
+                    "rollout_log_probs is null on some rows and set on others",
+                )
+            ],
+        ),
+        Case(
+            "quarantine_cannot_fix_a_truncated_file",
+            "a truncated file fails the step anyway",
+            {
+                "step=7/part-0.parquet": parquet(base()[:4]),
+                "step=7/part-1.parquet": parquet(base()[4:])[:100],
+            },
+            1,
+            [error("unreadable_file", [], ["step=7/part-1.parquet"], "cannot read parquet")],
+            QUARANTINE,
+        ),
+        Case(
+            "quarantine_leaves_too_few",
+            "every row but two is invalid",
+            {
+                f"step={STEP}.parquet": parquet(
+                    base(**{f"row{i}": {"status": "done"} for i in range(2, 8)})
+                )
+            },
+            1,
+            [
+                error(
+                    "not_enough_samples",
+                    [],
+                    [],
+                    "not enough samples 2 for global_batch_size 4 (left after quarantining 6 rows",
+                )
+            ],
+            QUARANTINE,
+        ),
+    ]
+
+
+def cases() -> list[Case]:
+    return [*column_cases(), *rule_cases(), *file_cases(), *accepted_cases(), *quarantine_cases()]
+
+
+def write_case(case: Case, root: Path) -> Path:
+    folder = root / case.name
+    for name, data in case.files.items():
+        path = folder / "input" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    spec = {
+        "name": case.name,
+        "what": case.what,
+        "args": [*ARGS, *case.args],
+        "exit": case.exit,
+        "errors": case.errors,
+        "outcome": case.outcome,
+    }
+    (folder / "case.json").write_text(json.dumps(spec, indent=2) + "\n")
+    return folder
+
+
+def generate(root: Path, select: Callable[[Case], bool] = lambda case: True) -> list[Path]:
+    """Write every case under `root`; returns the case folders."""
+    return [write_case(case, root) for case in cases() if select(case)]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/core/bad_inputs/generate.py OUT_DIR")
+    written = generate(Path(sys.argv[1]))
+    print(f"{len(written)} cases written under {sys.argv[1]}")

@@ -1,0 +1,61 @@
+"""A miles `--dump-details` folder builds into shards through the CLI (issue 7 item 1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+
+from tests.core.test_cli import cli
+from tests.core.test_miles_dump import leaf_descriptor, sample_dict, write_dump
+
+
+def v2_dump(root: Path) -> Path:
+    """Step 5: a v2 call with three leaves (stamped id 40), two v2 singletons, an eval dump."""
+    leaves = [
+        sample_dict(
+            index=40,
+            group_index=0,
+            rollout_id=40,
+            reward=1.0,
+            metadata={"leaf": leaf_descriptor(n, None, [n])},
+        )
+        for n in range(3)
+    ]
+    singles = [
+        sample_dict(
+            index=i,
+            group_index=0,
+            reward=float(i % 2),
+            metadata={"leaf": leaf_descriptor(9, None, [9])},
+        )
+        for i in (41, 42)
+    ]
+    write_dump(root / "rollout_data" / "5.pt", 5, leaves + singles)
+    write_dump(root / "rollout_data" / "eval_5.pt", 5, singles)
+    (root / "dashboard_columns").mkdir(parents=True)
+    return root
+
+
+def test_dump_folder_builds_into_shards(tmp_path: Path) -> None:
+    dump = v2_dump(tmp_path / "dump")
+    out = tmp_path / "out"
+    result = cli("build", dump, "--out", out, "--global-batch-size", "2")
+    assert result.returncode == 0, result.stderr
+    assert "note: " in result.stderr and "eval_5.pt" in result.stderr
+    manifest = json.loads((out / "step=5" / "manifest.json").read_text())
+    assert manifest["is_compact"] is True
+    assert manifest["counts"]["written"] == 5
+    shard = pl.read_parquet(out / "step=5" / "rank=0.parquet")
+    assert shard.get_column("rollout_ids").to_list() == [40, 40, 40, 41, 42]
+    assert shard.get_column("sample_indices").to_list() == [40, 40, 40, 41, 42]
+    assert shard.get_column("rollout_mask_sums").to_list() == [6, 6, 6, 2, 2]
+
+
+def test_session_version_flag_overrides_the_dump(tmp_path: Path) -> None:
+    dump = v2_dump(tmp_path / "dump")
+    result = cli("validate", dump, "--global-batch-size", "2", "--session-version", "v1")
+    assert result.returncode == 1
+    assert "rule rollout_id_only_on_v2_multi_leaf" in result.stderr
+    assert "(40, 0), (40, 1), (40, 2)" in result.stderr

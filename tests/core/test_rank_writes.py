@@ -1,0 +1,121 @@
+"""The lean hot path (issue 6) gives exactly what the plain one gives.
+
+Reading a file's list columns on threads of their own, gathering the list columns rank by
+rank as the files are written, and the import layout of the CLI are checked here for
+their results; how fast they are is measured by bench/run.py, never asserted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.errors import StepError
+from pipeline.io.readers import find_sources, group_steps, read_table
+from pipeline.manifest import Manifest
+from pipeline.settings import Settings
+from pipeline.step import staging
+from pipeline.step.ingest import load_samples
+from pipeline.step.plan import plan_batch
+from pipeline.step.roots import StepRoots
+from pipeline.step.write import write_shards
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _generate(folder: Path, samples: int, non_compact: bool = False) -> Path:
+    """A step from bench/generate.py, big enough that a rank file spans several pages."""
+    spec = importlib.util.spec_from_file_location("bench_generate", REPO / "bench" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    mix = generate.parse_mix(generate.DEFAULT_MIX, non_compact)
+    table = generate.generate_step(0, samples, 400.0, mix, 8, 0.3, 7, True)
+    folder.mkdir(parents=True)
+    pq.write_table(table, folder / "step=0.parquet")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def step_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _generate(tmp_path_factory.mktemp("lean") / "rollouts", 3000)
+
+
+def _digests(manifest: Manifest) -> list[str]:
+    return [output.sha256 for output in manifest.outputs]
+
+
+def test_parallel_column_read_equals_a_plain_read(step_dir: Path) -> None:
+    path = step_dir / "step=0.parquet"
+    got = read_table(path)
+    assert got.columns == pl.read_parquet_schema(path).names()
+    assert got.equals(pl.read_parquet(path))
+
+
+def test_a_damaged_parquet_file_is_still_reported_as_unreadable(tmp_path: Path) -> None:
+    path = tmp_path / "step=0.parquet"
+    path.write_bytes(b"PAR1 not really parquet PAR1")
+    with pytest.raises(StepError) as error:
+        read_table(path, 0)
+    assert error.value.violations[0].rule == "unreadable_file"
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"global_batch_size": 64, "dp_size": 4},
+        {"global_batch_size": 64, "dp_size": 3, "balance_data": True},
+        {
+            "global_batch_size": 32,
+            "dp_size": 2,
+            "cp_size": 1,
+            "max_tokens_per_gpu": 8192,
+            "use_dynamic_batch_size": True,
+        },
+    ],
+    ids=["strided", "balanced", "schedule"],
+)
+def test_rank_by_rank_writes_equal_writes_of_the_whole_frame(
+    step_dir: Path, tmp_path: Path, settings: dict
+) -> None:
+    """The CLI gathers each rank's rows as it writes them; a Dagster run writes from the
+    staged whole frame. Both give the same files, byte for byte, and the same rows."""
+    config = Settings(**settings)
+    samples = load_samples(0, group_steps(find_sources([step_dir]))[0], config)
+    lean = plan_batch(samples, config)
+    lean_manifest = write_shards(lean, tmp_path / "lean")
+    whole = plan_batch(samples, config)
+    roots = StepRoots(input_root=step_dir, output_root=tmp_path / "whole")
+    staging.save_batch(roots, whole)
+    whole_manifest = write_shards(staging.load_batch(roots, 0), tmp_path / "whole")
+    assert _digests(lean_manifest) == _digests(whole_manifest)
+    assert lean_manifest.counts == whole_manifest.counts
+    frame = whole.frame
+    for rank in range(config.dp_size):
+        written = pl.read_parquet(tmp_path / "lean" / "step=0" / f"rank={rank}.parquet")
+        expected = frame.filter(pl.col("rank") == rank).drop("rank")
+        assert written.equals(expected)
+
+
+def test_reruns_write_the_same_bytes(step_dir: Path, tmp_path: Path) -> None:
+    config = Settings(global_batch_size=64, dp_size=4)
+    sources = group_steps(find_sources([step_dir]))[0]
+    first = write_shards(plan_batch(load_samples(0, sources, config), config), tmp_path / "a")
+    second = write_shards(plan_batch(load_samples(0, sources, config), config), tmp_path / "b")
+    assert _digests(first) == _digests(second)
+
+
+def test_the_cli_imports_neither_dagster_nor_pandera_up_front() -> None:
+    """Dagster is for the orchestrated path only; Pandera is imported on a second thread
+    while the first files are read (see `build.load_samples`)."""
+    code = "import sys, pipeline.cli; print(sorted({'dagster', 'pandera'} & set(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert result.stdout.strip() == "[]"

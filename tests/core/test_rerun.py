@@ -1,0 +1,140 @@
+"""Reruns: a current step folder is skipped, anything else is replaced whole, --force
+rebuilds (pipeline/build.py `current_manifest`, `build_step`; `rollout-shards build`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.io.readers import find_sources, group_steps
+from pipeline.settings import load_settings
+from pipeline.step.build import build_step
+from pipeline.step.freshness import current_manifest
+from tests.conftest import REPO, sample, write_step
+
+GBS = ["--global-batch-size", "2"]
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "build", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+
+
+def identity(folder: Path) -> dict[str, tuple[int, int]]:
+    """Inode and modification time of every file: unchanged only if nothing was written."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+
+
+def contents(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture
+def built(rows_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
+    write_step(rows_dir, [sample(i, reward=float(i % 2)) for i in range(4)])
+    out = tmp_path / "shards"
+    first = cli(rows_dir, "--out", out, *GBS)
+    assert first.returncode == 0, first.stderr
+    return rows_dir, out
+
+
+def test_a_current_step_is_skipped_and_says_so(built: tuple[Path, Path]) -> None:
+    rows_dir, out = built
+    before = identity(out / "step=1")
+    again = cli(rows_dir, "--out", out, *GBS)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == (
+        f"step 1: up to date, skipped: {out / 'step=1'} was built from the same inputs "
+        "and settings (--force rebuilds it)\n"
+    )
+    assert identity(out / "step=1") == before
+
+
+def test_force_rebuilds_a_current_step_with_the_same_bytes(built: tuple[Path, Path]) -> None:
+    rows_dir, out = built
+    before, old = identity(out / "step=1"), contents(out / "step=1")
+    again = cli(rows_dir, "--out", out, *GBS, "--force")
+    assert again.returncode == 0, again.stderr
+    assert "4 rows in" in again.stdout
+    assert identity(out / "step=1") != before
+    assert contents(out / "step=1") == old
+
+
+def test_other_settings_replace_the_step(built: tuple[Path, Path]) -> None:
+    rows_dir, out = built
+    again = cli(rows_dir, "--out", out, *GBS, "--dp-size", "2")
+    assert again.returncode == 0, again.stderr
+    assert "written to 2 ranks" in again.stdout
+    assert sorted(p.name for p in (out / "step=1").iterdir()) == [
+        "manifest.json",
+        "rank=0.parquet",
+        "rank=1.parquet",
+    ]
+    assert [p.name for p in out.iterdir()] == ["step=1"]
+
+
+def test_changed_inputs_replace_the_step(built: tuple[Path, Path]) -> None:
+    rows_dir, out = built
+    write_step(rows_dir, [sample(i, reward=float(i % 2)) for i in range(6)])
+    again = cli(rows_dir, "--out", out, *GBS)
+    assert again.returncode == 0, again.stderr
+    manifest = json.loads((out / "step=1" / "manifest.json").read_text())
+    assert manifest["counts"]["ingested"] == 6
+
+
+def test_a_tampered_or_incomplete_folder_is_rebuilt(built: tuple[Path, Path]) -> None:
+    rows_dir, out = built
+    old = contents(out / "step=1")
+    (out / "step=1" / "rank=0.parquet").write_bytes(b"not what the manifest says")
+    assert "4 rows in" in cli(rows_dir, "--out", out, *GBS).stdout
+    assert contents(out / "step=1") == old
+    (out / "step=1" / "manifest.json").unlink()
+    assert "4 rows in" in cli(rows_dir, "--out", out, *GBS).stdout
+    assert contents(out / "step=1") == old
+
+
+def test_an_invalid_rerun_leaves_the_last_good_step_alone(built: tuple[Path, Path]) -> None:
+    rows_dir, out = built
+    before = identity(out / "step=1")
+    write_step(rows_dir, [sample(i, status="done") for i in range(4)])
+    again = cli(rows_dir, "--out", out, *GBS)
+    assert again.returncode == 1
+    assert "rule status_isin" in again.stderr
+    assert identity(out / "step=1") == before
+
+
+def test_build_step_skips_a_current_step_unless_forced(rows_dir: Path, tmp_path: Path) -> None:
+    write_step(rows_dir, [sample(i) for i in range(4)])
+    ((step, sources),) = group_steps(find_sources([rows_dir])).items()
+    settings, out = load_settings(global_batch_size=2), tmp_path / "shards"
+    assert current_manifest(step, sources, settings, out) is None
+    manifest = build_step(step, sources, settings, out)
+    assert current_manifest(step, sources, settings, out) == manifest
+    before = identity(out / "step=1")
+    assert build_step(step, sources, settings, out) == manifest
+    assert identity(out / "step=1") == before
+    assert build_step(step, sources, settings, out, force=True) == manifest
+    assert identity(out / "step=1") != before
+    other = load_settings(global_batch_size=4)
+    assert current_manifest(step, sources, other, out) is None
+
+
+def test_a_moved_input_is_not_current(rows_dir: Path, tmp_path: Path) -> None:
+    write_step(rows_dir, [sample(i) for i in range(4)])
+    settings, out = load_settings(global_batch_size=2), tmp_path / "shards"
+    ((step, sources),) = group_steps(find_sources([rows_dir])).items()
+    build_step(step, sources, settings, out)
+    moved = tmp_path / "moved"
+    os.rename(rows_dir, moved)
+    ((step, sources),) = group_steps(find_sources([moved])).items()
+    assert current_manifest(step, sources, settings, out) is None

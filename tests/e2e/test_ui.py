@@ -1,0 +1,621 @@
+"""The web UI end to end: `dagster dev` on a free port, runs launched through GraphQL as the
+UI launches them, and the asset's check results seen in a real browser.
+
+One `dagster dev` serves the whole module, with a temporary Dagster home and a copy of
+data/rollouts as the input root. It runs in its own process group, which the finalizer
+stops (SIGTERM, a short wait, then SIGKILL) whether or not the tests passed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+from pipeline import cli
+from pipeline.io import writer
+from pipeline.io.readers import sha256_of
+from pipeline.manifest import MANIFEST
+from pipeline.orchestration.partitions import partition_key, rollout_steps
+from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV
+from tests.orchestration.dagster_support import DATA, Roots
+
+REPO = Path(__file__).resolve().parents[2]
+LOCATION = "rollout_shards"
+REPOSITORY = "__repository__"
+JOB = "rollout_step_job"
+ASSET = "training_shards"
+CHECKS = [
+    "manifest_counts_add_up",
+    "no_rows_quarantined",
+    "rank_files_match_manifest",
+    "rollouts_stay_in_one_train_step",
+]
+# One step launched as a single run, two more as a backfill, as the UI does each.
+RUN_STEP = 2
+BACKFILL_STEPS = [1, 4]
+
+# Bounded waits, generous for a loaded 2-core CI machine; nothing asserts on durations.
+LOAD_TIMEOUT_S = 240.0
+RUN_TIMEOUT_S = 300.0
+STOP_GRACE_S = 20.0
+POLL_S = 0.5
+PAGE_TIMEOUT_MS = 60_000
+LOG_TAIL_LINES = 60
+
+INSTANCE_YAML = """\
+telemetry:
+  enabled: false
+# No "join the community" dialog over the pages the browser test looks at.
+nux:
+  enabled: false
+"""
+# `dagster dev` maps SIGTERM onto its SIGINT handler. A shell's background job starts with
+# SIGINT ignored, and then dagster dev ignores SIGTERM too: restore the default before exec.
+EXEC_WITH_DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TERMINAL_RUN_STATUSES = {"SUCCESS", "FAILURE", "CANCELED"}
+REPOSITORY_SELECTOR = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}
+# The server is on loopback: no HTTP(S)_PROXY from the environment in between.
+LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass
+class DagsterDev:
+    """A running `dagster dev` and the roots it reads and writes."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    roots: Roots
+
+    def log_tail(self) -> str:
+        lines = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-LOG_TAIL_LINES:])
+
+    def post(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The JSON answer of the GraphQL endpoint; raises on a connection failure."""
+        request = urllib.request.Request(
+            f"{self.url}/graphql",
+            data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with LOOPBACK.open(request, timeout=30) as response:
+            return json.load(response)
+
+    def graphql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The `data` of a GraphQL answer, failing with the errors and the server log."""
+        answer = self.post(query, variables)
+        assert not answer.get("errors"), f"GraphQL errors: {answer['errors']}\n{self.log_tail()}"
+        return answer["data"]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start(tmp: Path) -> DagsterDev:
+    roots = Roots(input=tmp / "rollouts", output=tmp / "shards")
+    shutil.copytree(DATA, roots.input)
+    home = tmp / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(INSTANCE_YAML)
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        INPUT_ENV: str(roots.input),
+        OUTPUT_ENV: str(roots.output),
+    }
+    env.pop(CONFIG_ENV, None)
+    port = _free_port()
+    dagster = Path(sys.executable).parent / "dagster"
+    command = [str(dagster), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]
+    log = tmp / "dagster_dev.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-c", EXEC_WITH_DEFAULT_SIGINT, *command],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return DagsterDev(url=f"http://127.0.0.1:{port}", process=process, log=log, roots=roots)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's process group, a short wait, then SIGKILL to what is left
+    (code server, run workers), and a bounded wait for the group to be gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=STOP_GRACE_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(POLL_S)
+
+
+WORKSPACE_QUERY = """
+{
+  workspaceOrError {
+    __typename
+    ... on Workspace {
+      locationEntries {
+        name
+        loadStatus
+        locationOrLoadError {
+          __typename
+          ... on RepositoryLocation { repositories { name } }
+          ... on PythonError { message }
+        }
+      }
+    }
+    ... on PythonError { message }
+  }
+}
+"""
+
+
+def _wait_until_loaded(server: DagsterDev) -> dict[str, Any]:
+    """Poll `workspaceOrError` until the code location is LOADED; the webserver answers
+    before the code server has loaded the definitions."""
+    deadline = time.monotonic() + LOAD_TIMEOUT_S
+    last: object = "no answer yet"
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            pytest.fail(
+                f"dagster dev exited with {server.process.returncode} before the code "
+                f"location loaded\n{server.log_tail()}"
+            )
+        try:
+            data = server.graphql(WORKSPACE_QUERY)
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError) as exc:
+            last = exc
+        else:
+            workspace = last = data["workspaceOrError"]
+            entries = {e["name"]: e for e in workspace.get("locationEntries", [])}
+            entry = entries.get(LOCATION)
+            if entry is not None and entry["loadStatus"] == "LOADED":
+                location = entry["locationOrLoadError"]
+                assert location["__typename"] == "RepositoryLocation", (
+                    f"code location {LOCATION} failed to load: {location}\n{server.log_tail()}"
+                )
+                return location
+        time.sleep(POLL_S)
+    pytest.fail(
+        f"code location {LOCATION} not LOADED within {LOAD_TIMEOUT_S:.0f} s; last answer: "
+        f"{last}\n{server.log_tail()}"
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev]:
+    """`dagster dev` with the code location loaded; stopped through its process group."""
+    server = _start(tmp_path_factory.mktemp("ui"))
+    try:
+        _wait_until_loaded(server)
+        yield server
+    finally:
+        _stop(server.process)
+
+
+ADD_PARTITION = """
+mutation AddPartition($name: String!, $key: String!, $repository: RepositorySelector!) {
+  addDynamicPartition(
+    partitionsDefName: $name, partitionKey: $key, repositorySelector: $repository
+  ) {
+    __typename
+    ... on Error { message }
+  }
+}
+"""
+
+LAUNCH_RUN = """
+mutation LaunchRun($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on RunConfigValidationInvalid { errors { message } }
+    ... on Error { message }
+  }
+}
+"""
+
+LAUNCH_BACKFILL = """
+mutation LaunchBackfill($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on Error { message }
+  }
+}
+"""
+
+PARTITION_KEYS = """
+{
+  assetNodes(assetKeys: [{path: ["training_shards"]}]) {
+    partitionKeysByDimension { name partitionKeys }
+  }
+}
+"""
+
+RUN_STATUS = """
+query RunStatus($runId: ID!) {
+  runOrError(runId: $runId) {
+    __typename
+    ... on Run { status tags { key value } }
+  }
+}
+"""
+
+BACKFILL_RUNS = """
+query BackfillRuns($backfillId: String!) {
+  partitionBackfillOrError(backfillId: $backfillId) {
+    __typename
+    ... on PartitionBackfill { status runs(limit: 10) { runId status tags { key value } } }
+  }
+}
+"""
+
+
+@dataclass
+class Launched:
+    run_id: str
+    backfill_id: str
+
+
+@pytest.fixture(scope="module")
+def launched(server: DagsterDev) -> Launched:
+    """Partitions added by hand, one run launched for one step and a backfill of two more,
+    all through GraphQL. Both launch before anything waits, so their runs overlap."""
+    for step in [RUN_STEP, *BACKFILL_STEPS]:
+        added = server.graphql(
+            ADD_PARTITION,
+            {
+                "name": rollout_steps.name,
+                "key": partition_key(step),
+                "repository": REPOSITORY_SELECTOR,
+            },
+        )["addDynamicPartition"]
+        assert added["__typename"] == "AddDynamicPartitionSuccess", added
+    run = server.graphql(
+        LAUNCH_RUN,
+        {
+            "params": {
+                "selector": {**REPOSITORY_SELECTOR, "jobName": JOB},
+                "executionMetadata": {
+                    "tags": [{"key": "dagster/partition", "value": partition_key(RUN_STEP)}]
+                },
+            }
+        },
+    )["launchRun"]
+    assert run["__typename"] == "LaunchRunSuccess", run
+    # What "Materialize all" -> "Launch backfill" sends for the asset graph.
+    backfill = server.graphql(
+        LAUNCH_BACKFILL,
+        {
+            "params": {
+                "assetSelection": [
+                    {"path": [name]} for name in ("rollout_samples", "train_batch", ASSET)
+                ],
+                "partitionNames": [partition_key(step) for step in BACKFILL_STEPS],
+            }
+        },
+    )["launchPartitionBackfill"]
+    assert backfill["__typename"] == "LaunchBackfillSuccess", backfill
+    return Launched(run_id=run["run"]["runId"], backfill_id=backfill["backfillId"])
+
+
+def _tags(run: dict[str, Any]) -> dict[str, str]:
+    return {tag["key"]: tag["value"] for tag in run["tags"]}
+
+
+@pytest.fixture(scope="module")
+def finished_run(server: DagsterDev, launched: Launched) -> dict[str, Any]:
+    """The single run once it has finished (the daemon dequeues and launches it)."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    run: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        run = server.graphql(RUN_STATUS, {"runId": launched.run_id})["runOrError"]
+        if run.get("status") in TERMINAL_RUN_STATUSES:
+            return run
+        time.sleep(POLL_S)
+    pytest.fail(
+        f"run {launched.run_id} not finished within {RUN_TIMEOUT_S:.0f} s: {run}\n"
+        f"{server.log_tail()}"
+    )
+
+
+def _manifest(roots: Roots, step: int) -> dict[str, Any]:
+    return json.loads((writer.step_folder(roots.output, step) / MANIFEST).read_text())
+
+
+def test_code_location_lists_the_project(server: DagsterDev) -> None:
+    data = server.graphql(
+        """
+        query Repository($selector: RepositorySelector!) {
+          repositoryOrError(repositorySelector: $selector) {
+            __typename
+            ... on Repository {
+              jobs { name }
+              assetNodes { assetKey { path } }
+              sensors { name sensorState { status } }
+              schedules { name scheduleState { status } }
+            }
+          }
+        }
+        """,
+        {"selector": REPOSITORY_SELECTOR},
+    )
+    repository = data["repositoryOrError"]
+    assert repository["__typename"] == "Repository", repository
+    assert JOB in {job["name"] for job in repository["jobs"]}
+    assert {"/".join(n["assetKey"]["path"]) for n in repository["assetNodes"]} == {
+        "rollout_samples",
+        "train_batch",
+        ASSET,
+    }
+    # Both start stopped; the UI's Automation page turns them on.
+    assert [(s["name"], s["sensorState"]["status"]) for s in repository["sensors"]] == [
+        ("rollout_steps_sensor", "STOPPED")
+    ]
+    assert [(s["name"], s["scheduleState"]["status"]) for s in repository["schedules"]] == [
+        ("stale_shards_schedule", "STOPPED")
+    ]
+
+
+def test_launched_run_succeeds_and_writes_the_step(
+    server: DagsterDev, finished_run: dict[str, Any], tmp_path: Path
+) -> None:
+    assert finished_run["status"] == "SUCCESS", server.log_tail()
+    assert _tags(finished_run)["dagster/partition"] == partition_key(RUN_STEP)
+
+    folder = writer.step_folder(server.roots.output, RUN_STEP)
+    manifest = _manifest(server.roots, RUN_STEP)
+    ranks = [o for o in manifest["outputs"] if o["path"] != writer.QUARANTINE]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [MANIFEST, *(o["path"] for o in ranks)]
+    )
+    assert [o["path"] for o in ranks] == [
+        writer.rank_file(r) for r in range(manifest["settings"]["dp_size"])
+    ]
+    for output in ranks:
+        assert sha256_of(folder / output["path"]) == output["sha256"]
+    assert sum(o["rows"] for o in ranks) == manifest["counts"]["written"] > 0
+
+    # The UI's run writes the bytes the command line writes for the same input.
+    cli_out = tmp_path / "cli"
+    assert cli.main(["build", str(server.roots.input), "--out", str(cli_out)]) == 0
+    for output in ranks:
+        cli_file = writer.step_folder(cli_out, RUN_STEP) / output["path"]
+        assert (folder / output["path"]).read_bytes() == cli_file.read_bytes()
+
+
+MATERIALIZATIONS = """
+query Materializations($partition: String!) {
+  assetOrError(assetKey: {path: ["training_shards"]}) {
+    __typename
+    ... on Asset {
+      assetMaterializations(partitions: [$partition]) {
+        partition
+        runId
+        metadataEntries {
+          label
+          __typename
+          ... on IntMetadataEntry { intValue }
+          ... on BoolMetadataEntry { boolValue }
+          ... on PathMetadataEntry { path }
+          ... on TableMetadataEntry { table { records } }
+        }
+      }
+    }
+  }
+}
+"""
+
+
+def test_materialization_metadata_matches_the_manifest(
+    server: DagsterDev, launched: Launched, finished_run: dict[str, Any]
+) -> None:
+    asset = server.graphql(MATERIALIZATIONS, {"partition": partition_key(RUN_STEP)})["assetOrError"]
+    assert asset["__typename"] == "Asset", asset
+    (event,) = asset["assetMaterializations"]
+    assert (event["partition"], event["runId"]) == (partition_key(RUN_STEP), launched.run_id)
+    entries = {e["label"]: e for e in event["metadataEntries"]}
+
+    manifest = _manifest(server.roots, RUN_STEP)
+    for name, count in manifest["counts"].items():
+        assert entries[name]["intValue"] == count, name
+    assert entries["dagster/partition_row_count"]["intValue"] == manifest["counts"]["written"]
+    assert entries["is_compact"]["boolValue"] == manifest["is_compact"]
+    assert entries["global_batch_size"]["intValue"] == manifest["global_batch_size"]
+    assert entries["path"]["path"] == str(writer.step_folder(server.roots.output, RUN_STEP))
+    ranks = [json.loads(record) for record in entries["ranks"]["table"]["records"]]
+    assert ranks == [
+        {"file": o["path"], "rows": o["rows"], "tokens": o["tokens"]}
+        for o in manifest["outputs"]
+        if o["path"] != writer.QUARANTINE
+    ]
+
+
+CHECK_EXECUTIONS = """
+query CheckExecutions($check: String!, $partition: String!) {
+  assetCheckExecutions(
+    assetKey: {path: ["training_shards"]}, checkName: $check, partition: $partition, limit: 5
+  ) {
+    runId
+    status
+    partition
+    evaluation { success severity description }
+  }
+}
+"""
+
+
+def test_asset_checks_passed_on_the_partition(
+    server: DagsterDev, launched: Launched, finished_run: dict[str, Any]
+) -> None:
+    for check in CHECKS:
+        executions = server.graphql(
+            CHECK_EXECUTIONS, {"check": check, "partition": partition_key(RUN_STEP)}
+        )["assetCheckExecutions"]
+        assert [(e["runId"], e["status"], e["partition"]) for e in executions] == [
+            (launched.run_id, "SUCCEEDED", partition_key(RUN_STEP))
+        ], check
+        assert executions[0]["evaluation"]["success"] is True, executions[0]
+
+
+CHECK_PARTITIONS = """
+{
+  assetNodes(assetKeys: [{path: ["training_shards"]}]) {
+    assetChecksOrError {
+      ... on AssetChecks {
+        checks {
+          name
+          partitionStatuses {
+            ... on AssetCheckDefaultPartitionStatuses { succeededPartitions }
+          }
+        }
+      }
+    }
+  }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def finished_backfill(server: DagsterDev, launched: Launched) -> list[dict[str, Any]]:
+    """The backfill's runs once one per partition has finished (the backfill daemon picks
+    the backfill up on its next tick, up to 30 s after the launch)."""
+    keys = {partition_key(step) for step in BACKFILL_STEPS}
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    runs: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        backfill = server.graphql(BACKFILL_RUNS, {"backfillId": launched.backfill_id})
+        runs = backfill["partitionBackfillOrError"]["runs"]
+        finished = [run for run in runs if run["status"] in TERMINAL_RUN_STATUSES]
+        if {_tags(run).get("dagster/partition") for run in finished} >= keys:
+            return runs
+        time.sleep(POLL_S)
+    pytest.fail(
+        f"backfill {launched.backfill_id} not finished within {RUN_TIMEOUT_S:.0f} s: "
+        f"{runs}\n{server.log_tail()}"
+    )
+
+
+def test_backfill_materializes_every_partition_with_its_checks(
+    server: DagsterDev, finished_backfill: list[dict[str, Any]]
+) -> None:
+    keys = {partition_key(step) for step in BACKFILL_STEPS}
+    runs = finished_backfill
+    assert sorted((_tags(r)["dagster/partition"], r["status"]) for r in runs) == [
+        (key, "SUCCESS") for key in sorted(keys)
+    ], server.log_tail()
+    for step in BACKFILL_STEPS:
+        assert _manifest(server.roots, step)["counts"]["written"] > 0
+    (node,) = server.graphql(CHECK_PARTITIONS)["assetNodes"]
+    succeeded = {
+        check["name"]: set(check["partitionStatuses"]["succeededPartitions"])
+        for check in node["assetChecksOrError"]["checks"]
+    }
+    assert set(succeeded) == set(CHECKS)
+    for check, partitions in succeeded.items():
+        assert partitions >= keys, check
+    partitions = server.graphql(PARTITION_KEYS)["assetNodes"][0]["partitionKeysByDimension"]
+    # Dynamic partitions keep the order they were added in.
+    assert partitions == [
+        {
+            "name": "default",
+            "partitionKeys": [partition_key(s) for s in [RUN_STEP, *BACKFILL_STEPS]],
+        }
+    ]
+
+
+def test_browser_shows_the_partition_and_its_check_results(
+    server: DagsterDev,
+    finished_run: dict[str, Any],
+    finished_backfill: list[dict[str, Any]],
+    tmp_path: Path,
+) -> None:
+    assert finished_run["status"] == "SUCCESS", server.log_tail()
+    key = partition_key(RUN_STEP)
+    written = _manifest(server.roots, RUN_STEP)["counts"]["written"]
+    assert Path(CHROMIUM).is_file(), (
+        f"{CHROMIUM} is missing: `apt-get install -y chromium` (.ci/run installs it)"
+    )
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(PAGE_TIMEOUT_MS)
+
+            page.goto(f"{server.url}/assets/{ASSET}?view=partitions&partition={key}")
+            _shows_partition(page, key, written)
+            page.screenshot(path=tmp_path / "partition.png", full_page=True)
+
+            page.goto(f"{server.url}/assets/{ASSET}?view=checks")
+            _shows_checks(page)
+            page.screenshot(path=tmp_path / "checks.png", full_page=True)
+        finally:
+            browser.close()
+    assert (tmp_path / "partition.png").stat().st_size > 0
+    assert (tmp_path / "checks.png").stat().st_size > 0
+
+
+def _shows_partition(page: Page, key: str, written: int) -> None:
+    """The partition's page: materialized, with the manifest counts as metadata."""
+    expect(page.get_by_text("Materialized", exact=True).first).to_be_visible()
+    metadata = page.get_by_role("row").filter(has=page.get_by_text("written", exact=True))
+    expect(metadata.first).to_contain_text(str(written))
+    expect(page.get_by_text("rank=0.parquet", exact=True).first).to_be_visible()
+    expect(page.get_by_text(key, exact=True).first).to_be_visible()
+
+
+def _shows_checks(page: Page) -> None:
+    """The Checks tab: every check listed as succeeded, and the selected one's latest
+    execution passed on one of the launched partitions (whichever run finished last)."""
+    for check in CHECKS:
+        expect(page.get_by_text(check, exact=True).first).to_be_visible()
+    expect(page.get_by_text("Succeeded", exact=True)).to_have_count(len(CHECKS))
+    expect(page.get_by_text("Passed", exact=True).first).to_be_visible()
+    launched = "|".join(partition_key(step) for step in [RUN_STEP, *BACKFILL_STEPS])
+    expect(page.get_by_text(re.compile(f"^({launched})$")).first).to_be_visible()

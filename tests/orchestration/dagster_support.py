@@ -1,0 +1,94 @@
+"""Shared set-up of the Dagster tests: a copy of the embedded steps as the configured roots."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from pipeline.definitions import defs
+from pipeline.orchestration.compute import StepCompute
+from pipeline.orchestration.partitions import rollout_steps
+from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV, RolloutStorage
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "rollouts"
+ASSETS = list(defs.assets or [])
+CHECKS = list(defs.asset_checks or [])
+EMBEDDED_KEYS = ["00000001", "00000002", "00000003", "00000004"]
+
+
+@dataclass
+class Roots:
+    input: Path
+    output: Path
+
+
+def configured_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
+    """A copy of data/rollouts as ROLLOUT_SHARDS_INPUT and an empty ROLLOUT_SHARDS_OUTPUT."""
+    roots = Roots(input=tmp_path / "rollouts", output=tmp_path / "shards")
+    shutil.copytree(DATA, roots.input)
+    monkeypatch.setenv(INPUT_ENV, str(roots.input))
+    monkeypatch.setenv(OUTPUT_ENV, str(roots.output))
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    return roots
+
+
+def materialize(
+    instance: dg.DagsterInstance,
+    key: str,
+    run_config: dict[str, Any] | None = None,
+    selection: dg.AssetSelection | None = None,
+    compute: StepCompute | None = None,
+) -> dg.ExecuteInProcessResult:
+    """Materialize one step's assets and checks in process, as the job would; the stages run
+    where `compute` says (default: in process)."""
+    if not instance.has_dynamic_partition(rollout_steps.name, key):
+        instance.add_dynamic_partitions(rollout_steps.name, [key])
+    return dg.materialize(
+        [*ASSETS, *CHECKS],
+        partition_key=key,
+        instance=instance,
+        resources={
+            "rollout_storage": RolloutStorage.from_env(),
+            "step_compute": compute or StepCompute(),
+        },
+        run_config=run_config,
+        selection=selection,
+        raise_on_error=False,
+    )
+
+
+def metadata_of(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:
+    """The metadata of the run's one materialization of `asset`."""
+    (event,) = result.asset_materializations_for_node(asset)
+    return dict(event.metadata)
+
+
+def break_step_1(roots: Roots) -> None:
+    """Two rows of step 1 claim a response longer than their tokens."""
+    path = roots.input / "step=1.parquet"
+    frame = pl.read_parquet(path)
+    frame.with_columns(
+        pl.when(pl.col("index").is_in([2, 5]))
+        .then(pl.lit(999, dtype=pl.Int32))
+        .otherwise(pl.col("response_length"))
+        .alias("response_length")
+    ).write_parquet(path)
+
+
+def run_checks(instance: dg.DagsterInstance, key: str) -> dg.ExecuteInProcessResult:
+    """Only the asset checks of `training_shards` on one step, as "Execute checks" in the UI."""
+    job = defs.resolve_job_def("rollout_step_job")
+    checks = {check_key for checks_def in CHECKS for check_key in checks_def.check_keys}
+    subset = job.get_subset(asset_selection=set(), asset_check_selection=checks)
+    return subset.execute_in_process(
+        partition_key=key,
+        instance=instance,
+        resources={"rollout_storage": RolloutStorage.from_env()},
+        raise_on_error=False,
+    )

@@ -1,0 +1,317 @@
+"""Materializing partitions in process: files written, checks run, metadata shown, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+import pytest
+from dagster_support import (
+    EMBEDDED_KEYS,
+    Roots,
+    break_step_1,
+    materialize,
+    run_checks,
+)
+
+from pipeline import cli
+from pipeline import columns as c
+from pipeline.io import writer
+from pipeline.orchestration.reporting import FAILURE_TAG
+from tests.conftest import dead_pid
+
+BLOCKING_CHECKS = {
+    "manifest_counts_add_up",
+    "rank_files_match_manifest",
+    "rollouts_stay_in_one_train_step",
+}
+
+
+def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, object]:
+    (event,) = result.asset_materializations_for_node(asset)
+    return {key: value.value for key, value in event.metadata.items()}
+
+
+def _checks(result: dg.ExecuteInProcessResult) -> dict[str, dg.AssetCheckEvaluation]:
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+def _step_failure(result: dg.ExecuteInProcessResult) -> tuple[str, dg.Failure]:
+    (event,) = [e for e in result.all_events if e.is_step_failure]
+    return event.step_key, event.step_failure_data.user_failure_data
+
+
+def test_valid_partition_writes_the_step_folder(instance: dg.DagsterInstance, roots: Roots) -> None:
+    result = materialize(instance, "00000001")
+
+    assert result.success
+    folder = roots.output / "step=1"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "manifest.json",
+        "rank=0.parquet",
+        "rank=1.parquet",
+    ]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["counts"]["written"] == 16
+    # Intermediate assets are Parquet under the output root, hidden from a trainer.
+    staged = roots.output / ".staging"
+    assert (staged / "rollout_samples" / "step=1" / "samples.parquet").is_file()
+    assert (staged / "train_batch" / "step=1" / "batch.parquet").is_file()
+
+
+def test_a_killed_stage_leaves_nothing_the_next_run_keeps(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    dead = dead_pid()
+    host = writer._host()
+    leftovers = {
+        asset: roots.output / ".staging" / asset / f".tmp-step=1-{host}-{dead}-0123abcd"
+        for asset in ("rollout_samples", "train_batch")
+    }
+    live = roots.output / ".staging" / "train_batch" / f".tmp-step=2-{host}-{os.getpid()}-4567cdef"
+    for folder in [*leftovers.values(), live]:
+        folder.mkdir(parents=True)
+        (folder / "samples.parquet").write_bytes(b"partial")
+
+    result = materialize(instance, "00000001")
+
+    assert result.success
+    for asset, leftover in leftovers.items():
+        assert sorted(p.name for p in leftover.parent.iterdir()) == sorted(
+            ["step=1", *([live.name] if asset == "train_batch" else [])]
+        )
+
+
+def test_valid_partition_passes_every_check(instance: dg.DagsterInstance, roots: Roots) -> None:
+    result = materialize(instance, "00000003")
+
+    checks = _checks(result)
+    assert set(checks) == BLOCKING_CHECKS | {"no_rows_quarantined"}
+    assert all(check.passed for check in checks.values())
+    assert all(check.partition == "00000003" for check in checks.values())
+    assert {name for name, check in checks.items() if check.blocking} == BLOCKING_CHECKS
+
+
+def test_materialization_metadata(instance: dg.DagsterInstance, roots: Roots) -> None:
+    result = materialize(instance, "00000004")
+
+    shards = _metadata(result, "training_shards")
+    manifest = json.loads((roots.output / "step=4" / "manifest.json").read_text())
+    assert shards["dagster/partition_row_count"] == manifest["counts"]["written"] == 8
+    for name, count in manifest["counts"].items():
+        assert shards[name] == count
+    assert shards["is_compact"] is False
+    assert shards["global_batch_size"] == 8
+    assert shards["dynamic_global_batch_size"] is None
+    assert shards["num_train_steps"] == 1
+    schema = [column.name for column in shards["dagster/column_schema"].columns]
+    assert schema[: len(c.SHARD_COLUMNS)] == list(c.SHARD_COLUMNS)
+    ranks = [record.data for record in shards["ranks"].records]
+    assert ranks == [
+        {"file": o["path"], "rows": o["rows"], "tokens": o["tokens"]} for o in manifest["outputs"]
+    ]
+    rewards = pl.concat(
+        [pl.read_parquet(roots.output / "step=4" / o["path"]) for o in manifest["outputs"]]
+    ).get_column(c.REWARDS)
+    assert shards["reward_mean"] == pytest.approx(rewards.mean())
+    assert shards["reward_min"] == rewards.min()
+    assert shards["reward_max"] == rewards.max()
+    assert shards["path"] == str(roots.output / "step=4")
+
+    samples = _metadata(result, "rollout_samples")
+    assert samples["dagster/partition_row_count"] == samples["ingested"] == 13
+    batch = _metadata(result, "train_batch")
+    assert batch["dagster/partition_row_count"] == 8
+    assert batch["trimmed"] == 5
+
+
+def test_dagster_shards_are_byte_identical_to_the_cli(
+    instance: dg.DagsterInstance, roots: Roots, tmp_path: Path
+) -> None:
+    for key in EMBEDDED_KEYS:
+        assert materialize(instance, key).success
+    cli_out = tmp_path / "cli"
+    assert cli.main(["build", str(roots.input), "--out", str(cli_out)]) == 0
+
+    for step in (1, 2, 3, 4):
+        names = sorted(p.name for p in (cli_out / f"step={step}").glob("*.parquet"))
+        assert names == sorted(p.name for p in (roots.output / f"step={step}").glob("*.parquet"))
+        for name in names:
+            dagster_bytes = (roots.output / f"step={step}" / name).read_bytes()
+            assert dagster_bytes == (cli_out / f"step={step}" / name).read_bytes()
+
+
+def test_invalid_partition_fails_at_rollout_samples_and_writes_nothing(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    break_step_1(roots)
+
+    result = materialize(instance, "00000001")
+
+    assert not result.success
+    step_key, failure = _step_failure(result)
+    assert step_key == "rollout_samples"
+    assert not roots.output.exists()
+    assert "rule response_within_tokens" in failure.description
+    per_rule = failure.metadata["invalid_rows_per_rule"].value
+    assert per_rule["response_within_tokens"] == 2
+    rows = failure.metadata["first_offending_rows"].value
+    assert rows.splitlines()[0] == "| rule | file | index | leaf |"
+    assert f"| response_within_tokens | {roots.input / 'step=1.parquet'} | 2 | 0 |" in rows
+    assert "response_within_tokens" in instance.get_run_by_id(result.run_id).tags[FAILURE_TAG]
+    assert not result.asset_materializations_for_node("rollout_samples")
+
+
+def test_settings_the_data_cannot_satisfy_fail_before_writing(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    run_config = {"ops": {"rollout_samples": {"config": {"global_batch_size": 64}}}}
+
+    result = materialize(instance, "00000002", run_config)
+
+    assert not result.success
+    step_key, failure = _step_failure(result)
+    assert step_key == "train_batch"
+    assert "step 2" in failure.description
+    assert not (roots.output / "step=2").exists()
+
+
+def test_run_config_settings_override_the_settings_files(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    run_config = {
+        "ops": {"rollout_samples": {"config": {"dp_size": 4, "advantage_estimator": "ppo"}}}
+    }
+
+    assert materialize(instance, "00000001", run_config).success
+
+    folder = roots.output / "step=1"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["settings"]["dp_size"] == 4
+    assert manifest["settings"]["advantage_estimator"] == "ppo"
+    assert manifest["settings"]["reward_key"] == "score"  # from the input root's yaml
+    assert sorted(p.name for p in folder.glob("rank=*")) == [f"rank={r}.parquet" for r in range(4)]
+
+
+def test_quarantine_succeeds_with_a_warning_check(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    break_step_1(roots)
+    run_config = {"ops": {"rollout_samples": {"config": {"on_invalid": "quarantine"}}}}
+
+    result = materialize(instance, "00000001", run_config)
+
+    assert result.success
+    assert (roots.output / "step=1" / "quarantine.parquet").is_file()
+    checks = _checks(result)
+    warning = checks["no_rows_quarantined"]
+    assert not warning.passed
+    assert warning.severity == dg.AssetCheckSeverity.WARN
+    assert warning.metadata["quarantined"].value == 2
+    assert "response_within_tokens" in warning.metadata["reasons"].value
+    assert all(checks[name].passed for name in BLOCKING_CHECKS)
+
+
+def test_checks_catch_a_tampered_rank_file(instance: dg.DagsterInstance, roots: Roots) -> None:
+    assert materialize(instance, "00000001").success
+    rank = roots.output / "step=1" / "rank=0.parquet"
+    pl.read_parquet(rank).head(3).write_parquet(rank)
+    (roots.output / "step=1" / "rank=1.parquet").unlink()
+
+    result = run_checks(instance, "00000001")
+
+    checks = _checks(result)
+    assert not checks["rank_files_match_manifest"].passed
+    problems = checks["rank_files_match_manifest"].metadata["problems"].value
+    assert "| rank=0.parquet | sha256 differs from the manifest |" in problems
+    assert "| rank=1.parquet | missing |" in problems
+    assert not checks["rollouts_stay_in_one_train_step"].passed
+    assert checks["manifest_counts_add_up"].passed  # the manifest itself still adds up
+
+
+@pytest.mark.parametrize(
+    ("resource_config", "message"),
+    [
+        ({"output_root": "/tmp/elsewhere"}, "outside the configured root"),
+        ({"output_root": "../escape"}, "outside the configured root"),
+        ({"input_root": "/etc"}, "outside the configured root"),
+        ({"config": "/etc/hostname"}, "outside the configured root"),
+    ],
+)
+def test_run_config_paths_outside_the_roots_are_refused(
+    instance: dg.DagsterInstance, roots: Roots, resource_config: dict[str, str], message: str
+) -> None:
+    run_config = {"resources": {"rollout_storage": {"config": resource_config}}}
+
+    result = materialize(instance, "00000001", run_config)
+
+    assert not result.success
+    _, failure = _step_failure(result)
+    assert message in failure.description
+    assert not roots.output.exists()
+    assert not (roots.output.parent / "escape").exists()
+
+
+def test_a_symlink_out_of_the_output_root_is_refused(
+    instance: dg.DagsterInstance, roots: Roots, tmp_path: Path
+) -> None:
+    roots.output.mkdir()
+    (roots.output / "link").symlink_to(tmp_path / "outside", target_is_directory=True)
+    run_config = {"resources": {"rollout_storage": {"config": {"output_root": "link"}}}}
+
+    result = materialize(instance, "00000001", run_config)
+
+    assert not result.success
+    assert not (tmp_path / "outside").exists()
+
+
+def test_run_config_may_narrow_the_output_root(instance: dg.DagsterInstance, roots: Roots) -> None:
+    run_config = {"resources": {"rollout_storage": {"config": {"output_root": "dp4"}}}}
+
+    assert materialize(instance, "00000001", run_config).success
+
+    assert (roots.output / "dp4" / "step=1" / "manifest.json").is_file()
+    assert not (roots.output / "step=1").exists()
+
+
+def _split_a_rollout(roots: Roots) -> int:
+    """Give the first row of rank 0 the rollout id of a row in train step 1."""
+    rank = roots.output / "step=1" / "rank=0.parquet"
+    frame = pl.read_parquet(rank)
+    later = frame.filter(pl.col(c.TRAIN_STEP) == 1).get_column(c.ROLLOUT_IDS)[0]
+    first = pl.int_range(pl.len()) == 0
+    frame.with_columns(
+        pl.when(first).then(pl.lit(later)).otherwise(pl.col(c.ROLLOUT_IDS)).alias(c.ROLLOUT_IDS)
+    ).write_parquet(rank)
+    return later
+
+
+def test_a_rollout_split_across_train_steps_is_counted_without_the_schedule(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    assert materialize(instance, "00000001").success  # two train steps
+    later = _split_a_rollout(roots)
+
+    split = _checks(run_checks(instance, "00000001"))["rollouts_stay_in_one_train_step"]
+    assert split.passed  # the trainer splits rollouts across steps too (SEMANTICS 6.1)
+    assert split.metadata["split_rollouts"].value == 1
+    assert split.metadata["scheduled"].value is False
+    assert f"| rollout {later} | in train steps [0, 1] |" in (
+        split.metadata["first_split_rollouts"].value
+    )
+
+
+def test_a_rollout_split_across_train_steps_fails_the_check_with_the_schedule(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    settings = {"cp_size": 1, "micro_batch_size": 1, "global_batch_size": 4}
+    run_config = {"ops": {"rollout_samples": {"config": settings}}}
+    assert materialize(instance, "00000001", run_config).success
+    _split_a_rollout(roots)
+
+    split = _checks(run_checks(instance, "00000001"))["rollouts_stay_in_one_train_step"]
+    assert not split.passed
+    assert split.metadata["split_rollouts"].value == 1

@@ -1,0 +1,129 @@
+"""The Ray path end to end against a local Ray head bound to 127.0.0.1.
+
+Part of `make test` (the `ray` extra is installed there): starting a head takes about a
+minute and several hundred MB. Each asset's stage runs as a Ray job submitted through the head's
+job API by `dagster_ray.PipesRayJobClient`; logs and metadata come back in the job's logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster_support import Roots, configured_roots, materialize
+
+from pipeline.orchestration.compute import Compute, RayCompute, StepCompute
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Function `PipesMessageReader.expected_writer_count`"),
+    pytest.mark.filterwarnings("ignore:AssetExecutionContext.run_id is deprecated"),
+    # dagster-ray's and Ray's own deprecations, nothing this project calls.
+    pytest.mark.filterwarnings("ignore:AssetExecutionContext.dagster_run is deprecated"),
+    pytest.mark.filterwarnings("ignore:ssl=None is deprecated"),
+]
+HEAD_START_S = 120
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_for_dashboard(url: str, head: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + HEAD_START_S
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            pytest.fail(f"ray head exited {head.returncode}: {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/api/version", timeout=2) as response:
+                json.load(response)
+            return
+        except OSError:
+            time.sleep(1)
+    pytest.fail(f"ray dashboard did not answer in {HEAD_START_S}s: {log.read_text()[-2000:]}")
+
+
+@pytest.fixture
+def ray_dashboard() -> Iterator[str]:
+    """A one-node Ray cluster on 127.0.0.1; stopped through its own process group."""
+    # Ray puts sockets under its temp dir, and their paths must stay short.
+    temp = Path(tempfile.mkdtemp(prefix="rs-ray-", dir="/tmp"))
+    gcs_port, dashboard_port = _free_port(), _free_port()
+    # Ray turns 127.0.0.1 into the machine's address unless it is told the cluster is one
+    # machine; this keeps every Ray process on the loopback interface.
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    command = [
+        str(Path(sys.executable).with_name("ray")),
+        *("start", "--head", "--block", "--disable-usage-stats", "--num-cpus=1"),
+        "--node-ip-address=127.0.0.1",
+        f"--port={gcs_port}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard_port}",
+        "--include-dashboard=true",
+        f"--temp-dir={temp}",
+    ]
+    log = temp / "head.log"
+    with log.open("wb") as out:
+        head = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{dashboard_port}"
+    try:
+        _wait_for_dashboard(url, head, log)
+        yield url
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture
+def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
+    return configured_roots(tmp_path, monkeypatch)
+
+
+def test_ray_jobs_build_the_step(ray_dashboard: str, roots: Roots) -> None:
+    # The head runs on this machine, so the job can use this interpreter and these roots.
+    compute = StepCompute(
+        compute=Compute.ray,
+        ray=RayCompute(
+            address=ray_dashboard,
+            entrypoint=f"{sys.executable} -m pipeline.orchestration.pipes_worker",
+            poll_interval=0.5,
+        ),
+    )
+    with dg.instance_for_test() as instance:
+        result = materialize(instance, "00000004", compute=compute)
+
+        assert result.success
+        messages = [record.user_message for record in instance.all_logs(result.run_id)]
+    folder = roots.output / "step=4"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["counts"]["written"] == 8
+    assert sorted(p.name for p in folder.glob("rank=*.parquet")) == [
+        "rank=0.parquet",
+        "rank=1.parquet",
+    ]
+    assert all(check.passed for check in result.get_asset_check_evaluations())
+    (event,) = result.asset_materializations_for_node("training_shards")
+    assert event.metadata["written"].value == 8
+    assert event.metadata["Ray Job ID"].value.startswith("pipes-")
+    assert f"step 4: 8 rows written to {folder}" in messages
+    assert sum(m.startswith("[pipes] Ray job pipes-") for m in messages) >= 3

@@ -1,0 +1,277 @@
+"""The stages behind Dagster Pipes: a worker process per asset, the same shards, metadata
+and failures as in process; the Ray and Kubernetes clients built from configuration."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+from dagster_k8s import PipesK8sClient
+from dagster_support import Roots, break_step_1, materialize, metadata_of
+
+from pipeline.definitions import defs
+from pipeline.errors import StepError, UsageError, Violation
+from pipeline.orchestration.compute import (
+    COMPUTE_ENV,
+    K8S_IMAGE_ENV,
+    Compute,
+    K8sCompute,
+    RayCompute,
+    StepCompute,
+)
+from pipeline.orchestration.pipes_worker import failure_message, reported_failure
+from pipeline.orchestration.reporting import FAILURE_TAG
+
+# pipeline.orchestration.compute silences these two warnings of Dagster's own Pipes code, but pytest
+# drops the filters a module sets while it is collected.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Function `PipesMessageReader.expected_writer_count`"),
+    pytest.mark.filterwarnings("ignore:AssetExecutionContext.run_id is deprecated"),
+]
+SUBPROCESS = StepCompute(compute=Compute.subprocess)
+ASSETS = ("rollout_samples", "train_batch", "training_shards")
+# The launchpad run config of the README's "Scaling out" section.
+RAY_RUN_CONFIG = """
+resources:
+  step_compute:
+    config:
+      compute: ray
+      ray:
+        address: http://ray-head:8265
+        runtime_env: {env_vars: {POLARS_MAX_THREADS: "8"}}
+        num_cpus: 8
+"""
+K8S_RUN_CONFIG = """
+resources:
+  step_compute:
+    config:
+      compute: k8s
+      k8s:
+        image: registry.example/rollout-shards:0.1.0
+        namespace: rl-data
+        base_pod_spec:
+          volumes: [{name: rollouts, persistentVolumeClaim: {claimName: rollouts}}]
+          containers:
+            - name: worker
+              volumeMounts: [{name: rollouts, mountPath: /mnt/rollouts}]
+              resources: {requests: {cpu: "8", memory: 32Gi}}
+"""
+
+
+def _messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    return [record.user_message for record in instance.all_logs(run_id)]
+
+
+def _step_failure(result: dg.ExecuteInProcessResult) -> tuple[str, dg.Failure]:
+    (event,) = [e for e in result.all_events if e.is_step_failure]
+    return event.step_key, event.step_failure_data.user_failure_data
+
+
+def test_a_subprocess_worker_builds_the_step(instance: dg.DagsterInstance, roots: Roots) -> None:
+    result = materialize(instance, "00000001", compute=SUBPROCESS)
+
+    assert result.success
+    folder = roots.output / "step=1"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "manifest.json",
+        "rank=0.parquet",
+        "rank=1.parquet",
+    ]
+    assert json.loads((folder / "manifest.json").read_text())["counts"]["written"] == 16
+    assert all(check.passed for check in result.get_asset_check_evaluations())
+    messages = _messages(instance, result.run_id)
+    assert messages.count("[pipes] external process successfully opened dagster pipes.") == 3
+    for asset in ASSETS:
+        (line,) = [m for m in messages if m.startswith(f"step 1: {asset} on ")]
+        assert int(line.rsplit("pid ", 1)[1]) != os.getpid()
+    assert f"step 1: 16 rows written to {folder}" in messages
+    shards = metadata_of(result, "training_shards")
+    assert shards["written"].value == 16
+    assert shards["path"].value == str(folder)
+
+
+def test_pipes_metadata_and_shards_match_in_process(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    in_process = materialize(instance, "00000004")
+    elsewhere = {"resources": {"rollout_storage": {"config": {"output_root": "pipes"}}}}
+    piped = materialize(instance, "00000004", elsewhere, compute=SUBPROCESS)
+
+    assert in_process.success and piped.success
+    for asset in ASSETS:
+        here, there = metadata_of(in_process, asset), metadata_of(piped, asset)
+        assert here.keys() == there.keys()
+        for key in here:
+            if key in ("path", "staged"):
+                relative = Path(there[key].value).relative_to(roots.output / "pipes")
+                assert Path(here[key].value).relative_to(roots.output) == relative
+            else:
+                assert here[key] == there[key], (asset, key)
+    for name in ("rank=0.parquet", "rank=1.parquet"):
+        in_process_bytes = (roots.output / "step=4" / name).read_bytes()
+        assert (roots.output / "pipes" / "step=4" / name).read_bytes() == in_process_bytes
+
+
+def test_an_invalid_step_fails_through_pipes_with_its_summary(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    break_step_1(roots)
+
+    in_process = materialize(instance, "00000001")
+    result = materialize(instance, "00000001", compute=SUBPROCESS)
+
+    assert not result.success
+    step_key, failure = _step_failure(result)
+    assert step_key == "rollout_samples"
+    assert "rule response_within_tokens" in failure.description
+    expected = _step_failure(in_process)[1]
+    assert failure.description == expected.description
+    assert failure.metadata == expected.metadata
+    rows = failure.metadata["first_offending_rows"].value
+    assert f"| response_within_tokens | {roots.input / 'step=1.parquet'} | 2 | 0 |" in rows
+    assert "response_within_tokens" in instance.get_run_by_id(result.run_id).tags[FAILURE_TAG]
+    assert not roots.output.exists()
+
+
+def test_settings_the_data_cannot_satisfy_fail_in_the_worker(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    run_config = {"ops": {"rollout_samples": {"config": {"global_batch_size": 64}}}}
+
+    result = materialize(instance, "00000002", run_config, compute=SUBPROCESS)
+
+    step_key, failure = _step_failure(result)
+    assert step_key == "train_batch"
+    assert "step 2" in failure.description
+    assert not (roots.output / "step=2").exists()
+
+
+def test_failures_survive_the_trip_through_pipes() -> None:
+    violation = Violation(
+        rule="response_within_tokens",
+        message="response longer than tokens",
+        step=1,
+        files=["a.parquet"],
+        rows=[(2, 0), (5, 1)],
+        n_rows=2,
+    )
+    messages = [{"other": 1}, json.loads(json.dumps(failure_message(StepError([violation]))))]
+
+    error = reported_failure(messages)
+
+    assert isinstance(error, StepError)
+    assert error.violations == [violation]
+    usage = reported_failure([failure_message(UsageError("no rollout tables for step 9"))])
+    assert isinstance(usage, UsageError) and str(usage) == "no rollout tables for step 9"
+    assert reported_failure([{"other": 1}]) is None
+
+
+def test_the_worker_needs_dagster_pipes_only() -> None:
+    code = (
+        "import json, sys, pipeline.orchestration.pipes_worker; "
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+
+    loaded = set(json.loads(out.stdout))
+    assert "dagster_pipes" in loaded
+    assert not loaded & {"dagster", "dagster_ray", "dagster_k8s", "ray", "kubernetes"}
+
+
+def test_compute_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(COMPUTE_ENV, "subprocess")
+    monkeypatch.setenv(K8S_IMAGE_ENV, "registry.example/rollout-shards:0.1.0")
+    compute = StepCompute.from_env()
+    assert compute.compute == Compute.subprocess
+    assert compute.k8s.image == "registry.example/rollout-shards:0.1.0"
+    assert compute.run_arguments() == {
+        "command": [sys.executable, "-m", "pipeline.orchestration.pipes_worker"]
+    }
+
+    monkeypatch.delenv(COMPUTE_ENV)
+    assert StepCompute.from_env().compute == Compute.in_process
+    monkeypatch.setenv(COMPUTE_ENV, "spark")
+    with pytest.raises(UsageError, match="ROLLOUT_SHARDS_COMPUTE=spark: one of in_process"):
+        StepCompute.from_env()
+
+
+def _configured(run_config: str) -> StepCompute:
+    """The resource as a launch with this run config gets it (checked against the job)."""
+    parsed = yaml.safe_load(run_config)
+    job = defs.resolve_job_def("rollout_step_job")
+    dg.validate_run_config(job, parsed)
+    return StepCompute(**parsed["resources"]["step_compute"]["config"])
+
+
+def test_the_ray_client_from_run_config() -> None:
+    from dagster_ray import PipesRayJobClient
+    from dagster_ray.core.pipes import SubmitJobParams
+
+    compute = _configured(RAY_RUN_CONFIG)
+    client = compute.client()
+
+    assert isinstance(client, PipesRayJobClient)
+    assert client._address == "http://ray-head:8265"
+    arguments = compute.run_arguments()
+    assert arguments == {
+        "submit_job_params": {
+            "entrypoint": "python -m pipeline.orchestration.pipes_worker",
+            "runtime_env": {"env_vars": {"POLARS_MAX_THREADS": "8"}},
+            "entrypoint_num_cpus": 8.0,
+        }
+    }
+    assert set(arguments["submit_job_params"]) <= set(SubmitJobParams.__annotations__)
+    # The client adds the Pipes variables to the runtime_env it gets: a copy, every launch.
+    arguments["submit_job_params"]["runtime_env"]["env_vars"]["DAGSTER_PIPES_CONTEXT"] = "x"
+    assert compute.ray.runtime_env == {"env_vars": {"POLARS_MAX_THREADS": "8"}}
+
+
+def test_the_k8s_client_from_run_config() -> None:
+    compute = _configured(K8S_RUN_CONFIG)
+
+    client = compute.client()
+    assert isinstance(client, PipesK8sClient)
+    assert client.load_incluster_config is None
+    assert (client.kubeconfig_file, client.kube_context, client.poll_interval) == (None, None, 10.0)
+    arguments = compute.run_arguments()
+    assert set(arguments) | {"context", "extras"} <= inspect.signature(client.run).parameters.keys()
+    assert arguments["image"] == "registry.example/rollout-shards:0.1.0"
+    assert arguments["command"] == ["python", "-m", "pipeline.orchestration.pipes_worker"]
+    assert arguments["namespace"] == "rl-data"
+    spec = arguments["base_pod_spec"]
+    assert spec["containers"][0]["volumeMounts"] == [
+        {"name": "rollouts", "mountPath": "/mnt/rollouts"}
+    ]
+
+
+def test_k8s_needs_an_image() -> None:
+    with pytest.raises(UsageError, match=re.escape("k8s.image or $ROLLOUT_SHARDS_K8S_IMAGE")):
+        StepCompute(compute=Compute.k8s).run_arguments()
+
+
+def test_a_missing_extra_fails_the_run_with_the_install_line(
+    instance: dg.DagsterInstance, roots: Roots, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "dagster_k8s", None)
+    compute = StepCompute(compute=Compute.k8s, k8s=K8sCompute(image="rollout-shards:0.1.0"))
+
+    result = materialize(instance, "00000001", compute=compute)
+
+    step_key, failure = _step_failure(result)
+    assert step_key == "rollout_samples"
+    assert "compute k8s needs dagster-k8s: pip install 'rollout-shards[k8s]'" in failure.description
+    assert not roots.output.exists()
+
+
+def test_in_process_has_no_pipes_client() -> None:
+    with pytest.raises(UsageError, match="runs in process"):
+        StepCompute().client()
+    assert RayCompute().entrypoint == "python -m pipeline.orchestration.pipes_worker"
