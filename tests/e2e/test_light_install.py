@@ -1,0 +1,79 @@
+"""`pip install .` without extras: the CLI and the core, no Dagster, the same shards.
+
+A fresh virtualenv gets the project without extras (what a user puts in CI for
+`rollout-shards validate`), must hold no Dagster package, and must build the embedded
+data into shards byte-identical to the ones the Dagster path (`make run`) writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import venv
+from pathlib import Path
+
+import pytest
+
+from pipeline.orchestration import run_all
+from tests.orchestration.dagster_support import Roots, configured_roots
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.glob("step=*/*.parquet"))
+    }
+
+
+@pytest.fixture(scope="module")
+def light_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("light") / "venv"
+    venv.create(folder, with_pip=True)
+    python = folder / "bin" / "python"
+    subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", str(REPO)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return folder
+
+
+def test_the_light_install_has_no_dagster(light_venv: Path) -> None:
+    listed = subprocess.run(
+        [light_venv / "bin" / "python", "-m", "pip", "list", "--format", "json"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    names = {package["name"].lower() for package in json.loads(listed.stdout)}
+    assert "rollout-shards" in names
+    assert not {name for name in names if name.startswith("dagster")}
+
+
+def test_the_light_cli_builds_what_the_dagster_path_builds(
+    light_venv: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    (tmp_path / "dagster_home").mkdir()
+    roots: Roots = configured_roots(tmp_path, monkeypatch)
+    assert run_all.main() == 0
+    capsys.readouterr()
+
+    light_out = tmp_path / "light_shards"
+    built = subprocess.run(
+        [light_venv / "bin" / "rollout-shards", "build", str(roots.input), "--out", str(light_out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert built.returncode == 0, built.stderr
+    dagster_digests = _digests(roots.output)
+    assert len(dagster_digests) >= 4
+    assert _digests(light_out) == dagster_digests
