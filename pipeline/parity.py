@@ -15,9 +15,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
+
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
 
 from pipeline import columns as c
 from pipeline.columns import IN_LEFT, IN_RIGHT, INPUT_POSITION, OCCURRENCE, RANK_POSITION
@@ -25,15 +28,15 @@ from pipeline.errors import StepError, UsageError, Violation
 from pipeline.io.readers import PATH_STEP, find_sources, group_steps, load_step, read_table
 from pipeline.manifest import MANIFEST
 
-BUILD_KEYS = (c.STEP, c.BATCH_POSITION)
-INPUT_KEYS = (c.STEP, c.INDEX, c.LEAF)
+BUILD_KEYS: tuple[str, ...] = (c.STEP, c.BATCH_POSITION)
+INPUT_KEYS: tuple[str, ...] = (c.STEP, c.INDEX, c.LEAF)
 PROVENANCE = (c.SOURCE_FILE, c.SOURCE_ROW, PATH_STEP)
 
 LEFT = "left:"
 RIGHT = "right:"
 DIFF = "diff:"
 
-FLOAT_BITS: dict[pl.DataType, pl.DataType] = {
+FLOAT_BITS: dict[PolarsDataType, PolarsDataType] = {
     pl.Float16(): pl.UInt16(),
     pl.Float32(): pl.UInt32(),
     pl.Float64(): pl.UInt64(),
@@ -82,7 +85,7 @@ class ParityReport:
         return f"{len(self.columns)} columns differ{rows}"
 
     def to_json(self) -> dict[str, Any]:
-        return _jsonable(
+        data: dict[str, Any] = _jsonable(
             {
                 "mode": self.mode,
                 "keys": list(self.keys),
@@ -101,6 +104,7 @@ class ParityReport:
                 "summary": self.summary(),
             }
         )
+        return data
 
     def text(self) -> str:
         lines = [
@@ -119,7 +123,7 @@ class ParityReport:
         return "\n".join(lines)
 
 
-def float_bits(expr: pl.Expr, dtype: pl.DataType) -> pl.Expr:
+def float_bits(expr: pl.Expr, dtype: PolarsDataType) -> pl.Expr:
     """The expression with every float, also inside lists and structs, as its raw bits."""
     if dtype in FLOAT_BITS:
         return expr.reinterpret(dtype=FLOAT_BITS[dtype])
@@ -136,7 +140,7 @@ def float_bits(expr: pl.Expr, dtype: pl.DataType) -> pl.Expr:
     return expr
 
 
-def _has_float(dtype: pl.DataType) -> bool:
+def _has_float(dtype: PolarsDataType) -> bool:
     if dtype in FLOAT_BITS:
         return True
     if isinstance(dtype, pl.List | pl.Array):
@@ -290,10 +294,11 @@ def _examples(
     ]
 
 
-def _bit_width(dtype: pl.DataType) -> int | None:
+def _bit_width(dtype: PolarsDataType) -> int | None:
     while isinstance(dtype, pl.List | pl.Array):
         dtype = dtype.inner
-    return {pl.Float16(): 16, pl.Float32(): 32, pl.Float64(): 64}.get(dtype)
+    widths: dict[PolarsDataType, int] = {pl.Float16(): 16, pl.Float32(): 32, pl.Float64(): 64}
+    return widths.get(dtype)
 
 
 def _key(row: dict[str, Any], order: Sequence[str]) -> dict[str, Any]:
@@ -325,8 +330,14 @@ def _example(
             example[side + "_length"] = len(value)
             value = value[:PREVIEW]
         example[side] = value
-        if isinstance(value, float) and isinstance(bits, int) and _same_looking(left, right):
-            example[side + "_bits"] = f"0x{bits:0{width[side] // 4}x}"
+        bit_width = width[side]
+        if (
+            isinstance(value, float)
+            and isinstance(bits, int)
+            and bit_width is not None
+            and _same_looking(left, right)
+        ):
+            example[side + "_bits"] = f"0x{bits:0{bit_width // 4}x}"
     return example
 
 

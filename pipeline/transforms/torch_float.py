@@ -74,7 +74,8 @@ def torch_sums(x: np.ndarray) -> np.ndarray:
             total = total + x[:, j]
         for lane in range(VECTOR_WIDTH):
             total = total + lanes[:, lane]
-    return zero + total
+    result: np.ndarray = zero + total
+    return result
 
 
 def torch_mean_std(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
