@@ -59,6 +59,24 @@ def named_paths(text: str, repo: Path) -> list[str]:
     return paths
 
 
+def layout_paths(text: str) -> list[str]:
+    """The paths of the Layout section's tree: names left of a two-space gap, an indented
+    name inside the folder above it."""
+    section = text.partition("\n## Layout\n")[2]
+    block = FENCE.search(section)
+    if not block:
+        return []
+    paths, folder = [], ""
+    for line in block.group(0).splitlines()[1:-1]:
+        names = line.strip().split("  ")[0].split()
+        indented = line.startswith(" ")
+        for name in names:
+            paths.append(folder + name if indented else name)
+            if not indented and name.endswith("/"):
+                folder = name
+    return paths
+
+
 def named_modules(text: str) -> list[str]:
     """Dotted modules of the package named in backticks (`pipeline.definitions`)."""
     spans = INLINE_CODE.findall(prose(text))
@@ -69,7 +87,7 @@ def missing_paths(text: str, repo: Path) -> list[str]:
     """Named paths that do not exist, leaving out generated folders and pending docs."""
     generated = ignored_entries(repo)
     missing = []
-    for path in named_paths(text, repo):
+    for path in named_paths(text, repo) + layout_paths(text):
         bare = path.rstrip("/")
         if any(bare == entry or bare.startswith(entry + "/") for entry in generated):
             continue
@@ -142,12 +160,22 @@ def test_the_checks_find_what_is_missing(tmp_path: Path) -> None:
             "```",
             "ls pipeline/not-checked-in-a-fence.py `pipeline/fenced.py`",
             "```",
+            "## Layout",
+            "```",
+            "pipeline/         the package",
+            "  cli.py step/    the CLI (`pipeline/described.py` is not a name)",
+            "  lost.py         gone",
+            "docs/             docs",
+            "Makefile          the targets",
+            "```",
         ]
     )
     assert missing_paths(text, tmp_path) == [
         "pipeline/gone.py",
         "docs/nope/",
         "docs/semantics.md",
+        "pipeline/lost.py",
+        "Makefile",
     ]
     assert missing_modules(text, tmp_path) == ["pipeline.absent"]
     assert broken_doc_links(text, tmp_path) == ["docs/semantics.md"]
