@@ -59,8 +59,11 @@ columns AS (
         k.response_length AS response_lengths,
         len(k.tokens)::INTEGER AS total_lengths,
         CASE
-            WHEN k.remove_sample THEN list_transform(range(k.response_length), lambda x: 0::TINYINT)
-            ELSE coalesce(k.loss_mask, list_transform(range(k.response_length), lambda x: 1::TINYINT))
+            WHEN k.remove_sample
+                THEN list_transform(range(k.response_length), lambda x: 0::TINYINT)
+            ELSE coalesce(
+                k.loss_mask, list_transform(range(k.response_length), lambda x: 1::TINYINT)
+            )
         END AS loss_masks,
         n.reward AS rewards,
         k.reward AS raw_reward,

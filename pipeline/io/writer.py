@@ -37,7 +37,7 @@ from pipeline.io.readers import sha256_of
 from pipeline.manifest import OutputFile
 
 QUARANTINE = "quarantine.parquet"
-# Rank files are written once and read whole by a trainer (docs/PERFORMANCE.md has the
+# Rank files are written once and read whole by a trainer (docs/performance.md has the
 # figures). zstd level 1 costs about a third more CPU to write than lz4 but makes token
 # files a fifth smaller, and level 3 would double the writing time for 1% less. Groups of
 # 1024 rows let a reader decode a rank file's groups in parallel (twice as fast on two
