@@ -8,12 +8,16 @@ median of --repeats runs, interleaved so that load from other work hits every to
 
 - (a) floor: Polars reads the step and writes it back with the pipeline's Parquet options;
 - (b) build: `rollout-shards build` (read, validate, plan, write ranks, hashes, manifest);
-- (c) miles: bench/miles_path.py, the per-sample Python path of the trainer.
+- (c) miles: bench/miles_path.py, the per-sample Python path of the trainer;
+- (d) duckdb: bench/duckdb_path.py, the common non-compact path in DuckDB SQL (non-compact
+  steps only: it knows no compact batches).
+
+A 64-sample step (floor and build, `--small-samples`) gives the fixed cost per process.
 
 Then one build of a ~250M-token step (time and peak RSS), and the Dagster path: one
 partition materialized in process (`dg.materialize` of the three assets) against the CLI
 on the same step. Peak RSS and CPU time are each child's own (`os.wait4`). The table goes
-between the markers of docs/PERFORMANCE.md, the raw figures to <work>/results.json.
+between the markers of docs/performance.md, the raw figures to <work>/results.json.
 
 The module imports only the standard library at the top: it is also the program of the
 floor and Dagster children (`bench/run.py _floor ...`), whose start-up it must not slow.
@@ -41,11 +45,12 @@ PYTHON = Path(sys.executable)
 CLI = PYTHON.parent / "rollout-shards"
 GENERATOR = ROOT / "bench" / "generate.py"
 MILES_PATH = ROOT / "bench" / "miles_path.py"
-REPORT = ROOT / "docs" / "PERFORMANCE.md"
+DUCKDB_PATH = ROOT / "bench" / "duckdb_path.py"
+REPORT = ROOT / "docs" / "performance.md"
 BEGIN = "<!-- bench/run.py: begin -->"
 END = "<!-- bench/run.py: end -->"
 KINDS = ("non-compact", "compact")
-FLOOR, BUILD, MILES, BEFORE = "floor", "build", "miles", "before"
+FLOOR, BUILD, MILES, BEFORE, DUCKDB = "floor", "build", "miles", "before", "duckdb"
 
 
 @dataclass
@@ -118,6 +123,8 @@ def tool_command(tool: str, step_dir: Path, out: Path, args: argparse.Namespace)
     if tool == BEFORE:
         # -P keeps the working directory off sys.path, so PYTHONPATH picks the source tree
         return [PYTHON, "-P", "-m", "pipeline.cli", "build", step_dir, "--out", out, *settings]
+    if tool == DUCKDB:
+        return [PYTHON, DUCKDB_PATH, step_dir, "--out", out, *settings]
     # (c) writes zstd like the pipeline, so codecs do not decide the comparison
     return [PYTHON, MILES_PATH, step_dir, "--out", out, *settings, "--compression", "zstd"]
 
@@ -275,6 +282,7 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 def report(
     cases: list[Case],
     big: Case | None,
+    small: Case | None,
     dagster: dict[str, Any] | None,
     info: dict[str, Any],
     args: argparse.Namespace,
@@ -291,15 +299,17 @@ def report(
         "sample with rollout log probs.",
         "",
         "| step | samples | tokens | input MiB | (a) floor s | (b) build s | (c) miles s "
-        "| b/a | b/a cpu | c/b | (a) MiB | (b) MiB | (c) MiB | (b) s per M tokens |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| (d) duckdb s | b/a | b/a cpu | c/b | d/b | (a) MiB | (b) MiB | (c) MiB "
+        "| (b) s per M tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for case in cases:
-        a, b, cc = (case.median(t, "wall") for t in (FLOOR, BUILD, MILES))
+        a, b, cc, d = (case.median(t, "wall") for t in (FLOOR, BUILD, MILES, DUCKDB))
         lines.append(
             f"| {case.kind} | {case.samples} | {case.tokens / 1e6:.1f}M | {case.input_mib:.0f} "
-            f"| {fmt(a)} | {fmt(b)} | {fmt(cc)} | {ratio(b, a)} "
+            f"| {fmt(a)} | {fmt(b)} | {fmt(cc)} | {fmt(d)} | {ratio(b, a)} "
             f"| {ratio(case.median(BUILD, 'cpu'), case.median(FLOOR, 'cpu'))} | {ratio(cc, b)} "
+            f"| {ratio(d, b)} "
             f"| {fmt(case.median(FLOOR, 'rss'), 0)} | {fmt(case.median(BUILD, 'rss'), 0)} "
             f"| {fmt(case.median(MILES, 'rss'), 0)} "
             f"| {fmt(b / (case.tokens / 1e6) if b else None, 3)} |"
@@ -337,6 +347,19 @@ def report(
                 + " -> ".join(f"{r:.0f}" for r in rss)
                 + f" MiB over {', '.join(f'{x:.0f}M' for x in xs)} tokens"
             )
+    if small is not None:
+        a, b = small.median(FLOOR, "wall"), small.median(BUILD, "wall")
+        before = ""
+        if BEFORE in small.runs:
+            before = f"; the build of `{args.before}` {fmt(small.median(BEFORE, 'wall'))} s"
+        lines += [
+            "",
+            f"Fixed cost ({small.kind}, {small.samples} samples, median of {args.repeats}): "
+            f"build {fmt(b)} s ({fmt(small.median(BUILD, 'cpu'))} cpu-s, "
+            f"{fmt(small.median(BUILD, 'rss'), 0)} MiB), floor {fmt(a)} s "
+            f"({fmt(small.median(FLOOR, 'cpu'))} cpu-s): build - floor = "
+            f"{(b or 0.0) - (a or 0.0):.2f} s{before}.",
+        ]
     if big is not None:
         a, b = big.median(FLOOR, "wall"), big.median(BUILD, "wall")
         lines += [
@@ -385,6 +408,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="run (c) only up to this size: it holds every token as a Python int (3 GB at 32k)",
     )
     parser.add_argument("--big-tokens", type=float, default=250e6, help="0 skips the big step")
+    parser.add_argument(
+        "--small-samples", type=int, default=64, help="the fixed-cost step; 0 skips it"
+    )
     parser.add_argument("--dagster-samples", type=int, default=32768, help="0 skips Dagster")
     parser.add_argument("--quick", action="store_true", help="8k and 32k, no big step")
     parser.add_argument(
@@ -425,6 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 input_mib=(step_dir / "step=0.parquet").stat().st_size / 2**20,
             )
             tools = [FLOOR, BUILD] + ([MILES] if samples <= args.miles_max_samples else [])
+            tools += [DUCKDB] if kind == "non-compact" else []
             tools += [BEFORE] if args.before else []
             measure(case, step_dir, tools, args)
             cases.append(case)
@@ -439,6 +466,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             input_mib=(step_dir / "step=0.parquet").stat().st_size / 2**20,
         )
         measure(big, step_dir, [FLOOR, BUILD], argparse.Namespace(**{**vars(args), "repeats": 1}))
+    small = None
+    if args.small_samples > 0:
+        step_dir = generate(args.work, "compact", args.small_samples, args.mean_tokens, args.fresh)
+        small = Case(
+            kind="compact",
+            samples=args.small_samples,
+            tokens=json.loads((step_dir / "generated.json").read_text())["tokens"],
+            input_mib=(step_dir / "step=0.parquet").stat().st_size / 2**20,
+        )
+        measure(small, step_dir, [FLOOR, BUILD] + ([BEFORE] if args.before else []), args)
     dagster = None
     if args.dagster_samples > 0:
         step_dir = generate(args.work, "compact", args.dagster_samples, args.mean_tokens, False)
@@ -452,11 +489,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_before": load_before,
         "load_after": os.getloadavg()[0],
     }
-    table = report(cases, big, dagster, info, args)
+    table = report(cases, big, small, dagster, info, args)
     results = {
         "info": info,
         "cases": [asdict(c) for c in cases],
         "big": asdict(big) if big else None,
+        "small": asdict(small) if small else None,
         "dagster": dagster,
     }
     (args.work / "results.json").write_text(json.dumps(results, indent=2))

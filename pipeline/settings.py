@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.errors import UsageError
@@ -123,6 +122,8 @@ def read_config(path: str | Path | None) -> dict[str, Any]:
         text = Path(path).read_text()
     except OSError as exc:
         raise UsageError(f"cannot read config {path}: {exc.strerror}") from exc
+    import yaml  # only a step with a config file pays for the import
+
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:

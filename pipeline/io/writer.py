@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
+import io
 import os
 import re
 import shutil
@@ -35,7 +37,7 @@ from pipeline.io.readers import sha256_of
 from pipeline.manifest import OutputFile
 
 QUARANTINE = "quarantine.parquet"
-# Rank files are written once and read whole by a trainer (docs/PERFORMANCE.md has the
+# Rank files are written once and read whole by a trainer (docs/performance.md has the
 # figures). zstd level 1 costs about a third more CPU to write than lz4 but makes token
 # files a fifth smaller, and level 3 would double the writing time for 1% less. Groups of
 # 1024 rows let a reader decode a rank file's groups in parallel (twice as fast on two
@@ -169,10 +171,29 @@ def replace_folder(final: Path, fill: Callable[[Path], None]) -> None:
         raise
 
 
-def write_parquet(frame: pl.DataFrame, path: Path) -> None:
-    frame.write_parquet(path, **PARQUET_OPTIONS)
-    _fsync(path)
+def write_parquet(frame: pl.DataFrame, path: Path) -> str:
+    """Write `frame` to `path` (fsynced) and return the sha256 of the bytes written. The
+    file is encoded into memory, hashed there and written once, so a build never reads its
+    own outputs back from disk to hash them; the bytes are those `write_parquet` gives a
+    path."""
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer, **PARQUET_OPTIONS)
+    data = buffer.getbuffer()
+    digest = hashlib.sha256(data).hexdigest()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return digest
 
 
-def file_record(path: Path, name: str, rows: int, tokens: int | None = None) -> OutputFile:
-    return OutputFile(path=name, sha256=sha256_of(path), rows=rows, tokens=tokens)
+def file_record(
+    path: Path, name: str, rows: int, tokens: int | None = None, sha256: str | None = None
+) -> OutputFile:
+    """The manifest's record of a written file; its sha256 read back from disk unless the
+    writer gave it."""
+    return OutputFile(path=name, sha256=sha256 or sha256_of(path), rows=rows, tokens=tokens)

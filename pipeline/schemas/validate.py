@@ -24,6 +24,7 @@ from pipeline.transforms import samples as s
 
 if TYPE_CHECKING:
     import pandera.polars as pa
+    from pandera.api.polars.types import PolarsData
 
 MAX_ROWS_SHOWN = 5
 # Removing invalid trajectories can expose a new failure (the all-or-none rules count
@@ -40,19 +41,114 @@ class RuleFailure:
 
 @cache
 def load_models() -> ModuleType:
-    """The Pandera models, with Pandera's Polars backends registered. Importing pandera and
-    registering them is about 0.3 s of Python, so it happens on first use, and
-    `build.load_samples` does it on a second thread while Polars reads the files."""
+    """The Pandera models. Importing pandera is a good part of a small step's time, so it
+    happens on first use, and `ingest.load_samples` does it on a second thread while Polars
+    reads the files. Pandera's backends are registered only when a step fails a rule and its
+    failure cases are needed (`_failure_cases`)."""
+    # The polars versions of Pandera's built-in checks (isin, ge, ...) register on import,
+    # and a check built before that cannot run on polars data.
+    import pandera.backends.polars.builtin_checks  # noqa: F401
+
     from pipeline.schemas import samples as models
 
     for model in (models.RolloutSampleTable, models.SampleRules, models.SiblingRewards):
-        model.to_schema().get_backend(check_type=pl.DataFrame)
+        _schema(model)
     return models
 
 
+@cache
+def _schema(model: type[pa.DataFrameModel]) -> pa.DataFrameSchema:
+    return model.to_schema()
+
+
+def _check_passed(check: pa.Check, data: PolarsData) -> pl.LazyFrame | None:
+    """One row, one boolean: does `check` pass on `data`? Evaluated as Pandera's polars
+    backend does (every output column must hold; a null passes only with `ignore_na`).
+    None for an element-wise check, which only Pandera runs."""
+    if check.element_wise:
+        return None
+    out = check._check_fn(data, **check._check_kwargs)
+    if isinstance(out, bool):
+        return pl.LazyFrame({"ok": [out]})
+    ok = pl.all_horizontal(pl.all()).fill_null(check.ignore_na)
+    return out.select(ok.all().alias("ok"))
+
+
+def _column_tests(schema: pa.DataFrameSchema, frame: pl.DataFrame) -> list[pl.LazyFrame] | None:
+    """The tests of every column of `schema`: presence and dtype (decided here), nulls and
+    its checks (as lazy one-row frames). None where Pandera would do something more."""
+    from pandera.api.polars.types import PolarsData
+
+    tests: list[pl.LazyFrame] = []
+    lazy = frame.lazy()
+    for name, column in schema.columns.items():
+        if column.regex or column.unique or column.coerce or column.drop_invalid_rows:
+            return None
+        if name not in frame.schema:
+            if column.required:
+                return None
+            continue
+        if column.dtype is not None and column.dtype.type != frame.schema[name]:
+            return None
+        if not column.nullable:
+            missing = pl.col(name).is_null()
+            if frame.schema[name].is_float():
+                missing = missing | pl.col(name).is_nan()
+            tests.append(lazy.select((~missing).all().alias("ok")))
+        for check in column.checks:
+            test = _check_passed(check, PolarsData(lazy, name))
+            if test is None:
+                return None
+            tests.append(test)
+    return tests
+
+
+def passes(model: type[pa.DataFrameModel], frame: pl.DataFrame) -> bool | None:
+    """True when `frame` passes every column and dataframe check of `model`, found by one
+    Polars query over all the checks' expressions instead of Pandera's query per check.
+    False when some check fails; None when the model uses a feature this does not
+    evaluate (then only Pandera's own validation decides). New checks of the models join
+    by themselves: they are read from the schema, not listed here."""
+    from pandera.api.polars.types import PolarsData
+
+    load_models()
+    schema = _schema(model)
+    if schema.unique or schema.coerce or schema.ordered or schema.drop_invalid_rows:
+        return None
+    if schema.strict or schema.add_missing_columns:
+        return None
+    tests = _column_tests(schema, frame)
+    if tests is None:
+        return None
+    for check in schema.checks:
+        test = _check_passed(check, PolarsData(frame.lazy(), "*"))
+        if test is None:
+            return None
+        tests.append(test)
+    if not tests:
+        return True
+    combined = pl.concat(
+        [test.select(pl.col("ok").alias(f"ok_{i}")) for i, test in enumerate(tests)],
+        how="horizontal",
+    )
+    try:
+        with pl.Config(engine_affinity="in-memory"):
+            row = combined.collect().row(0)
+    except pl.exceptions.PolarsError:
+        return None
+    return all(value is True for value in row)
+
+
 def _failure_cases(model: type[pa.DataFrameModel], frame: pl.DataFrame) -> pl.DataFrame | None:
+    """Pandera's failure cases of `frame`, or None when it passes. A frame that `passes`
+    never reaches Pandera's validation; any other gets Pandera's own report, so the
+    failures and messages are Pandera's."""
+    if passes(model, frame):
+        return None
     from pandera.config import ValidationDepth, config_context
     from pandera.errors import SchemaErrors
+
+    _schema(model).get_backend(check_type=pl.DataFrame)
 
     # Pandera runs one small query per check: Polars' in-memory engine starts each one
     # faster than the streaming engine that Polars 2 picks by default.

@@ -30,9 +30,9 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
         def write_rank(rank: int) -> OutputFile:
             part = batch.rows(int(bounds[rank]), int(bounds[rank + 1] - bounds[rank]))
             name = writer.rank_file(rank)
-            writer.write_parquet(part.drop(c.RANK), staged / name)
+            digest = writer.write_parquet(part.drop(c.RANK), staged / name)
             tokens = int(part.get_column(c.TOTAL_LENGTHS).sum())
-            return writer.file_record(staged / name, name, part.height, tokens)
+            return writer.file_record(staged / name, name, part.height, tokens, digest)
 
         # Polars gathers and encodes, and hashlib hashes, without the GIL: two ranks at a
         # time keep two cores busy where one small file leaves one idle. A file's bytes do
@@ -41,9 +41,11 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
             outputs = list(pool.map(write_rank, range(dp)))
         if batch.quarantine is not None and batch.quarantine.height:
             quarantine = batch.quarantine
-            writer.write_parquet(quarantine, staged / writer.QUARANTINE)
+            digest = writer.write_parquet(quarantine, staged / writer.QUARANTINE)
             outputs.append(
-                writer.file_record(staged / writer.QUARANTINE, writer.QUARANTINE, quarantine.height)
+                writer.file_record(
+                    staged / writer.QUARANTINE, writer.QUARANTINE, quarantine.height, sha256=digest
+                )
             )
         manifest.outputs = outputs
         problems = blocking_problems(manifest, staged, hash_files=False)
