@@ -99,6 +99,7 @@ MASK_SUM = "_mask_sum"
 RLP_LEN = "_rlp_len"
 TLP_LEN = "_tlp_len"
 METADATA_OBJECT = "_metadata_object"
+LOG_PROBS_FINITE = "_log_probs_finite"  # every rollout and teacher log prob finite
 TRAJECTORY_SIZE = "_trajectory_size"
 ROLLOUT_KEY = "_rollout_key"
 REWARD_VALUE = "_reward"

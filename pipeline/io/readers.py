@@ -457,6 +457,7 @@ def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
             frames.append(_with_provenance(frame, source.path, source.step))
     finally:
         hasher.shutdown(wait=False, cancel_futures=True)
+    _check_no_identical_files(inputs, step)
     _check_one_reward_type(frames, step)
     frame = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
     if c.STEP not in frame.columns:
@@ -480,6 +481,26 @@ def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
         type_violations=type_violations,
         type_errors=frame.get_column(TYPE_ERROR),
     )
+
+
+def _check_no_identical_files(inputs: Sequence[dict], step: int) -> None:
+    """Two byte-identical files of one step are one file's rows given twice."""
+    first: dict[str, str] = {}
+    for entry in inputs:
+        path = entry["path"]
+        seen = first.get(entry["sha256"])
+        if seen is None:
+            first[entry["sha256"]] = path
+            continue
+        message = (
+            f"{path} is given twice: its rows would be read twice"
+            if seen == path
+            else f"{seen} and {path} are byte-identical: the same rows twice"
+        )
+        files = [seen] if seen == path else [seen, path]
+        raise StepError(
+            [Violation("identical_input_files", message, step=step, files=files)]
+        )
 
 
 def _check_one_reward_type(frames: Sequence[pl.DataFrame], step: int) -> None:
