@@ -498,9 +498,7 @@ def _check_no_identical_files(inputs: Sequence[dict], step: int) -> None:
             else f"{seen} and {path} are byte-identical: the same rows twice"
         )
         files = [seen] if seen == path else [seen, path]
-        raise StepError(
-            [Violation("identical_input_files", message, step=step, files=files)]
-        )
+        raise StepError([Violation("identical_input_files", message, step=step, files=files)])
 
 
 def _check_one_reward_type(frames: Sequence[pl.DataFrame], step: int) -> None:

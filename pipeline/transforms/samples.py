@@ -10,10 +10,10 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.columns import (
+    LOG_PROBS_FINITE,
     MASK_BINARY,
     MASK_LEN,
     MASK_SUM,
-    LOG_PROBS_FINITE,
     METADATA_OBJECT,
     N_TOKENS,
     POSITION,
