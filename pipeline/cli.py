@@ -10,6 +10,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import sys
 import types
 import typing
@@ -120,9 +121,11 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, data_settings_files(args.inputs), **overrides)
 
 
-def _steps(inputs: Sequence[str], session_version: str | None = None) -> dict:
+def _steps(
+    inputs: Sequence[str], session_version: str | None = None, skipped: list[Path] | None = None
+) -> dict[int, list[SourceFile]]:
     notes: list[str] = []
-    steps = group_steps(find_sources(inputs, session_version, notes))
+    steps = group_steps(find_sources(inputs, session_version, notes, skipped))
     for note in notes:
         print(f"{PROG}: note: {note}", file=sys.stderr)
     if not steps:
@@ -165,6 +168,7 @@ def _build_one(
     settings: Settings,
     args: argparse.Namespace,
     progress: Progress,
+    skipped: list[str],
 ) -> bool:
     """Build one step unless it is current; False (after printing why) when it fails."""
     try:
@@ -176,7 +180,9 @@ def _build_one(
                 "the same inputs and settings (--force rebuilds it)"
             )
             return True
-        manifest = build_step(step, sources, settings, args.out, force=True, reporter=progress)
+        manifest = build_step(
+            step, sources, settings, args.out, force=True, reporter=progress, skipped=skipped
+        )
     except StepError as exc:
         progress.step_done()
         for violation in exc.violations:
@@ -192,13 +198,28 @@ def _build_one(
     return True
 
 
+def skipped_files(skipped: Sequence[Path], step: int) -> list[str]:
+    """The skipped look-alike files a step's manifest lists: those whose name carries
+    this step (in any case), and those naming no step at all."""
+    kept = []
+    for path in skipped:
+        named = re.findall(r"(?i)step=(\d+)", str(path))
+        if not named or int(named[-1]) == step:
+            kept.append(str(path))
+    return kept
+
+
 def run_build(args: argparse.Namespace) -> int:
     settings = _settings(args)
     check_out(args.out, args.inputs)
     clean_stale(args.out)
-    steps = _steps(args.inputs, args.session_version)
+    skipped: list[Path] = []
+    steps = _steps(args.inputs, args.session_version, skipped)
     progress = Progress(len(steps), STAGE_NAMES)
-    built = [_build_one(step, files, settings, args, progress) for step, files in steps.items()]
+    built = [
+        _build_one(step, files, settings, args, progress, skipped_files(skipped, step))
+        for step, files in steps.items()
+    ]
     return 0 if all(built) else 1
 
 

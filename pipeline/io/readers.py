@@ -48,31 +48,82 @@ class LoadedStep:
     type_errors: pl.Series | None = None
 
 
+INT64_MAX = 2**63 - 1
+# Names a user may mean as an input that the readers do not take: another case or
+# spelling of a table suffix, or a step name with a suffix of no table.
+LOOK_ALIKE = re.compile(r"(?i)^step=\d+\.|\.(parquet|parq|pq|arrow|feather|ipc|jsonl|ndjson)$")
+STEP_FOLDER = re.compile(r"^step=\d+$")
+
+
 def _is_table(path: Path) -> bool:
-    return path.suffix in TABLE_SUFFIXES and not path.name.startswith(".")
+    """A table name; a dangling symlink so named counts (it is that step's unreadable file)."""
+    if path.suffix not in TABLE_SUFFIXES or path.name.startswith("."):
+        return False
+    return path.is_file() or (path.is_symlink() and not path.exists())
 
 
-def _tables_under(folder: Path) -> list[Path]:
-    return sorted((p for p in folder.rglob("*") if p.is_file() and _is_table(p)), key=str)
+def _look_alike(path: Path) -> bool:
+    return (
+        not path.name.startswith(".") and not path.is_dir() and bool(LOOK_ALIKE.search(path.name))
+    )
+
+
+def _ambiguous(step: int | None, first: Path, second: Path, why: str) -> StepError:
+    message = f"{first} and {second} {why}: rename or move one of them"
+    files = [str(first), str(second)]
+    return StepError([Violation("ambiguous_step_path", message, step=step, files=files)])
+
+
+def _tables_under(folder: Path, skipped: list[Path]) -> list[Path]:
+    tables = []
+    for p in sorted(folder.rglob("*"), key=str):
+        if p.is_dir() and STEP_FOLDER.match(p.name):
+            raise _ambiguous(_step_of(folder), folder, p, "both name a step, one inside the other")
+        if _is_table(p):
+            tables.append(p)
+        elif _look_alike(p):
+            skipped.append(p)
+    return tables
 
 
 def _step_of(path: Path) -> int | None:
     match = STEP_NAME.match(path.name)
-    return int(match.group(1)) if match else None
+    if not match:
+        return None
+    step = int(match.group(1))
+    if step > INT64_MAX:
+        message = f"step number {match.group(1)} in the name is beyond int64"
+        raise StepError([Violation("step_out_of_range", message, files=[str(path)])])
+    return step
+
+
+def _check_one_name_per_step(children: Sequence[Path]) -> None:
+    """In one folder, `step=007` beside `step=7` or `step=1.parquet` beside `step=1/`."""
+    first: dict[int, Path] = {}
+    for child in children:
+        step = _step_of(child)
+        if step is None or not (child.is_dir() or _is_table(child)):
+            continue
+        seen = first.setdefault(step, child)
+        if seen is not child:
+            raise _ambiguous(step, seen, child, f"both name step {step}")
 
 
 def find_sources(
     inputs: Sequence[str | Path],
     session_version: str | None = None,
     notes: list[str] | None = None,
+    skipped: list[Path] | None = None,
 ) -> list[SourceFile]:
     """Every table file under the inputs, with the step its path names (CONTRACT section 1);
     miles dump folders and .pt files too (SEMANTICS section 9). Notes on skipped files
-    are appended to `notes`."""
+    are appended to `notes`, and files that look like inputs but are not read to
+    `skipped`. Two paths naming one step ambiguously are a StepError."""
     found: list[SourceFile] = []
+    passed: list[Path] = []
     for raw in inputs:
         path = Path(raw)
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             raise UsageError(f"input {path} does not exist")
         if is_miles_dump(path):
             dumps, dump_notes = find_miles_dumps(path)
@@ -81,21 +132,33 @@ def find_sources(
             found.extend(SourceFile(p, step, "miles", session_version) for step, p in dumps.items())
             continue
         step = _step_of(path)
-        if path.is_file():
+        if not path.is_dir():
             if not _is_table(path):
                 raise UsageError(
                     f"input {path} is not a table (expected {', '.join(TABLE_SUFFIXES)})"
                 )
             found.append(SourceFile(path, step))
         elif step is not None:
-            found.extend(SourceFile(p, step) for p in _tables_under(path))
+            found.extend(SourceFile(p, step) for p in _tables_under(path, passed))
         else:
-            for child in sorted(path.iterdir(), key=str):
+            children = sorted(path.iterdir(), key=str)
+            _check_one_name_per_step(children)
+            for child in children:
                 child_step = _step_of(child)
                 if child.is_dir() and child_step is not None:
-                    found.extend(SourceFile(p, child_step) for p in _tables_under(child))
-                elif child.is_file() and _is_table(child):
+                    found.extend(SourceFile(p, child_step) for p in _tables_under(child, passed))
+                elif _is_table(child):
                     found.append(SourceFile(child, child_step))
+                elif _look_alike(child):
+                    passed.append(child)
+    for path in passed:
+        if notes is not None:
+            notes.append(
+                f"skipped {path}: not a regular file named step=<N>.parquet, .arrow, "
+                ".feather or .jsonl (lower case)"
+            )
+        if skipped is not None:
+            skipped.append(path)
     return found
 
 
@@ -191,7 +254,12 @@ def _read_parquet(path: Path) -> pl.DataFrame:
 def read_table(path: Path, step: int | None = None) -> pl.DataFrame:
     """One input file as a DataFrame, in file order; an unreadable file is a StepError."""
     kind = TABLE_SUFFIXES[path.suffix]
-    if path.stat().st_size == 0:
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        what = "a dangling symlink" if path.is_symlink() else exc.strerror
+        raise _unreadable(path, step, f"cannot open the file ({what})") from None
+    if size == 0:
         raise _unreadable(path, step, "the file is empty")
     try:
         if kind == "parquet":
@@ -430,7 +498,16 @@ def group_steps(sources: Iterable[SourceFile]) -> dict[int, list[SourceFile]]:
         if source.step is not None:
             steps.setdefault(source.step, []).append(source)
             continue
-        for value in _column_steps(source, read_source(source)):
+        try:
+            values = _column_steps(source, read_source(source))
+        except StepError as error:
+            for violation in error.violations:
+                violation.message += (
+                    "; no step was built: the rows of a file whose name carries no step "
+                    "could belong to any step, so no step can be called complete"
+                )
+            raise
+        for value in values:
             steps.setdefault(int(value), []).append(source)
     return {step: sorted(files, key=lambda s: str(s.path)) for step, files in sorted(steps.items())}
 
