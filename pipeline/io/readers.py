@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from pipeline import columns as c
-from pipeline.columns import PATH_STEP, TYPE_ERROR
+from pipeline.columns import JSON_RULE, JSON_VALUE, PATH_STEP, TYPE_ERROR
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump, read_miles_dump
 
@@ -182,15 +182,70 @@ def _json_name(value: object) -> str:
     return "a string" if isinstance(value, str) else "a number"
 
 
+def _json_kind_of_target(target: pl.DataType) -> str:
+    if isinstance(target, pl.List):
+        return "list of " + _json_kind_of_target(target.inner)
+    if target == pl.Boolean:
+        return "bool"
+    return "number" if target.is_numeric() else "string"
+
+
+# The JSON kind each typed column takes; prompt, metadata and train_metadata take any.
+JSON_TARGETS = {
+    name: _json_kind_of_target(dtype)
+    for name, dtype in {**c.INPUT_SCHEMA, c.REWARD: pl.Float64()}.items()
+    if name not in JSON_TEXT_COLUMNS
+}
+# A key of a typed column, for the check that no line gives one twice.
+TYPED_KEY = '"(?:' + "|".join(map(re.escape, JSON_TARGETS)) + r')"\s*:'
+
+
+def _misfits(value: object, kind: str) -> bool:
+    """A JSON value Python would coerce silently: true where a number belongs, "0" or
+    ["11"] where numbers belong, a string where a boolean belongs."""
+    if value is None:
+        return False
+    if kind.startswith("list of "):
+        inner = kind.removeprefix("list of ")
+        return isinstance(value, list) and any(_misfits(v, inner) for v in value)
+    if kind == "number":
+        return isinstance(value, bool | str)
+    return kind == "bool" and isinstance(value, str)
+
+
+def _object_pairs(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object; a key given twice is set to null and flagged `duplicate_key`."""
+    record: dict = {}
+    for key, value in pairs:
+        if key in record:
+            # The first value stays, so the line's row keeps its index and leaf.
+            record[JSON_RULE + key] = "duplicate_key"
+            continue
+        record[key] = value
+    return record
+
+
+def _flag_misfits(record: dict) -> dict:
+    for key, kind in JSON_TARGETS.items():
+        value = record.get(key)
+        if _misfits(value, kind):
+            record.setdefault(JSON_RULE + key, "column_type")
+            record[JSON_VALUE + key] = json.dumps(value)
+            record[key] = None
+    return record
+
+
 def _json_objects(path: Path, step: int | None) -> list[dict]:
-    """Every line as a JSON object, or an error naming the first line that is not one."""
+    """Every line as a JSON object, or an error naming the first line that is not one.
+    A value of the wrong JSON kind, or a key given twice, is set to null and its rule
+    and text kept under JSON_RULE/JSON_VALUE keys, for `conform` to report as that row's."""
     records = []
     with path.open("rb") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(line, object_pairs_hook=_object_pairs)
             except ValueError as exc:
                 reason = getattr(exc, "msg", str(exc))
                 raise _unreadable(
@@ -199,11 +254,11 @@ def _json_objects(path: Path, step: int | None) -> list[dict]:
             if not isinstance(record, dict):
                 kind = type(record).__name__
                 raise _unreadable(path, step, f"line {number} is not a JSON object (a {kind})")
-            records.append((number, record))
+            records.append((number, _flag_misfits(record)))
     first: dict[str, tuple[int, object]] = {}
     for number, record in records:
         for key, value in record.items():
-            if value is None:
+            if value is None or key.startswith((JSON_RULE, JSON_VALUE)):
                 continue
             seen = first.setdefault(key, (number, value))
             if _json_kind(seen[1]) != _json_kind(value):
@@ -216,18 +271,41 @@ def _json_objects(path: Path, step: int | None) -> list[dict]:
     return [record for _, record in records]
 
 
+def _json_suspect(path: Path, frame: pl.DataFrame) -> bool:
+    """Whether Polars' reading may have coerced a value: a typed column that Polars read
+    as another kind (strings or booleans where numbers belong), or a line naming a typed
+    key twice (Polars keeps one of them). Such files take the per-line path."""
+    for name, dtype in frame.schema.items():
+        want = JSON_TARGETS.get(name)
+        if want is None or (name == c.REWARD and isinstance(dtype, pl.Struct)):
+            continue
+        have = dtype
+        while isinstance(have, pl.List) and want.startswith("list of "):
+            have, want = have.inner, want.removeprefix("list of ")
+        kind = _kind(have)
+        if kind not in ("null", want) and not (kind == "number" and want == "bool"):
+            return True
+    lines = pl.Series(path.read_bytes().decode("utf-8", "replace").splitlines())
+    keys = lines.str.extract_all(TYPED_KEY)
+    return bool((keys.list.len() != keys.list.n_unique()).any())
+
+
 def _read_jsonl(path: Path, step: int | None) -> pl.DataFrame:
     try:
-        return pl.read_ndjson(path, infer_schema_length=None)
-    except pl.exceptions.PolarsError as exc:
-        # Slow path, only for files polars refuses: name the offending line, and accept
-        # the NaN and Infinity that Python's json.dumps writes (reward_finite rejects them).
-        records = _json_objects(path, step)
-        try:
-            return pl.from_dicts(records, infer_schema_length=None)
-        except (pl.exceptions.PolarsError, TypeError, ValueError):
-            first = str(exc).strip().splitlines()[0]
-            raise _unreadable(path, step, f"not valid JSON Lines: {first}") from None
+        frame = pl.read_ndjson(path, infer_schema_length=None)
+        if not _json_suspect(path, frame):
+            return frame
+    except pl.exceptions.PolarsError:
+        pass
+    # Slow path, only for files polars refuses or may have coerced: name the offending
+    # line, flag values of the wrong kind per row, and accept the NaN and Infinity that
+    # Python's json.dumps writes (reward_finite rejects them).
+    records = _json_objects(path, step)
+    try:
+        return pl.from_dicts(records, infer_schema_length=None)
+    except (pl.exceptions.PolarsError, TypeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise _unreadable(path, step, f"not valid JSON Lines: {first}") from None
 
 
 def _read_parquet(path: Path) -> pl.DataFrame:
@@ -411,23 +489,20 @@ def conform(
             errors += error.violations
             continue
         cast_columns.append(cast)
-        if not bad.any():
-            continue
-        rows = frame.filter(bad)
-        first_row = int(rows.get_column(c.SOURCE_ROW)[0]) + 1 if c.SOURCE_ROW in rows else None
-        where = f" at file row {first_row}" if first_row is not None else ""
-        expected = f"column {name} must be {types[name]}"
-        violations.append(
-            Violation(
-                rule="column_type",
-                message=f"{expected}, got {_value_text(frame, name, bad)}{where}",
-                step=step,
-                files=[str(path)],
-                rows=_index_leaf_pairs(rows),
-                n_rows=rows.height,
+        flagged = _json_flags(frame, name)
+        for rule, mask in (
+            ("column_type", bad | (flagged == "column_type")),
+            ("duplicate_key", flagged == "duplicate_key"),
+        ):
+            if not mask.any():
+                continue
+            expected = (
+                f"column {name} must be {types[name]}"
+                if rule == "column_type"
+                else f"key {name} must appear once in each JSON object"
             )
-        )
-        reasons.append(pl.when(pl.lit(bad)).then(pl.lit(f"column_type: {expected}")))
+            violations.append(_row_violation(frame, name, mask, rule, expected, path, step))
+            reasons.append(pl.when(pl.lit(mask)).then(pl.lit(f"{rule}: {expected}")))
     if errors:
         raise StepError(errors)
     type_error = (
@@ -435,9 +510,50 @@ def conform(
         if reasons
         else pl.lit(None, dtype=pl.String)
     )
-    extra = [name for name in frame.columns if name not in types and name != c.SOURCE_ROW]
-    typed = frame.with_columns(*cast_columns, type_error.alias(TYPE_ERROR)).drop(extra)
+    internal = [n for n in frame.columns if n.startswith((JSON_RULE, JSON_VALUE))]
+    extra = [
+        name
+        for name in frame.columns
+        if name not in types and name != c.SOURCE_ROW and name not in internal
+    ]
+    typed = frame.with_columns(*cast_columns, type_error.alias(TYPE_ERROR)).drop(extra, *internal)
     return typed, extra, violations
+
+
+def _json_flags(frame: pl.DataFrame, name: str) -> pl.Series:
+    """Per row, the rule the JSON Lines reader flagged on this column's value, or null."""
+    if JSON_RULE + name in frame.columns:
+        return frame.get_column(JSON_RULE + name).cast(pl.String).fill_null("")
+    return pl.Series([""] * frame.height, dtype=pl.String)
+
+
+def _row_violation(
+    frame: pl.DataFrame,
+    name: str,
+    mask: pl.Series,
+    rule: str,
+    expected: str,
+    path: Path,
+    step: int | None,
+) -> Violation:
+    """One rule broken by values of one column, naming the first file row and its value."""
+    rows = frame.filter(mask)
+    first_row = int(rows.get_column(c.SOURCE_ROW)[0]) + 1 if c.SOURCE_ROW in rows else None
+    where = f" at file row {first_row}" if first_row is not None else ""
+    original = rows.get_column(JSON_VALUE + name)[0] if JSON_VALUE + name in rows.columns else None
+    if rule == "duplicate_key":
+        message = f"{expected}, but it is given twice{where}"
+    else:
+        text = original if original is not None else _value_text(frame, name, mask)
+        message = f"{expected}, got {text}{where}"
+    return Violation(
+        rule=rule,
+        message=message,
+        step=step,
+        files=[str(path)],
+        rows=_index_leaf_pairs(rows),
+        n_rows=rows.height,
+    )
 
 
 def _index_leaf_pairs(rows: pl.DataFrame, limit: int = 5) -> list[tuple[int, int]]:
