@@ -201,13 +201,14 @@ TYPED_KEY = '"(?:' + "|".join(map(re.escape, JSON_TARGETS)) + r')"\s*:'
 
 
 def _misfits(value: object, kind: str) -> bool:
-    """A JSON value Python would coerce silently: true where a number belongs, "0" or
-    ["11"] where numbers belong, a string where a boolean belongs."""
+    """A JSON value that does not have its column's kind, which Python or Polars would
+    coerce silently or refuse for the whole file: true or "0" where a number belongs,
+    ["11"] or "1,1" where a list of numbers belongs, a string where a boolean belongs."""
     if value is None:
         return False
     if kind.startswith("list of "):
         inner = kind.removeprefix("list of ")
-        return isinstance(value, list) and any(_misfits(v, inner) for v in value)
+        return not isinstance(value, list) or any(_misfits(v, inner) for v in value)
     if kind == "number":
         return isinstance(value, bool | str)
     return kind == "bool" and isinstance(value, str)
