@@ -7,8 +7,10 @@ It runs the same stage functions as the Dagster assets and never imports Dagster
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import re
 import sys
 import types
 import typing
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from pipeline.errors import StepError, UsageError, Violation
-from pipeline.io.readers import find_sources, group_steps
+from pipeline.io.readers import SourceFile, find_sources, group_steps
 from pipeline.io.writer import clean_stale, step_folder
 from pipeline.progress import Progress
 from pipeline.settings import DISABLE_FLAGS, Settings, data_settings_files, load_settings
@@ -118,9 +120,11 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, data_settings_files(args.inputs), **overrides)
 
 
-def _steps(inputs: Sequence[str], session_version: str | None = None) -> dict:
+def _steps(
+    inputs: Sequence[str], session_version: str | None = None, skipped: list[Path] | None = None
+) -> dict[int, list[SourceFile]]:
     notes: list[str] = []
-    steps = group_steps(find_sources(inputs, session_version, notes))
+    steps = group_steps(find_sources(inputs, session_version, notes, skipped))
     for note in notes:
         print(f"{PROG}: note: {note}", file=sys.stderr)
     if not steps:
@@ -133,13 +137,40 @@ def _report(command: str, violations: list[Violation]) -> None:
         print(f"{PROG}: {command}: {violation.line()}", file=sys.stderr)
 
 
-def run_build(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    status = 0
-    clean_stale(args.out)
-    steps = _steps(args.inputs, args.session_version)
-    progress = Progress(len(steps), STAGE_NAMES)
-    for step, sources in steps.items():
+def os_violation(exc: OSError, where: Path, step: int | None = None) -> Violation:
+    """An operating-system failure (disk full, permissions) as one readable line."""
+    path = exc.filename or where
+    if exc.errno == errno.ENOSPC:
+        message = f"no space left on {path}"
+    else:
+        message = f"{exc.strerror or exc} on {path}"
+    return Violation(rule="os_error", message=message, step=step)
+
+
+def check_out(out: Path, inputs: Sequence[str]) -> None:
+    """The output root must be a folder apart from every input: a build reading its own
+    shards, or writing into the data it reads, is a usage error."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder")
+    resolved = out.resolve()
+    for raw in inputs:
+        root = Path(raw).resolve()
+        if resolved == root or resolved.is_relative_to(root):
+            raise UsageError(f"--out {out} is inside the input {raw}: choose a folder outside it")
+        if root.is_relative_to(resolved):
+            raise UsageError(f"the input {raw} is inside --out {out}: choose a folder apart")
+
+
+def _build_one(
+    step: int,
+    sources: list[SourceFile],
+    settings: Settings,
+    args: argparse.Namespace,
+    progress: Progress,
+    skipped: list[str],
+) -> bool:
+    """Build one step unless it is current; False (after printing why) when it fails."""
+    try:
         current = None if args.force else current_manifest(step, sources, settings, args.out)
         if current is not None:
             progress.step_done()
@@ -147,17 +178,48 @@ def run_build(args: argparse.Namespace) -> int:
                 f"step {step}: up to date, skipped: {args.out / f'step={step}'} was built from "
                 "the same inputs and settings (--force rebuilds it)"
             )
-            continue
-        try:
-            manifest = build_step(step, sources, settings, args.out, force=True, reporter=progress)
-        except StepError as exc:
-            progress.step_done()
-            _report("build", exc.violations)
-            status = 1
-            continue
+            return True
+        manifest = build_step(
+            step, sources, settings, args.out, force=True, reporter=progress, skipped=skipped
+        )
+    except StepError as exc:
         progress.step_done()
-        print(summary_line(manifest, step_folder(args.out, step)))
-    return status
+        for violation in exc.violations:
+            violation.step = step if violation.step is None else violation.step
+        _report("build", exc.violations)
+        return False
+    except OSError as exc:
+        progress.step_done()
+        _report("build", [os_violation(exc, args.out, step)])
+        return False
+    progress.step_done()
+    print(summary_line(manifest, step_folder(args.out, step)))
+    return True
+
+
+def skipped_files(skipped: Sequence[Path], step: int) -> list[str]:
+    """The skipped look-alike files a step's manifest lists: those whose name carries
+    this step (in any case), and those naming no step at all."""
+    kept = []
+    for path in skipped:
+        named = re.findall(r"(?i)step=(\d+)", str(path))
+        if not named or int(named[-1]) == step:
+            kept.append(str(path))
+    return kept
+
+
+def run_build(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    check_out(args.out, args.inputs)
+    clean_stale(args.out)
+    skipped: list[Path] = []
+    steps = _steps(args.inputs, args.session_version, skipped)
+    progress = Progress(len(steps), STAGE_NAMES)
+    built = [
+        _build_one(step, files, settings, args, progress, skipped_files(skipped, step))
+        for step, files in steps.items()
+    ]
+    return 0 if all(built) else 1
 
 
 def run_validate(args: argparse.Namespace) -> int:
@@ -225,6 +287,9 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     except StepError as exc:
         _report(args.command, exc.violations)
+        return 1
+    except OSError as exc:
+        _report(args.command, [os_violation(exc, Path(getattr(args, "out", None) or "."))])
         return 1
 
 

@@ -99,6 +99,7 @@ MASK_SUM = "_mask_sum"
 RLP_LEN = "_rlp_len"
 TLP_LEN = "_tlp_len"
 METADATA_OBJECT = "_metadata_object"
+LOG_PROBS_FINITE = "_log_probs_finite"  # every rollout and teacher log prob finite
 TRAJECTORY_SIZE = "_trajectory_size"
 ROLLOUT_KEY = "_rollout_key"
 REWARD_VALUE = "_reward"
@@ -109,6 +110,10 @@ REASON = "reason"
 PATH_STEP = "_path_step"
 # Per-row text of every contract type a row's values do not fit (null when they all fit).
 TYPE_ERROR = "_type_error"
+# Per JSON Lines column, the rule a line's value broke while parsing (a boolean or a
+# string where a number belongs, a key given twice), and that value's JSON text.
+JSON_RULE = "_json_rule:"
+JSON_VALUE = "_json_value:"
 # Fields of the layout that no column holds: where a row sits in what the trainer reads.
 RANK_POSITION = "rank_position"
 INPUT_POSITION = "input_position"

@@ -71,6 +71,9 @@ class Manifest(_Record):
     equal_reward_groups: int
     ignored_columns: list[str]
     outputs: list[OutputFile] = Field(default_factory=list)
+    # Files under the inputs that look like this step's input but were not read (another
+    # case of suffix, `.parq`, a FIFO), as the build's note on stderr names them.
+    skipped_files: list[str] = Field(default_factory=list)
 
     @property
     def dp_size(self) -> int:

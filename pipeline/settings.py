@@ -19,9 +19,13 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     global_batch_size: int = Field(
-        ge=1, description="Samples per optimizer step (rollouts per step for compact batches)."
+        ge=1,
+        strict=True,
+        description="Samples per optimizer step (rollouts per step for compact batches).",
     )
-    dp_size: int = Field(1, ge=1, description="Data-parallel ranks, one shard file each.")
+    dp_size: int = Field(
+        1, ge=1, strict=True, description="Data-parallel ranks, one shard file each."
+    )
     use_dynamic_global_batch_size: bool = Field(
         False, description="One optimizer step per rollout step."
     )
@@ -35,25 +39,33 @@ class Settings(BaseModel):
     )
     reward_key: str | None = Field(None, description="Field of a struct `reward`.")
     n_samples_per_prompt: int | None = Field(
-        None, ge=1, description="Fixed-fanout reward groups when `group_index` is missing."
+        None,
+        ge=1,
+        strict=True,
+        description="Fixed-fanout reward groups when `group_index` is missing.",
     )
     rollout_batch_size: int | None = Field(
-        None, ge=1, description="Prompts per rollout step, with n_samples_per_prompt."
+        None, ge=1, strict=True, description="Prompts per rollout step, with n_samples_per_prompt."
     )
     balance_data: bool = Field(False, description="Balance tokens across ranks.")
-    micro_batch_size: int | None = Field(None, ge=1, description="Fixed micro-batch size.")
+    micro_batch_size: int | None = Field(
+        None, ge=1, strict=True, description="Fixed micro-batch size."
+    )
     use_dynamic_batch_size: bool = Field(False, description="Token-budget micro-batches.")
     max_tokens_per_gpu: int | None = Field(
-        None, ge=1, description="Token budget per micro-batch and GPU."
+        None, ge=1, strict=True, description="Token budget per micro-batch and GPU."
     )
     cp_size: int | None = Field(
         None,
         ge=1,
+        strict=True,
         description="Context parallel size; setting it turns on the rollout-side schedule.",
     )
-    vpp_size: int | None = Field(None, ge=1, description="Virtual pipeline stages (null means 1).")
+    vpp_size: int | None = Field(
+        None, ge=1, strict=True, description="Virtual pipeline stages (null means 1)."
+    )
     microbatch_group_size_per_vp_stage: int | None = Field(
-        None, ge=1, description="Micro-batch group per virtual pipeline stage."
+        None, ge=1, strict=True, description="Micro-batch group per virtual pipeline stage."
     )
     allow_partial_train_step: bool = Field(
         False, description="One smaller final train step instead of dropping trailing rollouts."
@@ -122,12 +134,16 @@ def read_config(path: str | Path | None) -> dict[str, Any]:
         text = Path(path).read_text()
     except OSError as exc:
         raise UsageError(f"cannot read config {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError:
+        raise UsageError(f"config {path} is not a text (UTF-8) YAML file") from None
     import yaml  # only a step with a config file pays for the import
 
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise UsageError(f"config {path} is not valid YAML: {exc}") from exc
+        # PyYAML's message spans lines (a caret under the spot): one line for the user.
+        reason = " ".join(str(exc).split())
+        raise UsageError(f"config {path} is not valid YAML: {reason}") from exc
     if not isinstance(data, dict):
         raise UsageError(f"config {path} must be a mapping of setting names to values")
     for flag, setting in ((v, k) for k, v in DISABLE_FLAGS.items()):

@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from pipeline import columns as c
-from pipeline.columns import PATH_STEP, TYPE_ERROR
+from pipeline.columns import JSON_RULE, JSON_VALUE, PATH_STEP, TYPE_ERROR
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump, read_miles_dump
 
@@ -48,31 +48,82 @@ class LoadedStep:
     type_errors: pl.Series | None = None
 
 
+INT64_MAX = 2**63 - 1
+# Names a user may mean as an input that the readers do not take: another case or
+# spelling of a table suffix, or a step name with a suffix of no table.
+LOOK_ALIKE = re.compile(r"(?i)^step=\d+\.|\.(parquet|parq|pq|arrow|feather|ipc|jsonl|ndjson)$")
+STEP_FOLDER = re.compile(r"^step=\d+$")
+
+
 def _is_table(path: Path) -> bool:
-    return path.suffix in TABLE_SUFFIXES and not path.name.startswith(".")
+    """A table name; a dangling symlink so named counts (it is that step's unreadable file)."""
+    if path.suffix not in TABLE_SUFFIXES or path.name.startswith("."):
+        return False
+    return path.is_file() or (path.is_symlink() and not path.exists())
 
 
-def _tables_under(folder: Path) -> list[Path]:
-    return sorted((p for p in folder.rglob("*") if p.is_file() and _is_table(p)), key=str)
+def _look_alike(path: Path) -> bool:
+    return (
+        not path.name.startswith(".") and not path.is_dir() and bool(LOOK_ALIKE.search(path.name))
+    )
+
+
+def _ambiguous(step: int | None, first: Path, second: Path, why: str) -> StepError:
+    message = f"{first} and {second} {why}: rename or move one of them"
+    files = [str(first), str(second)]
+    return StepError([Violation("ambiguous_step_path", message, step=step, files=files)])
+
+
+def _tables_under(folder: Path, skipped: list[Path]) -> list[Path]:
+    tables = []
+    for p in sorted(folder.rglob("*"), key=str):
+        if p.is_dir() and STEP_FOLDER.match(p.name):
+            raise _ambiguous(_step_of(folder), folder, p, "both name a step, one inside the other")
+        if _is_table(p):
+            tables.append(p)
+        elif _look_alike(p):
+            skipped.append(p)
+    return tables
 
 
 def _step_of(path: Path) -> int | None:
     match = STEP_NAME.match(path.name)
-    return int(match.group(1)) if match else None
+    if not match:
+        return None
+    step = int(match.group(1))
+    if step > INT64_MAX:
+        message = f"step number {match.group(1)} in the name is beyond int64"
+        raise StepError([Violation("step_out_of_range", message, files=[str(path)])])
+    return step
+
+
+def _check_one_name_per_step(children: Sequence[Path]) -> None:
+    """In one folder, `step=007` beside `step=7` or `step=1.parquet` beside `step=1/`."""
+    first: dict[int, Path] = {}
+    for child in children:
+        step = _step_of(child)
+        if step is None or not (child.is_dir() or _is_table(child)):
+            continue
+        seen = first.setdefault(step, child)
+        if seen is not child:
+            raise _ambiguous(step, seen, child, f"both name step {step}")
 
 
 def find_sources(
     inputs: Sequence[str | Path],
     session_version: str | None = None,
     notes: list[str] | None = None,
+    skipped: list[Path] | None = None,
 ) -> list[SourceFile]:
     """Every table file under the inputs, with the step its path names (CONTRACT section 1);
     miles dump folders and .pt files too (SEMANTICS section 9). Notes on skipped files
-    are appended to `notes`."""
+    are appended to `notes`, and files that look like inputs but are not read to
+    `skipped`. Two paths naming one step ambiguously are a StepError."""
     found: list[SourceFile] = []
+    passed: list[Path] = []
     for raw in inputs:
         path = Path(raw)
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             raise UsageError(f"input {path} does not exist")
         if is_miles_dump(path):
             dumps, dump_notes = find_miles_dumps(path)
@@ -81,21 +132,33 @@ def find_sources(
             found.extend(SourceFile(p, step, "miles", session_version) for step, p in dumps.items())
             continue
         step = _step_of(path)
-        if path.is_file():
+        if not path.is_dir():
             if not _is_table(path):
                 raise UsageError(
                     f"input {path} is not a table (expected {', '.join(TABLE_SUFFIXES)})"
                 )
             found.append(SourceFile(path, step))
         elif step is not None:
-            found.extend(SourceFile(p, step) for p in _tables_under(path))
+            found.extend(SourceFile(p, step) for p in _tables_under(path, passed))
         else:
-            for child in sorted(path.iterdir(), key=str):
+            children = sorted(path.iterdir(), key=str)
+            _check_one_name_per_step(children)
+            for child in children:
                 child_step = _step_of(child)
                 if child.is_dir() and child_step is not None:
-                    found.extend(SourceFile(p, child_step) for p in _tables_under(child))
-                elif child.is_file() and _is_table(child):
+                    found.extend(SourceFile(p, child_step) for p in _tables_under(child, passed))
+                elif _is_table(child):
                     found.append(SourceFile(child, child_step))
+                elif _look_alike(child):
+                    passed.append(child)
+    for path in passed:
+        if notes is not None:
+            notes.append(
+                f"skipped {path}: not a regular file named step=<N>.parquet, .arrow, "
+                ".feather or .jsonl (lower case)"
+            )
+        if skipped is not None:
+            skipped.append(path)
     return found
 
 
@@ -119,15 +182,71 @@ def _json_name(value: object) -> str:
     return "a string" if isinstance(value, str) else "a number"
 
 
+def _json_kind_of_target(target: pl.DataType) -> str:
+    if isinstance(target, pl.List):
+        return "list of " + _json_kind_of_target(target.inner)
+    if target == pl.Boolean:
+        return "bool"
+    return "number" if target.is_numeric() else "string"
+
+
+# The JSON kind each typed column takes; prompt, metadata and train_metadata take any.
+JSON_TARGETS = {
+    name: _json_kind_of_target(dtype)
+    for name, dtype in {**c.INPUT_SCHEMA, c.REWARD: pl.Float64()}.items()
+    if name not in JSON_TEXT_COLUMNS
+}
+# A key of a typed column, for the check that no line gives one twice.
+TYPED_KEY = '"(?:' + "|".join(map(re.escape, JSON_TARGETS)) + r')"\s*:'
+
+
+def _misfits(value: object, kind: str) -> bool:
+    """A JSON value that does not have its column's kind, which Python or Polars would
+    coerce silently or refuse for the whole file: true or "0" where a number belongs,
+    ["11"] or "1,1" where a list of numbers belongs, a string where a boolean belongs."""
+    if value is None:
+        return False
+    if kind.startswith("list of "):
+        inner = kind.removeprefix("list of ")
+        return not isinstance(value, list) or any(_misfits(v, inner) for v in value)
+    if kind == "number":
+        return isinstance(value, bool | str)
+    return kind == "bool" and isinstance(value, str)
+
+
+def _object_pairs(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object; a key given twice is set to null and flagged `duplicate_key`."""
+    record: dict = {}
+    for key, value in pairs:
+        if key in record:
+            # The first value stays, so the line's row keeps its index and leaf.
+            record[JSON_RULE + key] = "duplicate_key"
+            continue
+        record[key] = value
+    return record
+
+
+def _flag_misfits(record: dict) -> dict:
+    for key, kind in JSON_TARGETS.items():
+        value = record.get(key)
+        if _misfits(value, kind):
+            record.setdefault(JSON_RULE + key, "column_type")
+            record[JSON_VALUE + key] = json.dumps(value)
+            record[key] = None
+    return record
+
+
 def _json_objects(path: Path, step: int | None) -> list[dict]:
-    """Every line as a JSON object, or an error naming the first line that is not one."""
+    """Every line as a JSON object, or an error naming the first line that is not one.
+    A value of the wrong JSON kind, or a key given twice, is set to null and its rule
+    and text kept under JSON_RULE/JSON_VALUE keys, for `conform` to report as that row's."""
     records = []
     with path.open("rb") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(line, object_pairs_hook=_object_pairs)
             except ValueError as exc:
                 reason = getattr(exc, "msg", str(exc))
                 raise _unreadable(
@@ -136,11 +255,11 @@ def _json_objects(path: Path, step: int | None) -> list[dict]:
             if not isinstance(record, dict):
                 kind = type(record).__name__
                 raise _unreadable(path, step, f"line {number} is not a JSON object (a {kind})")
-            records.append((number, record))
+            records.append((number, _flag_misfits(record)))
     first: dict[str, tuple[int, object]] = {}
     for number, record in records:
         for key, value in record.items():
-            if value is None:
+            if value is None or key.startswith((JSON_RULE, JSON_VALUE)):
                 continue
             seen = first.setdefault(key, (number, value))
             if _json_kind(seen[1]) != _json_kind(value):
@@ -153,18 +272,41 @@ def _json_objects(path: Path, step: int | None) -> list[dict]:
     return [record for _, record in records]
 
 
+def _json_suspect(path: Path, frame: pl.DataFrame) -> bool:
+    """Whether Polars' reading may have coerced a value: a typed column that Polars read
+    as another kind (strings or booleans where numbers belong), or a line naming a typed
+    key twice (Polars keeps one of them). Such files take the per-line path."""
+    for name, dtype in frame.schema.items():
+        want = JSON_TARGETS.get(name)
+        if want is None or (name == c.REWARD and isinstance(dtype, pl.Struct)):
+            continue
+        have = dtype
+        while isinstance(have, pl.List) and want.startswith("list of "):
+            have, want = have.inner, want.removeprefix("list of ")
+        kind = _kind(have)
+        if kind not in ("null", want) and not (kind == "number" and want == "bool"):
+            return True
+    lines = pl.Series(path.read_bytes().decode("utf-8", "replace").splitlines())
+    keys = lines.str.extract_all(TYPED_KEY)
+    return bool((keys.list.len() != keys.list.n_unique()).any())
+
+
 def _read_jsonl(path: Path, step: int | None) -> pl.DataFrame:
     try:
-        return pl.read_ndjson(path, infer_schema_length=None)
-    except pl.exceptions.PolarsError as exc:
-        # Slow path, only for files polars refuses: name the offending line, and accept
-        # the NaN and Infinity that Python's json.dumps writes (reward_finite rejects them).
-        records = _json_objects(path, step)
-        try:
-            return pl.from_dicts(records, infer_schema_length=None)
-        except (pl.exceptions.PolarsError, TypeError, ValueError):
-            first = str(exc).strip().splitlines()[0]
-            raise _unreadable(path, step, f"not valid JSON Lines: {first}") from None
+        frame = pl.read_ndjson(path, infer_schema_length=None)
+        if not _json_suspect(path, frame):
+            return frame
+    except pl.exceptions.PolarsError:
+        pass
+    # Slow path, only for files polars refuses or may have coerced: name the offending
+    # line, flag values of the wrong kind per row, and accept the NaN and Infinity that
+    # Python's json.dumps writes (reward_finite rejects them).
+    records = _json_objects(path, step)
+    try:
+        return pl.from_dicts(records, infer_schema_length=None)
+    except (pl.exceptions.PolarsError, TypeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise _unreadable(path, step, f"not valid JSON Lines: {first}") from None
 
 
 def _read_parquet(path: Path) -> pl.DataFrame:
@@ -191,7 +333,12 @@ def _read_parquet(path: Path) -> pl.DataFrame:
 def read_table(path: Path, step: int | None = None) -> pl.DataFrame:
     """One input file as a DataFrame, in file order; an unreadable file is a StepError."""
     kind = TABLE_SUFFIXES[path.suffix]
-    if path.stat().st_size == 0:
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        what = "a dangling symlink" if path.is_symlink() else exc.strerror
+        raise _unreadable(path, step, f"cannot open the file ({what})") from None
+    if size == 0:
         raise _unreadable(path, step, "the file is empty")
     try:
         if kind == "parquet":
@@ -343,23 +490,20 @@ def conform(
             errors += error.violations
             continue
         cast_columns.append(cast)
-        if not bad.any():
-            continue
-        rows = frame.filter(bad)
-        first_row = int(rows.get_column(c.SOURCE_ROW)[0]) + 1 if c.SOURCE_ROW in rows else None
-        where = f" at file row {first_row}" if first_row is not None else ""
-        expected = f"column {name} must be {types[name]}"
-        violations.append(
-            Violation(
-                rule="column_type",
-                message=f"{expected}, got {_value_text(frame, name, bad)}{where}",
-                step=step,
-                files=[str(path)],
-                rows=_index_leaf_pairs(rows),
-                n_rows=rows.height,
+        flagged = _json_flags(frame, name)
+        for rule, mask in (
+            ("column_type", bad | (flagged == "column_type")),
+            ("duplicate_key", flagged == "duplicate_key"),
+        ):
+            if not mask.any():
+                continue
+            expected = (
+                f"column {name} must be {types[name]}"
+                if rule == "column_type"
+                else f"key {name} must appear once in each JSON object"
             )
-        )
-        reasons.append(pl.when(pl.lit(bad)).then(pl.lit(f"column_type: {expected}")))
+            violations.append(_row_violation(frame, name, mask, rule, expected, path, step))
+            reasons.append(pl.when(pl.lit(mask)).then(pl.lit(f"{rule}: {expected}")))
     if errors:
         raise StepError(errors)
     type_error = (
@@ -367,9 +511,50 @@ def conform(
         if reasons
         else pl.lit(None, dtype=pl.String)
     )
-    extra = [name for name in frame.columns if name not in types and name != c.SOURCE_ROW]
-    typed = frame.with_columns(*cast_columns, type_error.alias(TYPE_ERROR)).drop(extra)
+    internal = [n for n in frame.columns if n.startswith((JSON_RULE, JSON_VALUE))]
+    extra = [
+        name
+        for name in frame.columns
+        if name not in types and name != c.SOURCE_ROW and name not in internal
+    ]
+    typed = frame.with_columns(*cast_columns, type_error.alias(TYPE_ERROR)).drop(extra, *internal)
     return typed, extra, violations
+
+
+def _json_flags(frame: pl.DataFrame, name: str) -> pl.Series:
+    """Per row, the rule the JSON Lines reader flagged on this column's value, or null."""
+    if JSON_RULE + name in frame.columns:
+        return frame.get_column(JSON_RULE + name).cast(pl.String).fill_null("")
+    return pl.Series([""] * frame.height, dtype=pl.String)
+
+
+def _row_violation(
+    frame: pl.DataFrame,
+    name: str,
+    mask: pl.Series,
+    rule: str,
+    expected: str,
+    path: Path,
+    step: int | None,
+) -> Violation:
+    """One rule broken by values of one column, naming the first file row and its value."""
+    rows = frame.filter(mask)
+    first_row = int(rows.get_column(c.SOURCE_ROW)[0]) + 1 if c.SOURCE_ROW in rows else None
+    where = f" at file row {first_row}" if first_row is not None else ""
+    original = rows.get_column(JSON_VALUE + name)[0] if JSON_VALUE + name in rows.columns else None
+    if rule == "duplicate_key":
+        message = f"{expected}, but it is given twice{where}"
+    else:
+        text = original if original is not None else _value_text(frame, name, mask)
+        message = f"{expected}, got {text}{where}"
+    return Violation(
+        rule=rule,
+        message=message,
+        step=step,
+        files=[str(path)],
+        rows=_index_leaf_pairs(rows),
+        n_rows=rows.height,
+    )
 
 
 def _index_leaf_pairs(rows: pl.DataFrame, limit: int = 5) -> list[tuple[int, int]]:
@@ -430,7 +615,16 @@ def group_steps(sources: Iterable[SourceFile]) -> dict[int, list[SourceFile]]:
         if source.step is not None:
             steps.setdefault(source.step, []).append(source)
             continue
-        for value in _column_steps(source, read_source(source)):
+        try:
+            values = _column_steps(source, read_source(source))
+        except StepError as error:
+            for violation in error.violations:
+                violation.message += (
+                    "; no step was built: the rows of a file whose name carries no step "
+                    "could belong to any step, so no step can be called complete"
+                )
+            raise
+        for value in values:
             steps.setdefault(int(value), []).append(source)
     return {step: sorted(files, key=lambda s: str(s.path)) for step, files in sorted(steps.items())}
 
@@ -457,6 +651,7 @@ def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
             frames.append(_with_provenance(frame, source.path, source.step))
     finally:
         hasher.shutdown(wait=False, cancel_futures=True)
+    _check_no_identical_files(inputs, step)
     _check_one_reward_type(frames, step)
     frame = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
     if c.STEP not in frame.columns:
@@ -480,6 +675,24 @@ def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
         type_violations=type_violations,
         type_errors=frame.get_column(TYPE_ERROR),
     )
+
+
+def _check_no_identical_files(inputs: Sequence[dict], step: int) -> None:
+    """Two byte-identical files of one step are one file's rows given twice."""
+    first: dict[str, str] = {}
+    for entry in inputs:
+        path = entry["path"]
+        seen = first.get(entry["sha256"])
+        if seen is None:
+            first[entry["sha256"]] = path
+            continue
+        message = (
+            f"{path} is given twice: its rows would be read twice"
+            if seen == path
+            else f"{seen} and {path} are byte-identical: the same rows twice"
+        )
+        files = [seen] if seen == path else [seen, path]
+        raise StepError([Violation("identical_input_files", message, step=step, files=files)])
 
 
 def _check_one_reward_type(frames: Sequence[pl.DataFrame], step: int) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 
 import polars as pl
 
+from pipeline.errors import StepError, Violation
 from pipeline.io.readers import sha256_of
 from pipeline.manifest import OutputFile
 
@@ -159,6 +160,10 @@ def replace_folder(final: Path, fill: Callable[[Path], None]) -> None:
     """Fill a fresh hidden sibling of `final`, then swap it in (`commit_folder`): a reader
     sees the old folder or the new one. What killed builds of this host left beside it is
     removed first; on any failure the sibling is removed and `final` is left as it was."""
+    if final.exists() and not final.is_dir():
+        # Swapping a folder with a plain file would publish the folder and bury the file.
+        message = f"{final} is a file, not a step folder: move it away to build this step"
+        raise StepError([Violation("output_not_a_folder", message, files=[str(final)])])
     final.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(final.parent)
     staged = final.parent / private_name("tmp", final.name)

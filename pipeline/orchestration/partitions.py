@@ -16,5 +16,11 @@ def partition_key(step: int) -> str:
 
 
 def step_of(key: str) -> int:
-    """The rollout step of a partition key."""
+    """The rollout step of a partition key; anything but exactly 8 ASCII digits is a
+    `dg.Failure` (`int()` alone would take "1_0" as 10 and " 7" as 7)."""
+    if len(key) != KEY_WIDTH or not key.isascii() or not key.isdigit():
+        raise dg.Failure(
+            description=f"partition key {key!r} is not a rollout step: keys are the step "
+            f"zero-padded to {KEY_WIDTH} digits, e.g. {partition_key(7)} for step 7"
+        )
     return int(key)

@@ -16,7 +16,7 @@ import dagster as dg
 from pydantic import Field
 
 from pipeline.errors import UsageError
-from pipeline.io.readers import SourceFile
+from pipeline.io.readers import STEP_FOLDER, SourceFile
 from pipeline.settings import Settings, data_settings_files, load_settings
 from pipeline.step.roots import StepRoots
 
@@ -85,7 +85,19 @@ class RolloutStorage(dg.ConfigurableResource):
     @property
     def output_path(self) -> Path:
         root = configured_output_root()
-        return inside(root, self.output_root, "output_root") if self.output_root else root
+        if not self.output_root:
+            return root
+        path = inside(root, self.output_root, "output_root")
+        # A root inside a committed step folder would put shards among another step's.
+        for folder in [path, *path.parents]:
+            if folder == root:
+                break
+            if STEP_FOLDER.match(folder.name) and (folder / "manifest.json").exists():
+                raise UsageError(
+                    f"output_root {self.output_root} resolves to {path}, inside the committed "
+                    f"step folder {folder}; choose a folder of its own under {root}"
+                )
+        return path
 
     @property
     def settings_path(self) -> Path | None:

@@ -102,6 +102,19 @@ class SampleRules(pa.DataFrameModel):
     def train_metadata_json_object(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, pl.col(s.METADATA_OBJECT))
 
+    @pa.dataframe_check(
+        error="multi_leaf_only_in_v2: several rows share this index without session_version "
+        "v2: only session v2 writes multi-leaf trajectories, so these are duplicated rows"
+    )
+    def multi_leaf_only_in_v2(cls, data: PolarsData) -> pl.LazyFrame:
+        # Rows repeating a (step, index, leaf) are unique_leaf's to report, and a
+        # trajectory mixing session versions is one_session_version's.
+        single = pl.col(s.TRAJECTORY_SIZE) == 1
+        v2 = (pl.col(c.SESSION_VERSION) == "v2").fill_null(False)
+        mixed = pl.col(c.SESSION_VERSION).fill_null("").n_unique().over(c.TRAJECTORY) > 1
+        repeated_leaf = (pl.len().over(c.STEP, c.INDEX, c.LEAF) > 1).any().over(c.TRAJECTORY)
+        return _ok(data, single | v2 | mixed | repeated_leaf)
+
     @pa.dataframe_check(error="unique_leaf: (step, index, leaf) must be unique")
     def unique_leaf(cls, data: PolarsData) -> pl.LazyFrame:
         return _ok(data, pl.len().over(c.STEP, c.INDEX, c.LEAF) == 1)
@@ -139,6 +152,19 @@ class SampleRules(pa.DataFrameModel):
     @pa.dataframe_check(error="reward_finite: reward must be a finite number on every row")
     def reward_finite(cls, data: PolarsData) -> pl.LazyFrame:
         return data.lazyframe.select(pl.col(s.REWARD_VALUE).is_finite().fill_null(False))
+
+    @pa.dataframe_check(
+        error="raw_reward_finite: raw_reward must be a finite number or null on every row"
+    )
+    def raw_reward_finite(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, pl.col(c.RAW_REWARD).is_finite())
+
+    @pa.dataframe_check(
+        error="log_probs_finite: rollout_log_probs and teacher_log_probs must hold finite "
+        "numbers only (no NaN or infinity)"
+    )
+    def log_probs_finite(cls, data: PolarsData) -> pl.LazyFrame:
+        return _ok(data, pl.col(s.LOG_PROBS_FINITE))
 
     @pa.dataframe_check(
         error="rollout_log_probs_all_or_none: "

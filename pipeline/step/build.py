@@ -44,9 +44,11 @@ def build_step(
     out_root: Path,
     force: bool = False,
     reporter: StageReporter | None = None,
+    skipped: Sequence[str] = (),
 ) -> Manifest:
     """The whole build of one step; returns its manifest. A step folder that is current
-    (`current_manifest`) is kept as it is unless `force`; any other is replaced whole."""
+    (`current_manifest`) is kept as it is unless `force`; any other is replaced whole.
+    `skipped` names look-alike files the readers passed over, kept in the manifest."""
     if not force and (manifest := current_manifest(step, sources, settings, out_root)):
         return manifest
     report = reporter or _Silent()
@@ -56,6 +58,7 @@ def build_step(
     report.end(step, read, f"{samples.ingested} rows read")
     report.begin(step, plan)
     batch = plan_batch(samples, settings)
+    batch.meta = batch.meta.model_copy(update={"skipped_files": list(skipped)})
     report.end(step, plan, f"{batch.meta.counts.written} rows to write")
     report.begin(step, write)
     manifest = write_shards(batch, out_root)

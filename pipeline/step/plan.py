@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 
 from pipeline import columns as c
-from pipeline.errors import StepError
+from pipeline.errors import StepError, step_error
 from pipeline.manifest import Counts, InputFile, Manifest
 from pipeline.settings import Settings
 from pipeline.step.ingest import SampleTable
@@ -138,6 +138,20 @@ def _rank_rows(
     return RankRows(scalars=scalars, inputs=inputs, optional=optional, order=layout.order)
 
 
+def _check_every_rank_has_rows(ranks: np.ndarray, dp_size: int, step: int) -> None:
+    """A rank without rows would get an empty shard file: the settings ask for more ranks
+    than the step has rows to give."""
+    filled = len(np.unique(ranks))
+    if filled < dp_size:
+        raise step_error(
+            "not_enough_samples_for_dp_size",
+            f"dp_size {dp_size} is larger than the step can fill: {len(ranks)} rows "
+            f"written reach only {filled} rank(s), so rank files would be empty; "
+            "lower dp_size or raise global_batch_size",
+            step,
+        )
+
+
 def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     """Trim, compute every shard column and the layout; the batch in write order."""
     step, frame = samples.step, samples.frame
@@ -159,6 +173,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     light_df = light.collect()
     effective = settings.model_copy(update={"global_batch_size": trim.global_batch_size})
     layout = batch_layout(light_df, effective, compact)
+    _check_every_rank_has_rows(layout.rank, settings.dp_size, step)
     optional = optional_columns(head)
     rows = _rank_rows(head, light_df, layout, optional)
     quarantined = samples.quarantine.height if samples.quarantine is not None else 0

@@ -10,6 +10,7 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.columns import (
+    LOG_PROBS_FINITE,
     MASK_BINARY,
     MASK_LEN,
     MASK_SUM,
@@ -60,6 +61,15 @@ def _or_null(schema: pl.Schema, name: str, dtype: pl.DataType) -> pl.Expr:
     return pl.col(name) if name in schema else pl.lit(None, dtype=dtype)
 
 
+def _log_probs_finite(schema: pl.Schema) -> pl.Expr:
+    """Whether every value of the log-prob lists is finite (null without any list)."""
+    names = [n for n in (c.ROLLOUT_LOG_PROBS, c.TEACHER_LOG_PROBS) if n in schema]
+    if not names:
+        return pl.lit(None, dtype=pl.Boolean)
+    finite = [pl.col(n).list.eval(pl.element().is_finite()).list.all() for n in names]
+    return pl.all_horizontal(f.fill_null(True) for f in finite)
+
+
 def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.LazyFrame:
     """The per-row scalars every rule and the plan need, without any list column."""
     schema = lf.collect_schema()
@@ -99,6 +109,7 @@ def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.Laz
         _list_len(schema, c.ROLLOUT_LOG_PROBS).cast(pl.Int64).alias(RLP_LEN),
         _list_len(schema, c.TEACHER_LOG_PROBS).cast(pl.Int64).alias(TLP_LEN),
         metadata_object.alias(METADATA_OBJECT),
+        _log_probs_finite(schema).alias(LOG_PROBS_FINITE),
         *(
             (pl.col(name).is_not_null() if name in schema else pl.lit(False)).alias(f"_has_{name}")
             for name in ALL_OR_NONE

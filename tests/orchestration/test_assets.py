@@ -20,6 +20,7 @@ from dagster_support import (
 from pipeline import cli
 from pipeline import columns as c
 from pipeline.io import writer
+from pipeline.orchestration.partitions import step_of
 from pipeline.orchestration.reporting import FAILURE_TAG
 from tests.conftest import dead_pid
 
@@ -275,6 +276,31 @@ def test_run_config_may_narrow_the_output_root(instance: dg.DagsterInstance, roo
 
     assert (roots.output / "dp4" / "step=1" / "manifest.json").is_file()
     assert not (roots.output / "step=1").exists()
+
+
+def test_an_output_root_inside_a_committed_step_folder_is_refused(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    assert materialize(instance, "00000001").success
+    before = sorted(p.name for p in (roots.output / "step=1").iterdir())
+    run_config = {"resources": {"rollout_storage": {"config": {"output_root": "step=1/nested"}}}}
+
+    result = materialize(instance, "00000001", run_config)
+
+    assert not result.success
+    _, failure = _step_failure(result)
+    assert "inside the committed step folder" in failure.description
+    assert sorted(p.name for p in (roots.output / "step=1").iterdir()) == before
+
+
+@pytest.mark.parametrize("key", ["abc", "2", "1_0", "0000001 ", "０００００００１"])
+def test_a_partition_key_that_is_not_8_digits_is_a_failure(key: str) -> None:
+    with pytest.raises(dg.Failure, match="is not a rollout step"):
+        step_of(key)
+
+
+def test_an_8_digit_partition_key_is_its_step() -> None:
+    assert step_of("00000010") == 10
 
 
 def _split_a_rollout(roots: Roots) -> int:

@@ -11,8 +11,15 @@ thing broken. `case.json` holds:
 - `errors`: one entry per broken rule, in any order, each with `rule`, `step` (or null),
   `files` (paths under `input/`, or []), `rows` (the (index, leaf) pairs the line names,
   [] when the problem names none) and `text` (a phrase the line must contain);
-- `outcome` (exit 0 only): the manifest's `counts` and `ignored_columns`, and the
-  quarantined rows as (index, leaf, reason) in batch order.
+- `outcome` (exit 0 only): the manifest's `counts`, `ignored_columns` and
+  `skipped_files` (paths under `input/`), and the quarantined rows as (index, leaf,
+  reason) in batch order;
+- `usage` (exit 2 only): a phrase of the one `rollout-shards: usage error: ` line;
+- `notes`: paths under `input/` that a `rollout-shards: note: skipped` line names.
+
+In `args`, `{input}` and `{case}` stand for the case's `input/` folder and the case
+folder. Besides the files under `input/`, a case may hold symlinks (`links`, name to
+target), FIFOs (`fifos`) and files beside `input/` (`outside`, e.g. an `out` in the way).
 
 The corpus is deterministic: the same script writes the same bytes.
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -116,6 +124,11 @@ class Case:
     errors: list[dict[str, Any]] = field(default_factory=list)
     args: list[str] = field(default_factory=list)
     outcome: dict[str, Any] | None = None
+    usage: str = ""
+    notes: list[str] = field(default_factory=list)
+    links: dict[str, str] = field(default_factory=dict)
+    fifos: list[str] = field(default_factory=list)
+    outside: dict[str, bytes] = field(default_factory=dict)
 
 
 def error(
@@ -154,7 +167,12 @@ def quarantined(
     counts: dict[str, int],
     rows: list[tuple[int, int, str]],
 ) -> Case:
-    outcome = {"counts": counts, "ignored_columns": [], "quarantine": [list(r) for r in rows]}
+    outcome = {
+        "counts": counts,
+        "ignored_columns": [],
+        "skipped_files": [],
+        "quarantine": [list(r) for r in rows],
+    }
     return Case(name, what, files, 0, [], QUARANTINE, outcome)
 
 
@@ -346,9 +364,9 @@ def column_cases() -> list[Case]:
             [
                 error(
                     "column_type",
-                    [],
+                    [(2, 0)],
                     [f"step={STEP}.jsonl"],
-                    "column loss_mask must be List(Int8), but the file stores it as String",
+                    'column loss_mask must be List(Int8), got "1,1" at file row 3',
                 )
             ],
         ),
@@ -420,19 +438,19 @@ def column_cases() -> list[Case]:
         ),
         Case(
             "remove_sample_text",
-            'remove_sample written as "yes"',
+            'remove_sample written as "no" on four rows',
             {
                 f"step={STEP}.jsonl": jsonl(
-                    base(**{f"row{i}": {"remove_sample": "no"} for i in range(8)})
+                    base(**{f"row{i}": {"remove_sample": "no"} for i in range(4)})
                 )
             },
             1,
             [
                 error(
                     "column_type",
-                    [],
+                    [(0, 0), (1, 0), (2, 0), (3, 0)],
                     [f"step={STEP}.jsonl"],
-                    "column remove_sample must be Boolean, but the file stores it as String",
+                    'column remove_sample must be Boolean, got "no" at file row 1',
                 )
             ],
         ),
@@ -489,19 +507,19 @@ def column_cases() -> list[Case]:
         ),
         Case(
             "weight_versions_not_a_list",
-            "weight_versions as a plain string",
+            "weight_versions as a plain string on four rows",
             {
                 f"step={STEP}.jsonl": jsonl(
-                    base(**{f"row{i}": {"weight_versions": "w3"} for i in range(8)})
+                    base(**{f"row{i}": {"weight_versions": "w3"} for i in range(4)})
                 )
             },
             1,
             [
                 error(
                     "column_type",
-                    [],
+                    [(0, 0), (1, 0), (2, 0), (3, 0)],
                     [f"step={STEP}.jsonl"],
-                    "column weight_versions must be List(String)",
+                    'column weight_versions must be List(String), got "w3" at file row 1',
                 )
             ],
         ),
@@ -929,16 +947,341 @@ def quarantine_cases() -> list[Case]:
     ]
 
 
+def without_leaf(rows: list[Row]) -> list[Row]:
+    return [{k: v for k, v in row.items() if k != "leaf"} for row in rows]
+
+
+def json_lines(rows: list[Row], replace: dict[int, str] | None = None) -> bytes:
+    """JSON Lines with line k (0-based) replaced by raw text, for what json.dumps never
+    writes (a key given twice)."""
+    lines = [json.dumps(row) for row in rows]
+    for k, text in (replace or {}).items():
+        lines[k] = text
+    return "".join(line + "\n" for line in lines).encode()
+
+
+def usage(name: str, what: str, text: str, args: list[str], **fields: Any) -> Case:
+    """A usage error (exit 2): one `rollout-shards: usage error: ` line holding `text`."""
+    files = fields.pop("files", {f"step={STEP}.parquet": parquet(base())})
+    return Case(name, what, files, 2, [], args, usage=text, **fields)
+
+
+def accepted(
+    name: str, what: str, files: dict[str, bytes], skipped: list[str], **fields: Any
+) -> Case:
+    outcome = {
+        "counts": counts(8, 0, 0, 8),
+        "ignored_columns": [],
+        "skipped_files": skipped,
+        "quarantine": [],
+    }
+    return Case(name, what, files, 0, [], [], outcome, notes=skipped, **fields)
+
+
+def round_two_cases() -> list[Case]:
+    """Issue 11: duplicated rows, JSON coercions, non-finite values, settings the data
+    cannot meet, ambiguous paths, and failures that must be one line."""
+    nan, inf = math.nan, math.inf
+    step_file = f"step={STEP}.parquet"
+    json_file = f"step={STEP}.jsonl"
+    valid = parquet(base())
+    rlp = {f"row{i}": {"rollout_log_probs": [-0.5, -0.5]} for i in range(8)}
+    raw = {f"row{i}": {"raw_reward": 0.5} for i in range(8)}
+    dup_key = json.dumps(sample(6))[:-1] + ', "index": 9}'
+    return [
+        Case(
+            "rows_repeated_in_a_second_file",
+            "rows 2 and 3 again in a second file, without leaf: they became leaves 1",
+            {
+                "step=7/part-0.parquet": parquet(without_leaf(base())),
+                "step=7/part-1.parquet": parquet(without_leaf(base()[2:4])),
+            },
+            1,
+            [
+                error(
+                    "multi_leaf_only_in_v2",
+                    [(2, 0), (3, 0), (2, 1), (3, 1)],
+                    ["step=7/part-0.parquet", "step=7/part-1.parquet"],
+                    "several rows share this index without session_version v2",
+                )
+            ],
+        ),
+        invalid(
+            "v1_trajectory_of_two_leaves",
+            "a v1 trajectory of two rows",
+            [*base()[:4], sample(3, 1), *base()[4:]],
+            "multi_leaf_only_in_v2",
+            [(3, 0), (3, 1)],
+            "duplicated rows",
+        ),
+        Case(
+            "byte_identical_files",
+            "one file copied twice into the step folder",
+            {"step=7/a.parquet": valid, "step=7/b.parquet": valid},
+            1,
+            [
+                error(
+                    "identical_input_files",
+                    [],
+                    ["step=7/a.parquet", "step=7/b.parquet"],
+                    "are byte-identical",
+                )
+            ],
+        ),
+        *(
+            json_invalid(
+                f"json_{name}_{label}",
+                f"a JSON {label} in {name}",
+                base(**{"row2": {name: value}}),
+                "column_type",
+                [(2, 0)],
+                f"column {name} must be {CONTRACT_TYPES[name]}, got {shown} at file row 3",
+            )
+            for name, value, label, shown in [
+                ("reward", True, "true", "true"),
+                ("response_length", False, "false", "false"),
+                ("group_index", True, "true", "true"),
+                ("response_length", "2", "numeric_string", '"2"'),
+                ("reward", "1.0", "numeric_string", '"1.0"'),
+                (
+                    "tokens",
+                    [11, 12, 13, "14", 15, 16],
+                    "numeric_string",
+                    '[11, 12, 13, "14", 15, 16]',
+                ),
+                ("remove_sample", "false", "string", '"false"'),
+            ]
+        ),
+        json_invalid(
+            "json_index_true",
+            "a JSON true as index",
+            base(row2={"index": True}),
+            "column_type",
+            [(None, 0)],
+            "column index must be Int64, got true at file row 3",
+        ),
+        json_invalid(
+            "json_leaf_false",
+            "a JSON false as leaf",
+            base(row2={"leaf": False}),
+            "column_type",
+            [(2, None)],
+            "column leaf must be Int32, got false at file row 3",
+        ),
+        Case(
+            "json_duplicate_key",
+            "a line giving index twice",
+            {json_file: json_lines(base(), {6: dup_key})},
+            1,
+            [
+                error(
+                    "duplicate_key",
+                    [(6, 0)],
+                    [json_file],
+                    "key index must appear once in each JSON object, but it is given twice "
+                    "at file row 7",
+                )
+            ],
+        ),
+        quarantined(
+            "quarantine_a_json_true",
+            "a JSON true as reward, quarantined",
+            {json_file: jsonl(base(row5={"reward": True}))},
+            counts(8, 1, 3, 4),
+            [(5, 0, "column_type: column reward must be Float64")],
+        ),
+        quarantined(
+            "quarantine_a_duplicate_key",
+            "a key given twice, quarantined",
+            {json_file: json_lines(base(), {6: dup_key})},
+            counts(8, 1, 3, 4),
+            [(6, 0, "duplicate_key: key index must appear once in each JSON object")],
+        ),
+        invalid(
+            "raw_reward_nan",
+            "raw_reward NaN on one row",
+            base(**{**raw, "row4": {"raw_reward": nan}}),
+            "raw_reward_finite",
+            [(4, 0)],
+            "raw_reward must be a finite number",
+        ),
+        invalid(
+            "raw_reward_infinite",
+            "raw_reward inf on one row",
+            base(**{**raw, "row1": {"raw_reward": inf}}),
+            "raw_reward_finite",
+            [(1, 0)],
+            "raw_reward must be a finite number",
+        ),
+        invalid(
+            "rollout_log_probs_nan",
+            "a NaN rollout log prob",
+            base(**{**rlp, "row1": {"rollout_log_probs": [nan, -0.5]}}),
+            "log_probs_finite",
+            [(1, 0)],
+            "finite numbers only",
+        ),
+        invalid(
+            "teacher_log_probs_nan",
+            "a NaN teacher log prob",
+            base(
+                **{
+                    **{f"row{i}": {"teacher_log_probs": [-0.5, -0.5]} for i in range(8)},
+                    "row6": {"teacher_log_probs": [-0.5, nan]},
+                }
+            ),
+            "log_probs_finite",
+            [(6, 0)],
+            "finite numbers only",
+        ),
+        Case(
+            "dp_size_beyond_the_rows",
+            "dp_size 16 for a step of eight rows",
+            {step_file: valid},
+            1,
+            [error("not_enough_samples_for_dp_size", [], [], "dp_size 16 is larger")],
+            ["--dp-size", "16"],
+        ),
+        usage(
+            "yaml_true_as_dp_size",
+            "a YAML true where a number belongs",
+            "invalid settings: dp_size: Input should be a valid integer",
+            [],
+            files={step_file: valid, "rollout-shards.yaml": b"dp_size: true\n"},
+        ),
+        usage(
+            "config_is_binary",
+            "--config pointing at a binary file",
+            "is not a text (UTF-8) YAML file",
+            ["--config", "{case}/config.bin"],
+            outside={"config.bin": bytes(range(256))},
+        ),
+        Case(
+            "dangling_symlink_as_a_step",
+            "step=7.parquet a symlink to nothing",
+            {},
+            1,
+            [error("unreadable_file", [], [step_file], "a dangling symlink")],
+            links={step_file: "gone.parquet"},
+        ),
+        Case(
+            "step_007_beside_step_7",
+            "two spellings of step 7",
+            {step_file: valid, "step=007/part.parquet": parquet(base()[:4])},
+            1,
+            [error("ambiguous_step_path", [], ["step=007", step_file], "both name step 7")],
+        ),
+        Case(
+            "step_file_beside_step_folder",
+            "step=7.parquet beside step=7/",
+            {step_file: valid, "step=7/part.parquet": parquet(base()[:4])},
+            1,
+            [error("ambiguous_step_path", [], ["step=7", step_file], "both name step 7")],
+        ),
+        Case(
+            "step_folder_inside_step_folder",
+            "step=7/step=8/x.parquet",
+            {"step=7/step=8/x.parquet": valid},
+            1,
+            [error("ambiguous_step_path", [], ["step=7", "step=7/step=8"], "one inside the other")],
+        ),
+        accepted(
+            "upper_case_suffix_skipped",
+            "step=7.PARQUET beside step=7.parquet",
+            {step_file: valid, "step=7.PARQUET": valid},
+            ["step=7.PARQUET"],
+        ),
+        accepted(
+            "parq_suffix_skipped",
+            "step=7.parq beside step=7.parquet",
+            {step_file: valid, "step=7.parq": valid},
+            ["step=7.parq"],
+        ),
+        accepted(
+            "fifo_skipped",
+            "a FIFO named step=7.arrow beside step=7.parquet",
+            {step_file: valid},
+            ["step=7.arrow"],
+            fifos=["step=7.arrow"],
+        ),
+        usage(
+            "out_is_the_input", "--out the input root", "is inside the input", ["--out", "{input}"]
+        ),
+        usage(
+            "out_inside_the_input",
+            "--out under the input root",
+            "is inside the input",
+            ["--out", "{input}/shards"],
+        ),
+        usage(
+            "input_inside_out",
+            "the input root under --out",
+            "is inside --out",
+            ["--out", "{case}"],
+        ),
+        usage(
+            "out_is_a_file",
+            "--out an existing file",
+            "is a file, not a folder",
+            ["--out", "{case}/out.txt"],
+            outside={"out.txt": b"not a folder\n"},
+        ),
+        Case(
+            "stepless_unreadable_file",
+            "a truncated file without a step in its name beside a valid step",
+            {step_file: valid, "extra.parquet": valid[:100]},
+            1,
+            [error("unreadable_file", [], ["extra.parquet"], "no step was built", step=None)],
+        ),
+        Case(
+            "step_folder_is_a_file",
+            "the step's folder under --out replaced by a plain file",
+            {step_file: valid},
+            1,
+            [error("output_not_a_folder", [], [], "is a file, not a step folder")],
+            outside={f"out/step={STEP}": b"not a folder\n"},
+        ),
+        Case(
+            "step_beyond_int64",
+            "step=99999999999999999999999.parquet",
+            {"step=99999999999999999999999.parquet": valid},
+            1,
+            [
+                error(
+                    "step_out_of_range",
+                    [],
+                    ["step=99999999999999999999999.parquet"],
+                    "beyond int64",
+                    step=None,
+                )
+            ],
+        ),
+    ]
+
+
 def cases() -> list[Case]:
-    return [*column_cases(), *rule_cases(), *file_cases(), *accepted_cases(), *quarantine_cases()]
+    return [
+        *column_cases(),
+        *rule_cases(),
+        *file_cases(),
+        *accepted_cases(),
+        *quarantine_cases(),
+        *round_two_cases(),
+    ]
 
 
 def write_case(case: Case, root: Path) -> Path:
     folder = root / case.name
-    for name, data in case.files.items():
-        path = folder / "input" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+    (folder / "input").mkdir(parents=True, exist_ok=True)
+    for base_folder, files in ((folder / "input", case.files), (folder, case.outside)):
+        for name, data in files.items():
+            path = base_folder / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+    for name, target in case.links.items():
+        os.symlink(target, folder / "input" / name)
+    for name in case.fifos:
+        os.mkfifo(folder / "input" / name)
     spec = {
         "name": case.name,
         "what": case.what,
@@ -946,6 +1289,8 @@ def write_case(case: Case, root: Path) -> Path:
         "exit": case.exit,
         "errors": case.errors,
         "outcome": case.outcome,
+        "usage": case.usage,
+        "notes": case.notes,
     }
     (folder / "case.json").write_text(json.dumps(spec, indent=2) + "\n")
     return folder

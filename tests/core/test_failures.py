@@ -1,0 +1,148 @@
+"""Failures outside the data (issue 11 items 8-10), through `pipeline.cli.main` in process:
+a full disk, a blocking check that fails on the staged folder, a step folder whose
+manifest cannot be trusted, the same input given twice."""
+
+from __future__ import annotations
+
+import errno
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.io import writer
+from pipeline.io.readers import find_sources, group_steps
+from pipeline.settings import load_settings
+from pipeline.step import write
+from pipeline.step.freshness import current_manifest
+from tests.conftest import sample, write_step
+
+GBS = ["--global-batch-size", "2"]
+
+
+def build(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
+    code = main(["build", *map(str, args), *GBS])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def contents(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture
+def step_input(rows_dir: Path) -> Path:
+    write_step(rows_dir, [sample(i, reward=float(i % 2)) for i in range(4)])
+    return rows_dir
+
+
+def test_a_full_disk_is_one_line_and_writes_nothing(
+    step_input: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    def full(*_: object, **__: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer, "write_parquet", full)
+    out = tmp_path / "shards"
+
+    code, _, err = build(capsys, step_input, "--out", out)
+
+    assert code == 1
+    assert err == f"rollout-shards: build: step 1: rule os_error: no space left on {out}\n"
+    assert list(out.iterdir()) == []  # no step folder, no staged sibling left behind
+
+
+def test_a_failing_blocking_check_leaves_the_previous_folder(
+    step_input: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    out = tmp_path / "shards"
+    assert build(capsys, step_input, "--out", out)[0] == 0
+    before = contents(out / "step=1")
+    monkeypatch.setattr(
+        write, "blocking_problems", lambda *_, **__: [("rank=0.parquet", "rows differ")]
+    )
+
+    code, _, err = build(capsys, step_input, "--out", out, "--force")
+
+    assert code == 1
+    assert err.count("\n") == 1
+    assert err.startswith("rollout-shards: build: step 1: rule shards_verified: ")
+    assert "rank=0.parquet: rows differ" in err
+    assert contents(out / "step=1") == before
+    assert [p.name for p in out.iterdir()] == ["step=1"]
+
+
+def _rewrite(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
+    def apply(folder: Path) -> None:
+        path = folder / "manifest.json"
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps(change(data)))
+
+    return apply
+
+
+def _drop_input_key(key: str) -> Callable[[Path], None]:
+    def change(data: dict[str, Any]) -> dict[str, Any]:
+        for record in data["inputs"]:
+            record.pop(key)
+        return data
+
+    return _rewrite(change)
+
+
+def _stray_rank(folder: Path) -> None:
+    (folder / "rank=1.parquet").write_bytes((folder / "rank=0.parquet").read_bytes())
+
+
+def _counts_off(data: dict[str, Any]) -> dict[str, Any]:
+    data["counts"]["written"] += 1
+    return data
+
+
+BROKEN = {
+    "a_list": _rewrite(lambda _: []),
+    "inputs_a_number": _rewrite(lambda data: {**data, "inputs": 5}),
+    "input_without_sha256": _drop_input_key("sha256"),
+    "input_without_path": _drop_input_key("path"),
+    "stray_rank_beyond_dp": _stray_rank,
+    "counts_not_adding_up": _rewrite(_counts_off),
+    "no_outputs": _rewrite(lambda data: {**data, "outputs": []}),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_an_untrustworthy_step_folder_is_rebuilt(
+    name: str, step_input: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "shards"
+    assert build(capsys, step_input, "--out", out)[0] == 0
+    good = contents(out / "step=1")
+    BROKEN[name](out / "step=1")
+    settings = load_settings(global_batch_size=2)
+    sources = group_steps(find_sources([step_input]))[1]
+
+    assert current_manifest(1, sources, settings, out) is None
+    code, stdout, err = build(capsys, step_input, "--out", out)
+
+    assert (code, err) == (0, "")
+    assert "up to date" not in stdout and " rows in, " in stdout
+    assert contents(out / "step=1") == good
+
+
+def test_one_file_given_twice_is_refused(
+    step_input: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = step_input / "step=1.parquet"
+    out = tmp_path / "shards"
+
+    code, _, err = build(capsys, path, path, "--out", out)
+
+    assert code == 1
+    assert err == (
+        f"rollout-shards: build: step 1: {path}: rule identical_input_files: "
+        f"{path} is given twice: its rows would be read twice\n"
+    )
+    assert not out.exists() or list(out.iterdir()) == []
