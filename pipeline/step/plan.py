@@ -22,6 +22,8 @@ from pipeline.transforms.shard_columns import (
     light_shard_columns,
     loss_masks,
     optional_columns,
+    optional_shard_columns,
+    present_columns,
     raw_reward,
 )
 from pipeline.transforms.split import batch_layout
@@ -43,15 +45,10 @@ class RankRows:
         lists = picked.select(
             pl.col(c.TOKENS),
             loss_masks(picked.schema),
-            *(
-                pl.col(name).alias(c.METADATA if name == c.TRAIN_METADATA else name)
-                for name in self.optional
-            ),
+            *optional_shard_columns(self.optional),
         )
         scalars = _compact(self.scalars, start, length)
-        return pl.concat([scalars, lists], how="horizontal").select(
-            *c.SHARD_COLUMNS, *lists.columns[2:], c.RANK
-        )
+        return pl.concat([scalars, lists], how="horizontal").select(*c.DATASET_COLUMNS)
 
 
 def _compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
@@ -65,7 +62,7 @@ def _compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
 class TrainBatch:
     """The trimmed batch in write order with its shard columns and metadata (`train_batch`).
 
-    `frame` holds every shard column and `rank`, rank 0's rows first, each in training
+    `frame` holds every rank-file column (`c.DATASET_COLUMNS`), rank 0's rows first, each in training
     order. plan_batch hands over the list columns still in batch order (RankRows): `frame`
     gathers them on first use, while write_shards gathers one rank at a time, so a build
     never holds a second copy of the step's tokens.
@@ -109,7 +106,7 @@ def _light(frame: pl.DataFrame, settings: Settings, step: int) -> pl.DataFrame:
 
 
 def _rank_rows(
-    head: pl.DataFrame, light: pl.DataFrame, layout: Layout, optional: list[str]
+    step: int, head: pl.DataFrame, light: pl.DataFrame, layout: Layout, optional: list[str]
 ) -> RankRows:
     """The scalar shard columns in write order. The list columns are left in batch order,
     to be gathered once, rank by rank, as they are written."""
@@ -132,6 +129,7 @@ def _rank_rows(
         pl.Series(c.TRAIN_STEP, layout.train_step, dtype=pl.Int32),
         micro_batch,
         pl.Series(c.RANK, layout.rank, dtype=pl.Int32),
+        pl.lit(step, dtype=pl.Int64).alias(c.STEP),
     )
     needed = [c.TOKENS, c.LOSS_MASK, c.RESPONSE_LENGTH, c.REMOVE_SAMPLE, *optional]
     inputs = head.select(name for name in needed if name in head.columns)
@@ -160,7 +158,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     effective = settings.model_copy(update={"global_batch_size": trim.global_batch_size})
     layout = batch_layout(light_df, effective, compact)
     optional = optional_columns(head)
-    rows = _rank_rows(head, light_df, layout, optional)
+    rows = _rank_rows(step, head, light_df, layout, optional)
     quarantined = samples.quarantine.height if samples.quarantine is not None else 0
     counts = Counts(
         ingested=samples.ingested,
@@ -184,5 +182,6 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
         num_microbatches=layout.num_microbatches,
         equal_reward_groups=equal_groups,
         ignored_columns=samples.ignored_columns,
+        present_columns=present_columns(optional),
     )
     return TrainBatch(step=step, frame=rows, meta=meta, quarantine=samples.quarantine)

@@ -30,7 +30,7 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
         def write_rank(rank: int) -> OutputFile:
             part = batch.rows(int(bounds[rank]), int(bounds[rank + 1] - bounds[rank]))
             name = writer.rank_file(rank)
-            writer.write_parquet(part.drop(c.RANK), staged / name)
+            writer.write_parquet(part, staged / name)
             tokens = int(part.get_column(c.TOTAL_LENGTHS).sum())
             return writer.file_record(staged / name, name, part.height, tokens)
 
