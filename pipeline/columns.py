@@ -88,7 +88,13 @@ SHARD_COLUMNS = (
 
 # Optional shard columns: in every rank file of every step, typed as the contract, null
 # where the step lacks them; the manifest's `present_columns` lists those a step really has.
-OPTIONAL_SHARD_COLUMNS = (ROLLOUT_LOG_PROBS, TEACHER_LOG_PROBS, WEIGHT_VERSIONS, ROUND_NUMBER, METADATA)
+OPTIONAL_SHARD_COLUMNS = (
+    ROLLOUT_LOG_PROBS,
+    TEACHER_LOG_PROBS,
+    WEIGHT_VERSIONS,
+    ROUND_NUMBER,
+    METADATA,
+)
 # The input column each optional shard column is copied from.
 OPTIONAL_SHARD_SOURCES = {
     ROLLOUT_LOG_PROBS: ROLLOUT_LOG_PROBS,

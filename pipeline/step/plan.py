@@ -62,8 +62,8 @@ def _compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
 class TrainBatch:
     """The trimmed batch in write order with its shard columns and metadata (`train_batch`).
 
-    `frame` holds every rank-file column (`c.DATASET_COLUMNS`), rank 0's rows first, each in training
-    order. plan_batch hands over the list columns still in batch order (RankRows): `frame`
+    `frame` holds every rank-file column (`c.DATASET_COLUMNS`), rank 0's rows first, each in
+    training order. plan_batch hands over the list columns still in batch order (RankRows): `frame`
     gathers them on first use, while write_shards gathers one rank at a time, so a build
     never holds a second copy of the step's tokens.
     """
