@@ -16,6 +16,7 @@ from pipeline.manifest import Counts, InputFile, Manifest
 from pipeline.settings import Settings
 from pipeline.step.ingest import SampleTable
 from pipeline.transforms import samples as s
+from pipeline.transforms.metrics import layout_metrics, rollout_metrics
 from pipeline.transforms.rewards import with_rewards
 from pipeline.transforms.schedule import Layout
 from pipeline.transforms.shard_columns import (
@@ -168,6 +169,9 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
         dropped=len(layout.dropped),
         written=len(layout.order),
     )
+    reward = s.reward_value(frame.schema, settings.reward_key, step)
+    stats = rollout_metrics(frame.lazy(), reward, settings.advantage_estimator)
+    stats |= layout_metrics(rows.scalars.lazy(), settings.dp_size, counts)
     meta = Manifest(
         step=step,
         settings=settings.model_dump(mode="json"),
@@ -183,5 +187,6 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
         equal_reward_groups=equal_groups,
         ignored_columns=samples.ignored_columns,
         present_columns=present_columns(optional),
+        stats=stats,
     )
     return TrainBatch(step=step, frame=rows, meta=meta, quarantine=samples.quarantine)
