@@ -23,7 +23,7 @@ from pipeline.io.readers import SourceFile, find_sources, group_steps
 from pipeline.io.writer import clean_stale, step_folder
 from pipeline.progress import Progress
 from pipeline.settings import DISABLE_FLAGS, Settings, data_settings_files, load_settings
-from pipeline.step.build import STAGE_NAMES, build_step, summary_line
+from pipeline.step.build import STAGE_NAMES, alarm_lines, build_step, summary_line
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch
@@ -194,6 +194,8 @@ def _build_one(
         return False
     progress.step_done()
     print(summary_line(manifest, step_folder(args.out, step)))
+    for line in alarm_lines(manifest):
+        print(line)
     return True
 
 

@@ -86,6 +86,74 @@ SHARD_COLUMNS = (
     ROLLOUT_MASK_SUMS,
 )
 
+# Optional shard columns: in every rank file of every step, typed as the contract, null
+# where the step lacks them; the manifest's `present_columns` lists those a step really has.
+OPTIONAL_SHARD_COLUMNS = (
+    ROLLOUT_LOG_PROBS,
+    TEACHER_LOG_PROBS,
+    WEIGHT_VERSIONS,
+    ROUND_NUMBER,
+    METADATA,
+)
+# The input column each optional shard column is copied from.
+OPTIONAL_SHARD_SOURCES = {
+    ROLLOUT_LOG_PROBS: ROLLOUT_LOG_PROBS,
+    TEACHER_LOG_PROBS: TEACHER_LOG_PROBS,
+    WEIGHT_VERSIONS: WEIGHT_VERSIONS,
+    ROUND_NUMBER: ROUND_NUMBER,
+    METADATA: TRAIN_METADATA,
+}
+# Every column of a rank file, in file order: the output root reads as one dataset.
+DATASET_COLUMNS = (*SHARD_COLUMNS, *OPTIONAL_SHARD_COLUMNS, STEP, RANK)
+DATASET_SCHEMA: dict[str, pl.DataType] = {
+    BATCH_POSITION: pl.Int64(),
+    TRAIN_STEP: pl.Int32(),
+    MICRO_BATCH: pl.Int32(),
+    TOKENS: pl.List(pl.Int32()),
+    RESPONSE_LENGTHS: pl.Int32(),
+    TOTAL_LENGTHS: pl.Int32(),
+    LOSS_MASKS: pl.List(pl.Int8()),
+    REWARDS: pl.Float64(),
+    RAW_REWARD: pl.Float64(),
+    TRUNCATED: pl.Int8(),
+    SAMPLE_INDICES: pl.Int64(),
+    ROLLOUT_IDS: pl.Int64(),
+    ROLLOUT_MASK_SUMS: pl.Int64(),
+    ROLLOUT_LOG_PROBS: pl.List(pl.Float32()),
+    TEACHER_LOG_PROBS: pl.List(pl.Float32()),
+    WEIGHT_VERSIONS: pl.List(pl.String()),
+    ROUND_NUMBER: pl.Int64(),
+    METADATA: pl.String(),
+    STEP: pl.Int64(),
+    RANK: pl.Int32(),
+}
+# What each rank-file column holds: the `training_shards` column schema in the UI and the
+# dataset card of the output root show these.
+DATASET_DESCRIPTIONS: dict[str, str] = {
+    BATCH_POSITION: "position in the step's trimmed, flattened batch (miles' partition entries)",
+    TRAIN_STEP: "optimizer step within the rollout step that trains this row, 0-based; "
+    "null when the trainer never trains it",
+    MICRO_BATCH: "micro-batch within this rank and train step; null without a schedule",
+    TOKENS: "prompt + response token ids",
+    RESPONSE_LENGTHS: "response tokens at the end of tokens",
+    TOTAL_LENGTHS: "len(tokens)",
+    LOSS_MASKS: "per response token: 1 trains it, 0 does not (remove_sample zeroes it)",
+    REWARDS: "normalized reward (GRPO-style, float32 arithmetic as miles) or the raw reward",
+    RAW_REWARD: "the reward before normalization (the raw_reward input column when set)",
+    TRUNCATED: "1 when the sample's status is truncated",
+    SAMPLE_INDICES: "Sample.index (shared by the leaves of one generate call)",
+    ROLLOUT_IDS: "rollout_id, else index: the rollout the loss counts once",
+    ROLLOUT_MASK_SUMS: "loss-mask total over every row of the batch with the same rollout_ids",
+    ROLLOUT_LOG_PROBS: "log probs of the response tokens at rollout; null when the step has none",
+    TEACHER_LOG_PROBS: "teacher log probs of the response tokens; null when the step has none",
+    WEIGHT_VERSIONS: "policy weight versions that produced the response; null when the step "
+    "has none",
+    ROUND_NUMBER: "rollout-buffer round; null when the step has none",
+    METADATA: "train_metadata (a JSON object); null when the step has none",
+    STEP: "rollout step (miles' rollout_id of RolloutManager)",
+    RANK: "data-parallel rank whose file holds the row",
+}
+
 # A trajectory: the rows of one step sharing `index` (one generate call's leaves).
 TRAJECTORY = (STEP, INDEX)
 

@@ -70,6 +70,10 @@ class Manifest(_Record):
     num_microbatches: list[int] | None
     equal_reward_groups: int
     ignored_columns: list[str]
+    # The optional shard columns this step really has (the others are null in its files).
+    present_columns: list[str] = Field(default_factory=list)
+    # The step's rollout metrics under the names miles logs them (docs/metrics.md).
+    stats: dict[str, float] = Field(default_factory=dict)
     outputs: list[OutputFile] = Field(default_factory=list)
     # Files under the inputs that look like this step's input but were not read (another
     # case of suffix, `.parq`, a FIFO), as the build's note on stderr names them.

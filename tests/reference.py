@@ -412,3 +412,89 @@ def reference_build(rows: list[Row], settings: dict[str, Any]) -> dict[str, Any]
         "trimmed": len(rows) - len(kept),
         "equal_reward_groups": equal_reward_groups,
     }
+
+
+# --- rollout metrics (miles/ray/rollout/metrics.py) ----------------------------------
+#
+# miles' rollout manager logs these over the step's samples before the trim, one Sample
+# at a time; `rollout/raw_reward` is the trainer's mean of the raw rewards. Ours:
+# zero_std_ratio, rank_tokens/max_over_mean, untrained_ratio, and mixed_version_ratio
+# beside non-numeric versions.
+
+
+def compute_statistics(values: list[float]) -> dict[str, float]:
+    """miles.utils.metric_utils.compute_statistics."""
+    array = np.array(values)
+    return {
+        "mean": np.mean(array).item(),
+        "median": np.median(array).item(),
+        "max": np.max(array).item(),
+        "min": np.min(array).item(),
+    }
+
+
+def effective_response_length(row: Row) -> int:
+    """Sample.effective_response_length: the mask total, or the response length."""
+    mask = row.get("loss_mask")
+    return sum(mask) if mask is not None else row["response_length"]
+
+
+def oldest_weight_version(row: Row) -> int | None:
+    """Sample.oldest_weight_version (digit strings only)."""
+    numeric = [int(v) for v in row.get("weight_versions") or [] if str(v).isdigit()]
+    return min(numeric) if numeric else None
+
+
+def zero_std_metrics(rows: list[Row], settings: dict[str, Any]) -> dict[str, float]:
+    """miles' _compute_zero_std_metrics, with our zero_std_ratio."""
+    if settings["advantage_estimator"] == "ppo":
+        return {}
+    groups: dict[Any, list[float]] = {}
+    for position, row in enumerate(rows):
+        reward = get_reward_value(row, position, settings["reward_key"])
+        groups.setdefault(row.get("group_index"), []).append(reward)
+    counts: dict[str, int] = {}
+    for rewards in groups.values():
+        if all(rewards[0] == r for r in rewards):
+            key = str(round(rewards[0], 1))
+            counts[key] = counts.get(key, 0) + 1
+    stats = {f"rollout/zero_std/count_{key}": float(n) for key, n in counts.items()}
+    stats["rollout/zero_std/all_zero_percentage"] = counts.get("0.0", 0) / len(groups)
+    stats["rollout/zero_std/all_one_percentage"] = counts.get("1.0", 0) / len(groups)
+    stats["zero_std_ratio"] = sum(counts.values()) / len(groups)
+    return stats
+
+
+def reference_metrics(
+    rows: list[Row], settings: dict[str, Any], untrained: int = 0
+) -> dict[str, float]:
+    """The `stats` of a step: its valid rows (batch order) and settings."""
+    settings = effective_settings(settings)
+    stats = {
+        f"rollout/response_len/{k}": v
+        for k, v in compute_statistics([effective_response_length(r) for r in rows]).items()
+    }
+    stats |= zero_std_metrics(rows, settings)
+    stats["rollout/truncated_ratio"] = np.mean(
+        [int(r["status"] == "truncated") for r in rows]
+    ).item()
+    raw = [
+        r["raw_reward"]
+        if r.get("raw_reward") is not None
+        else get_reward_value(r, i, settings["reward_key"])
+        for i, r in enumerate(rows)
+    ]
+    stats["rollout/raw_reward"] = sum(raw) / len(raw)
+    oldest = [v for r in rows if (v := oldest_weight_version(r)) is not None]
+    if oldest:
+        stats |= {f"rollout/weight_version/{k}": v for k, v in compute_statistics(oldest).items()}
+    if any(r.get("weight_versions") for r in rows):
+        mixed = sum(1 for r in rows if len(set(r.get("weight_versions") or [])) > 1)
+        stats["rollout/weight_version/mixed_version_ratio"] = mixed / len(rows)
+    ranks = reference_build([dict(r) for r in rows], settings)["ranks"]
+    tokens = [sum(row["total_lengths"] for row in rank) for rank in ranks]
+    written = sum(len(rank) for rank in ranks)
+    stats["untrained_ratio"] = untrained / written if written else 0.0
+    if sum(tokens):
+        stats["rank_tokens/max_over_mean"] = max(tokens) / (sum(tokens) / len(tokens))
+    return stats

@@ -95,7 +95,7 @@ def _alive(pid: int) -> bool:
 
 
 def clean_stale(out_root: Path) -> list[Path]:
-    """Delete the private folders that builds on this host left when they were killed
+    """Delete the private folders (and files) that builds on this host left when they were killed
     (their process is gone); folders of live builds and of other hosts stay."""
     try:
         entries = sorted(out_root.iterdir())
@@ -105,7 +105,10 @@ def clean_stale(out_root: Path) -> list[Path]:
     for entry in entries:
         match = PRIVATE.match(entry.name)
         if match and match["host"] == host and not _alive(int(match["pid"])):
-            shutil.rmtree(entry, ignore_errors=True)
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:  # a dataset card's temporary file
+                entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed
 
@@ -202,3 +205,17 @@ def file_record(
     """The manifest's record of a written file; its sha256 read back from disk unless the
     writer gave it."""
     return OutputFile(path=name, sha256=sha256 or sha256_of(path), rows=rows, tokens=tokens)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Replace `path` with `text` by one rename of a fsynced file beside it (a private
+    name per process and call, so concurrent writers never share a temporary file)."""
+    staged = path.with_name(f".tmp-{path.name}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(staged, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staged, path)
+    finally:
+        staged.unlink(missing_ok=True)

@@ -69,7 +69,10 @@ def failures_reported(context: dg.AssetExecutionContext) -> Iterator[None]:
 
 def _table_schema(columns: list[dict[str, str]]) -> dg.TableSchema:
     return dg.TableSchema(
-        columns=[dg.TableColumn(column["name"], column["type"]) for column in columns]
+        columns=[
+            dg.TableColumn(column["name"], column["type"], description=column.get("description"))
+            for column in columns
+        ]
     )
 
 

@@ -17,6 +17,12 @@ from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch
 from pipeline.step.write import write_shards
+from pipeline.transforms import metrics
+
+# A step is worth a look when more than half of its prompt groups have one reward (GRPO
+# learns nothing from them) or more than a tenth of its samples were truncated.
+ZERO_STD_ALARM = 0.5
+TRUNCATION_ALARM = 0.1
 
 STAGE_NAMES = ("read and validate", "plan", "write")
 
@@ -78,3 +84,26 @@ def summary_line(manifest: Manifest, folder: Path) -> str:
         f"{manifest.dp_size} ranks, {manifest.num_train_steps} train steps, "
         f"{kind} -> {folder}"
     )
+
+
+def alarm_lines(manifest: Manifest) -> list[str]:
+    """A warning line for each alarming rollout metric of the step (none when all is well)."""
+    stats, lines = manifest.stats, []
+    zero_std = stats.get(metrics.ZERO_STD_RATIO, 0.0)
+    if zero_std > ZERO_STD_ALARM:
+        counts = ", ".join(
+            f"{name.removeprefix(metrics.ZERO_STD + 'count_')}: {int(count)}"
+            for name, count in stats.items()
+            if name.startswith(metrics.ZERO_STD + "count_")
+        )
+        lines.append(
+            f"step {manifest.step}: warning: {zero_std:.0%} of prompt groups have zero reward "
+            f"std (groups by their one reward {counts}): they give GRPO no signal"
+        )
+    truncated = stats.get(metrics.TRUNCATED_RATIO, 0.0)
+    if truncated > TRUNCATION_ALARM:
+        lines.append(
+            f"step {manifest.step}: warning: {truncated:.0%} of samples were truncated "
+            f"({metrics.TRUNCATED_RATIO}); a longer rollout max response length keeps them whole"
+        )
+    return lines

@@ -16,12 +16,15 @@ from pipeline.manifest import Counts, InputFile, Manifest
 from pipeline.settings import Settings
 from pipeline.step.ingest import SampleTable
 from pipeline.transforms import samples as s
+from pipeline.transforms.metrics import layout_metrics, rollout_metrics
 from pipeline.transforms.rewards import with_rewards
 from pipeline.transforms.schedule import Layout
 from pipeline.transforms.shard_columns import (
     light_shard_columns,
     loss_masks,
     optional_columns,
+    optional_shard_columns,
+    present_columns,
     raw_reward,
 )
 from pipeline.transforms.split import batch_layout
@@ -43,15 +46,10 @@ class RankRows:
         lists = picked.select(
             pl.col(c.TOKENS),
             loss_masks(picked.schema),
-            *(
-                pl.col(name).alias(c.METADATA if name == c.TRAIN_METADATA else name)
-                for name in self.optional
-            ),
+            *optional_shard_columns(self.optional),
         )
         scalars = _compact(self.scalars, start, length)
-        return pl.concat([scalars, lists], how="horizontal").select(
-            *c.SHARD_COLUMNS, *lists.columns[2:], c.RANK
-        )
+        return pl.concat([scalars, lists], how="horizontal").select(*c.DATASET_COLUMNS)
 
 
 def _compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
@@ -65,8 +63,8 @@ def _compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
 class TrainBatch:
     """The trimmed batch in write order with its shard columns and metadata (`train_batch`).
 
-    `frame` holds every shard column and `rank`, rank 0's rows first, each in training
-    order. plan_batch hands over the list columns still in batch order (RankRows): `frame`
+    `frame` holds every rank-file column (`c.DATASET_COLUMNS`), rank 0's rows first, each in
+    training order. plan_batch hands over the list columns still in batch order (RankRows): `frame`
     gathers them on first use, while write_shards gathers one rank at a time, so a build
     never holds a second copy of the step's tokens.
     """
@@ -109,7 +107,7 @@ def _light(frame: pl.DataFrame, settings: Settings, step: int) -> pl.DataFrame:
 
 
 def _rank_rows(
-    head: pl.DataFrame, light: pl.DataFrame, layout: Layout, optional: list[str]
+    step: int, head: pl.DataFrame, light: pl.DataFrame, layout: Layout, optional: list[str]
 ) -> RankRows:
     """The scalar shard columns in write order. The list columns are left in batch order,
     to be gathered once, rank by rank, as they are written."""
@@ -132,6 +130,7 @@ def _rank_rows(
         pl.Series(c.TRAIN_STEP, layout.train_step, dtype=pl.Int32),
         micro_batch,
         pl.Series(c.RANK, layout.rank, dtype=pl.Int32),
+        pl.lit(step, dtype=pl.Int64).alias(c.STEP),
     )
     needed = [c.TOKENS, c.LOSS_MASK, c.RESPONSE_LENGTH, c.REMOVE_SAMPLE, *optional]
     inputs = head.select(name for name in needed if name in head.columns)
@@ -175,7 +174,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     layout = batch_layout(light_df, effective, compact)
     _check_every_rank_has_rows(layout.rank, settings.dp_size, step)
     optional = optional_columns(head)
-    rows = _rank_rows(head, light_df, layout, optional)
+    rows = _rank_rows(step, head, light_df, layout, optional)
     quarantined = samples.quarantine.height if samples.quarantine is not None else 0
     counts = Counts(
         ingested=samples.ingested,
@@ -185,6 +184,9 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
         dropped=len(layout.dropped),
         written=len(layout.order),
     )
+    reward = s.reward_value(frame.schema, settings.reward_key, step)
+    stats = rollout_metrics(frame.lazy(), reward, settings.advantage_estimator)
+    stats |= layout_metrics(rows.scalars.lazy(), settings.dp_size, counts)
     meta = Manifest(
         step=step,
         settings=settings.model_dump(mode="json"),
@@ -199,5 +201,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
         num_microbatches=layout.num_microbatches,
         equal_reward_groups=equal_groups,
         ignored_columns=samples.ignored_columns,
+        present_columns=present_columns(optional),
+        stats=stats,
     )
     return TrainBatch(step=step, frame=rows, meta=meta, quarantine=samples.quarantine)

@@ -59,13 +59,23 @@ def path_value(path: Path) -> dict[str, Any]:
     return {"type": "path", "raw_value": str(path)}
 
 
-def _columns(types: dict[str, str]) -> list[dict[str, str]]:
-    return [{"name": name, "type": kind} for name, kind in types.items()]
+def _columns(
+    types: dict[str, str], descriptions: dict[str, str] | None = None
+) -> list[dict[str, str]]:
+    described = descriptions or {}
+    columns = [{"name": name, "type": kind} for name, kind in types.items()]
+    for column in columns:
+        if column["name"] in described:
+            column["description"] = described[column["name"]]
+    return columns
 
 
-def column_schema(frame: pl.DataFrame) -> dict[str, Any]:
+def column_schema(
+    frame: pl.DataFrame, descriptions: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The frame's columns and types, with a description for each column that has one."""
     columns = {name: str(dtype) for name, dtype in frame.schema.items()}
-    return {"type": "table_schema", "raw_value": {"columns": _columns(columns)}}
+    return {"type": "table_schema", "raw_value": {"columns": _columns(columns, descriptions)}}
 
 
 def table(records: list[dict[str, Any]], types: dict[str, str]) -> dict[str, Any]:
@@ -83,15 +93,9 @@ def _layout(meta: Manifest) -> Metadata:
     }
 
 
-def _reward_stats(frame: pl.DataFrame) -> Metadata:
-    stats = frame.select(
-        pl.col(c.REWARDS).mean().alias("reward_mean"),
-        pl.col(c.REWARDS).std().alias("reward_std"),
-        pl.col(c.REWARDS).min().alias("reward_min"),
-        pl.col(c.REWARDS).max().alias("reward_max"),
-        pl.col(c.RAW_REWARD).mean().alias("raw_reward_mean"),
-    )
-    return {name: scalar(value) for name, value in stats.row(0, named=True).items()}
+def _rollout_metrics(meta: Manifest) -> Metadata:
+    """The step's rollout metrics as float metadata: the asset's Plots tab charts them."""
+    return {name: scalar(float(value)) for name, value in meta.stats.items()}
 
 
 def rollout_samples_stage(roots: StepRoots, step: int, settings: Settings | None) -> StageReport:
@@ -156,10 +160,11 @@ def training_shards_stage(
         log=f"step {step}: {manifest.counts.written} rows written to {folder}",
         metadata={
             "dagster/partition_row_count": scalar(manifest.counts.written),
-            "dagster/column_schema": column_schema(batch.frame.drop(c.RANK)),
+            "dagster/column_schema": column_schema(batch.frame, c.DATASET_DESCRIPTIONS),
             **_layout(manifest),
+            "present_columns": json_value(manifest.present_columns),
             "ranks": table(ranks, {"file": "string", "rows": "int", "tokens": "int"}),
-            **_reward_stats(batch.frame),
+            **_rollout_metrics(manifest),
             "path": path_value(folder),
         },
     )

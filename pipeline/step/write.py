@@ -14,6 +14,11 @@ from pipeline.manifest import MANIFEST, Manifest, OutputFile
 from pipeline.step.plan import TrainBatch
 from pipeline.step.verify import blocking_problems
 
+# The output root's dataset card: `datasets.load_dataset(<root>)` reads every committed
+# step's rank files through its `configs` (docs/dataset.md).
+DATASET_CARD = "README.md"
+RANK_FILES = "step=*/rank=*.parquet"
+
 # Rank files written at once. Each holds one rank's gathered rows in memory; Polars
 # already spreads one file's encoding over the cores it can use.
 RANK_WRITERS = 2
@@ -30,7 +35,7 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
         def write_rank(rank: int) -> OutputFile:
             part = batch.rows(int(bounds[rank]), int(bounds[rank + 1] - bounds[rank]))
             name = writer.rank_file(rank)
-            digest = writer.write_parquet(part.drop(c.RANK), staged / name)
+            digest = writer.write_parquet(part, staged / name)
             tokens = int(part.get_column(c.TOTAL_LENGTHS).sum())
             return writer.file_record(staged / name, name, part.height, tokens, digest)
 
@@ -63,4 +68,35 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
         manifest.write(staged / MANIFEST)
 
     writer.replace_folder(writer.step_folder(out_root, batch.step), fill)
+    writer.write_text_atomically(out_root / DATASET_CARD, dataset_card())
     return manifest
+
+
+def dataset_card() -> str:
+    """The output root's README.md: a `configs` entry whose data files are every step's
+    rank files, and what each column holds. It names no step, so concurrent commits of
+    different steps write the same card."""
+    rows = "\n".join(
+        f"| `{name}` | {dtype} | {c.DATASET_DESCRIPTIONS[name]} |"
+        for name, dtype in c.DATASET_SCHEMA.items()
+    )
+    return f"""---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: {RANK_FILES}
+---
+# Training shards
+
+Written by rollout-shards: one folder per rollout step, `step=<N>/rank=<R>.parquet` per
+data-parallel rank, rows in the order the rank trains on them, and `step=<N>/manifest.json`
+(written last: a step without one is incomplete and is not a committed step). Every rank file
+has the columns below; an optional column a step lacks is null there, and the step's
+`manifest.json` lists those it has in `present_columns`. The step's rollout metrics are in its
+manifest's `stats`.
+
+| column | type | meaning |
+|---|---|---|
+{rows}
+"""

@@ -61,5 +61,20 @@ def optional_columns(frame: pl.DataFrame) -> list[str]:
             return bool(frame.select((pl.col(name).list.len() > 0).any()).item())
         return bool(frame.get_column(name).is_not_null().any())
 
-    order = (c.ROLLOUT_LOG_PROBS, c.TEACHER_LOG_PROBS, c.WEIGHT_VERSIONS, c.ROUND_NUMBER)
-    return [name for name in (*order, c.TRAIN_METADATA) if present(name)]
+    return [source for source in c.OPTIONAL_SHARD_SOURCES.values() if present(source)]
+
+
+def present_columns(optional: list[str]) -> list[str]:
+    """The optional shard columns a step really has, from its optional input columns."""
+    return [name for name, source in c.OPTIONAL_SHARD_SOURCES.items() if source in optional]
+
+
+def optional_shard_columns(optional: list[str]) -> list[pl.Expr]:
+    """Every optional shard column: copied where the step has it, else typed nulls, so all
+    steps share one column set."""
+    return [
+        pl.col(source).alias(name)
+        if source in optional
+        else pl.lit(None, dtype=c.DATASET_SCHEMA[name]).alias(name)
+        for name, source in c.OPTIONAL_SHARD_SOURCES.items()
+    ]

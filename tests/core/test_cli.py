@@ -39,13 +39,19 @@ def test_build_embedded_data_writes_every_step(tmp_path: Path) -> None:
     result = cli("build", DATA, "--out", out, "--global-batch-size", "8", "--dp-size", "2")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
-    assert sorted(p.name for p in out.iterdir()) == ["step=1", "step=2", "step=3", "step=4"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "step=1",
+        "step=2",
+        "step=3",
+        "step=4",
+    ]
     summaries = [line for line in result.stdout.splitlines() if " rows in, " in line]
     assert len(summaries) == 4
     # Not a terminal: every finished stage of every step is one plain progress line.
     assert sum(": read and validate: " in line for line in result.stdout.splitlines()) == 4
     assert sum(": write: " in line for line in result.stdout.splitlines()) == 4
-    for folder in out.iterdir():
+    for folder in out.glob("step=*"):
         manifest = json.loads((folder / "manifest.json").read_text())
         n = manifest["counts"]
         assert n["ingested"] == n["quarantined"] + n["trimmed"] + n["dropped"] + n["written"]

@@ -27,6 +27,7 @@ import pytest
 
 from pipeline.io import writer
 from pipeline.manifest import MANIFEST
+from pipeline.step.write import DATASET_CARD, dataset_card
 from tests.conftest import REPO, dead_pid
 
 ROWS = 80_000  # about one second of build on a laptop core, most of it after start-up
@@ -89,6 +90,9 @@ def assert_trainer_sees_only_whole_steps(out: Path) -> None:
     for entry in out.iterdir():
         if entry.name.startswith("."):
             assert writer.PRIVATE.match(entry.name), entry.name
+            continue
+        if entry.name == DATASET_CARD:  # replaced by a rename: whole or absent
+            assert entry.read_text() == dataset_card()
             continue
         assert STEP_FOLDER.match(entry.name), entry.name
         assert is_complete(entry), f"{entry} is partial: {sorted(os.listdir(entry))}"
@@ -170,7 +174,7 @@ def test_two_builds_of_one_step_at_once_leave_one_whole_folder(
     first, second = start(inputs, out, "--force"), start(inputs, out, "--force")
     results = [finish(first), finish(second)]
     assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
-    assert sorted(p.name for p in out.iterdir()) == ["step=1"]
+    assert sorted(p.name for p in out.iterdir()) == [DATASET_CARD, "step=1"]
     assert digests(out / "step=1") == digests(built)
 
 

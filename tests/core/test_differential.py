@@ -12,6 +12,7 @@ import polars as pl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline import columns as c
 from pipeline.errors import StepError
 from tests.conftest import plan, write_step
 from tests.reference import reference_build
@@ -105,9 +106,12 @@ def test_pipeline_matches_reference(rows: list[dict[str, Any]], chosen: dict[str
     assert meta["dynamic_global_batch_size"] == expected["dynamic_global_batch_size"]
     assert meta["counts"]["trimmed"] == expected["trimmed"]
     assert meta["equal_reward_groups"] == expected["equal_reward_groups"]
+    absent = [n for n in c.OPTIONAL_SHARD_COLUMNS if n not in batch.meta.present_columns]
     frame = batch.frame
+    assert frame.select(absent).null_count().row(0) == (frame.height,) * len(absent)
+    assert frame.get_column("step").unique().to_list() == [1]
     for rank, want_rows in enumerate(expected["ranks"]):
-        got = frame.filter(pl.col("rank") == rank).drop("rank")
+        got = frame.filter(pl.col("rank") == rank).drop("rank", "step", *absent)
         assert got.height == len(want_rows)
         want = pl.DataFrame(want_rows, infer_schema_length=None) if want_rows else None
         if want is None:

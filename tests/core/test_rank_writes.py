@@ -99,7 +99,7 @@ def test_rank_by_rank_writes_equal_writes_of_the_whole_frame(
     frame = whole.frame
     for rank in range(config.dp_size):
         written = pl.read_parquet(tmp_path / "lean" / "step=0" / f"rank={rank}.parquet")
-        expected = frame.filter(pl.col("rank") == rank).drop("rank")
+        expected = frame.filter(pl.col("rank") == rank)
         assert written.equals(expected)
 
 

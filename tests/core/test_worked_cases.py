@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -326,6 +327,16 @@ def test_shard_columns_and_types(rows_dir: Path, tmp_path: Path) -> None:
     assert shard.columns == [
         *c.SHARD_COLUMNS,
         "rollout_log_probs",
+        "teacher_log_probs",
+        "weight_versions",
+        "round_number",
+        "metadata",
+        "step",
+        "rank",
+    ]
+    manifest = json.loads((tmp_path / "out" / "step=1" / "manifest.json").read_text())
+    assert manifest["present_columns"] == [
+        "rollout_log_probs",
         "weight_versions",
         "round_number",
         "metadata",
@@ -345,10 +356,14 @@ def test_shard_columns_and_types(rows_dir: Path, tmp_path: Path) -> None:
         "rollout_ids": 3,
         "rollout_mask_sums": 2,
         "rollout_log_probs": [-0.5, -0.25],
+        "teacher_log_probs": None,
         "weight_versions": ["w1"],
         "round_number": 4,
         "metadata": '{"a": 1}',
+        "step": 1,
+        "rank": 0,
     }
+    assert dict(shard.schema) == c.DATASET_SCHEMA
     assert str(shard.schema["tokens"]) == "List(Int32)"
     assert str(shard.schema["loss_masks"]) == "List(Int8)"
     assert str(shard.schema["truncated"]) == "Int8"

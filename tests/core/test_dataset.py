@@ -1,0 +1,91 @@
+"""The output root reads as one dataset: every committed step's rank files, with `step`
+and `rank`, one column set, through its dataset card (CONTRACT 7, docs/dataset.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import yaml
+
+from pipeline import columns as c
+from pipeline.step.write import DATASET_CARD, dataset_card
+from tests.conftest import build, sample, write_step
+
+
+def _two_steps(tmp_path: Path) -> tuple[Path, dict[int, dict]]:
+    """Step 1 with rollout log probs, step 2 with weight versions and train metadata, a
+    quarantine in step 2, and a killed build's leftover folder; dp 2."""
+    rows_1 = [sample(i, rollout_log_probs=[-0.5, -0.25], group_index=i // 2) for i in range(6)]
+    rows_2 = [
+        sample(
+            10 + i,
+            weight_versions=["3"] if i % 2 else [],
+            train_metadata=json.dumps({"i": i}),
+            reward=float(i % 2),
+        )
+        for i in range(4)
+    ] + [sample(10, status="completed")]  # a duplicate index: quarantined
+    out = tmp_path / "out"
+    manifests = {}
+    for step, rows in ((1, rows_1), (2, rows_2)):
+        root = tmp_path / f"in{step}"
+        write_step(root, rows, step=step)
+        manifests[step] = build(root, out, global_batch_size=2, dp_size=2, on_invalid="quarantine")
+    leftover = out / ".tmp-step=3-host-1-0123abcd"
+    leftover.mkdir()
+    pl.DataFrame({"tokens": [[1]]}).write_parquet(leftover / "rank=0.parquet")
+    return out, manifests
+
+
+def test_scan_parquet_reads_every_committed_step(tmp_path: Path) -> None:
+    out, manifests = _two_steps(tmp_path)
+    assert (out / "step=2" / "quarantine.parquet").is_file()
+    frame = pl.scan_parquet(out / "step=*" / "rank=*.parquet").collect()
+    assert list(frame.schema.items()) == list(c.DATASET_SCHEMA.items())
+    got = frame.group_by(c.STEP, c.RANK).len().sort(c.STEP, c.RANK).rows()
+    want = [
+        (m["step"], rank, o["rows"])
+        for m in manifests.values()
+        for rank, o in enumerate(m["outputs"][: m["settings"]["dp_size"]])
+    ]
+    assert got == want
+    assert manifests[1]["present_columns"] == ["rollout_log_probs"]
+    assert manifests[2]["present_columns"] == ["weight_versions", "metadata"]
+    for step, manifest in manifests.items():
+        rows = frame.filter(pl.col(c.STEP) == step)
+        for name in c.OPTIONAL_SHARD_COLUMNS:
+            nulls = rows.get_column(name).null_count()
+            assert (nulls == 0) if name in manifest["present_columns"] else (nulls == rows.height)
+
+
+def test_load_dataset_reads_every_committed_step(tmp_path: Path) -> None:
+    import datasets
+
+    out, manifests = _two_steps(tmp_path)
+    loaded = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "hf"))
+    assert list(loaded) == ["train"]
+    table = loaded["train"].to_polars()
+    assert table.columns == list(c.DATASET_COLUMNS)
+    written = {m["step"]: m["counts"]["written"] for m in manifests.values()}
+    assert dict(table.group_by(c.STEP).len().iter_rows()) == written
+    assert set(table.get_column(c.RANK).to_list()) == {0, 1}
+    # the same rows as the rank files, in file order
+    direct = pl.concat(
+        [pl.read_parquet(p) for p in sorted(out.glob("step=*/rank=*.parquet"))]
+    ).with_columns(pl.col(c.WEIGHT_VERSIONS).cast(pl.List(pl.String)))
+    assert table.select(direct.columns).cast(dict(direct.schema)).equals(direct)
+
+
+def test_dataset_card_names_the_rank_files_and_every_column(tmp_path: Path) -> None:
+    out, _ = _two_steps(tmp_path)
+    text = (out / DATASET_CARD).read_text()
+    assert text == dataset_card()
+    front = yaml.safe_load(text.split("---\n")[1])
+    files = [{"split": "train", "path": "step=*/rank=*.parquet"}]
+    assert front["configs"] == [{"config_name": "default", "data_files": files}]
+    for name in c.DATASET_COLUMNS:
+        assert f"| `{name}` |" in text
+    # rewritten by a rename: no temporary file is left beside it
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == [DATASET_CARD]
