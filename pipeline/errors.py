@@ -45,5 +45,16 @@ class StepError(Exception):
         super().__init__("\n".join(v.line() for v in violations))
 
 
+PROG = "rollout-shards"
+
+
+def error_lines(command: str, exc: StepError | UsageError) -> list[str]:
+    """The lines the command line prints for an error, which `make run` and the Dagster
+    UI show first too."""
+    if isinstance(exc, UsageError):
+        return [f"{PROG}: usage error: {exc}"]
+    return [f"{PROG}: {command}: {violation.line()}" for violation in exc.violations]
+
+
 def step_error(rule: str, message: str, step: int | None = None) -> StepError:
     return StepError([Violation(rule=rule, message=message, step=step)])

@@ -8,7 +8,7 @@ from typing import Any
 
 import dagster as dg
 
-from pipeline.errors import StepError, UsageError, Violation
+from pipeline.errors import StepError, UsageError, Violation, error_lines
 from pipeline.step.stages import Metadata
 
 ROWS_SHOWN = 20
@@ -52,19 +52,20 @@ def violation_metadata(violations: Sequence[Violation]) -> dict[str, Any]:
 
 @contextmanager
 def failures_reported(context: dg.AssetExecutionContext) -> Iterator[None]:
-    """Turn the core's errors into a run failure that carries its summary, not a traceback."""
+    """Turn the core's errors into a run failure that carries its summary, not a traceback:
+    the description is the lines the command line prints, so the UI shows them first."""
     try:
         yield
     except StepError as exc:
         rules = sorted({v.rule for v in exc.violations})
         context.instance.add_run_tags(context.run.run_id, {FAILURE_TAG: ", ".join(rules)})
         raise dg.Failure(
-            description=str(exc),
+            description="\n".join(error_lines("build", exc)),
             metadata=violation_metadata(exc.violations),
             allow_retries=False,
         ) from exc
     except UsageError as exc:
-        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+        raise dg.Failure(description=error_lines("build", exc)[0], allow_retries=False) from exc
 
 
 def _table_schema(columns: list[dict[str, str]]) -> dg.TableSchema:

@@ -6,13 +6,14 @@ it at `.dagster_home/`), so they appear in `make ui` afterwards.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
 import dagster as dg
 
 from pipeline.definitions import defs
-from pipeline.errors import StepError, UsageError
+from pipeline.errors import PROG, StepError, UsageError, error_lines
 from pipeline.io.readers import SourceFile
 from pipeline.orchestration.jobs import rollout_step_job
 from pipeline.orchestration.partitions import partition_key, rollout_steps
@@ -20,16 +21,16 @@ from pipeline.orchestration.resources import RolloutStorage
 from pipeline.step.build import alarm_lines, summary_line
 from pipeline.step.freshness import read_manifest
 
-PROG = "rollout-shards (dagster)"
-# The instance keeps every event for the UI; the terminal gets one line per step.
-QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+# The instance keeps every event (stack traces too) for the UI; the terminal gets the
+# CLI's lines for a failed step and where its logs are, so only critical events print.
+QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
 def _instance() -> dg.DagsterInstance:
-    try:
+    # dagster does not export DagsterHomeNotSetError: ask the environment instead.
+    if os.environ.get("DAGSTER_HOME"):
         return dg.DagsterInstance.get()
-    except dg.DagsterHomeNotSetError:
-        return dg.DagsterInstance.ephemeral()
+    return dg.DagsterInstance.ephemeral()
 
 
 def _summary(step: int, storage: RolloutStorage, seconds: float) -> str:
@@ -40,14 +41,26 @@ def _summary(step: int, storage: RolloutStorage, seconds: float) -> str:
     return "\n".join([line, *alarm_lines(manifest)])
 
 
-def _failure(result: dg.ExecuteInProcessResult) -> str:
+def _failure(result: dg.ExecuteInProcessResult) -> list[str]:
+    """The lines the CLI prints for the failed step (a dg.Failure from
+    `failures_reported` carries them), else the error's first line."""
     for event in result.all_events:
         if event.is_step_failure and event.step_failure_data is not None:
             data = event.step_failure_data
             text = data.user_failure_data.description if data.user_failure_data else None
-            text = text or (data.error.message.strip() if data.error else "failed")
-            return f"{event.step_key}: {text}"
-    return "failed"
+            if text:
+                return text.splitlines()
+            message = data.error.message.strip() if data.error else ""
+            first = message.splitlines()[0] if message else "failed"
+            return [f"{PROG}: build: {event.step_key}: {first}"]
+    return [f"{PROG}: build: failed"]
+
+
+def _where(instance: dg.DagsterInstance, run_id: str) -> str:
+    home = os.environ.get("DAGSTER_HOME")
+    if home and not instance.is_ephemeral:
+        return f"run {run_id} in {home} (`make ui`, Runs)"
+    return f"run {run_id} (an ephemeral instance: set DAGSTER_HOME to keep the logs)"
 
 
 def _materialize_all(
@@ -72,7 +85,9 @@ def _materialize_all(
             print(_summary(step, storage, time.perf_counter() - started))
         else:
             failed += 1
-            print(f"{PROG}: step {step}: {_failure(result)}", file=sys.stderr)
+            for line in _failure(result):
+                print(line, file=sys.stderr)
+            print(f"{PROG}: step {step}: logs: {_where(instance, result.run_id)}", file=sys.stderr)
     return failed
 
 
@@ -81,10 +96,11 @@ def main() -> int:
     try:
         steps = storage.steps()
     except (UsageError, StepError) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        for line in error_lines("build", exc):
+            print(line, file=sys.stderr)
+        return 2 if isinstance(exc, UsageError) else 1
     if not steps:
-        print(f"{PROG}: no rollout tables under {storage.input_path}", file=sys.stderr)
+        print(f"{PROG}: usage error: no rollout tables under {storage.input_path}", file=sys.stderr)
         return 2
     with _instance() as instance:
         failed = _materialize_all(instance, storage, steps)

@@ -16,6 +16,8 @@ from pipeline.orchestration.partitions import rollout_steps
 def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     (tmp_path / "dagster_home").mkdir()
+    # As `make run` has it (Makefile): without it Dagster greets on stderr.
+    (tmp_path / "dagster_home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     return configured_roots(tmp_path, monkeypatch)
 
 
@@ -40,7 +42,30 @@ def test_run_all_reports_an_invalid_step_and_builds_the_rest(
     assert run_all.main() == 1
 
     captured = capsys.readouterr()
-    assert "step 1: rollout_samples: step 1:" in captured.err
-    assert "rule response_within_tokens" in captured.err
+    *rules, logs = captured.err.splitlines()
+    assert all(line.startswith("rollout-shards: build: step 1: ") for line in rules)
+    assert any("rule response_within_tokens" in line for line in rules)
+    assert logs.startswith("rollout-shards: step 1: logs: run ")
     assert "shards of 3 of 4 steps" in captured.out
     assert not (roots.output / "step=1").exists()
+
+
+def test_run_all_without_settings_starts_with_the_cause(
+    roots: Roots, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (roots.input / "rollout-shards.yaml").unlink()
+
+    assert run_all.main() == 1
+
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    cause = "rollout-shards: usage error: invalid settings: global_batch_size: Field required"
+    assert lines[0] == cause
+    assert "Traceback" not in captured.err and "Stack Trace" not in captured.err
+    assert lines[::2] == [cause] * 4
+    assert [line.split(": logs: ")[0] for line in lines[1::2]] == [
+        f"rollout-shards: step {step}" for step in (1, 2, 3, 4)
+    ]
+    assert all(" logs: run " in line and "dagster_home" in line for line in lines[1::2])
+    assert "shards of 0 of 4 steps" in captured.out
+    assert not roots.output.exists() or not list(roots.output.glob("step=*"))
