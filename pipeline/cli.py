@@ -19,13 +19,14 @@ from typing import NoReturn
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.io.readers import find_sources, group_steps
 from pipeline.io.writer import clean_stale, step_folder
+from pipeline.manifest import Manifest
 from pipeline.parity import parity
 from pipeline.progress import Progress
 from pipeline.settings import DISABLE_FLAGS, Settings, data_settings_files, load_settings
 from pipeline.step.build import STAGE_NAMES, build_step, summary_line
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
-from pipeline.step.plan import plan_batch
+from pipeline.step.plan import plan_batch, untrained_warning
 
 PROG = "rollout-shards"
 
@@ -134,6 +135,11 @@ def _report(command: str, violations: list[Violation]) -> None:
         print(f"{PROG}: {command}: {violation.line()}", file=sys.stderr)
 
 
+def _warn(command: str, manifest: Manifest) -> None:
+    if (warning := untrained_warning(manifest)) is not None:
+        print(f"{PROG}: {command}: {warning}", file=sys.stderr)
+
+
 def run_build(args: argparse.Namespace) -> int:
     settings = _settings(args)
     status = 0
@@ -158,6 +164,7 @@ def run_build(args: argparse.Namespace) -> int:
             continue
         progress.step_done()
         print(summary_line(manifest, step_folder(args.out, step)))
+        _warn("build", manifest)
     return status
 
 
@@ -179,6 +186,7 @@ def run_validate(args: argparse.Namespace) -> int:
             report.append({"step": step, "valid": False, "violations": exc.violations})
             continue
         progress.step_done()
+        _warn("validate", batch.meta)
         report.append(
             {
                 "step": step,

@@ -71,6 +71,12 @@ class Manifest(_Record):
     equal_reward_groups: int
     ignored_columns: list[str]
     outputs: list[OutputFile] = Field(default_factory=list)
+    # ranks holding rows the trainer never trains (`counts.untrained`), ascending
+    untrained_ranks: list[int] = Field(default_factory=list)
+    # rows the rollout-side schedule dropped: batch positions and raw rewards, for the
+    # loader's batch-wide `raw_reward` (miles keeps them there)
+    dropped_positions: list[int] = Field(default_factory=list)
+    dropped_raw_reward: list[float | None] = Field(default_factory=list)
 
     @property
     def dp_size(self) -> int:

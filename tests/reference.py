@@ -329,11 +329,9 @@ def convert_samples_to_shard_rows(
     loss_masks = [loss_mask_of(row) for row in rows]
 
     mask_sums: dict[int, int] = {}
-    rollout_ordinals: dict[int, int] = {}
     for row, mask in zip(rows, loss_masks, strict=True):
         key = rollout_key(row)
         mask_sums[key] = mask_sums.get(key, 0) + sum(mask)
-        rollout_ordinals.setdefault(key, len(rollout_ordinals))
 
     present = {
         column: any(row.get(column) is not None for row in rows) for column in ALL_OR_NONE_COLUMNS
@@ -343,11 +341,10 @@ def convert_samples_to_shard_rows(
     shard_rows = []
     for position, row in enumerate(rows):
         key = rollout_key(row)
-        ordinal = rollout_ordinals[key] if is_compact else position
         raw_override = row.get("raw_reward")
         shard_row = {
             "batch_position": position,
-            "train_step": ordinal // global_batch_size,
+            "train_step": None,  # set per rank by step_through_ranks
             "micro_batch": None,
             "tokens": row["tokens"],
             "response_lengths": row["response_length"],
@@ -371,6 +368,28 @@ def convert_samples_to_shard_rows(
 
 def split_by_dp(shard_rows: list[Row], dp_size: int) -> list[list[Row]]:
     return [shard_rows[rank::dp_size] for rank in range(dp_size)]
+
+
+def step_through_ranks(ranks: list[list[Row]], global_batch_size: int, dp_size: int) -> int:
+    """miles' get_data_iterator without the schedule: each rank takes its rows
+    global_batch_size // dp_size at a time, one optimizer step per whole chunk; a row in
+    no whole chunk keeps train_step None. Ranks must agree on the step count. Returns the
+    number of untrained rows."""
+    per_step = global_batch_size // dp_size
+    step_counts = []
+    untrained = 0
+    for rows in ranks:
+        steps = len(rows) // per_step
+        step_counts.append(steps)
+        for local, row in enumerate(rows):
+            chunk = local // per_step
+            if chunk < steps:
+                row["train_step"] = chunk
+            else:
+                untrained += 1
+    if len(set(step_counts)) > 1:
+        raise ValueError(f"ranks would run different numbers of steps: {step_counts}")
+    return untrained
 
 
 def reference_build(rows: list[Row], settings: dict[str, Any]) -> dict[str, Any]:
@@ -404,8 +423,13 @@ def reference_build(rows: list[Row], settings: dict[str, Any]) -> dict[str, Any]
     shard_rows, equal_reward_groups = convert_samples_to_shard_rows(
         kept, settings, global_batch_size, is_compact
     )
+    if global_batch_size % dp_size:
+        raise ValueError(f"global_batch_size {global_batch_size} not divisible by dp {dp_size}")
+    ranks = split_by_dp(shard_rows, dp_size)
+    untrained = step_through_ranks(ranks, global_batch_size, dp_size)
     return {
-        "ranks": split_by_dp(shard_rows, dp_size),
+        "ranks": ranks,
+        "untrained": untrained,
         "is_compact": is_compact,
         "global_batch_size": global_batch_size,
         "dynamic_global_batch_size": dynamic,
