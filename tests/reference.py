@@ -392,8 +392,12 @@ def step_through_ranks(ranks: list[list[Row]], global_batch_size: int, dp_size: 
     return untrained
 
 
-def reference_build(rows: list[Row], settings: dict[str, Any]) -> dict[str, Any]:
-    """One step's sample rows (batch order) -> what each data-parallel rank trains on."""
+def reference_build(
+    rows: list[Row], settings: dict[str, Any], step_ranks: bool = True
+) -> dict[str, Any]:
+    """One step's sample rows (batch order) -> what each data-parallel rank trains on.
+    Without `step_ranks` the train steps stay None and ranks are not checked (for callers
+    that take only the per-sample values)."""
     settings = effective_settings(settings)
     dp_size = settings["dp_size"]
     is_compact = is_compact_batch(rows)
@@ -426,7 +430,7 @@ def reference_build(rows: list[Row], settings: dict[str, Any]) -> dict[str, Any]
     if global_batch_size % dp_size:
         raise ValueError(f"global_batch_size {global_batch_size} not divisible by dp {dp_size}")
     ranks = split_by_dp(shard_rows, dp_size)
-    untrained = step_through_ranks(ranks, global_batch_size, dp_size)
+    untrained = step_through_ranks(ranks, global_batch_size, dp_size) if step_ranks else 0
     return {
         "ranks": ranks,
         "untrained": untrained,
@@ -436,3 +440,84 @@ def reference_build(rows: list[Row], settings: dict[str, Any]) -> dict[str, Any]
         "trimmed": len(rows) - len(kept),
         "equal_reward_groups": equal_reward_groups,
     }
+
+
+# --- the trainer's rank dict (miles `_package_shards` + `process_rollout_data_shard`) ---
+
+# Per-row keys as miles' _package_shards gathers them, batch-wide keys it copies whole.
+MILES_ROW_KEYS = (
+    "tokens",
+    "response_lengths",
+    "rewards",
+    "truncated",
+    "loss_masks",
+    "round_number",
+    "sample_indices",
+    "rollout_ids",
+    "rollout_mask_sums",
+    "rollout_log_probs",
+    "teacher_log_probs",
+    "weight_versions",
+)
+
+
+def miles_train_data(batch_rows: list[Row]) -> dict[str, Any]:
+    """The batch as miles' convert_samples_to_train_data leaves it (the keys the shards
+    carry), from shard rows in batch order: one list per key, one entry per row."""
+    data: dict[str, Any] = {}
+    for key in MILES_ROW_KEYS:
+        if key not in batch_rows[0]:
+            continue
+        values = [row[key] for row in batch_rows]
+        if key == "weight_versions":  # Sample.weight_versions defaults to []
+            values = [list(v) if v is not None else [] for v in values]
+        if key in ("rollout_log_probs", "teacher_log_probs"):  # list<float32> in the input
+            values = [[float(np.float32(x)) for x in v] if v is not None else None for v in values]
+        if key == "rewards":
+            values = [float(v) for v in values]
+        data[key] = values
+    data["raw_reward"] = [float(row["raw_reward"]) for row in batch_rows]
+    return data
+
+
+def miles_rank_dict(
+    batch_rows: list[Row],
+    partition: list[int],
+    *,
+    dynamic_global_batch_size: int | None = None,
+    schedule: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What miles' trainer holds for the rank whose rows are `partition` (batch positions in
+    its training order): per-row keys gathered, raw_reward for the whole batch,
+    total_lengths in the rank's order; with the schedule its three keys."""
+    data = miles_train_data(batch_rows)
+    data["total_lengths"] = [len(row["tokens"]) for row in batch_rows]
+    if dynamic_global_batch_size is not None:
+        data["dynamic_global_batch_size"] = dynamic_global_batch_size
+    shard: dict[str, Any] = {"partition": partition}
+    for key in MILES_ROW_KEYS:
+        if key in data:
+            shard[key] = [data[key][j] for j in partition]
+    for key in ("raw_reward", "total_lengths", "dynamic_global_batch_size"):
+        if key in data:
+            shard[key] = data[key]
+    if schedule is not None:
+        shard["num_microbatches"] = schedule["num_microbatches"]
+        shard["micro_batch_indices"] = schedule["micro_batch_indices"]
+        shard["num_rollouts"] = schedule["num_rollouts"]
+    whole = shard.pop("partition")
+    shard["total_lengths"] = [shard["total_lengths"][i] for i in whole]
+    return shard
+
+
+def micro_batch_runs(train_steps: list[int], micro_batches: list[int]) -> list[list[int]]:
+    """miles' micro_batch_indices[rank] from a rank's rows: local positions of each
+    (train step, micro-batch), in the rank's order."""
+    runs: list[list[int]] = []
+    previous = None
+    for local, key in enumerate(zip(train_steps, micro_batches, strict=True)):
+        if key != previous:
+            runs.append([])
+            previous = key
+        runs[-1].append(local)
+    return runs
