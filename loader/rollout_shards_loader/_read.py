@@ -72,7 +72,7 @@ def _scalars(column: pa.ChunkedArray) -> list[Any]:
 
 
 def _lists(column: pa.ChunkedArray, null_empty: bool = False) -> list[Any]:
-    """A list column as Python lists: the flat values converted once, then cut per row.
+    """A list column as Python lists, cut from the flat values at the row offsets.
     A null row is None, or an empty list with `null_empty` (miles' default for
     `weight_versions`)."""
     array = column.combine_chunks()
@@ -83,10 +83,12 @@ def _lists(column: pa.ChunkedArray, null_empty: bool = False) -> list[Any]:
     values = array.values.slice(start, end - start)
     if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
         flat = values.to_pylist()
+        bounds = (offsets - start).tolist()
+        rows = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     else:
-        flat = values.to_numpy(zero_copy_only=False).tolist()
-    bounds = (offsets - start).tolist()
-    rows = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        # numpy cuts the flat values at the row offsets; each piece converts in C
+        pieces = np.split(values.to_numpy(zero_copy_only=False), offsets[1:-1] - start)
+        rows = [piece.tolist() for piece in pieces] if len(array) else []
     if array.null_count:
         valid = array.is_valid().to_numpy(zero_copy_only=False)
         for i in np.flatnonzero(~valid).tolist():
