@@ -4,6 +4,8 @@ Generates one step (bench/generate.py), builds it (`rollout-shards build`), then
 interleaved and repeated (medians reported, the machine is shared):
 
 - `loader`: `read_rank(folder, r)` for every rank, the trainer's Python dicts;
+- `loader as_numpy`: `read_rank(folder, r, as_numpy=True)`, numpy arrays (flat values and
+  offsets for ragged columns);
 - `read_table`: `pyarrow.parquet.read_table` of every rank file (Arrow, no Python objects);
 - `read_table+to_pylist`: the same tables turned into Python lists column by column, the
   plain-pyarrow way to the values the trainer holds.
@@ -90,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         for rank in range(len(paths)):
             read_rank(folder, rank)
 
+    def loader_numpy() -> None:
+        for rank in range(len(paths)):
+            read_rank(folder, rank, as_numpy=True)
+
     def read_table() -> None:
         for path in paths:
             pq.read_table(path)
@@ -102,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runs = {
         "loader": loader,
+        "loader as_numpy": loader_numpy,
         "read_table": read_table,
         "read_table+to_pylist": read_table_to_pylist,
     }
@@ -116,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:22s} {median:7.3f} s  ({median / medians['loader']:.2f}x the loader)")
     print(
         f"loader / read_table = {medians['loader'] / medians['read_table']:.2f}x; "
+        f"loader as_numpy / read_table = "
+        f"{medians['loader as_numpy'] / medians['read_table']:.2f}x; "
         f"loader / read_table+to_pylist = "
         f"{medians['loader'] / medians['read_table+to_pylist']:.2f}x"
     )

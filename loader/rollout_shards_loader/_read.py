@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -64,57 +64,91 @@ def _present(manifest: dict[str, Any], paths: list[Path]) -> set[str]:
     return names & set(OPTIONAL)
 
 
+class Ragged(NamedTuple):
+    """A ragged column with `as_numpy=True`: row i is `values[offsets[i]:offsets[i + 1]]`.
+
+    `offsets` is int64 of length rows + 1, starting at 0; `valid` is None when no row is
+    null, else a bool array (False: the row is null; its slice is empty)."""
+
+    values: np.ndarray
+    offsets: np.ndarray
+    valid: np.ndarray | None = None
+
+    def tolist(self, null_empty: bool = False) -> list[Any]:
+        """The rows as Python lists (null rows None, or [] with `null_empty`), the same
+        values `read_rank` gives without `as_numpy`."""
+        flat = self.values.tolist()
+        bounds = self.offsets.tolist()
+        rows: list[Any] = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        if self.valid is not None:
+            for i in np.flatnonzero(~self.valid).tolist():
+                rows[i] = [] if null_empty else None
+        return rows
+
+
+def _scalar_array(column: pa.ChunkedArray) -> np.ndarray:
+    """A scalar column as numpy (one chunk is zero-copy; nulls become NaN / None)."""
+    if column.num_chunks == 1:
+        return column.chunk(0).to_numpy(zero_copy_only=False)
+    return column.to_numpy()
+
+
 def _scalars(column: pa.ChunkedArray) -> list[Any]:
-    array = column.combine_chunks()
+    if column.null_count:
+        return column.to_pylist()
+    return _scalar_array(column).tolist()
+
+
+def _ragged(column: pa.ChunkedArray) -> Ragged:
+    """A list column as its flat values (numpy, one conversion) and row offsets."""
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if not pa.types.is_list(array.type) and not pa.types.is_large_list(array.type):
+        raise TypeError(f"expected a list column, got {array.type}")
+    offsets = array.offsets.to_numpy().astype(np.int64, copy=False)
+    start, end = int(offsets[0]), int(offsets[-1])
+    values = array.values.slice(start, end - start).to_numpy(zero_copy_only=False)
+    valid = None
     if array.null_count:
-        return array.to_pylist()
-    return array.to_numpy(zero_copy_only=False).tolist()
+        valid = array.is_valid().to_numpy(zero_copy_only=False)
+    return Ragged(values, offsets - start if start else offsets, valid)
 
 
 def _lists(column: pa.ChunkedArray, null_empty: bool = False) -> list[Any]:
-    """A list column as Python lists, cut from the flat values at the row offsets.
-    A null row is None, or an empty list with `null_empty` (miles' default for
-    `weight_versions`)."""
-    array = column.combine_chunks()
-    if not pa.types.is_list(array.type) and not pa.types.is_large_list(array.type):
-        raise TypeError(f"expected a list column, got {array.type}")
-    offsets = array.offsets.to_numpy()
-    start, end = int(offsets[0]), int(offsets[-1])
-    values = array.values.slice(start, end - start)
-    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
-        flat = values.to_pylist()
-        bounds = (offsets - start).tolist()
-        rows = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-    else:
-        # numpy cuts the flat values at the row offsets; each piece converts in C
-        pieces = np.split(values.to_numpy(zero_copy_only=False), offsets[1:-1] - start)
-        rows = [piece.tolist() for piece in pieces] if len(array) else []
-    if array.null_count:
-        valid = array.is_valid().to_numpy(zero_copy_only=False)
-        for i in np.flatnonzero(~valid).tolist():
-            rows[i] = [] if null_empty else None
-    return rows
+    """A list column as Python lists: numpy's `tolist` once on the flat values (float32
+    becomes the Python float of the float32 value, as miles has it), then the flat list
+    cut per row at the offsets. A null row is None, or an empty list with `null_empty`
+    (miles' default for `weight_versions`)."""
+    return _ragged(column).tolist(null_empty)
 
 
 def _batch_raw_reward(
-    manifest: dict[str, Any], paths: list[Path], rank: int, table: pa.Table
-) -> list[float]:
+    manifest: dict[str, Any], paths: list[Path], rank: int, table: pa.Table, as_numpy: bool
+) -> Any:
     """`raw_reward` of the whole trimmed batch in batch order: every rank's rows, and the
     rows the rollout-side schedule dropped (recorded in the manifest)."""
     positions = [np.asarray(manifest.get("dropped_positions", []), dtype=np.int64)]
-    values: list[list[Any]] = [list(manifest.get("dropped_raw_reward", []))]
+    columns: list[pa.ChunkedArray] = []
     for other, path in enumerate(paths):
         part = (
             table
             if other == rank
             else pq.read_table(path, columns=["batch_position", "raw_reward"])
         )
-        positions.append(part.column("batch_position").combine_chunks().to_numpy())
-        values.append(_scalars(part.column("raw_reward")))
+        positions.append(_scalar_array(part.column("batch_position")).astype(np.int64))
+        columns.append(part.column("raw_reward"))
     flat_positions = np.concatenate(positions)
+    dropped = list(manifest.get("dropped_raw_reward", []))
+    if as_numpy or not any(c.null_count for c in columns):
+        arrays = [_scalar_array(c) for c in columns]
+        dtype = np.result_type(*arrays) if arrays else np.float64
+        values = np.concatenate([np.asarray(dropped, dtype=dtype), *arrays])
+        batch = np.empty(len(flat_positions), dtype=values.dtype)
+        batch[flat_positions] = values
+        return batch if as_numpy else batch.tolist()
+    chunks = [dropped, *(c.to_pylist() for c in columns)]
     batch = np.empty(len(flat_positions), dtype=object)
     batch[flat_positions] = np.fromiter(
-        (v for chunk in values for v in chunk), dtype=object, count=len(flat_positions)
+        (v for chunk in chunks for v in chunk), dtype=object, count=len(flat_positions)
     )
     return batch.tolist()
 
@@ -138,12 +172,19 @@ def read_rank(
     *,
     dp_size: int | None = None,
     global_batch_size: int | None = None,
+    as_numpy: bool = False,
 ) -> dict[str, Any]:
     """Rank `rank`'s rollout data exactly as miles' trainer holds it after
     `process_rollout_data`: the same keys, values and Python types.
 
     `dp_size` and `global_batch_size` (the trainer's configured `--global-batch-size`, not
     the dynamic one), when given, must match the step's settings, else ValueError.
+
+    With `as_numpy=True` the same keys hold numpy instead of Python lists: a per-row
+    scalar key (and `raw_reward`) one array; a ragged key (`tokens`, `loss_masks`, log
+    probs, `weight_versions`) a `Ragged(values, offsets, valid)`, row i being
+    `values[offsets[i]:offsets[i + 1]]`. The batch-wide ints and lists
+    (`dynamic_global_batch_size`, the schedule's keys) stay Python.
     """
     folder = Path(step_folder)
     manifest = read_manifest(folder)
@@ -171,14 +212,16 @@ def read_rank(
     data: dict[str, Any] = {}
     for key in wanted:
         column = table.column(key)
-        if key == "weight_versions":
-            data[key] = _lists(column, null_empty=True)
-        elif pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-            data[key] = _lists(column)
+        ragged = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+        if as_numpy:
+            data[key] = _ragged(column) if ragged else _scalar_array(column)
+        elif ragged:
+            data[key] = _lists(column, null_empty=key == "weight_versions")
         else:
             data[key] = _scalars(column)
-    data["raw_reward"] = _batch_raw_reward(manifest, paths, rank, table)
-    data["total_lengths"] = _scalars(table.column("total_lengths"))
+    data["raw_reward"] = _batch_raw_reward(manifest, paths, rank, table, as_numpy)
+    total = table.column("total_lengths")
+    data["total_lengths"] = _scalar_array(total) if as_numpy else _scalars(total)
     dynamic = manifest.get("dynamic_global_batch_size")
     if dynamic is not None:
         data["dynamic_global_batch_size"] = int(dynamic)

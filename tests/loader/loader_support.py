@@ -85,3 +85,22 @@ SCHEDULE_SETTINGS = (
 
 def _position(row: dict[str, Any]) -> int:
     return row["batch_position"]
+
+
+def numpy_as_python(data: dict[str, Any]) -> dict[str, Any]:
+    """A `read_rank(..., as_numpy=True)` dict turned into Python lists the documented way
+    (numpy `tolist`, ragged keys cut at their offsets), to compare with the plain dict."""
+    import numpy as np
+    from rollout_shards_loader import Ragged
+
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Ragged):
+            assert value.offsets.dtype == np.int64 and value.offsets[0] == 0, key
+            assert len(value.offsets) == len(data["total_lengths"]) + 1, key
+            out[key] = value.tolist(null_empty=key == "weight_versions")
+        elif isinstance(value, np.ndarray):
+            out[key] = value.tolist()
+        else:
+            out[key] = value
+    return out

@@ -20,7 +20,7 @@ from rollout_shards_loader import read_manifest, read_rank
 from pipeline.errors import StepError
 from tests.conftest import REPO, build, sample, write_step
 from tests.core.test_differential import build_settings, trajectories
-from tests.loader.loader_support import assert_same_dict, expected_rank_dicts
+from tests.loader.loader_support import assert_same_dict, expected_rank_dicts, numpy_as_python
 
 
 def _check(rows: list[dict[str, Any]], out: Path, **chosen: Any) -> list[dict[str, Any]]:
@@ -30,6 +30,8 @@ def _check(rows: list[dict[str, Any]], out: Path, **chosen: Any) -> list[dict[st
     got = [read_rank(folder, rank) for rank in range(len(want))]
     for got_rank, want_rank in zip(got, want, strict=True):
         assert_same_dict(got_rank, want_rank)
+    for rank, want_rank in enumerate(want):  # the numpy form holds the same values
+        assert_same_dict(numpy_as_python(read_rank(folder, rank, as_numpy=True)), want_rank)
     return got
 
 
