@@ -21,12 +21,13 @@ from typing import NoReturn
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.io.readers import SourceFile, find_sources, group_steps
 from pipeline.io.writer import clean_stale, step_folder
+from pipeline.manifest import Manifest
 from pipeline.progress import Progress
 from pipeline.settings import DISABLE_FLAGS, Settings, data_settings_files, load_settings
 from pipeline.step.build import STAGE_NAMES, alarm_lines, build_step, summary_line
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
-from pipeline.step.plan import plan_batch
+from pipeline.step.plan import plan_batch, untrained_warning
 
 PROG = "rollout-shards"
 
@@ -137,6 +138,11 @@ def _report(command: str, violations: list[Violation]) -> None:
         print(f"{PROG}: {command}: {violation.line()}", file=sys.stderr)
 
 
+def _warn(command: str, manifest: Manifest) -> None:
+    if (warning := untrained_warning(manifest)) is not None:
+        print(f"{PROG}: {command}: {warning}", file=sys.stderr)
+
+
 def os_violation(exc: OSError, where: Path, step: int | None = None) -> Violation:
     """An operating-system failure (disk full, permissions) as one readable line."""
     path = exc.filename or where
@@ -196,6 +202,7 @@ def _build_one(
     print(summary_line(manifest, step_folder(args.out, step)))
     for line in alarm_lines(manifest):
         print(line)
+    _warn("build", manifest)
     return True
 
 
@@ -242,6 +249,7 @@ def run_validate(args: argparse.Namespace) -> int:
             report.append({"step": step, "valid": False, "violations": exc.violations})
             continue
         progress.step_done()
+        _warn("validate", batch.meta)
         report.append(
             {
                 "step": step,

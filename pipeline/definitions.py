@@ -8,6 +8,7 @@ from pipeline.assets.rollout_samples import rollout_samples
 from pipeline.assets.train_batch import train_batch
 from pipeline.assets.training_shards import training_shards
 from pipeline.orchestration.checks import (
+    every_row_is_trained,
     manifest_counts_add_up,
     no_rows_quarantined,
     rank_files_match_manifest,
@@ -26,6 +27,7 @@ defs = dg.Definitions(
         rank_files_match_manifest,
         rollouts_stay_in_one_train_step,
         no_rows_quarantined,
+        every_row_is_trained,
     ],
     jobs=[rollout_step_job],
     sensors=[rollout_steps_sensor],

@@ -78,6 +78,12 @@ class Manifest(_Record):
     # Files under the inputs that look like this step's input but were not read (another
     # case of suffix, `.parq`, a FIFO), as the build's note on stderr names them.
     skipped_files: list[str] = Field(default_factory=list)
+    # ranks holding rows the trainer never trains (`counts.untrained`), ascending
+    untrained_ranks: list[int] = Field(default_factory=list)
+    # rows the rollout-side schedule dropped: batch positions and raw rewards, for the
+    # loader's batch-wide `raw_reward` (miles keeps them there)
+    dropped_positions: list[int] = Field(default_factory=list)
+    dropped_raw_reward: list[float | None] = Field(default_factory=list)
 
     @property
     def dp_size(self) -> int:

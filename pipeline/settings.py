@@ -86,6 +86,12 @@ class Settings(BaseModel):
             raise ValueError(
                 "use_dynamic_global_batch_size needs trimming: drop disable_rollout_trim_samples"
             )
+        if self.global_batch_size % self.dp_size:
+            raise ValueError(
+                f"global_batch_size={self.global_batch_size} must be divisible by "
+                f"dp_size={self.dp_size} (Megatron refuses it at start-up, and ranks would run "
+                "different numbers of steps): change global_batch_size or dp_size"
+            )
         if self.use_dynamic_batch_size and self.max_tokens_per_gpu is None:
             raise ValueError("use_dynamic_batch_size needs max_tokens_per_gpu")
         if (

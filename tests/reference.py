@@ -329,11 +329,9 @@ def convert_samples_to_shard_rows(
     loss_masks = [loss_mask_of(row) for row in rows]
 
     mask_sums: dict[int, int] = {}
-    rollout_ordinals: dict[int, int] = {}
     for row, mask in zip(rows, loss_masks, strict=True):
         key = rollout_key(row)
         mask_sums[key] = mask_sums.get(key, 0) + sum(mask)
-        rollout_ordinals.setdefault(key, len(rollout_ordinals))
 
     present = {
         column: any(row.get(column) is not None for row in rows) for column in ALL_OR_NONE_COLUMNS
@@ -343,11 +341,10 @@ def convert_samples_to_shard_rows(
     shard_rows = []
     for position, row in enumerate(rows):
         key = rollout_key(row)
-        ordinal = rollout_ordinals[key] if is_compact else position
         raw_override = row.get("raw_reward")
         shard_row = {
             "batch_position": position,
-            "train_step": ordinal // global_batch_size,
+            "train_step": None,  # set per rank by step_through_ranks
             "micro_batch": None,
             "tokens": row["tokens"],
             "response_lengths": row["response_length"],
@@ -373,8 +370,34 @@ def split_by_dp(shard_rows: list[Row], dp_size: int) -> list[list[Row]]:
     return [shard_rows[rank::dp_size] for rank in range(dp_size)]
 
 
-def reference_build(rows: list[Row], settings: dict[str, Any]) -> dict[str, Any]:
-    """One step's sample rows (batch order) -> what each data-parallel rank trains on."""
+def step_through_ranks(ranks: list[list[Row]], global_batch_size: int, dp_size: int) -> int:
+    """miles' get_data_iterator without the schedule: each rank takes its rows
+    global_batch_size // dp_size at a time, one optimizer step per whole chunk; a row in
+    no whole chunk keeps train_step None. Ranks must agree on the step count. Returns the
+    number of untrained rows."""
+    per_step = global_batch_size // dp_size
+    step_counts = []
+    untrained = 0
+    for rows in ranks:
+        steps = len(rows) // per_step
+        step_counts.append(steps)
+        for local, row in enumerate(rows):
+            chunk = local // per_step
+            if chunk < steps:
+                row["train_step"] = chunk
+            else:
+                untrained += 1
+    if len(set(step_counts)) > 1:
+        raise ValueError(f"ranks would run different numbers of steps: {step_counts}")
+    return untrained
+
+
+def reference_build(
+    rows: list[Row], settings: dict[str, Any], step_ranks: bool = True
+) -> dict[str, Any]:
+    """One step's sample rows (batch order) -> what each data-parallel rank trains on.
+    Without `step_ranks` the train steps stay None and ranks are not checked (for callers
+    that take only the per-sample values)."""
     settings = effective_settings(settings)
     dp_size = settings["dp_size"]
     is_compact = is_compact_batch(rows)
@@ -404,8 +427,13 @@ def reference_build(rows: list[Row], settings: dict[str, Any]) -> dict[str, Any]
     shard_rows, equal_reward_groups = convert_samples_to_shard_rows(
         kept, settings, global_batch_size, is_compact
     )
+    if global_batch_size % dp_size:
+        raise ValueError(f"global_batch_size {global_batch_size} not divisible by dp {dp_size}")
+    ranks = split_by_dp(shard_rows, dp_size)
+    untrained = step_through_ranks(ranks, global_batch_size, dp_size) if step_ranks else 0
     return {
-        "ranks": split_by_dp(shard_rows, dp_size),
+        "ranks": ranks,
+        "untrained": untrained,
         "is_compact": is_compact,
         "global_batch_size": global_batch_size,
         "dynamic_global_batch_size": dynamic,
@@ -498,3 +526,84 @@ def reference_metrics(
     if sum(tokens):
         stats["rank_tokens/max_over_mean"] = max(tokens) / (sum(tokens) / len(tokens))
     return stats
+
+
+# --- the trainer's rank dict (miles `_package_shards` + `process_rollout_data_shard`) ---
+
+# Per-row keys as miles' _package_shards gathers them, batch-wide keys it copies whole.
+MILES_ROW_KEYS = (
+    "tokens",
+    "response_lengths",
+    "rewards",
+    "truncated",
+    "loss_masks",
+    "round_number",
+    "sample_indices",
+    "rollout_ids",
+    "rollout_mask_sums",
+    "rollout_log_probs",
+    "teacher_log_probs",
+    "weight_versions",
+)
+
+
+def miles_train_data(batch_rows: list[Row]) -> dict[str, Any]:
+    """The batch as miles' convert_samples_to_train_data leaves it (the keys the shards
+    carry), from shard rows in batch order: one list per key, one entry per row."""
+    data: dict[str, Any] = {}
+    for key in MILES_ROW_KEYS:
+        if key not in batch_rows[0]:
+            continue
+        values = [row[key] for row in batch_rows]
+        if key == "weight_versions":  # Sample.weight_versions defaults to []
+            values = [list(v) if v is not None else [] for v in values]
+        if key in ("rollout_log_probs", "teacher_log_probs"):  # list<float32> in the input
+            values = [[float(np.float32(x)) for x in v] if v is not None else None for v in values]
+        if key == "rewards":
+            values = [float(v) for v in values]
+        data[key] = values
+    data["raw_reward"] = [float(row["raw_reward"]) for row in batch_rows]
+    return data
+
+
+def miles_rank_dict(
+    batch_rows: list[Row],
+    partition: list[int],
+    *,
+    dynamic_global_batch_size: int | None = None,
+    schedule: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What miles' trainer holds for the rank whose rows are `partition` (batch positions in
+    its training order): per-row keys gathered, raw_reward for the whole batch,
+    total_lengths in the rank's order; with the schedule its three keys."""
+    data = miles_train_data(batch_rows)
+    data["total_lengths"] = [len(row["tokens"]) for row in batch_rows]
+    if dynamic_global_batch_size is not None:
+        data["dynamic_global_batch_size"] = dynamic_global_batch_size
+    shard: dict[str, Any] = {"partition": partition}
+    for key in MILES_ROW_KEYS:
+        if key in data:
+            shard[key] = [data[key][j] for j in partition]
+    for key in ("raw_reward", "total_lengths", "dynamic_global_batch_size"):
+        if key in data:
+            shard[key] = data[key]
+    if schedule is not None:
+        shard["num_microbatches"] = schedule["num_microbatches"]
+        shard["micro_batch_indices"] = schedule["micro_batch_indices"]
+        shard["num_rollouts"] = schedule["num_rollouts"]
+    whole = shard.pop("partition")
+    shard["total_lengths"] = [shard["total_lengths"][i] for i in whole]
+    return shard
+
+
+def micro_batch_runs(train_steps: list[int], micro_batches: list[int]) -> list[list[int]]:
+    """miles' micro_batch_indices[rank] from a rank's rows: local positions of each
+    (train step, micro-batch), in the rank's order."""
+    runs: list[list[int]] = []
+    previous = None
+    for local, key in enumerate(zip(train_steps, micro_batches, strict=True)):
+        if key != previous:
+            runs.append([])
+            previous = key
+        runs[-1].append(local)
+    return runs

@@ -118,6 +118,30 @@ def rollouts_stay_in_one_train_step(
 
 
 @dg.asset_check(asset=training_shards, partitions_def=rollout_steps)
+def every_row_is_trained(
+    context: dg.AssetCheckExecutionContext, rollout_storage: RolloutStorage
+) -> dg.AssetCheckResult:
+    """Warns when the trainer will never train some written rows (`train_step` null): the
+    rows past a rank's last whole step of global_batch_size // dp_size rows (SEMANTICS
+    6.1). The rollout-side schedule (`cp_size`) or trimming would train them."""
+    folder, manifest = _manifest(context, rollout_storage)
+    if manifest is None:
+        return _no_manifest(folder)
+    untrained = manifest.counts.untrained
+    return dg.AssetCheckResult(
+        passed=untrained == 0,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=(
+            f"{untrained} rows on ranks {manifest.untrained_ranks} are never trained; the "
+            "rollout-side schedule (cp_size) or trimming would train them"
+            if untrained
+            else None
+        ),
+        metadata={"untrained": untrained, "untrained_ranks": str(manifest.untrained_ranks)},
+    )
+
+
+@dg.asset_check(asset=training_shards, partitions_def=rollout_steps)
 def no_rows_quarantined(
     context: dg.AssetCheckExecutionContext, rollout_storage: RolloutStorage
 ) -> dg.AssetCheckResult:

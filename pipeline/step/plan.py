@@ -11,14 +11,14 @@ import numpy as np
 import polars as pl
 
 from pipeline import columns as c
-from pipeline.errors import StepError, step_error
+from pipeline.errors import StepError, Violation, step_error
 from pipeline.manifest import Counts, InputFile, Manifest
 from pipeline.settings import Settings
 from pipeline.step.ingest import SampleTable
 from pipeline.transforms import samples as s
 from pipeline.transforms.metrics import layout_metrics, rollout_metrics
 from pipeline.transforms.rewards import with_rewards
-from pipeline.transforms.schedule import Layout
+from pipeline.transforms.schedule import UNTRAINED, Layout
 from pipeline.transforms.shard_columns import (
     light_shard_columns,
     loss_masks,
@@ -111,6 +111,7 @@ def _rank_rows(
 ) -> RankRows:
     """The scalar shard columns in write order. The list columns are left in batch order,
     to be gathered once, rank by rank, as they are written."""
+    train_step = pl.Series(c.TRAIN_STEP, layout.train_step, dtype=pl.Int32)
     micro_batch = (
         pl.Series(c.MICRO_BATCH, layout.micro_batch, dtype=pl.Int32)
         if layout.micro_batch is not None
@@ -127,7 +128,7 @@ def _rank_rows(
         c.ROLLOUT_IDS,
         c.ROLLOUT_MASK_SUMS,
     )[pl.Series(layout.order)].with_columns(
-        pl.Series(c.TRAIN_STEP, layout.train_step, dtype=pl.Int32),
+        pl.when(train_step != UNTRAINED).then(train_step).alias(c.TRAIN_STEP),
         micro_batch,
         pl.Series(c.RANK, layout.rank, dtype=pl.Int32),
         pl.lit(step, dtype=pl.Int64).alias(c.STEP),
@@ -151,6 +152,80 @@ def _check_every_rank_has_rows(ranks: np.ndarray, dp_size: int, step: int) -> No
         )
 
 
+ROWS_NAMED = 10
+AVOID_UNTRAINED = (
+    "set cp_size (with micro_batch_size or use_dynamic_batch_size) for the rollout-side "
+    "schedule, or keep trimming on (drop disable_rollout_trim_samples)"
+)
+
+
+def _rows_named(light: pl.DataFrame, positions: np.ndarray) -> Violation:
+    """The (index, leaf) of the first rows at `positions` of the batch."""
+    shown = light[pl.Series(positions[:ROWS_NAMED])]
+    rows = list(
+        zip(
+            shown.get_column(c.SAMPLE_INDICES).to_list(),
+            shown.get_column(c.LEAF).to_list(),
+            strict=True,
+        )
+    )
+    return Violation(rule="", message="", rows=rows, n_rows=len(positions))
+
+
+def _refuse_what_cannot_train(
+    light: pl.DataFrame, layout: Layout, settings: Settings, step: int
+) -> list[int]:
+    """SEMANTICS 6.1: refuse a layout on which the trainer would hang (ranks running
+    different numbers of steps) or crash (untrained rows under use_dynamic_batch_size);
+    return the ranks holding rows it never trains."""
+    ranks = np.unique(layout.rank[layout.untrained]).tolist()
+    local = settings.global_batch_size // settings.dp_size
+    sizes = np.bincount(layout.rank, minlength=settings.dp_size).tolist()
+    if len(set(layout.steps_per_rank)) > 1:
+        # the rows past the fewest steps any rank runs: where the ranks part ways
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        local_row = np.arange(len(layout.rank)) - starts[layout.rank]
+        excess = np.flatnonzero(local_row >= min(layout.steps_per_rank) * local)
+        excess_ranks = np.unique(layout.rank[excess]).tolist()
+        violation = _rows_named(light, layout.order[excess])
+        violation.rule = "ranks_run_different_steps"
+        violation.step = step
+        violation.message = (
+            f"ranks would run different numbers of optimizer steps "
+            f"{layout.steps_per_rank} (rank sizes {sizes}, global_batch_size="
+            f"{settings.global_batch_size} // dp_size={settings.dp_size} = {local} rows per "
+            f"step and rank), so the trainer's collectives would hang on the "
+            f"{len(excess)} rows on ranks {excess_ranks} past step "
+            f"{min(layout.steps_per_rank)}: {AVOID_UNTRAINED}, "
+            "or change global_batch_size or dp_size"
+        )
+        raise StepError([violation])
+    if len(layout.untrained) and settings.use_dynamic_batch_size:
+        violation = _rows_named(light, layout.order[layout.untrained])
+        violation.rule = "untrained_rows_with_dynamic_batch_size"
+        violation.step = step
+        violation.message = (
+            f"{len(layout.untrained)} rows on ranks {ranks} fall past the last whole step of "
+            f"{local} rows per rank, and with use_dynamic_batch_size the trainer asserts that "
+            f"its micro-batches cover every row: {AVOID_UNTRAINED}, "
+            "or turn off use_dynamic_batch_size"
+        )
+        raise StepError([violation])
+    return ranks
+
+
+def untrained_warning(meta: Manifest) -> str | None:
+    """The warning line `build` and `validate` print for a step with untrained rows."""
+    if not meta.counts.untrained:
+        return None
+    return (
+        f"step {meta.step}: warning: {meta.counts.untrained} rows on ranks "
+        f"{meta.untrained_ranks} are never trained (past each rank's last whole step of "
+        f"global_batch_size // dp_size rows); the rollout-side schedule (cp_size) or "
+        "trimming would train them"
+    )
+
+
 def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     """Trim, compute every shard column and the layout; the batch in write order."""
     step, frame = samples.step, samples.frame
@@ -171,8 +246,9 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     light, equal_groups = with_rewards(light, trim.kept, settings)
     light_df = light.collect()
     effective = settings.model_copy(update={"global_batch_size": trim.global_batch_size})
-    layout = batch_layout(light_df, effective, compact)
+    layout = batch_layout(light_df, effective)
     _check_every_rank_has_rows(layout.rank, settings.dp_size, step)
+    untrained_ranks = _refuse_what_cannot_train(light_df, layout, effective, step)
     optional = optional_columns(head)
     rows = _rank_rows(step, head, light_df, layout, optional)
     quarantined = samples.quarantine.height if samples.quarantine is not None else 0
@@ -183,6 +259,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
         trimmed=trim.trimmed,
         dropped=len(layout.dropped),
         written=len(layout.order),
+        untrained=len(layout.untrained),
     )
     reward = s.reward_value(frame.schema, settings.reward_key, step)
     stats = rollout_metrics(frame.lazy(), reward, settings.advantage_estimator)
@@ -203,5 +280,8 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
         ignored_columns=samples.ignored_columns,
         present_columns=present_columns(optional),
         stats=stats,
+        untrained_ranks=untrained_ranks,
+        dropped_positions=layout.dropped.tolist(),
+        dropped_raw_reward=light_df.get_column(c.RAW_REWARD)[pl.Series(layout.dropped)].to_list(),
     )
     return TrainBatch(step=step, frame=rows, meta=meta, quarantine=samples.quarantine)

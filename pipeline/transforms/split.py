@@ -7,24 +7,31 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.settings import Settings
-from pipeline.transforms.schedule import Layout, balanced_rank_partitions, rollout_schedule
+from pipeline.transforms.schedule import (
+    UNTRAINED,
+    Layout,
+    balanced_rank_partitions,
+    rollout_schedule,
+)
 
 
-def rollout_ordinals(keys: np.ndarray) -> np.ndarray:
-    """For each row, the rank of its rollout key in order of first appearance."""
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    order_of_first = np.argsort(np.argsort(first, kind="stable"), kind="stable")
-    return order_of_first[inverse]
+def rank_train_steps(parts: list[np.ndarray], local_batch: int) -> tuple[np.ndarray, list[int]]:
+    """SEMANTICS 6.1: local row j of a rank trains in step j // local_batch, for the rank's
+    whole steps only; the rest get UNTRAINED. Also each rank's number of whole steps."""
+    steps = [len(part) // local_batch for part in parts]
+    local = [np.arange(len(part), dtype=np.int64) for part in parts]
+    train_step = [
+        np.where(j < n * local_batch, j // local_batch, UNTRAINED).astype(np.int32)
+        for j, n in zip(local, steps, strict=True)
+    ]
+    return (np.concatenate(train_step) if parts else np.zeros(0, np.int32)), steps
 
 
-def plain_layout(
-    keys: np.ndarray, lengths: np.ndarray, settings: Settings, compact: bool
-) -> Layout:
-    """Strided (or balanced) ranks; train step = the global batch holding the row."""
+def plain_layout(keys: np.ndarray, lengths: np.ndarray, settings: Settings) -> Layout:
+    """Strided (or balanced) ranks; the trainer steps through each rank's rows in chunks of
+    global_batch_size // dp_size (SEMANTICS 6.1), whatever their batch positions."""
     n = len(keys)
     positions = np.arange(n, dtype=np.int64)
-    unit = rollout_ordinals(keys) if compact else positions
-    train_step = (unit // settings.global_batch_size).astype(np.int32)
     dp = settings.dp_size
     if settings.balance_data:
         parts = balanced_rank_partitions(lengths, dp)
@@ -36,24 +43,28 @@ def plain_layout(
         if n
         else np.zeros(0, np.int32)
     )
-    steps = int(train_step.max()) + 1 if n else 0
-    pairs = np.unique(np.stack([train_step.astype(np.int64), keys]), axis=1)
+    train_step, steps_per_rank = rank_train_steps(parts, settings.global_batch_size // dp)
+    steps = max(steps_per_rank, default=0)
+    trained = train_step != UNTRAINED
+    trained_keys = keys[order][trained]
+    pairs = np.unique(np.stack([train_step[trained].astype(np.int64), trained_keys]), axis=1)
     num_rollouts = np.bincount(pairs[0], minlength=steps).tolist()
     return Layout(
         order=order,
         rank=rank,
-        train_step=train_step[order],
+        train_step=train_step,
         micro_batch=None,
         dropped=np.zeros(0, dtype=np.int64),
         num_rollouts=num_rollouts,
         num_microbatches=None,
+        steps_per_rank=steps_per_rank,
     )
 
 
-def batch_layout(light: pl.DataFrame, settings: Settings, compact: bool) -> Layout:
+def batch_layout(light: pl.DataFrame, settings: Settings) -> Layout:
     """The rollout-side schedule when cp_size is set and there are enough rollouts, else plain."""
     keys = light.get_column(c.ROLLOUT_IDS).to_numpy()
     lengths = light.get_column(c.TOTAL_LENGTHS).to_numpy().astype(np.int64)
     if settings.uses_schedule and len(np.unique(keys)) >= settings.global_batch_size:
         return rollout_schedule(keys, lengths, settings)
-    return plain_layout(keys, lengths, settings, compact)
+    return plain_layout(keys, lengths, settings)

@@ -200,3 +200,27 @@ def test_step_folder_of_several_files_keeps_file_then_row_order(tmp_path: Path) 
 
     shard = pl.read_parquet(tmp_path / "out" / "step=3" / "rank=0.parquet")
     assert shard.get_column("sample_indices").to_list() == [0, 1, 2, 3]
+
+
+def test_untrained_rows_warn_once_per_step_from_build_and_validate(tmp_path: Path) -> None:
+    from tests.conftest import sample, write_step
+
+    write_step(tmp_path / "in", [sample(i) for i in range(10)])
+    flags = ["--global-batch-size", "4", "--dp-size", "2", "--disable-rollout-trim-samples"]
+    for command, extra in (("build", ["--out", tmp_path / "out"]), ("validate", [])):
+        run = cli(command, tmp_path / "in", *extra, *flags)
+        assert run.returncode == 0, run.stderr
+        warnings = [line for line in run.stderr.splitlines() if "warning" in line]
+        assert warnings == [
+            f"rollout-shards: {command}: step 1: warning: 2 rows on ranks [0, 1] are never "
+            "trained (past each rank's last whole step of global_batch_size // dp_size rows); "
+            "the rollout-side schedule (cp_size) or trimming would train them"
+        ]
+    manifest = json.loads((tmp_path / "out" / "step=1" / "manifest.json").read_text())
+    assert manifest["counts"]["untrained"] == 2
+
+
+def test_global_batch_size_not_divisible_by_dp_size_exits_2(tmp_path: Path) -> None:
+    run = cli("validate", DATA, "--global-batch-size", "5", "--dp-size", "2")
+    assert run.returncode == 2
+    assert "global_batch_size=5 must be divisible by dp_size=2" in run.stderr

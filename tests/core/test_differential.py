@@ -65,9 +65,10 @@ def trajectories(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 @st.composite
 def build_settings(draw: st.DrawFn) -> dict[str, Any]:
+    dp_size = draw(st.integers(1, 4))
     chosen = {
-        "global_batch_size": draw(st.integers(1, 8)),
-        "dp_size": draw(st.integers(1, 4)),
+        "global_batch_size": dp_size * draw(st.integers(1, 4)),
+        "dp_size": dp_size,
         "disable_rollout_trim_samples": draw(st.booleans()),
         "advantage_estimator": draw(
             st.sampled_from(["grpo", "gspo", "reinforce_plus_plus_baseline", "ppo"])
@@ -105,6 +106,7 @@ def test_pipeline_matches_reference(rows: list[dict[str, Any]], chosen: dict[str
     assert meta["global_batch_size"] == expected["global_batch_size"]
     assert meta["dynamic_global_batch_size"] == expected["dynamic_global_batch_size"]
     assert meta["counts"]["trimmed"] == expected["trimmed"]
+    assert meta["counts"]["untrained"] == expected["untrained"]
     assert meta["equal_reward_groups"] == expected["equal_reward_groups"]
     absent = [n for n in c.OPTIONAL_SHARD_COLUMNS if n not in batch.meta.present_columns]
     frame = batch.frame

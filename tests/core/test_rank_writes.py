@@ -70,7 +70,7 @@ def test_a_damaged_parquet_file_is_still_reported_as_unreadable(tmp_path: Path) 
     "settings",
     [
         {"global_batch_size": 64, "dp_size": 4},
-        {"global_batch_size": 64, "dp_size": 3, "balance_data": True},
+        {"global_batch_size": 63, "dp_size": 3, "balance_data": True},
         {
             "global_batch_size": 32,
             "dp_size": 2,

@@ -156,8 +156,9 @@ def test_compact_batch_is_not_trimmed() -> None:
     assert result["is_compact"]
     assert result["trimmed"] == 0
     assert flat(result, "rollout_ids") == [0, 0, 1, 2, 3]
-    # train steps count rollouts in a compact batch: rollouts 0,1 | 2,3
-    assert flat(result, "train_step") == [0, 0, 0, 1, 1]
+    # the trainer takes G // dp = 2 local rows a step; the fifth row is in no whole step
+    assert flat(result, "train_step") == [0, 0, 1, 1, None]
+    assert result["untrained"] == 1
 
 
 # --- SEMANTICS 8: loss masks and mask sums ------------------------------------------
@@ -389,19 +390,24 @@ def test_strided_split_and_columns() -> None:
         for i in range(10)
     ]
     rows[3]["status"] = "truncated"
-    result = reference_build(rows, {"global_batch_size": 5, "dp_size": 3})
+    result = reference_build(rows, {"global_batch_size": 2, "dp_size": 2})
     assert [[r["batch_position"] for r in rank] for rank in result["ranks"]] == [
-        [0, 3, 6, 9],
-        [1, 4, 7],
-        [2, 5, 8],
+        [0, 2, 4, 6, 8],
+        [1, 3, 5, 7, 9],
     ]
-    assert flat(result, "train_step") == [0] * 5 + [1] * 5
+    assert flat(result, "train_step") == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     assert flat(result, "truncated") == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
     assert flat(result, "total_lengths") == [4 + i % 3 for i in range(10)]
     assert flat(result, "response_lengths") == [1 + i % 3 for i in range(10)]
     assert flat(result, "round_number") == [7] * 10
     assert flat(result, "micro_batch") == [None] * 10
     assert "rollout_log_probs" not in result["ranks"][0][0]
+
+
+def test_ranks_with_different_step_counts_are_refused() -> None:
+    settings = {"global_batch_size": 3, "dp_size": 3, "disable_rollout_trim_samples": True}
+    with pytest.raises(ValueError, match=r"different numbers of steps: \[4, 3, 3\]"):
+        reference_build([sample(i) for i in range(10)], settings)
 
 
 def test_optional_columns_all_or_none() -> None:

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipeline import columns as c
-from pipeline.errors import StepError
+from pipeline.errors import StepError, UsageError
+from pipeline.settings import make_settings
+from pipeline.step.plan import untrained_warning
 from pipeline.transforms.trim import dynamic_global_batch_size
 from tests.conftest import build, plan, ranks, sample, write_step
 
@@ -33,7 +35,7 @@ def test_dynamic_global_batch_size(rows: int, expected: int) -> None:
 
 def test_dynamic_batch_of_13_rows_on_4_ranks_keeps_12(rows_dir: Path) -> None:
     write_step(rows_dir, [sample(i) for i in range(13)])
-    batch = plan(rows_dir, global_batch_size=1, dp_size=4, use_dynamic_global_batch_size=True)
+    batch = plan(rows_dir, global_batch_size=4, dp_size=4, use_dynamic_global_batch_size=True)
     assert batch.meta.dynamic_global_batch_size == 12
     assert batch.meta.counts.written == 12
     assert batch.meta.num_train_steps == 1
@@ -42,7 +44,7 @@ def test_dynamic_batch_of_13_rows_on_4_ranks_keeps_12(rows_dir: Path) -> None:
 def test_dynamic_batch_of_2_rows_on_4_ranks_fails(rows_dir: Path) -> None:
     write_step(rows_dir, [sample(i) for i in range(2)])
     with pytest.raises(StepError, match="not enough samples 2 for global_batch_size 4"):
-        plan(rows_dir, global_batch_size=1, dp_size=4, use_dynamic_global_batch_size=True)
+        plan(rows_dir, global_batch_size=4, dp_size=4, use_dynamic_global_batch_size=True)
 
 
 def test_dynamic_batch_refused_on_compact_batch(rows_dir: Path) -> None:
@@ -99,8 +101,11 @@ def test_compact_batch_is_never_trimmed(rows_dir: Path) -> None:
     batch = plan(rows_dir, global_batch_size=3)
     assert batch.meta.is_compact is True
     assert batch.meta.counts.written == 5
-    # G counts rollouts on a compact batch: rollouts 0,1,2 then 3.
-    assert batch_column(rows_dir, c.TRAIN_STEP, global_batch_size=3) == [0, 0, 0, 0, 1]
+    # The trainer steps through local rows, G // dp = 3 at a time (SEMANTICS 6.1): one
+    # whole step, and the last two rows are never trained.
+    assert batch_column(rows_dir, c.TRAIN_STEP, global_batch_size=3) == [0, 0, 0, None, None]
+    assert batch.meta.counts.untrained == 2
+    assert batch.meta.untrained_ranks == [0]
 
 
 # Loss masks ------------------------------------------------------------------------
@@ -296,9 +301,80 @@ def test_raw_reward_column_overrides_written_raw_reward(rows_dir: Path) -> None:
 
 def test_strided_split(rows_dir: Path, tmp_path: Path) -> None:
     write_step(rows_dir, [sample(i, response_length=1 + i) for i in range(10)])
-    build(rows_dir, tmp_path / "out", global_batch_size=5, dp_size=3)
+    build(rows_dir, tmp_path / "out", global_batch_size=3, dp_size=3)
     got = [r.get_column(c.BATCH_POSITION).to_list() for r in ranks(tmp_path / "out")]
-    assert got == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    assert got == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+
+
+# How the trainer steps through a rank (SEMANTICS 6.1) ------------------------------
+
+
+def test_plain_trimmed_step_k_holds_positions_k_g_to_next(rows_dir: Path) -> None:
+    write_step(rows_dir, [sample(i) for i in range(8)])
+    frame = plan(rows_dir, global_batch_size=4, dp_size=2).frame
+    by_position = frame.sort(c.BATCH_POSITION).get_column(c.TRAIN_STEP).to_list()
+    assert by_position == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_balanced_step_mixes_positions_as_the_trainer_does(rows_dir: Path) -> None:
+    lengths = [9, 1, 8, 2, 7, 3, 6, 4]
+    write_step(rows_dir, [sample(i, response_length=n) for i, n in enumerate(lengths)])
+    frame = plan(rows_dir, global_batch_size=4, dp_size=2, balance_data=True).frame
+    for rank in (0, 1):
+        rows = frame.filter(frame[c.RANK] == rank)
+        assert rows.get_column(c.TRAIN_STEP).to_list() == [0, 0, 1, 1]
+    assert frame.get_column(c.TRAIN_STEP).null_count() == 0
+
+
+def test_untrained_rows_are_counted_and_warned(rows_dir: Path, tmp_path: Path) -> None:
+    # trimming off, 10 rows on 2 ranks of 5, G 4 -> 2 rows a step: rows 8 and 9 never train
+    write_step(rows_dir, [sample(i) for i in range(10)])
+    settings = {"global_batch_size": 4, "dp_size": 2, "disable_rollout_trim_samples": True}
+    batch = plan(rows_dir, **settings)
+    assert batch.meta.counts.untrained == 2
+    assert batch.meta.untrained_ranks == [0, 1]
+    assert batch.meta.num_train_steps == 2
+    frame = batch.frame
+    assert frame.filter(frame[c.TRAIN_STEP].is_null()).get_column(c.BATCH_POSITION).to_list() == [
+        8,
+        9,
+    ]
+    warning = untrained_warning(batch.meta)
+    assert warning is not None
+    assert warning.startswith("step 1: warning: 2 rows on ranks [0, 1] are never trained")
+    assert "cp_size" in warning
+
+
+def test_ranks_running_different_step_counts_are_refused(rows_dir: Path) -> None:
+    write_step(rows_dir, [sample(i) for i in range(10)])
+    with pytest.raises(StepError) as excinfo:
+        plan(rows_dir, global_batch_size=3, dp_size=3, disable_rollout_trim_samples=True)
+    assert rule_of(excinfo) == ["ranks_run_different_steps"]
+    message = str(excinfo.value)
+    assert "[4, 3, 3]" in message
+    assert "ranks [0]" in message
+    assert "cp_size" in message
+    assert excinfo.value.violations[0].rows == [(9, 0)]
+
+
+def test_untrained_rows_with_dynamic_batch_size_are_refused(rows_dir: Path) -> None:
+    write_step(rows_dir, [sample(i) for i in range(5)])
+    with pytest.raises(StepError) as excinfo:
+        plan(
+            rows_dir,
+            global_batch_size=2,
+            disable_rollout_trim_samples=True,
+            use_dynamic_batch_size=True,
+            max_tokens_per_gpu=100,
+        )
+    assert rule_of(excinfo) == ["untrained_rows_with_dynamic_batch_size"]
+    assert "1 rows on ranks [0]" in str(excinfo.value)
+    assert excinfo.value.violations[0].rows == [(4, 0)]
+
+
+def test_global_batch_size_not_divisible_by_dp_size_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="global_batch_size=5 must be divisible by dp_size=2"):
+        make_settings({"global_batch_size": 5, "dp_size": 2})
 
 
 def test_shard_columns_and_types(rows_dir: Path, tmp_path: Path) -> None:

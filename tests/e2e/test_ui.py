@@ -42,6 +42,7 @@ REPOSITORY = "__repository__"
 JOB = "rollout_step_job"
 ASSET = "training_shards"
 CHECKS = [
+    "every_row_is_trained",
     "manifest_counts_add_up",
     "no_rows_quarantined",
     "rank_files_match_manifest",

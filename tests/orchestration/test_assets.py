@@ -90,7 +90,7 @@ def test_valid_partition_passes_every_check(instance: dg.DagsterInstance, roots:
     result = materialize(instance, "00000003")
 
     checks = _checks(result)
-    assert set(checks) == BLOCKING_CHECKS | {"no_rows_quarantined"}
+    assert set(checks) == BLOCKING_CHECKS | {"no_rows_quarantined", "every_row_is_trained"}
     assert all(check.passed for check in checks.values())
     assert all(check.partition == "00000003" for check in checks.values())
     assert {name for name, check in checks.items() if check.blocking} == BLOCKING_CHECKS
@@ -215,6 +215,25 @@ def test_quarantine_succeeds_with_a_warning_check(
     assert warning.severity == dg.AssetCheckSeverity.WARN
     assert warning.metadata["quarantined"].value == 2
     assert "response_within_tokens" in warning.metadata["reasons"].value
+    assert all(checks[name].passed for name in BLOCKING_CHECKS)
+
+
+def test_untrained_rows_succeed_with_a_warning_check(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    # 16 rows on 2 ranks of 8, 6 // 2 = 3 rows per step: 2 steps, 2 untrained rows a rank
+    settings = {"global_batch_size": 6, "dp_size": 2, "disable_rollout_trim_samples": True}
+    run_config = {"ops": {"rollout_samples": {"config": settings}}}
+
+    result = materialize(instance, "00000001", run_config)
+
+    assert result.success
+    checks = _checks(result)
+    warning = checks["every_row_is_trained"]
+    assert not warning.passed
+    assert warning.severity == dg.AssetCheckSeverity.WARN
+    assert warning.metadata["untrained"].value == 4
+    assert warning.description.startswith("4 rows on ranks [0, 1] are never trained")
     assert all(checks[name].passed for name in BLOCKING_CHECKS)
 
 

@@ -39,6 +39,7 @@ EXPECTED: dict[str, Any] = {
         },
     },
     "checks": {
+        "training_shards:every_row_is_trained": {"blocking": False, "partitions": "rollout_steps"},
         "training_shards:manifest_counts_add_up": {"blocking": True, "partitions": "rollout_steps"},
         "training_shards:no_rows_quarantined": {"blocking": False, "partitions": "rollout_steps"},
         "training_shards:rank_files_match_manifest": {

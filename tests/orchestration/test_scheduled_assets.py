@@ -82,7 +82,7 @@ def test_schedule_that_cannot_align_is_reported_by_validate(tmp_path: Path) -> N
         "--global-batch-size",
         "6",
         "--dp-size",
-        "4",
+        "2",
         "--cp-size",
         "1",
         "--micro-batch-size",
@@ -119,7 +119,14 @@ def test_balanced_plain_split(tmp_path: Path) -> None:
 
 def test_balanced_split_needs_rows_divisible_by_ranks(tmp_path: Path) -> None:
     write_step(tmp_path / "in", [sample(i) for i in range(3)])
-    args = ["--global-batch-size", "3", "--dp-size", "2", "--balance-data"]
+    args = [
+        "--global-batch-size",
+        "2",
+        "--dp-size",
+        "2",
+        "--balance-data",
+        "--disable-rollout-trim-samples",
+    ]
     result = cli("validate", tmp_path / "in", *args)
     assert result.returncode == 1
     assert "rule balance_not_divisible" in result.stderr

@@ -1,0 +1,55 @@
+"""A `torch.utils.data` view of one rank of a step, with a collate for ragged rows.
+
+The rank's rows come from `rollout_shards_loader.read_rank`, in the rank's training order;
+a batch pads `tokens` to its longest row (with `pad_id`) and `loss_masks` to its longest
+response (with 0), and keeps the lengths so a loss can unpad.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from rollout_shards_loader import read_rank
+from torch.utils.data import DataLoader, Dataset
+
+PER_ROW = ("tokens", "loss_masks", "rewards", "response_lengths", "total_lengths")
+
+
+class RankRows(Dataset):
+    """Row i of the rank: its tokens, loss mask, reward and lengths."""
+
+    def __init__(self, step_folder: str | Path, rank: int) -> None:
+        self.data = read_rank(step_folder, rank)
+
+    def __len__(self) -> int:
+        return len(self.data["tokens"])
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {key: self.data[key][i] for key in PER_ROW}
+
+
+def pad_collate(rows: list[dict[str, Any]], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Ragged rows -> padded tensors plus the lengths to unpad them."""
+    width = max(len(row["tokens"]) for row in rows)
+    mask_width = max(len(row["loss_masks"]) for row in rows)
+    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    loss_masks = torch.zeros((len(rows), mask_width), dtype=torch.int32)
+    for i, row in enumerate(rows):
+        tokens[i, : len(row["tokens"])] = torch.tensor(row["tokens"], dtype=torch.long)
+        loss_masks[i, : len(row["loss_masks"])] = torch.tensor(row["loss_masks"], dtype=torch.int32)
+    return {
+        "tokens": tokens,
+        "loss_masks": loss_masks,
+        "rewards": torch.tensor([row["rewards"] for row in rows], dtype=torch.float32),
+        "response_lengths": torch.tensor([row["response_lengths"] for row in rows]),
+        "total_lengths": torch.tensor([row["total_lengths"] for row in rows]),
+    }
+
+
+def rank_loader(step_folder: str | Path, rank: int, batch_size: int) -> DataLoader:
+    """Batches in the rank's training order (no shuffling: the order is the schedule)."""
+    return DataLoader(
+        RankRows(step_folder, rank), batch_size=batch_size, shuffle=False, collate_fn=pad_collate
+    )

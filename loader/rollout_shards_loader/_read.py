@@ -1,0 +1,232 @@
+"""A step folder of training shards -> one rank's rollout data as miles' trainer holds it.
+
+miles builds the rank dict in `_package_shards` (per-row keys gathered by the rank's
+partition, batch-wide keys copied whole) and completes it in `process_rollout_data_shard`
+(`partition` popped, `total_lengths` reordered into the rank's rows). A rank file holds
+its rows in that order already; this module turns its columns into the same Python lists.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+MANIFEST = "manifest.json"
+
+# Per-row keys in the order miles' `_package_shards` gathers them (those the shards carry).
+ROW_KEYS = (
+    "tokens",
+    "response_lengths",
+    "rewards",
+    "truncated",
+    "loss_masks",
+    "round_number",
+    "sample_indices",
+    "rollout_ids",
+    "rollout_mask_sums",
+    "rollout_log_probs",
+    "teacher_log_probs",
+    "weight_versions",
+)
+# Shard columns miles hands the trainer only when the batch has them.
+OPTIONAL = ("round_number", "rollout_log_probs", "teacher_log_probs", "weight_versions")
+# Shard columns that are ours or that miles does not hand the trainer.
+NOT_HANDED = ("batch_position", "train_step", "micro_batch", "metadata", "step", "rank")
+
+
+def read_manifest(step_folder: str | Path) -> dict[str, Any]:
+    """The step's `manifest.json` as a dict; FileNotFoundError when the folder has none
+    (a step folder without one is incomplete)."""
+    path = Path(step_folder) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no manifest, so {step_folder} is not a complete step")
+    return json.loads(path.read_text())
+
+
+def _rank_path(step_folder: Path, rank: int) -> Path:
+    return step_folder / f"rank={rank}.parquet"
+
+
+def _present(manifest: dict[str, Any], paths: list[Path]) -> set[str]:
+    """The optional columns of this batch: the manifest's `present_columns` when it lists
+    them (every step then has every column, null where absent), else the files' columns."""
+    listed = manifest.get("present_columns")
+    if listed is not None:
+        return set(listed) & set(OPTIONAL)
+    names: set[str] = set()
+    for path in paths:
+        names.update(pq.read_schema(path).names)
+    return names & set(OPTIONAL)
+
+
+class Ragged(NamedTuple):
+    """A ragged column with `as_numpy=True`: row i is `values[offsets[i]:offsets[i + 1]]`.
+
+    `offsets` is int64 of length rows + 1, starting at 0; `valid` is None when no row is
+    null, else a bool array (False: the row is null; its slice is empty)."""
+
+    values: np.ndarray
+    offsets: np.ndarray
+    valid: np.ndarray | None = None
+
+    def tolist(self, null_empty: bool = False) -> list[Any]:
+        """The rows as Python lists (null rows None, or [] with `null_empty`), the same
+        values `read_rank` gives without `as_numpy`."""
+        flat = self.values.tolist()
+        bounds = self.offsets.tolist()
+        rows: list[Any] = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        if self.valid is not None:
+            for i in np.flatnonzero(~self.valid).tolist():
+                rows[i] = [] if null_empty else None
+        return rows
+
+
+def _scalar_array(column: pa.ChunkedArray) -> np.ndarray:
+    """A scalar column as numpy (one chunk is zero-copy; nulls become NaN / None)."""
+    if column.num_chunks == 1:
+        return column.chunk(0).to_numpy(zero_copy_only=False)
+    return column.to_numpy()
+
+
+def _scalars(column: pa.ChunkedArray) -> list[Any]:
+    if column.null_count:
+        return column.to_pylist()
+    return _scalar_array(column).tolist()
+
+
+def _ragged(column: pa.ChunkedArray) -> Ragged:
+    """A list column as its flat values (numpy, one conversion) and row offsets."""
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if not pa.types.is_list(array.type) and not pa.types.is_large_list(array.type):
+        raise TypeError(f"expected a list column, got {array.type}")
+    offsets = array.offsets.to_numpy().astype(np.int64, copy=False)
+    start, end = int(offsets[0]), int(offsets[-1])
+    values = array.values.slice(start, end - start).to_numpy(zero_copy_only=False)
+    valid = None
+    if array.null_count:
+        valid = array.is_valid().to_numpy(zero_copy_only=False)
+    return Ragged(values, offsets - start if start else offsets, valid)
+
+
+def _lists(column: pa.ChunkedArray, null_empty: bool = False) -> list[Any]:
+    """A list column as Python lists: numpy's `tolist` once on the flat values (float32
+    becomes the Python float of the float32 value, as miles has it), then the flat list
+    cut per row at the offsets. A null row is None, or an empty list with `null_empty`
+    (miles' default for `weight_versions`)."""
+    return _ragged(column).tolist(null_empty)
+
+
+def _batch_raw_reward(
+    manifest: dict[str, Any], paths: list[Path], rank: int, table: pa.Table, as_numpy: bool
+) -> Any:
+    """`raw_reward` of the whole trimmed batch in batch order: every rank's rows, and the
+    rows the rollout-side schedule dropped (recorded in the manifest)."""
+    positions = [np.asarray(manifest.get("dropped_positions", []), dtype=np.int64)]
+    columns: list[pa.ChunkedArray] = []
+    for other, path in enumerate(paths):
+        part = (
+            table
+            if other == rank
+            else pq.read_table(path, columns=["batch_position", "raw_reward"])
+        )
+        positions.append(_scalar_array(part.column("batch_position")).astype(np.int64))
+        columns.append(part.column("raw_reward"))
+    flat_positions = np.concatenate(positions)
+    dropped = list(manifest.get("dropped_raw_reward", []))
+    if as_numpy or not any(c.null_count for c in columns):
+        arrays = [_scalar_array(c) for c in columns]
+        dtype = np.result_type(*arrays) if arrays else np.float64
+        values = np.concatenate([np.asarray(dropped, dtype=dtype), *arrays])
+        batch = np.empty(len(flat_positions), dtype=values.dtype)
+        batch[flat_positions] = values
+        return batch if as_numpy else batch.tolist()
+    chunks = [dropped, *(c.to_pylist() for c in columns)]
+    batch = np.empty(len(flat_positions), dtype=object)
+    batch[flat_positions] = np.fromiter(
+        (v for chunk in chunks for v in chunk), dtype=object, count=len(flat_positions)
+    )
+    return batch.tolist()
+
+
+def _micro_batch_indices(table: pa.Table) -> list[list[int]]:
+    """miles' `micro_batch_indices[rank]`: per train step and micro-batch, in the rank's
+    order, the local row positions of that micro-batch."""
+    step = table.column("train_step").combine_chunks().to_numpy(zero_copy_only=False)
+    micro = table.column("micro_batch").combine_chunks().to_numpy(zero_copy_only=False)
+    n = len(step)
+    if n == 0:
+        return []
+    change = np.flatnonzero((step[1:] != step[:-1]) | (micro[1:] != micro[:-1])) + 1
+    bounds = [0, *change.tolist(), n]
+    return [list(range(a, b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def read_rank(
+    step_folder: str | Path,
+    rank: int,
+    *,
+    dp_size: int | None = None,
+    global_batch_size: int | None = None,
+    as_numpy: bool = False,
+) -> dict[str, Any]:
+    """Rank `rank`'s rollout data exactly as miles' trainer holds it after
+    `process_rollout_data`: the same keys, values and Python types.
+
+    `dp_size` and `global_batch_size` (the trainer's configured `--global-batch-size`, not
+    the dynamic one), when given, must match the step's settings, else ValueError.
+
+    With `as_numpy=True` the same keys hold numpy instead of Python lists: a per-row
+    scalar key (and `raw_reward`) one array; a ragged key (`tokens`, `loss_masks`, log
+    probs, `weight_versions`) a `Ragged(values, offsets, valid)`, row i being
+    `values[offsets[i]:offsets[i + 1]]`. The batch-wide ints and lists
+    (`dynamic_global_batch_size`, the schedule's keys) stay Python.
+    """
+    folder = Path(step_folder)
+    manifest = read_manifest(folder)
+    settings = manifest["settings"]
+    step_dp = int(settings["dp_size"])
+    step_gbs = int(settings["global_batch_size"])
+    if dp_size is not None and dp_size != step_dp:
+        raise ValueError(f"dp_size={dp_size} but the step {folder} was built for dp_size={step_dp}")
+    if global_batch_size is not None and global_batch_size != step_gbs:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} but the step {folder} was built for "
+            f"global_batch_size={step_gbs}"
+        )
+    if not 0 <= rank < step_dp:
+        raise ValueError(f"rank={rank} is outside the step's dp_size={step_dp} ranks")
+    paths = [_rank_path(folder, r) for r in range(step_dp)]
+    present = _present(manifest, paths)
+    scheduled = manifest.get("num_microbatches") is not None
+    wanted = [k for k in ROW_KEYS if k not in OPTIONAL or k in present]
+    extra = ["batch_position", "raw_reward", "total_lengths"]
+    if scheduled:
+        extra += ["train_step", "micro_batch"]
+    table = pq.read_table(paths[rank], columns=[*wanted, *extra])
+
+    data: dict[str, Any] = {}
+    for key in wanted:
+        column = table.column(key)
+        ragged = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+        if as_numpy:
+            data[key] = _ragged(column) if ragged else _scalar_array(column)
+        elif ragged:
+            data[key] = _lists(column, null_empty=key == "weight_versions")
+        else:
+            data[key] = _scalars(column)
+    data["raw_reward"] = _batch_raw_reward(manifest, paths, rank, table, as_numpy)
+    total = table.column("total_lengths")
+    data["total_lengths"] = _scalar_array(total) if as_numpy else _scalars(total)
+    dynamic = manifest.get("dynamic_global_batch_size")
+    if dynamic is not None:
+        data["dynamic_global_batch_size"] = int(dynamic)
+    if scheduled:
+        data["num_microbatches"] = list(manifest["num_microbatches"])
+        data["micro_batch_indices"] = _micro_batch_indices(table)
+        data["num_rollouts"] = list(manifest["num_rollouts"])
+    return data

@@ -1,0 +1,106 @@
+"""Expected rank dicts from the per-sample reference, and a bitwise comparison."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from tests.reference import micro_batch_runs, miles_rank_dict, reference_build
+
+
+def bits(value: Any) -> Any:
+    """`value` with every float as its hex (bit for bit) and every type made visible."""
+    if isinstance(value, float):
+        return ("float", value.hex())
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int):
+        return ("int", value)
+    if isinstance(value, list):
+        return [bits(v) for v in value]
+    if isinstance(value, dict):
+        return {k: bits(v) for k, v in value.items()}
+    return (type(value).__name__, value)
+
+
+def assert_same_dict(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert list(got) == list(want), f"keys {list(got)} != {list(want)}"
+    for key in want:
+        assert bits(got[key]) == bits(want[key]), key
+
+
+def expected_rank_dicts(
+    rows: list[dict[str, Any]], settings: dict[str, Any], folder: Path
+) -> list[dict[str, Any]]:
+    """Each rank's dict from the reference: values per sample from `reference_build`;
+    without balance_data or the schedule also the strided ranks from it, otherwise the
+    partitions (and the schedule's micro-batches) as the step folder lays them out."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    plain = {k: v for k, v in settings.items() if k not in SCHEDULE_SETTINGS}
+    laid_out = bool(settings.get("balance_data")) or manifest["num_microbatches"] is not None
+    result = reference_build([dict(r) for r in rows], plain, step_ranks=not laid_out)
+    batch = sorted((row for rank in result["ranks"] for row in rank), key=_position)
+    dp = manifest["settings"]["dp_size"]
+    files = [pq.read_table(folder / f"rank={r}.parquet").to_pydict() for r in range(dp)]
+    want = []
+    for rank in range(dp):
+        if laid_out:
+            partition = files[rank]["batch_position"]
+        else:
+            partition = [row["batch_position"] for row in result["ranks"][rank]]
+        schedule = None
+        if manifest["num_microbatches"] is not None:
+            schedule = {
+                "num_microbatches": manifest["num_microbatches"],
+                "micro_batch_indices": micro_batch_runs(
+                    files[rank]["train_step"], files[rank]["micro_batch"]
+                ),
+                "num_rollouts": manifest["num_rollouts"],
+            }
+        want.append(
+            miles_rank_dict(
+                batch,
+                partition,
+                dynamic_global_batch_size=result["dynamic_global_batch_size"],
+                schedule=schedule,
+            )
+        )
+    return want
+
+
+SCHEDULE_SETTINGS = (
+    "cp_size",
+    "micro_batch_size",
+    "use_dynamic_batch_size",
+    "max_tokens_per_gpu",
+    "vpp_size",
+    "microbatch_group_size_per_vp_stage",
+    "allow_partial_train_step",
+    "balance_data",
+)
+
+
+def _position(row: dict[str, Any]) -> int:
+    return row["batch_position"]
+
+
+def numpy_as_python(data: dict[str, Any]) -> dict[str, Any]:
+    """A `read_rank(..., as_numpy=True)` dict turned into Python lists the documented way
+    (numpy `tolist`, ragged keys cut at their offsets), to compare with the plain dict."""
+    import numpy as np
+    from rollout_shards_loader import Ragged
+
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Ragged):
+            assert value.offsets.dtype == np.int64 and value.offsets[0] == 0, key
+            assert len(value.offsets) == len(data["total_lengths"]) + 1, key
+            out[key] = value.tolist(null_empty=key == "weight_versions")
+        elif isinstance(value, np.ndarray):
+            out[key] = value.tolist()
+        else:
+            out[key] = value
+    return out

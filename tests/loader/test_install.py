@@ -1,0 +1,101 @@
+"""The loader installs where trainers live: a clean venv holding miles' pins
+(polars==1.42.1, numpy, pyarrow) gains the loader and changes no other package; there it
+reads a built step exactly as the reference's rank dicts say, floats by bits."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+from tests.conftest import REPO, build, sample, write_step
+from tests.loader.loader_support import bits, expected_rank_dicts
+
+MILES_PINS = ["polars==1.42.1", "numpy", "pyarrow"]
+
+READ_IN_VENV = """
+import json, sys
+from rollout_shards_loader import read_rank
+def bits(value):
+    if isinstance(value, float):
+        return ("float", value.hex())
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int):
+        return ("int", value)
+    if isinstance(value, list):
+        return [bits(v) for v in value]
+    if isinstance(value, dict):
+        return {k: bits(v) for k, v in value.items()}
+    return (type(value).__name__, value)
+folder, dp = sys.argv[1], int(sys.argv[2])
+got = [read_rank(folder, r, dp_size=dp) for r in range(dp)]
+print(json.dumps([[list(d), bits(d)] for d in got]))
+"""
+
+
+def _pip(python: Path, *args: str) -> str:
+    run = subprocess.run(
+        [str(python), "-m", "pip", "--disable-pip-version-check", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return run.stdout
+
+
+def _freeze(python: Path) -> set[str]:
+    # name==version for every package, local installs too (pip freeze writes their URL)
+    return set(_pip(python, "list", "--format=freeze").split())
+
+
+def test_loader_installs_beside_miles_pins_and_reads_a_step(tmp_path: Path) -> None:
+    env = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True, clear=True).create(env)
+    python = env / "bin" / "python"
+    _pip(python, "install", "-q", *MILES_PINS)
+    before = _freeze(python)
+    source = tmp_path / "loader"  # a copy: the build leaves nothing in the checkout
+    shutil.copytree(REPO / "loader", source)
+    _pip(python, "install", "-q", str(source))
+    after = _freeze(python)
+    assert after - before == {"rollout-shards-loader==0.1.0"}
+    assert before - after == set()
+    assert "polars==1.42.1" in after
+
+    rows = [
+        sample(
+            i,
+            reward=0.7 * (i % 3),
+            group_index=i // 4,
+            response_length=1 + i % 4,
+            rollout_log_probs=[-0.3 * (k + 1) for k in range(1 + i % 4)],
+            weight_versions=["v3"] if i % 3 == 0 else None,
+        )
+        for i in range(12)
+    ]
+    write_step(tmp_path / "in", rows)
+    chosen = {"global_batch_size": 4, "dp_size": 2}
+    build(tmp_path / "in", tmp_path / "out", **chosen)
+    folder = tmp_path / "out" / "step=1"
+    want = expected_rank_dicts(rows, chosen, folder)
+
+    # the venv's python without this checkout on its path: only the installed loader
+    run = subprocess.run(
+        [str(python), "-I", "-c", READ_IN_VENV, str(folder), "2"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    got = json.loads(run.stdout)
+    expected = json.loads(json.dumps([[list(d), bits(d)] for d in want]))
+    assert len(got) == len(expected) == 2
+    for (got_keys, got_bits), (want_keys, want_bits) in zip(got, expected, strict=True):
+        assert got_keys == want_keys
+        for key in want_keys:
+            assert got_bits[key] == want_bits[key], key
+    assert sys.executable != str(python)
