@@ -376,6 +376,8 @@ def step_through_ranks(ranks: list[list[Row]], global_batch_size: int, dp_size: 
     no whole chunk keeps train_step None. Ranks must agree on the step count. Returns the
     number of untrained rows."""
     per_step = global_batch_size // dp_size
+    if any(not rows for rows in ranks):
+        raise ValueError(f"a rank gets no rows: rank sizes {[len(rows) for rows in ranks]}")
     step_counts = []
     untrained = 0
     for rows in ranks:

@@ -72,7 +72,7 @@ def test_a_failing_blocking_check_leaves_the_previous_folder(
     assert err.startswith("rollout-shards: build: step 1: rule shards_verified: ")
     assert "rank=0.parquet: rows differ" in err
     assert contents(out / "step=1") == before
-    assert [p.name for p in out.iterdir()] == ["step=1"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "step=1"]  # the dataset card
 
 
 def _rewrite(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:

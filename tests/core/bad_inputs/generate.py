@@ -1136,11 +1136,11 @@ def round_two_cases() -> list[Case]:
         ),
         Case(
             "dp_size_beyond_the_rows",
-            "dp_size 16 for a step of eight rows",
+            "dp_size 16 for a step of eight rows kept whole (trimming off)",
             {step_file: valid},
             1,
             [error("not_enough_samples_for_dp_size", [], [], "dp_size 16 is larger")],
-            ["--dp-size", "16"],
+            ["--dp-size", "16", "--global-batch-size", "16", "--disable-rollout-trim-samples"],
         ),
         usage(
             "yaml_true_as_dp_size",
