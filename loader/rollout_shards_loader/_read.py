@@ -68,7 +68,7 @@ class Ragged(NamedTuple):
     """A ragged column with `as_numpy=True`: row i is `values[offsets[i]:offsets[i + 1]]`.
 
     `offsets` is int64 of length rows + 1, starting at 0; `valid` is None when no row is
-    null, else a bool array (False: the row is null; its slice is empty)."""
+    null, else a bool array (False: the row is null; its slice holds no data)."""
 
     values: np.ndarray
     offsets: np.ndarray
@@ -77,9 +77,13 @@ class Ragged(NamedTuple):
     def tolist(self, null_empty: bool = False) -> list[Any]:
         """The rows as Python lists (null rows None, or [] with `null_empty`), the same
         values `read_rank` gives without `as_numpy`."""
-        flat = self.values.tolist()
-        bounds = self.offsets.tolist()
-        rows: list[Any] = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        if self.values.dtype == object:  # strings: one flat list, sliced per row
+            flat = self.values.tolist()
+            bounds = self.offsets.tolist()
+            rows: list[Any] = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        else:  # measured faster than slicing one flat list: each piece converts in C
+            pieces = np.split(self.values, self.offsets[1:-1])
+            rows = [piece.tolist() for piece in pieces] if len(self.offsets) > 1 else []
         if self.valid is not None:
             for i in np.flatnonzero(~self.valid).tolist():
                 rows[i] = [] if null_empty else None
@@ -114,9 +118,9 @@ def _ragged(column: pa.ChunkedArray) -> Ragged:
 
 
 def _lists(column: pa.ChunkedArray, null_empty: bool = False) -> list[Any]:
-    """A list column as Python lists: numpy's `tolist` once on the flat values (float32
-    becomes the Python float of the float32 value, as miles has it), then the flat list
-    cut per row at the offsets. A null row is None, or an empty list with `null_empty`
+    """A list column as Python lists: the flat values as numpy, cut at the row offsets,
+    each piece's `tolist` (float32 becomes the Python float of the float32 value, as
+    miles has it). A null row is None, or an empty list with `null_empty`
     (miles' default for `weight_versions`)."""
     return _ragged(column).tolist(null_empty)
 
