@@ -328,9 +328,12 @@ def _check_arrays(value: Any) -> None:
     """numpy's own `__setstate__` may have set a non-numeric dtype: refuse those too."""
     import numpy as np
 
-    stack = [value]
+    stack, seen = [value], set()
     while stack:
         item = stack.pop()
+        if id(item) in seen:  # a pickle may hold a list that contains itself
+            continue
+        seen.add(id(item))
         if isinstance(item, np.ndarray):
             _checked_dtype(item.dtype)
         elif isinstance(item, dict):

@@ -246,3 +246,14 @@ def test_a_safe_plain_pickle_is_not_a_torch_save_file(tmp_path: Path) -> None:
         read_miles_dump(path)
     assert error.value.violations[0].rule == "unreadable_file"
     assert "plain pickle" in error.value.violations[0].message
+
+
+def test_a_self_containing_list_is_read(tmp_path: Path) -> None:
+    loop: list[Any] = [1]
+    loop.append(loop)
+    path = tmp_path / "0.pt"
+    torch.save({"rollout_id": 0, "samples": [sample_dict(metadata={"loop": loop})]}, path)
+
+    payload = _load_payload(path)
+    inner = payload["samples"][0]["metadata"]["loop"]
+    assert inner[1] is inner
