@@ -29,7 +29,7 @@ import re
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 
@@ -240,7 +240,7 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
 class _DumpUnpickler(pickle.Unpickler):
     """Rebuilds only plain values, tensors (as numpy arrays) and numeric numpy arrays."""
 
-    def __init__(self, file: Any, storages: Any = None, byteorder: str = "<") -> None:
+    def __init__(self, file: Any, storages: Any = None, byteorder: Literal["<", ">"] = "<") -> None:
         super().__init__(file)
         self._storages = storages
         self._byteorder = byteorder
