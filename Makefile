@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INPUT ?= data/rollouts
 OUTPUT ?= data/shards
-# torch only reads miles' .pt dumps; this pin is the CPU build this machine carries.
+# torch only writes the tests' miles .pt fixtures (reading dumps needs no torch); this pin is the CPU build this machine carries.
 TORCH ?= torch==2.13.0
 
 # Dagster reads its roots from the environment; INPUT and OUTPUT fill them in when unset.

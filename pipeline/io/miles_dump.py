@@ -6,9 +6,12 @@ samples=[Sample.to_dict(), ...]))` (radixark/miles `miles/ray/rollout/debug_data
 to `eval_<step>.pt` next to them, and `D/dashboard_columns/` mirrors a few columns as
 Parquet; neither is training data.
 
-Loading never runs code from the file: `torch.load(..., weights_only=True)` with numpy
-arrays and scalars added to its allowlist (routing-replay dumps carry
-`rollout_routed_experts` as int32 arrays). Anything else is refused.
+Loading never runs code from the file and does not need torch: the zip archive is opened
+with `zipfile` and its pickle read by a restricted `pickle.Unpickler` that allows what
+`torch.load(weights_only=True)` allows for this data (tensors, rebuilt as numpy arrays from
+the archive's storages; numeric numpy arrays and scalars, since routing-replay dumps carry
+`rollout_routed_experts` as int32 arrays; `OrderedDict`; plain builtins). Anything else is
+refused. torch is not used even when installed, so shards do not depend on it.
 
 The session version is not stored. v2 leaves carry `metadata["leaf"]` (a descriptor
 `{node_id, parent, path_node_ids, response_id}`, miles `session/v2/assembly.py`); the
@@ -22,12 +25,11 @@ from __future__ import annotations
 
 import json
 import pickle
-import pickletools
 import re
-import warnings
+import zipfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 
@@ -39,10 +41,6 @@ DUMP_SUFFIX = ".pt"
 V1_SESSION_KEYS = ("accumulated_token_ids", "max_trim_tokens", "tito_session_mismatch")
 LEAF_KEY = "leaf"
 LEGACY_WEIGHT_VERSIONS_KEY = "legacy_weight_versions"
-TORCH_MISSING = (
-    "reading miles .pt dumps needs torch: pip install 'rollout-shards[miles]' "
-    "--extra-index-url https://download.pytorch.org/whl/cpu (the CPU build is enough)"
-)
 
 # `--save-debug-rollout-data` is a template, so besides `<step>.pt` accept a prefix
 # ending in `_`, `-` or `=` (`rollout_12.pt`); eval dumps put `eval_` before the step.
@@ -140,101 +138,261 @@ def find_miles_dumps(path: Path) -> tuple[dict[int, Path], list[str]]:
     return dict(sorted(found.items())), notes
 
 
-def _numpy_globals() -> list[Any]:
-    """What `torch.load` needs to rebuild numeric numpy arrays and scalars, and nothing more."""
+class _Refused(Exception):
+    """The file asks for something outside the allowlist; nothing from it has run."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+class _Unreadable(Exception):
+    """The file is not a torch.save archive this reader understands."""
+
+
+# torch.save writes pickle protocol 2, so the builtins come as `__builtin__` names.
+_BUILTIN_MODULES = ("builtins", "__builtin__")
+_BUILTINS = {"set": set, "frozenset": frozenset, "complex": complex, "bytearray": bytearray}
+_NUMERIC_KINDS = frozenset("biufc")  # bool, int, uint, float, complex
+
+# torch's typed storage classes -> numpy dtype (without byte order).
+_STORAGE_DTYPES = {
+    "DoubleStorage": "f8",
+    "FloatStorage": "f4",
+    "HalfStorage": "f2",
+    "BFloat16Storage": "bf16",
+    "LongStorage": "i8",
+    "IntStorage": "i4",
+    "ShortStorage": "i2",
+    "CharStorage": "i1",
+    "ByteStorage": "u1",
+    "BoolStorage": "?",
+    "ComplexFloatStorage": "c8",
+    "ComplexDoubleStorage": "c16",
+}
+
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
+LEGACY_FORMAT = (
+    "written in torch's legacy (pre-1.6, non-zip) torch.save format, which is read only "
+    "with torch; re-save it with a current torch.save"
+)
+
+
+class _StorageType:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _encode(text: str, encoding: str = "latin1") -> bytes:
+    """`_codecs.encode` as protocol 2 uses it for bytes, and only that."""
+    if encoding != "latin1" or not isinstance(text, str):
+        raise _Refused(f"_codecs.encode with {encoding!r}")
+    return text.encode("latin1")
+
+
+def _checked_dtype(dtype: Any) -> Any:
     import numpy as np
-    from numpy._core import multiarray
 
-    dtype_classes = {type(np.dtype(code)) for code in "?bhilqBHILQefdgFDG"}
-    return [
-        np.ndarray,
-        np.dtype,
-        multiarray._reconstruct,
-        multiarray.scalar,
-        # numpy 1.x wrote these under `numpy.core`.
-        (multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
-        (multiarray.scalar, "numpy.core.multiarray.scalar"),
-        *sorted(dtype_classes, key=str),
-    ]
+    dtype = np.dtype(dtype)
+    if dtype.kind not in _NUMERIC_KINDS or dtype.hasobject or dtype.fields:
+        raise _Refused(f"numpy arrays of dtype {dtype} (only numeric arrays are read)")
+    return dtype
 
 
-def _refused_globals(torch: Any, path: Path, allowed: list[Any]) -> list[str] | None:
-    """The globals the file asks for beyond `allowed`, read without running it; None when
-    the file is not a pickle at all (the safe loader reports garbage as a refusal too)."""
-    allowed_names = {
-        entry[1] if isinstance(entry, tuple) else f"{entry.__module__}.{entry.__qualname__}"
-        for entry in allowed
-    }
-    with open(path, "rb") as file:
-        is_zip = file.read(4) == b"PK\x03\x04"
-    if is_zip:
+def _numpy_dtype(*args: Any) -> Any:
+    import numpy as np
+
+    return _checked_dtype(np.dtype(*args))
+
+
+def _numpy_reconstruct(cls: Any, shape: Any, dtype_code: Any) -> Any:
+    import numpy as np
+
+    if cls is not np.ndarray:
+        raise _Refused(f"numpy _reconstruct of {cls!r}")
+    return np.ndarray.__new__(np.ndarray, shape, dtype_code)
+
+
+def _numpy_scalar(dtype: Any, data: Any = None) -> Any:
+    import numpy as np
+
+    dtype = _checked_dtype(dtype)
+    if not isinstance(data, bytes) or len(data) != dtype.itemsize:
+        raise _Unreadable(f"a numpy {dtype} scalar without its {dtype.itemsize} bytes")
+    return np.frombuffer(data, dtype=dtype)[0]
+
+
+def _numpy_globals() -> dict[tuple[str, str], Any]:
+    import numpy as np
+
+    found: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray}
+    found[("numpy", "dtype")] = _numpy_dtype
+    # numpy 2 writes `numpy._core`, numpy 1.x `numpy.core`.
+    for module in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        found[(module, "_reconstruct")] = _numpy_reconstruct
+        found[(module, "scalar")] = _numpy_scalar
+    for code in "?bhilqBHILQefdgFDG":
+        kind = type(np.dtype(code))
+        found[("numpy.dtypes", kind.__name__)] = kind
+    return found
+
+
+class _DumpUnpickler(pickle.Unpickler):
+    """Rebuilds only plain values, tensors (as numpy arrays) and numeric numpy arrays."""
+
+    def __init__(self, file: Any, storages: Any = None, byteorder: Literal["<", ">"] = "<") -> None:
+        super().__init__(file)
+        self._storages = storages
+        self._byteorder = byteorder
+        self._loaded: dict[str, Any] = {}
+        self._numpy = _numpy_globals()
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in _BUILTIN_MODULES and name in _BUILTINS:
+            return _BUILTINS[name]
+        if (module, name) == ("collections", "OrderedDict"):
+            from collections import OrderedDict
+
+            return OrderedDict
+        if (module, name) == ("_codecs", "encode"):
+            return _encode
+        if self._storages is not None:
+            if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+                return self._rebuild_tensor
+            if module == "torch" and name in _STORAGE_DTYPES:
+                return _StorageType(name)
+        if (module, name) in self._numpy:
+            return self._numpy[(module, name)]
+        raise _Refused(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        if self._storages is None:
+            raise _Refused("a persistent id (a tensor storage outside a torch.save archive)")
+        if (
+            not isinstance(pid, tuple)
+            or len(pid) < 5
+            or pid[0] != "storage"
+            or not isinstance(pid[1], _StorageType)
+        ):
+            raise _Refused(f"storage {pid!r:.80}")
+        storage_type, key, numel = pid[1], str(pid[2]), pid[4]
+        if key not in self._loaded:
+            self._loaded[key] = self._storage(storage_type.name, key, numel)
+        return self._loaded[key]
+
+    def _storage(self, storage_name: str, key: str, numel: Any) -> Any:
+        import numpy as np
+
         try:
-            names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-        except Exception:  # the loader's message is the fallback
-            names = []
-    else:
-        names = _pickle_globals(path)
-        if names is None:
-            return None
-    return [name for name in names if name not in allowed_names]
+            data = self._storages(key)
+        except KeyError:
+            raise _Unreadable(f"storage data/{key} is missing from the archive") from None
+        code = _STORAGE_DTYPES[storage_name]
+        if code == "bf16":  # numpy has no bfloat16: widen to float32, which holds it exactly
+            raw = np.frombuffer(data, dtype=np.dtype(self._byteorder + "u2"))
+            array = (raw.astype(np.uint32) << 16).view(np.float32)
+        else:
+            array = np.frombuffer(data, dtype=np.dtype(code).newbyteorder(self._byteorder))
+        if not isinstance(numel, int) or array.size != numel:
+            raise _Unreadable(f"storage data/{key} holds {array.size} elements, not {numel}")
+        return array
 
+    def _rebuild_tensor(
+        self, storage: Any, offset: Any, size: Any, stride: Any, *_rest: Any
+    ) -> Any:
+        import numpy as np
 
-def _pickle_globals(path: Path) -> list[str] | None:
-    names: list[str] = []
-    strings: list[str] = []
-    try:
-        with open(path, "rb") as file:
-            for opcode, arg, _ in pickletools.genops(file):
-                if opcode.name == "GLOBAL":
-                    names.append(str(arg).replace(" ", "."))
-                elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
-                    names.append(f"{strings[-2]}.{strings[-1]}")
-                elif isinstance(arg, str):
-                    strings.append(arg)
-    except Exception:  # not a well-formed pickle
-        return None
-    return list(dict.fromkeys(names))
-
-
-def _refusal_reason(message: str, refused: list[str]) -> str:
-    if refused:
-        return "it needs " + ", ".join(refused)
-    if match := re.search(r"unsupported GLOBAL (\S+)", message):
-        return f"it needs {match.group(1)}"
-    if match := re.search(r"but got <class '([^']+)'>", message):
-        return f"it needs {match.group(1)}"
-    if match := re.search(r"Unsupported operand (\d+)", message):
-        return (
-            f"it uses pickle opcode {match.group(1)}, which safe loading does not run "
-            "(a plain pickle rather than a torch.save file?)"
+        shape, steps = tuple(size), tuple(stride)
+        if (
+            not isinstance(storage, np.ndarray)
+            or not isinstance(offset, int)
+            or len(shape) != len(steps)
+            or not all(isinstance(n, int) and n >= 0 for n in shape + steps + (offset,))
+        ):
+            raise _Unreadable("a tensor with malformed rebuild arguments")
+        if 0 in shape:
+            return np.empty(shape, dtype=storage.dtype.newbyteorder("="))
+        last = offset + sum((n - 1) * s for n, s in zip(shape, steps, strict=True))
+        if last >= storage.size:
+            raise _Unreadable("a tensor reaching past the end of its storage")
+        view = np.lib.stride_tricks.as_strided(
+            storage[offset:],
+            shape=shape,
+            strides=tuple(s * storage.itemsize for s in steps),
+            writeable=False,
         )
-    return "it holds objects other than tensors and plain values"
+        return np.array(view, dtype=storage.dtype.newbyteorder("="))
+
+
+def _check_arrays(value: Any) -> None:
+    """numpy's own `__setstate__` may have set a non-numeric dtype: refuse those too."""
+    import numpy as np
+
+    stack, seen = [value], set()
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:  # a pickle may hold a list that contains itself
+            continue
+        seen.add(id(item))
+        if isinstance(item, np.ndarray):
+            _checked_dtype(item.dtype)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+
+
+def _read_torch_save(path: Path) -> Any:
+    """A torch.save file read with the standard library and numpy; tensors become arrays."""
+    with open(path, "rb") as file:
+        head = file.read(4)
+    if head == b"PK\x03\x04":
+        with zipfile.ZipFile(path) as archive:
+            pickles = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+            if len(pickles) != 1:
+                raise _Unreadable("a zip file without one <archive>/data.pkl")
+            prefix = pickles[0].removesuffix("data.pkl")
+            names = set(archive.namelist())
+            order = "little"
+            if prefix + "byteorder" in names:
+                order = archive.read(prefix + "byteorder").decode("ascii", "replace").strip()
+            if order not in ("little", "big"):
+                raise _Unreadable(f"unknown byte order {order!r:.20}")
+            with archive.open(pickles[0]) as data:
+                unpickler = _DumpUnpickler(
+                    data,
+                    storages=lambda key: archive.read(f"{prefix}data/{key}"),
+                    byteorder="<" if order == "little" else ">",
+                )
+                value = unpickler.load()
+    else:
+        with open(path, "rb") as file:
+            value = _DumpUnpickler(file).load()
+            if type(value) is int and value == _LEGACY_MAGIC:
+                raise _Unreadable(LEGACY_FORMAT)
+        raise _Unreadable("a plain pickle, not a torch.save file")
+    _check_arrays(value)
+    return value
 
 
 def _load_payload(path: Path) -> Any:
+    """Never runs code from the file: only allowlisted names are looked up (see
+    `_DumpUnpickler`), and torch is not needed, so shards do not depend on it."""
     try:
-        import torch
-    except ImportError as exc:
-        raise UsageError(TORCH_MISSING) from exc
-
-    allowed = _numpy_globals()
-    try:
-        with warnings.catch_warnings(), torch.serialization.safe_globals(allowed):
-            warnings.simplefilter("ignore")
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        message = str(exc)
-        refused = _refused_globals(torch, path, allowed)
-        if "Weights only load failed" not in message or refused is None:
-            raise _unreadable(path, exc) from None
-        reason = _refusal_reason(message, refused)
+        return _read_torch_save(path)
+    except _Refused as refused:
         raise step_error(
             "unsafe_pickle",
-            f"{path}: refused to unpickle: {reason}; a miles dump holds only plain values, "
-            "tensors and numeric numpy arrays, and loading anything else could run code "
-            "from the file",
+            f"{path}: refused to unpickle: it needs {refused.name}; a miles dump holds only "
+            "plain values, tensors and numeric numpy arrays, and loading anything else "
+            "could run code from the file",
         ) from None
-    except Exception as exc:  # torch reports a damaged file through many exception types
+    except _Unreadable as exc:
+        raise step_error(
+            "unreadable_file", f"{path}: not a readable torch.save file: {exc}"
+        ) from None
+    except Exception as exc:  # a damaged file fails in many ways
         raise _unreadable(path, exc) from None
 
 
