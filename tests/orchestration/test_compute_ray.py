@@ -1,7 +1,7 @@
 """The Ray path end to end against a local Ray head bound to 127.0.0.1.
 
 Part of `make test` (the `ray` extra is installed there): starting a head takes about a
-minute and several hundred MB. Each asset's stage runs as a Ray job submitted through the head's
+minute and several hundred MB. A step's stages run as one Ray job submitted through the head's
 job API by `dagster_ray.PipesRayJobClient`; logs and metadata come back in the job's logs.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster_support import Roots, configured_roots, materialize
+from dagster_support import Roots, configured_roots, materialize, materialized, metadata_of
 
 from pipeline.orchestration.compute import Compute, RayCompute, StepCompute
 
@@ -122,8 +122,14 @@ def test_ray_jobs_build_the_step(ray_dashboard: str, roots: Roots) -> None:
         "rank=1.parquet",
     ]
     assert all(check.passed for check in result.get_asset_check_evaluations())
-    (event,) = result.asset_materializations_for_node("training_shards")
-    assert event.metadata["written"].value == 8
-    assert event.metadata["Ray Job ID"].value.startswith("pipes-")
+    # One Ray job built the step and reported all three assets.
+    assert materialized(result) == ["rollout_samples", "train_batch", "training_shards"]
+    job_ids = {metadata_of(result, asset)["Ray Job ID"].value for asset in materialized(result)}
+    (job_id,) = job_ids
+    assert job_id.startswith("pipes-")
+    assert metadata_of(result, "training_shards")["written"].value == 8
     assert f"step 4: 8 rows written to {folder}" in messages
-    assert sum(m.startswith("[pipes] Ray job pipes-") for m in messages) >= 3
+    assert [m for m in messages if m.startswith("[pipes] Ray job pipes-")] == [
+        f"[pipes] Ray job {job_id} started."
+    ]
+    assert not (roots.output / ".staging").exists()
