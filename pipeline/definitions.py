@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from pipeline.assets.rollout_samples import rollout_samples
-from pipeline.assets.train_batch import train_batch
-from pipeline.assets.training_shards import training_shards
+from pipeline.assets.rollout_step import rollout_step
 from pipeline.orchestration.checks import (
     every_row_is_trained,
     manifest_counts_add_up,
@@ -21,7 +19,7 @@ from pipeline.orchestration.schedules import stale_shards_schedule
 from pipeline.orchestration.sensors import rollout_steps_sensor
 
 defs = dg.Definitions(
-    assets=[rollout_samples, train_batch, training_shards],
+    assets=[rollout_step],
     asset_checks=[
         manifest_counts_add_up,
         rank_files_match_manifest,

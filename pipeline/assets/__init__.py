@@ -1,3 +1,3 @@
-"""The three assets of a rollout step, one file each, all in one asset group."""
+"""The three assets of a rollout step, one spec per file, built together by `rollout_step`."""
 
 GROUP = "rollout_shards"

@@ -3,25 +3,20 @@
 import dagster as dg
 
 from pipeline.assets import GROUP
-from pipeline.orchestration.compute import StepCompute
 from pipeline.orchestration.partitions import rollout_steps
-from pipeline.orchestration.reporting import failures_reported
-from pipeline.orchestration.resources import RolloutStorage
-from pipeline.orchestration.run_config import BuildConfig
+from pipeline.step import ROLLOUT_SAMPLES
 
-
-@dg.asset(partitions_def=rollout_steps, group_name=GROUP, kinds={"polars", "parquet"})
-def rollout_samples(
-    context: dg.AssetExecutionContext,
-    config: BuildConfig,
-    rollout_storage: RolloutStorage,
-    step_compute: StepCompute,
-) -> dg.MaterializeResult:
-    """A rollout step's sample rows in batch order, typed to the contract and validated
-    (row invariants and the rollout-id rule of session v2). An invalid step fails here,
-    before anything is written, with the rows per rule and the first offending rows;
-    with `on_invalid: quarantine` whole invalid trajectories are set aside instead.
-    Staged as Parquet under `<output root>/.staging/rollout_samples/`."""
-    with failures_reported(context):
-        settings = rollout_storage.settings(config.overrides())
-        return step_compute.materialize(context, rollout_storage.roots(), settings)
+rollout_samples = dg.AssetSpec(
+    ROLLOUT_SAMPLES,
+    partitions_def=rollout_steps,
+    group_name=GROUP,
+    kinds={"polars", "parquet"},
+    description=(
+        "A rollout step's sample rows in batch order, typed to the contract and validated "
+        "(row invariants and the rollout-id rule of session v2). An invalid step fails here, "
+        "before anything is written, with the rows per rule and the first offending rows; "
+        "with `on_invalid: quarantine` whole invalid trajectories are set aside instead. "
+        "Handed to `train_batch` in memory when both run together; staged as Parquet under "
+        "`<output root>/.staging/rollout_samples/` when `train_batch` runs on its own later."
+    ),
+)

@@ -47,7 +47,7 @@ def _table(key: str, header: list[str], rows: list[tuple]) -> dict[str, dg.Metad
     return {key: dg.MetadataValue.md(markdown_table(header, rows))} if rows else {}
 
 
-@dg.asset_check(asset=training_shards, partitions_def=rollout_steps, blocking=True)
+@dg.asset_check(asset=training_shards.key, partitions_def=rollout_steps, blocking=True)
 def manifest_counts_add_up(
     context: dg.AssetCheckExecutionContext, rollout_storage: RolloutStorage
 ) -> dg.AssetCheckResult:
@@ -67,7 +67,7 @@ def manifest_counts_add_up(
     )
 
 
-@dg.asset_check(asset=training_shards, partitions_def=rollout_steps, blocking=True)
+@dg.asset_check(asset=training_shards.key, partitions_def=rollout_steps, blocking=True)
 def rank_files_match_manifest(
     context: dg.AssetCheckExecutionContext, rollout_storage: RolloutStorage
 ) -> dg.AssetCheckResult:
@@ -87,7 +87,7 @@ def rank_files_match_manifest(
     )
 
 
-@dg.asset_check(asset=training_shards, partitions_def=rollout_steps, blocking=True)
+@dg.asset_check(asset=training_shards.key, partitions_def=rollout_steps, blocking=True)
 def rollouts_stay_in_one_train_step(
     context: dg.AssetCheckExecutionContext, rollout_storage: RolloutStorage
 ) -> dg.AssetCheckResult:
@@ -117,7 +117,7 @@ def rollouts_stay_in_one_train_step(
     )
 
 
-@dg.asset_check(asset=training_shards, partitions_def=rollout_steps)
+@dg.asset_check(asset=training_shards.key, partitions_def=rollout_steps)
 def every_row_is_trained(
     context: dg.AssetCheckExecutionContext, rollout_storage: RolloutStorage
 ) -> dg.AssetCheckResult:
@@ -141,7 +141,7 @@ def every_row_is_trained(
     )
 
 
-@dg.asset_check(asset=training_shards, partitions_def=rollout_steps)
+@dg.asset_check(asset=training_shards.key, partitions_def=rollout_steps)
 def no_rows_quarantined(
     context: dg.AssetCheckExecutionContext, rollout_storage: RolloutStorage
 ) -> dg.AssetCheckResult:

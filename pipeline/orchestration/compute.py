@@ -1,12 +1,16 @@
-"""Where the work of each asset runs: in the run's process, or behind Dagster Pipes.
+"""Where the work of a step runs: in the run's process, or behind Dagster Pipes.
 
-`compute` picks one of
-- `in_process` (default): the stage runs in the Dagster step's own process;
+The selected assets of a step (usually all three) run in one session: in process, or one
+Pipes worker that runs every selected stage and reports each asset. `compute` picks one of
+- `in_process` (default): the stages run in the Dagster step's own process;
 - `subprocess`: `python -m pipeline.orchestration.pipes_worker` on this machine, via
   `dg.PipesSubprocessClient`;
 - `ray`: the same worker as a Ray job, via `dagster_ray.PipesRayJobClient` (extra `ray`);
 - `k8s`: the same worker in a pod, via `dagster_k8s.PipesK8sClient` (extra `k8s`).
-All four run `pipeline.step.stages`, so shards and metadata are the same wherever they are built.
+All four run `pipeline.step.stages.run_stages`, so shards and metadata are the same wherever
+they are built. The Dagster step holds one slot of the concurrency pool `STEP_POOL` while its
+session runs: the pool's limit (or the run queue's `max_concurrent_runs`) is how many steps
+of a backfill build at once, on this machine or as concurrent Ray jobs or pods.
 The worker reads and writes the roots by path: on Ray or Kubernetes they must be on a
 filesystem mounted at the same path on the workers (`k8s.base_pod_spec` mounts it in a pod).
 """
@@ -18,6 +22,7 @@ import importlib
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from enum import StrEnum
 from typing import Any
 
@@ -27,16 +32,18 @@ from pydantic import Field
 from pipeline.errors import UsageError
 from pipeline.orchestration.partitions import step_of
 from pipeline.orchestration.pipes_worker import reported_failure, worker_extras
+from pipeline.orchestration.ray_logs import RayJobLogReader
 from pipeline.orchestration.reporting import dagster_metadata
 from pipeline.settings import Settings
 from pipeline.step.roots import StepRoots
-from pipeline.step.stages import run_stage
+from pipeline.step.stages import run_stages, selected_stages
 
 COMPUTE_ENV = "ROLLOUT_SHARDS_COMPUTE"
 K8S_IMAGE_ENV = "ROLLOUT_SHARDS_K8S_IMAGE"
 K8S_NAMESPACE_ENV = "ROLLOUT_SHARDS_K8S_NAMESPACE"
 WORKER_MODULE = "pipeline.orchestration.pipes_worker"
 WORKER_COMMAND = ["python", "-m", WORKER_MODULE]
+STEP_POOL = "rollout_step_sessions"
 
 # Dagster's own Pipes code calls a preview API and a deprecated one on every launch; the
 # warnings are not about anything this project does.
@@ -69,7 +76,9 @@ class RayCompute(dg.Config):
     )
     num_cpus: float | None = Field(None, description="CPUs reserved for the job's entrypoint.")
     memory: int | None = Field(None, description="Memory in bytes reserved for the entrypoint.")
-    poll_interval: float = Field(1.0, description="Seconds between job status polls.")
+    poll_interval: float = Field(
+        0.1, description="Seconds between job status polls and between job log reads."
+    )
 
 
 class K8sCompute(dg.Config):
@@ -134,7 +143,11 @@ class StepCompute(dg.ConfigurableResource):
             return dg.PipesSubprocessClient()
         if self.compute == Compute.ray:
             ray_client = _client_class("dagster_ray", "PipesRayJobClient", "ray")
-            return ray_client(address=self.ray.address, poll_interval=self.ray.poll_interval)
+            return ray_client(
+                address=self.ray.address,
+                poll_interval=self.ray.poll_interval,
+                message_reader=RayJobLogReader(),
+            )
         if self.compute == Compute.k8s:
             k8s_client = _client_class("dagster_k8s", "PipesK8sClient", "k8s")
             return k8s_client(
@@ -176,22 +189,30 @@ class StepCompute(dg.ConfigurableResource):
 
     def materialize(
         self, context: dg.AssetExecutionContext, roots: StepRoots, settings: Settings | None = None
-    ) -> dg.MaterializeResult:
-        """Run the stage of the context's asset on its partition here or behind Pipes; a
-        StepError or UsageError of the stage is raised here either way."""
-        stage = context.asset_key.to_user_string()
+    ) -> Iterator[dg.MaterializeResult]:
+        """Run the stages of the context's selected assets on its partition, in one session
+        here or behind Pipes, yielding each asset's materialization; a StepError or
+        UsageError of a stage is raised here either way, after the assets done before it."""
+        stages = selected_stages(key.to_user_string() for key in context.selected_asset_keys)
         step = step_of(context.partition_key)
         if self.compute == Compute.in_process:
-            report = run_stage(stage, roots, step, settings)
-            context.log.info(report.log)
-            return dg.MaterializeResult(metadata=dagster_metadata(report.metadata))
-        context.log.info(f"step {step}: {stage} through Dagster Pipes ({self.compute.value})")
+            for stage, report in run_stages(stages, roots, step, settings):
+                context.log.info(report.log)
+                yield dg.MaterializeResult(
+                    asset_key=stage, metadata=dagster_metadata(report.metadata)
+                )
+            return
+        names = ", ".join(stages)
+        context.log.info(f"step {step}: {names} through Dagster Pipes ({self.compute.value})")
         invocation = self.client().run(  # type: ignore[call-arg]
             context=context,
-            extras=worker_extras(stage, roots, step, settings),
+            extras=worker_extras(stages, roots, step, settings),
             **self.run_arguments(),
         )
+        # Only what the worker reported: an asset after a failed stage is not materialized.
+        for result in invocation.get_results(implicit_materializations=False):
+            if isinstance(result, dg.MaterializeResult):
+                yield result
         failure = reported_failure(list(invocation.get_custom_messages()))
         if failure is not None:
             raise failure
-        return invocation.get_materialize_result()

@@ -10,6 +10,6 @@ from pipeline.assets.training_shards import training_shards
 
 rollout_step_job = dg.define_asset_job(
     name="rollout_step_job",
-    selection=dg.AssetSelection.assets(rollout_samples, train_batch, training_shards),
+    selection=dg.AssetSelection.assets(rollout_samples.key, train_batch.key, training_shards.key),
     description="Build one rollout step into training shards; the partition is the step.",
 )

@@ -1,13 +1,15 @@
-"""The Dagster Pipes worker: one asset's stage of one step, outside the orchestrator.
+"""The Dagster Pipes worker: the selected stages of one step, outside the orchestrator.
 
 `python -m pipeline.orchestration.pipes_worker`, launched by `dg.PipesSubprocessClient`,
 `dagster_ray.PipesRayJobClient` or `dagster_k8s.PipesK8sClient` (see
 `pipeline.orchestration.compute`).
-It needs only dagster-pipes and the core, not Dagster: the extras name the stage, the
-step, the roots and the effective settings; logs and the materialization go back through
-Pipes. A step that is invalid (or a setting its data cannot satisfy) is not a crash: the
-worker reports the violations as a custom message and exits 0, and the asset fails the run
-with the same summary as in process.
+It needs only dagster-pipes and the core, not Dagster: the extras name the stages (the
+selected assets, usually all three), the step, the roots and the effective settings. The
+stages run in this one session, handing the batch on in memory; logs and one
+materialization per asset go back through Pipes as each stage finishes. A step that is
+invalid (or a setting its data cannot satisfy) is not a crash: the worker reports the
+violations as a custom message and exits 0, and the run fails with the same summary as in
+process, after the assets whose stages did finish.
 """
 
 from __future__ import annotations
@@ -23,17 +25,17 @@ from dagster_pipes import open_dagster_pipes
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.settings import Settings
 from pipeline.step.roots import StepRoots
-from pipeline.step.stages import run_stage
+from pipeline.step.stages import run_stages
 
 FAILURE = "rollout_shards_failure"
 
 
 def worker_extras(
-    stage: str, roots: StepRoots, step: int, settings: Settings | None
+    stages: list[str], roots: StepRoots, step: int, settings: Settings | None
 ) -> dict[str, Any]:
-    """What a worker needs to run `stage` on `step`, as JSON for the Pipes extras."""
+    """What a worker needs to run `stages` on `step`, as JSON for the Pipes extras."""
     return {
-        "stage": stage,
+        "stages": stages,
         "step": step,
         "roots": roots.to_json(),
         "settings": settings.model_dump(mode="json") if settings is not None else None,
@@ -63,20 +65,20 @@ def reported_failure(messages: list[Any]) -> StepError | UsageError | None:
 
 def main() -> int:
     with open_dagster_pipes() as pipes:
-        stage = pipes.get_extra("stage")
+        stages = list(pipes.get_extra("stages"))
         step = int(pipes.get_extra("step"))
         roots = StepRoots.from_json(pipes.get_extra("roots"))
         raw_settings = pipes.get_extra("settings")
         settings = Settings.model_validate(raw_settings) if raw_settings is not None else None
-        pipes.log.info(f"step {step}: {stage} on {socket.gethostname()}, pid {os.getpid()}")
+        names = ", ".join(stages)
+        pipes.log.info(f"step {step}: {names} on {socket.gethostname()}, pid {os.getpid()}")
         try:
-            report = run_stage(stage, roots, step, settings)
+            for stage, report in run_stages(stages, roots, step, settings):
+                pipes.log.info(report.log)
+                pipes.report_asset_materialization(metadata=report.metadata, asset_key=stage)
         except (StepError, UsageError) as error:
             pipes.log.error(str(error))
             pipes.report_custom_message(failure_message(error))
-            return 0
-        pipes.log.info(report.log)
-        pipes.report_asset_materialization(metadata=report.metadata)
     return 0
 
 

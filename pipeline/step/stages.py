@@ -1,16 +1,18 @@
 """What each asset of a step computes, without Dagster: the same code in process or in a
 Pipes worker (`pipeline.orchestration.pipes_worker`) on another process, Ray node or Kubernetes pod.
 
-A stage reads its input (the step's tables, or the previous stage's staging folder), calls
-the core (`load_samples`, `plan_batch`, `write_shards`), writes its output and returns a
-`StageReport`: one log line and the materialization metadata in the Pipes wire format
-(`{"type": ..., "raw_value": ...}`), which `pipeline.orchestration.reporting.dagster_metadata`
-turns into Dagster's metadata values in process and Dagster Pipes does for a worker.
+`run_stages` runs the selected stages of a step in order: the first reads the step's tables
+(or the previous stage's staging folder when that stage ran on its own), each calls the core
+(`load_samples`, `plan_batch`, `write_shards`) on what the one before handed it in memory,
+and each yields a `StageReport`: one log line and the materialization metadata in the
+Pipes wire format (`{"type": ..., "raw_value": ...}`), which
+`pipeline.orchestration.reporting.dagster_metadata` turns into Dagster's metadata values in
+process and Dagster Pipes does for a worker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,9 @@ from pipeline import columns as c
 from pipeline.errors import UsageError
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
-from pipeline.step import ROLLOUT_SAMPLES, TRAIN_BATCH, TRAINING_SHARDS, staging
-from pipeline.step.ingest import PROVENANCE, load_samples
-from pipeline.step.plan import plan_batch
+from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, staging
+from pipeline.step.ingest import PROVENANCE, SampleTable, load_samples
+from pipeline.step.plan import TrainBatch, plan_batch
 from pipeline.step.roots import StepRoots
 from pipeline.step.write import write_shards
 
@@ -98,19 +100,14 @@ def _rollout_metrics(meta: Manifest) -> Metadata:
     return {name: scalar(float(value)) for name, value in meta.stats.items()}
 
 
-def rollout_samples_stage(roots: StepRoots, step: int, settings: Settings | None) -> StageReport:
-    """Read, type, repair and validate the step; stage the valid rows with their settings."""
-    if settings is None:
-        raise UsageError(f"step {step}: {ROLLOUT_SAMPLES} needs the run's settings")
-    samples = load_samples(step, roots.step_sources(step), settings)
-    folder = staging.save_samples(roots, samples, settings)
+def _samples_report(samples: SampleTable, staged: Path | None) -> StageReport:
     inputs = [
         {"path": i["path"], "rows": i["rows"], "sha256": i["sha256"][:16]} for i in samples.inputs
     ]
     quarantined = samples.quarantine.height if samples.quarantine is not None else 0
     return StageReport(
         log=(
-            f"step {step}: {samples.ingested} rows read, {samples.frame.height} valid, "
+            f"step {samples.step}: {samples.ingested} rows read, {samples.frame.height} valid, "
             f"{sum(samples.repaired.values())} repaired"
         ),
         metadata={
@@ -121,20 +118,16 @@ def rollout_samples_stage(roots: StepRoots, step: int, settings: Settings | None
             "repaired": json_value(samples.repaired),
             "ignored_columns": json_value(samples.ignored_columns),
             "inputs": table(inputs, {"path": "string", "rows": "int", "sha256": "string"}),
-            "staged": path_value(folder),
+            **_staged(staged),
         },
     )
 
 
-def train_batch_stage(roots: StepRoots, step: int, settings: Settings | None = None) -> StageReport:
-    """Plan the staged samples with the settings staged beside them; stage the batch."""
-    samples, staged_settings = staging.load_samples(roots, step)
-    batch = plan_batch(samples, staged_settings)
-    folder = staging.save_batch(roots, batch)
+def _batch_report(batch: TrainBatch, staged: Path | None) -> StageReport:
     counts = batch.meta.counts
     return StageReport(
         log=(
-            f"step {step}: {counts.trimmed} trimmed, {counts.dropped} dropped, "
+            f"step {batch.step}: {counts.trimmed} trimmed, {counts.dropped} dropped, "
             f"{counts.written} to write in {batch.meta.num_train_steps} train steps"
         ),
         metadata={
@@ -143,21 +136,15 @@ def train_batch_stage(roots: StepRoots, step: int, settings: Settings | None = N
             **_layout(batch.meta),
             "num_microbatches": json_value(batch.meta.num_microbatches),
             "equal_reward_groups": scalar(batch.meta.equal_reward_groups),
-            "staged": path_value(folder),
+            **_staged(staged),
         },
     )
 
 
-def training_shards_stage(
-    roots: StepRoots, step: int, settings: Settings | None = None
-) -> StageReport:
-    """Write the staged batch as the committed step folder."""
-    batch = staging.load_batch(roots, step)
-    manifest = write_shards(batch, roots.output_root)
-    folder = roots.step_folder(step)
+def _shards_report(batch: TrainBatch, manifest: Manifest, folder: Path) -> StageReport:
     ranks = [{"file": o.path, "rows": o.rows, "tokens": o.tokens} for o in manifest.rank_outputs()]
     return StageReport(
-        log=f"step {step}: {manifest.counts.written} rows written to {folder}",
+        log=f"step {manifest.step}: {manifest.counts.written} rows written to {folder}",
         metadata={
             "dagster/partition_row_count": scalar(manifest.counts.written),
             "dagster/column_schema": column_schema(batch.frame, c.DATASET_DESCRIPTIONS),
@@ -170,17 +157,62 @@ def training_shards_stage(
     )
 
 
-Stage = Callable[[StepRoots, int, "Settings | None"], StageReport]
-
-STAGE_FUNCTIONS: dict[str, Stage] = {
-    ROLLOUT_SAMPLES: rollout_samples_stage,
-    TRAIN_BATCH: train_batch_stage,
-    TRAINING_SHARDS: training_shards_stage,
-}
+def _staged(folder: Path | None) -> Metadata:
+    """The staging folder of an asset, shown only when the asset was staged."""
+    return {"staged": path_value(folder)} if folder is not None else {}
 
 
-def run_stage(name: str, roots: StepRoots, step: int, settings: Settings | None) -> StageReport:
-    """Run the stage of the asset `name` on one step."""
-    if name not in STAGE_FUNCTIONS:
-        raise UsageError(f"unknown stage {name!r}; one of {', '.join(STAGE_FUNCTIONS)}")
-    return STAGE_FUNCTIONS[name](roots, step, settings)
+def selected_stages(names: Iterable[str]) -> list[str]:
+    """The selected assets in the order their stages run; an unknown name is refused."""
+    chosen = set(names)
+    unknown = sorted(chosen - set(STAGES))
+    if unknown:
+        raise UsageError(f"unknown stage {unknown[0]!r}; one of {', '.join(STAGES)}")
+    return [name for name in STAGES if name in chosen]
+
+
+def run_stages(
+    names: Iterable[str], roots: StepRoots, step: int, settings: Settings | None
+) -> Iterator[tuple[str, StageReport]]:
+    """Run the selected stages of one step in order, yielding each asset's report as soon
+    as it is done. What one stage hands the next stays in memory; an output is staged only
+    when the next stage is not selected (it will run on its own, later), and a staged copy
+    that this run supersedes without staging is removed, so a later stage run on its own
+    never reads a stale one. A stage whose input is not produced here reads it from staging."""
+    stages = selected_stages(names)
+    samples: tuple[SampleTable, Settings] | None = None
+    batch: TrainBatch | None = None
+    for position, name in enumerate(stages):
+        following = STAGES.index(name) + 1
+        hand_on = following < len(STAGES) and STAGES[following] in stages[position + 1 :]
+        if name == ROLLOUT_SAMPLES:
+            if settings is None:
+                raise UsageError(f"step {step}: {ROLLOUT_SAMPLES} needs the run's settings")
+            samples = (load_samples(step, roots.step_sources(step), settings), settings)
+            staged = _hand_on_or_stage(hand_on, roots, name, step, staging.save_samples, *samples)
+            yield name, _samples_report(samples[0], staged)
+        elif name == TRAIN_BATCH:
+            table, planned_with = samples or staging.load_samples(roots, step)
+            batch = plan_batch(table, planned_with)
+            staged = _hand_on_or_stage(hand_on, roots, name, step, staging.save_batch, batch)
+            yield name, _batch_report(batch, staged)
+        else:
+            batch = batch or staging.load_batch(roots, step)
+            manifest = write_shards(batch, roots.output_root)
+            yield name, _shards_report(batch, manifest, roots.step_folder(step))
+
+
+def _hand_on_or_stage(
+    hand_on: bool,
+    roots: StepRoots,
+    asset: str,
+    step: int,
+    save: Callable[..., Path],
+    *value: Any,
+) -> Path | None:
+    """Stage an asset for a later run of its downstream stage, or (handed on in memory)
+    remove what an earlier run staged for it, which this run has superseded."""
+    if hand_on:
+        staging.discard(roots, asset, step)
+        return None
+    return save(roots, *value)

@@ -1,12 +1,14 @@
 """The staging area: the intermediate assets as Parquet under `<output root>/.staging/`.
 
 Only a stage that runs on its own (one asset materialized apart from the others) reads
-what the previous stage left here.
+what the previous stage left here, and a stage stages its output only when the next stage
+does not run with it; stages that run together hand the frames over in memory.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +108,8 @@ def load_batch(roots: StepRoots, step: int) -> TrainBatch:
         meta=meta,
         quarantine=_load_quarantine(folder),
     )
+
+
+def discard(roots: StepRoots, asset: str, step: int) -> None:
+    """Remove the staged copy of `asset` for `step`: a newer one was handed on in memory."""
+    shutil.rmtree(roots.staging_folder(asset, step), ignore_errors=True)

@@ -64,9 +64,19 @@ def materialize(
 
 
 def metadata_of(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:
-    """The metadata of the run's one materialization of `asset`."""
-    (event,) = result.asset_materializations_for_node(asset)
+    """The metadata of the run's one materialization of `asset` (the three assets of a
+    step come from one Dagster step, so they are told apart by key, not by node)."""
+    (event,) = [
+        e.materialization
+        for e in result.get_asset_materialization_events()
+        if e.asset_key == dg.AssetKey(asset)
+    ]
     return dict(event.metadata)
+
+
+def materialized(result: dg.ExecuteInProcessResult) -> list[str]:
+    """The assets the run materialized, in the order it did."""
+    return [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()]
 
 
 def break_step_1(roots: Roots) -> None:

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,8 +44,11 @@ class Pod:
     log: bytes = b""
     deleted: bool = False
     reader: threading.Thread = field(init=False)
+    started: float = field(init=False)
+    ended: float | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
+        self.started = time.monotonic()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -58,6 +62,7 @@ class Pod:
             stamp = (start + timedelta(microseconds=number)).isoformat(timespec="microseconds")
             lines.append(f"{stamp}Z ".encode() + line)
         self.process.wait()
+        self.ended = time.monotonic()
         self.log = b"".join(lines)
 
     @property

@@ -14,6 +14,8 @@ from dagster_support import (
     Roots,
     break_step_1,
     materialize,
+    materialized,
+    metadata_of,
     run_checks,
 )
 
@@ -32,8 +34,7 @@ BLOCKING_CHECKS = {
 
 
 def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, object]:
-    (event,) = result.asset_materializations_for_node(asset)
-    return {key: value.value for key, value in event.metadata.items()}
+    return {key: value.value for key, value in metadata_of(result, asset).items()}
 
 
 def _checks(result: dg.ExecuteInProcessResult) -> dict[str, dg.AssetCheckEvaluation]:
@@ -57,10 +58,48 @@ def test_valid_partition_writes_the_step_folder(instance: dg.DagsterInstance, ro
     ]
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["counts"]["written"] == 16
-    # Intermediate assets are Parquet under the output root, hidden from a trainer.
+    # The three assets ran in one session: the batch was handed on in memory, not staged.
+    assert not (roots.output / ".staging").exists()
+
+
+def _one_asset(instance: dg.DagsterInstance, key: str, asset: str) -> dg.ExecuteInProcessResult:
+    return materialize(instance, key, selection=dg.AssetSelection.assets(asset))
+
+
+def test_assets_run_on_their_own_go_through_staging(
+    instance: dg.DagsterInstance, roots: Roots, tmp_path: Path
+) -> None:
     staged = roots.output / ".staging"
-    assert (staged / "rollout_samples" / "step=1" / "samples.parquet").is_file()
-    assert (staged / "train_batch" / "step=1" / "batch.parquet").is_file()
+    assert _one_asset(instance, "00000004", "rollout_samples").success
+    assert (staged / "rollout_samples" / "step=4" / "samples.parquet").is_file()
+    assert not (staged / "train_batch").exists()
+    batch = _one_asset(instance, "00000004", "train_batch")
+    assert batch.success
+    assert _metadata(batch, "train_batch")["staged"] == str(staged / "train_batch" / "step=4")
+    shards = _one_asset(instance, "00000004", "training_shards")
+    assert shards.success
+    assert [e.asset_key.to_user_string() for e in shards.get_asset_materialization_events()] == [
+        "training_shards"
+    ]
+
+    cli_out = tmp_path / "cli"
+    assert cli.main(["build", str(roots.input), "--out", str(cli_out)]) == 0
+    for rank_file in sorted((cli_out / "step=4").glob("rank=*.parquet")):
+        assert (roots.output / "step=4" / rank_file.name).read_bytes() == rank_file.read_bytes()
+
+
+def test_a_whole_step_run_removes_the_staged_copies_it_supersedes(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    assert _one_asset(instance, "00000004", "rollout_samples").success
+    assert materialize(instance, "00000004").success
+
+    assert not (roots.output / ".staging" / "rollout_samples" / "step=4").exists()
+    lone = _one_asset(instance, "00000004", "train_batch")
+    assert not lone.success
+    _, failure = _step_failure(lone)
+    assert "no staged rollout_samples" in failure.description
+    assert "materialize rollout_samples first" in failure.description
 
 
 def test_a_killed_stage_leaves_nothing_the_next_run_keeps(
@@ -77,9 +116,10 @@ def test_a_killed_stage_leaves_nothing_the_next_run_keeps(
         folder.mkdir(parents=True)
         (folder / "samples.parquet").write_bytes(b"partial")
 
-    result = materialize(instance, "00000001")
+    # Staging happens when the assets run one by one.
+    for asset in ("rollout_samples", "train_batch"):
+        assert _one_asset(instance, "00000001", asset).success
 
-    assert result.success
     for asset, leftover in leftovers.items():
         assert sorted(p.name for p in leftover.parent.iterdir()) == sorted(
             ["step=1", *([live.name] if asset == "train_batch" else [])]
@@ -165,7 +205,7 @@ def test_invalid_partition_fails_at_rollout_samples_and_writes_nothing(
     assert rows.splitlines()[0] == "| rule | file | index | leaf |"
     assert f"| response_within_tokens | {roots.input / 'step=1.parquet'} | 2 | 0 |" in rows
     assert "response_within_tokens" in instance.get_run_by_id(result.run_id).tags[FAILURE_TAG]
-    assert not result.asset_materializations_for_node("rollout_samples")
+    assert materialized(result) == []
 
 
 def test_settings_the_data_cannot_satisfy_fail_before_writing(
@@ -177,7 +217,10 @@ def test_settings_the_data_cannot_satisfy_fail_before_writing(
 
     assert not result.success
     step_key, failure = _step_failure(result)
-    assert step_key == "train_batch"
+    # One Dagster step builds the three assets: the samples were valid and are materialized,
+    # the batch failed, and nothing after it ran.
+    assert step_key == "rollout_samples"
+    assert materialized(result) == ["rollout_samples"]
     assert "step 2" in failure.description
     assert not (roots.output / "step=2").exists()
 

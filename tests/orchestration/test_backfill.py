@@ -14,13 +14,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
 import yaml
 from dagster_support import EMBEDDED_KEYS, Roots
+from kube_stand_in import kube_stand_in
 
-from pipeline.orchestration.compute import COMPUTE_ENV
+from pipeline.orchestration.compute import COMPUTE_ENV, STEP_POOL
 from pipeline.orchestration.partitions import rollout_steps, step_of
 from pipeline.orchestration.resources import RolloutStorage
 from pipeline.step.freshness import current_manifest
@@ -46,10 +48,16 @@ def _launch(key: str, config: Path, env: dict[str, str], log: Path) -> subproces
         )
 
 
-def _backfill(home: Path, tmp_path: Path, keys: list[str], compute: str) -> None:
+def _backfill(
+    home: Path,
+    tmp_path: Path,
+    keys: list[str],
+    compute: str,
+    resources: dict[str, Any] | None = None,
+) -> None:
     """One run per partition, all launched at once; waits for every one (bounded)."""
     config = tmp_path / "run_config.yaml"
-    config.write_text(yaml.safe_dump(RUN_CONFIG))
+    config.write_text(yaml.safe_dump({**RUN_CONFIG, "resources": resources or {}}))
     env = {**os.environ, "DAGSTER_HOME": str(home), COMPUTE_ENV: compute}
     logs = {key: tmp_path / f"run-{key}.log" for key in keys}
     runs = {key: _launch(key, config, env, logs[key]) for key in keys}
@@ -88,7 +96,8 @@ def test_four_partitions_build_concurrently(roots: Roots, tmp_path: Path, comput
         stats = [instance.get_run_stats(run.run_id) for run in runs]
         assert max(s.start_time for s in stats) < min(s.end_time for s in stats)
         for run in runs:
-            assert instance.get_run_stats(run.run_id).steps_succeeded == 7
+            # One step builds the three assets, and one step runs each of the four checks.
+            assert instance.get_run_stats(run.run_id).steps_succeeded == 5
             checks = _check_results(instance, run.run_id)
             assert len(checks) == 4 and all(checks.values()), (run.tags, checks)
 
@@ -100,3 +109,41 @@ def test_four_partitions_build_concurrently(roots: Roots, tmp_path: Path, comput
         assert current_manifest(step, storage.step_sources(step), settings, roots.output)
     leftovers = [p.name for p in roots.output.iterdir() if p.name.startswith(".tmp-")]
     assert not leftovers
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most spans (start, end) open at one moment."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = peak = 0
+    for _, change in edges:
+        running += change
+        peak = max(peak, running)
+    return peak
+
+
+def test_the_step_pool_bounds_the_pods_of_a_backfill(roots: Roots, tmp_path: Path) -> None:
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with (
+        kube_stand_in(tmp_path) as cluster,
+        dg.instance_for_test(temp_dir=str(home)) as instance,
+    ):
+        instance.add_dynamic_partitions(rollout_steps.name, EMBEDDED_KEYS)
+        instance.event_log_storage.set_concurrency_slots(STEP_POOL, 2)
+        k8s = {"image": "rollout-shards:test", "kubeconfig_file": str(cluster.kubeconfig)}
+        resources = {
+            "step_compute": {"config": {"compute": "k8s", "k8s": {**k8s, "poll_interval": 0.1}}}
+        }
+
+        _backfill(home, tmp_path, EMBEDDED_KEYS, "k8s", resources)
+
+        runs = instance.get_runs()
+        assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs)
+        pods = list(cluster.pods.values())
+        # One pod per step, and never more than the pool's two at once.
+        assert len(pods) == 4
+        spans = [(pod.started, pod.ended) for pod in pods if pod.ended is not None]
+        assert len(spans) == 4
+        assert most_at_once(spans) <= 2
+    for key in EMBEDDED_KEYS:
+        assert (roots.output / f"step={step_of(key)}" / "manifest.json").is_file()

@@ -77,7 +77,7 @@ def test_the_client_is_dagster_k8s_own(cluster: KubeStandIn) -> None:
     assert client.poll_interval == 0.05
 
 
-def test_each_stage_runs_in_a_pod(
+def test_the_whole_step_runs_in_one_pod(
     instance: dg.DagsterInstance, roots: Roots, cluster: KubeStandIn
 ) -> None:
     in_process = materialize(instance, "00000003")
@@ -101,31 +101,28 @@ def test_each_stage_runs_in_a_pod(
             k: v for k, v in there.items() if k not in ("path", "staged")
         }
 
-    pods = list(cluster.pods.values())
-    assert len(pods) == 3
-    for pod in pods:
-        assert pod.deleted and pod.process.returncode == 0
-        assert pod.namespace == "rl-data"
-        assert pod.body["metadata"]["labels"]["team"] == "rl"
-        spec = pod.body["spec"]
-        assert spec["restartPolicy"] == "Never"
-        assert spec["volumes"] == POD_SPEC["volumes"]
-        (container,) = spec["containers"]
-        assert container["name"] == "worker"
-        assert container["image"] == IMAGE
-        assert container["command"] == ["python", "-m", "pipeline.orchestration.pipes_worker"]
-        assert container["volumeMounts"] == [{"name": "rollouts", "mountPath": "/mnt/rollouts"}]
-        env = _env(container)
-        assert env["POLARS_MAX_THREADS"] == "1"
-        assert {"DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES"} <= env.keys()
-    stages = sorted(_stage(pod) for pod in pods)
-    assert stages == sorted(STAGES)
+    (pod,) = cluster.pods.values()
+    assert pod.deleted and pod.process.returncode == 0
+    assert pod.namespace == "rl-data"
+    assert pod.body["metadata"]["labels"]["team"] == "rl"
+    spec = pod.body["spec"]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["volumes"] == POD_SPEC["volumes"]
+    (container,) = spec["containers"]
+    assert container["name"] == "worker"
+    assert container["image"] == IMAGE
+    assert container["command"] == ["python", "-m", "pipeline.orchestration.pipes_worker"]
+    assert container["volumeMounts"] == [{"name": "rollouts", "mountPath": "/mnt/rollouts"}]
+    env = _env(container)
+    assert env["POLARS_MAX_THREADS"] == "1"
+    assert {"DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES"} <= env.keys()
+    assert _stages(pod) == list(STAGES)
 
 
-def _stage(pod: Pod) -> str:
-    """The stage the pod ran, from the Pipes context Dagster put in its environment."""
+def _stages(pod: Pod) -> list[str]:
+    """The stages the pod ran, from the Pipes context Dagster put in its environment."""
     context = decode_param(_env(pod.container)["DAGSTER_PIPES_CONTEXT"])
-    return context["data"]["extras"]["stage"]
+    return context["data"]["extras"]["stages"]
 
 
 def test_an_invalid_step_fails_in_its_pod_and_writes_nothing(

@@ -1,7 +1,7 @@
 """The Ray path end to end against a local Ray head bound to 127.0.0.1.
 
 Part of `make test` (the `ray` extra is installed there): starting a head takes about a
-minute and several hundred MB. Each asset's stage runs as a Ray job submitted through the head's
+minute and several hundred MB. A step's stages run as one Ray job submitted through the head's
 job API by `dagster_ray.PipesRayJobClient`; logs and metadata come back in the job's logs.
 """
 
@@ -22,9 +22,12 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster_support import Roots, configured_roots, materialize
+from dagster_support import Roots, configured_roots, materialize, materialized, metadata_of
+from ray.job_submission import JobSubmissionClient
+from test_backfill import _backfill, most_at_once
 
-from pipeline.orchestration.compute import Compute, RayCompute, StepCompute
+from pipeline.orchestration.compute import STEP_POOL, Compute, RayCompute, StepCompute
+from pipeline.orchestration.partitions import rollout_steps
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Function `PipesMessageReader.expected_writer_count`"),
@@ -56,6 +59,23 @@ def _wait_for_dashboard(url: str, head: subprocess.Popen[bytes], log: Path) -> N
     pytest.fail(f"ray dashboard did not answer in {HEAD_START_S}s: {log.read_text()[-2000:]}")
 
 
+def _wait_for_job_agent(url: str, log: Path) -> None:
+    """The dashboard answers before its job agent does ("No available agent to submit
+    job"): submit a no-op job until one is taken, and let it finish."""
+    client = JobSubmissionClient(url)
+    deadline = time.monotonic() + HEAD_START_S
+    while time.monotonic() < deadline:
+        try:
+            job = client.submit_job(entrypoint="true", submission_id=f"warm-up-{time.time_ns()}")
+        except RuntimeError:
+            time.sleep(1)
+            continue
+        while not client.get_job_status(job).is_terminal():
+            time.sleep(0.2)
+        return
+    pytest.fail(f"ray job agent did not start in {HEAD_START_S}s: {log.read_text()[-2000:]}")
+
+
 @pytest.fixture
 def ray_dashboard() -> Iterator[str]:
     """A one-node Ray cluster on 127.0.0.1; stopped through its own process group."""
@@ -74,6 +94,18 @@ def ray_dashboard() -> Iterator[str]:
         f"--dashboard-port={dashboard_port}",
         "--include-dashboard=true",
         f"--temp-dir={temp}",
+        # Ray's agents listen on fixed default ports: free ones let two heads (two test
+        # sessions on one machine) start side by side.
+        *(
+            f"--{name}={_free_port()}"
+            for name in (
+                "dashboard-agent-listen-port",
+                "dashboard-agent-grpc-port",
+                "metrics-export-port",
+                "runtime-env-agent-port",
+                "ray-client-server-port",
+            )
+        ),
     ]
     log = temp / "head.log"
     with log.open("wb") as out:
@@ -83,6 +115,7 @@ def ray_dashboard() -> Iterator[str]:
     url = f"http://127.0.0.1:{dashboard_port}"
     try:
         _wait_for_dashboard(url, head, log)
+        _wait_for_job_agent(url, log)
         yield url
     finally:
         os.killpg(head.pid, signal.SIGTERM)
@@ -122,8 +155,49 @@ def test_ray_jobs_build_the_step(ray_dashboard: str, roots: Roots) -> None:
         "rank=1.parquet",
     ]
     assert all(check.passed for check in result.get_asset_check_evaluations())
-    (event,) = result.asset_materializations_for_node("training_shards")
-    assert event.metadata["written"].value == 8
-    assert event.metadata["Ray Job ID"].value.startswith("pipes-")
+    # One Ray job built the step and reported all three assets.
+    assert materialized(result) == ["rollout_samples", "train_batch", "training_shards"]
+    job_ids = {metadata_of(result, asset)["Ray Job ID"].value for asset in materialized(result)}
+    (job_id,) = job_ids
+    assert job_id.startswith("pipes-")
+    assert metadata_of(result, "training_shards")["written"].value == 8
     assert f"step 4: 8 rows written to {folder}" in messages
-    assert sum(m.startswith("[pipes] Ray job pipes-") for m in messages) >= 3
+    assert [m for m in messages if m.startswith("[pipes] Ray job pipes-")] == [
+        f"[pipes] Ray job {job_id} started."
+    ]
+    assert not (roots.output / ".staging").exists()
+
+
+def test_a_backfill_runs_its_steps_as_concurrent_ray_jobs(
+    ray_dashboard: str, roots: Roots, tmp_path: Path
+) -> None:
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    keys = ["00000001", "00000002", "00000003"]
+    ray = {
+        "address": ray_dashboard,
+        "entrypoint": f"{sys.executable} -m pipeline.orchestration.pipes_worker",
+    }
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
+        instance.add_dynamic_partitions(rollout_steps.name, keys)
+        instance.event_log_storage.set_concurrency_slots(STEP_POOL, len(keys))
+
+        _backfill(
+            home,
+            tmp_path,
+            keys,
+            "ray",
+            {"step_compute": {"config": {"compute": "ray", "ray": ray}}},
+        )
+
+        assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in instance.get_runs())
+    jobs = [
+        job
+        for job in JobSubmissionClient(ray_dashboard).list_jobs()
+        if (job.submission_id or "").startswith("pipes-")
+    ]
+    # One Ray job per step, and the steps' jobs ran side by side.
+    assert sorted(job.status.value for job in jobs) == ["SUCCEEDED"] * len(keys)
+    assert most_at_once([(job.start_time, job.end_time) for job in jobs]) >= 2
+    for key in keys:
+        assert (roots.output / f"step={int(key)}" / "manifest.json").is_file()

@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 import yaml
 from dagster_k8s import PipesK8sClient
-from dagster_support import Roots, break_step_1, materialize, metadata_of
+from dagster_support import Roots, break_step_1, materialize, materialized, metadata_of
 
 from pipeline.definitions import defs
 from pipeline.errors import StepError, UsageError, Violation
@@ -88,11 +88,13 @@ def test_a_subprocess_worker_builds_the_step(instance: dg.DagsterInstance, roots
     assert json.loads((folder / "manifest.json").read_text())["counts"]["written"] == 16
     assert all(check.passed for check in result.get_asset_check_evaluations())
     messages = _messages(instance, result.run_id)
-    assert messages.count("[pipes] external process successfully opened dagster pipes.") == 3
-    for asset in ASSETS:
-        (line,) = [m for m in messages if m.startswith(f"step 1: {asset} on ")]
-        assert int(line.rsplit("pid ", 1)[1]) != os.getpid()
+    # One worker session builds the whole step and reports each of the three assets.
+    assert messages.count("[pipes] external process successfully opened dagster pipes.") == 1
+    (line,) = [m for m in messages if m.startswith(f"step 1: {', '.join(ASSETS)} on ")]
+    assert int(line.rsplit("pid ", 1)[1]) != os.getpid()
+    assert materialized(result) == list(ASSETS)
     assert f"step 1: 16 rows written to {folder}" in messages
+    assert not (roots.output / ".staging").exists()
     shards = metadata_of(result, "training_shards")
     assert shards["written"].value == 16
     assert shards["path"].value == str(folder)
@@ -149,9 +151,24 @@ def test_settings_the_data_cannot_satisfy_fail_in_the_worker(
     result = materialize(instance, "00000002", run_config, compute=SUBPROCESS)
 
     step_key, failure = _step_failure(result)
-    assert step_key == "train_batch"
+    assert step_key == "rollout_samples"
+    assert materialized(result) == ["rollout_samples"]
     assert "step 2" in failure.description
     assert not (roots.output / "step=2").exists()
+
+
+def test_one_asset_runs_alone_in_its_worker_through_staging(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    for asset in ASSETS:
+        selection = dg.AssetSelection.assets(asset)
+        result = materialize(instance, "00000003", selection=selection, compute=SUBPROCESS)
+        assert result.success
+        assert materialized(result) == [asset]
+    staged = roots.output / ".staging"
+    assert (staged / "rollout_samples" / "step=3" / "samples.parquet").is_file()
+    assert (staged / "train_batch" / "step=3" / "batch.parquet").is_file()
+    assert json.loads((roots.output / "step=3" / "manifest.json").read_text())["step"] == 3
 
 
 def test_failures_survive_the_trip_through_pipes() -> None:
