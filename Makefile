@@ -39,8 +39,9 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 	$(DAGSTER_ENV) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
 
 lint: install
-	$(BIN)/ruff check pipeline tests bench
-	$(BIN)/ruff format --check pipeline tests bench
+	$(BIN)/ruff check pipeline tests bench loader
+	$(BIN)/ruff format --check pipeline tests bench loader
+	$(BIN)/mypy
 
 # The browser test drives Debian's chromium through the playwright wheel; playwright
 # cannot download its own browser builds here.

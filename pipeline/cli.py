@@ -14,9 +14,9 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.io.readers import SourceFile, find_sources, group_steps
@@ -77,7 +77,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(
                 _flag(name),
                 dest=name,
-                type=base,
+                type=typing.cast(Callable[[str], Any], base),
                 metavar=name.upper(),
                 default=argparse.SUPPRESS,
                 help=help_text,
@@ -233,7 +233,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_validate(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    report = []
+    report: list[dict[str, Any]] = []
     steps = _steps(args.inputs, args.session_version)
     # JSON output is for machines: no progress lines mixed into it.
     progress = Progress(len(steps), STAGE_NAMES[:2], quiet=args.format == "json")

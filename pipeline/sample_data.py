@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -31,7 +32,7 @@ reward_key: score
 """
 
 
-def _sample(rng: np.random.Generator, index: int, leaf: int, **fields: object) -> dict:
+def _sample(rng: np.random.Generator, index: int, leaf: int, **fields: object) -> dict[str, Any]:
     prompt_len = int(rng.integers(4, 12))
     response_len = int(rng.integers(2, 16))
     row = {
@@ -51,7 +52,7 @@ def _sample(rng: np.random.Generator, index: int, leaf: int, **fields: object) -
     return row
 
 
-def plain_grpo(rng: np.random.Generator) -> list[dict]:
+def plain_grpo(rng: np.random.Generator) -> list[dict[str, Any]]:
     rows = [_sample(rng, i, 0) for i in range(16)]
     rows[2]["status"] = "truncated"
     rows[5].update(status="aborted", reward=0.0)
@@ -63,7 +64,7 @@ def plain_grpo(rng: np.random.Generator) -> list[dict]:
     return rows
 
 
-def v1_agentic(rng: np.random.Generator) -> list[dict]:
+def v1_agentic(rng: np.random.Generator) -> list[dict[str, Any]]:
     rows = [_sample(rng, 100 + i, 0, session_version="v1") for i in range(11)]
     rows[4]["status"] = "truncated"
     for i, row in enumerate(rows):
@@ -72,7 +73,7 @@ def v1_agentic(rng: np.random.Generator) -> list[dict]:
     return rows
 
 
-def v2_multi_leaf(rng: np.random.Generator) -> list[dict]:
+def v2_multi_leaf(rng: np.random.Generator) -> list[dict[str, Any]]:
     """Eight rollouts: five multi-leaf trajectories (stamped ids) and three singletons."""
     leaves = {200: 3, 201: 1, 202: 2, 203: 1, 204: 4, 205: 2, 206: 1, 207: 2}
     input_ids = {202: 9202}  # an input sample that already carried a rollout id
@@ -97,7 +98,7 @@ def v2_multi_leaf(rng: np.random.Generator) -> list[dict]:
     return rows
 
 
-def v2_singletons(rng: np.random.Generator) -> list[dict]:
+def v2_singletons(rng: np.random.Generator) -> list[dict[str, Any]]:
     rows = []
     for i in range(13):
         score = float(rng.integers(0, 5)) / 4
@@ -114,7 +115,7 @@ def v2_singletons(rng: np.random.Generator) -> list[dict]:
     return rows
 
 
-def _frame(rows: list[dict]) -> pl.DataFrame:
+def _frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
     columns = {name: [row.get(name) for row in rows] for name in rows[0]}
     schema = {name: INPUT_SCHEMA[name] for name in columns if name in INPUT_SCHEMA}
     frame = pl.DataFrame(

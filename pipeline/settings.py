@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -175,7 +176,7 @@ def data_settings_files(inputs: list[str | Path]) -> list[Path]:
 
 
 def load_settings(
-    config: str | Path | None = None, data_configs: list[Path] = (), **overrides: Any
+    config: str | Path | None = None, data_configs: Sequence[Path] = (), **overrides: Any
 ) -> Settings:
     """Defaults, then settings beside the data, then the YAML file, then explicit
     overrides (flags or run config)."""

@@ -10,8 +10,12 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
+
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
 
 from pipeline import columns as c
 from pipeline.columns import JSON_RULE, JSON_VALUE, PATH_STEP, TYPE_ERROR
@@ -40,7 +44,7 @@ class LoadedStep:
 
     step: int
     frame: pl.DataFrame
-    inputs: list[dict] = field(default_factory=list)  # path, sha256, rows
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # path, sha256, rows
     ignored_columns: list[str] = field(default_factory=list)
     # One `column_type` violation per file and column with values that do not fit, and
     # per row the text of the types its values do not fit (null where all fit).
@@ -182,7 +186,7 @@ def _json_name(value: object) -> str:
     return "a string" if isinstance(value, str) else "a number"
 
 
-def _json_kind_of_target(target: pl.DataType) -> str:
+def _json_kind_of_target(target: PolarsDataType) -> str:
     if isinstance(target, pl.List):
         return "list of " + _json_kind_of_target(target.inner)
     if target == pl.Boolean:
@@ -214,9 +218,9 @@ def _misfits(value: object, kind: str) -> bool:
     return kind == "bool" and isinstance(value, str)
 
 
-def _object_pairs(pairs: list[tuple[str, object]]) -> dict:
+def _object_pairs(pairs: list[tuple[str, object]]) -> dict[str, Any]:
     """A JSON object; a key given twice is set to null and flagged `duplicate_key`."""
-    record: dict = {}
+    record: dict[str, Any] = {}
     for key, value in pairs:
         if key in record:
             # The first value stays, so the line's row keeps its index and leaf.
@@ -226,7 +230,7 @@ def _object_pairs(pairs: list[tuple[str, object]]) -> dict:
     return record
 
 
-def _flag_misfits(record: dict) -> dict:
+def _flag_misfits(record: dict[str, Any]) -> dict[str, Any]:
     for key, kind in JSON_TARGETS.items():
         value = record.get(key)
         if _misfits(value, kind):
@@ -236,7 +240,7 @@ def _flag_misfits(record: dict) -> dict:
     return record
 
 
-def _json_objects(path: Path, step: int | None) -> list[dict]:
+def _json_objects(path: Path, step: int | None) -> list[dict[str, Any]]:
     """Every line as a JSON object, or an error naming the first line that is not one.
     A value of the wrong JSON kind, or a key given twice, is set to null and its rule
     and text kept under JSON_RULE/JSON_VALUE keys, for `conform` to report as that row's."""
@@ -280,7 +284,7 @@ def _json_suspect(path: Path, frame: pl.DataFrame) -> bool:
         want = JSON_TARGETS.get(name)
         if want is None or (name == c.REWARD and isinstance(dtype, pl.Struct)):
             continue
-        have = dtype
+        have: PolarsDataType = dtype
         while isinstance(have, pl.List) and want.startswith("list of "):
             have, want = have.inner, want.removeprefix("list of ")
         kind = _kind(have)
@@ -325,7 +329,7 @@ def _read_parquet(path: Path) -> pl.DataFrame:
             return pl.read_parquet(path)
         with ThreadPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1)) as pool:
             parts = list(pool.map(lambda columns: pl.read_parquet(path, columns=columns), groups))
-        return pl.concat(parts, how="horizontal").select(schema.names())
+        return pl.concat(parts, how="horizontal").select(list(schema))
     except Exception:  # noqa: BLE001 - the plain read below reports it
         return pl.read_parquet(path)
 
@@ -364,7 +368,7 @@ def sha256_of(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def _kind(dtype: pl.DataType) -> str:
+def _kind(dtype: PolarsDataType) -> str:
     if isinstance(dtype, pl.List | pl.Array):
         return "list"
     if isinstance(dtype, pl.Struct):
@@ -378,7 +382,7 @@ def _kind(dtype: pl.DataType) -> str:
     return "string" if isinstance(dtype, pl.String | pl.Categorical | pl.Enum) else "other"
 
 
-def _fits(value: pl.Expr, source: pl.DataType, target: pl.DataType) -> pl.Expr:
+def _fits(value: pl.Expr, source: PolarsDataType, target: PolarsDataType) -> pl.Expr:
     """True where a non-null value converts to the target type without loss: 1.5 is not
     an integer, 1e300 is not a float32, 2 is not a boolean, a list holds no nulls."""
     if isinstance(target, pl.List):
@@ -677,7 +681,7 @@ def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
     )
 
 
-def _check_no_identical_files(inputs: Sequence[dict], step: int) -> None:
+def _check_no_identical_files(inputs: Sequence[dict[str, Any]], step: int) -> None:
     """Two byte-identical files of one step are one file's rows given twice."""
     first: dict[str, str] = {}
     for entry in inputs:

@@ -14,10 +14,9 @@ import polars as pl
 from pandera.api.polars.types import PolarsData
 
 from pipeline import columns as c
-from pipeline.transforms import samples as s
 
 V2_MULTI_LEAF = (pl.col(c.SESSION_VERSION) == "v2").fill_null(False) & (
-    pl.col(s.TRAJECTORY_SIZE) > 1
+    pl.col(c.TRAJECTORY_SIZE) > 1
 )
 
 
@@ -31,13 +30,13 @@ class RolloutSampleTable(pa.DataFrameModel):
     rollout_id: Optional[pl.Int64] = pa.Field(nullable=True)  # noqa: UP045
     session_version: Optional[pl.String] = pa.Field(nullable=True, isin=list(c.SESSION_VERSIONS))  # noqa: UP045
     status: pl.String = pa.Field(nullable=False, isin=list(c.STATUSES))
-    tokens: pl.List(pl.Int32) = pa.Field(nullable=False)
+    tokens: pl.List(pl.Int32) = pa.Field(nullable=False)  # type: ignore[valid-type]
     response_length: pl.Int32 = pa.Field(nullable=False, ge=0)
-    loss_mask: Optional[pl.List(pl.Int8)] = pa.Field(nullable=True)  # noqa: UP045
+    loss_mask: Optional[pl.List(pl.Int8)] = pa.Field(nullable=True)  # type: ignore[valid-type]  # noqa: UP045
     remove_sample: pl.Boolean = pa.Field(nullable=False)
-    rollout_log_probs: Optional[pl.List(pl.Float32)] = pa.Field(nullable=True)  # noqa: UP045
-    teacher_log_probs: Optional[pl.List(pl.Float32)] = pa.Field(nullable=True)  # noqa: UP045
-    weight_versions: Optional[pl.List(pl.String)] = pa.Field(nullable=True)  # noqa: UP045
+    rollout_log_probs: Optional[pl.List(pl.Float32)] = pa.Field(nullable=True)  # type: ignore[valid-type]  # noqa: UP045
+    teacher_log_probs: Optional[pl.List(pl.Float32)] = pa.Field(nullable=True)  # type: ignore[valid-type]  # noqa: UP045
+    weight_versions: Optional[pl.List(pl.String)] = pa.Field(nullable=True)  # type: ignore[valid-type]  # noqa: UP045
     raw_reward: Optional[pl.Float64] = pa.Field(nullable=True)  # noqa: UP045
     round_number: Optional[pl.Int64] = pa.Field(nullable=True)  # noqa: UP045
     train_metadata: Optional[pl.String] = pa.Field(nullable=True)  # noqa: UP045
@@ -74,33 +73,33 @@ class SampleRules(pa.DataFrameModel):
         error="response_within_tokens: response_length must be within 0..len(tokens)"
     )
     def response_within_tokens(cls, data: PolarsData) -> pl.LazyFrame:
-        return _ok(data, pl.col(c.RESPONSE_LENGTH) <= pl.col(s.N_TOKENS))
+        return _ok(data, pl.col(c.RESPONSE_LENGTH) <= pl.col(c.N_TOKENS))
 
     @pa.dataframe_check(error="loss_mask_length: loss_mask length must equal response_length")
     def loss_mask_length(cls, data: PolarsData) -> pl.LazyFrame:
-        return _ok(data, pl.col(s.MASK_LEN) == pl.col(c.RESPONSE_LENGTH))
+        return _ok(data, pl.col(c.MASK_LEN) == pl.col(c.RESPONSE_LENGTH))
 
     @pa.dataframe_check(error="loss_mask_binary: loss_mask values must be 0 or 1")
     def loss_mask_binary(cls, data: PolarsData) -> pl.LazyFrame:
-        return _ok(data, pl.col(s.MASK_BINARY))
+        return _ok(data, pl.col(c.MASK_BINARY))
 
     @pa.dataframe_check(
         error="rollout_log_probs_length: rollout_log_probs length must equal response_length"
     )
     def rollout_log_probs_length(cls, data: PolarsData) -> pl.LazyFrame:
-        return _ok(data, pl.col(s.RLP_LEN) == pl.col(c.RESPONSE_LENGTH))
+        return _ok(data, pl.col(c.RLP_LEN) == pl.col(c.RESPONSE_LENGTH))
 
     @pa.dataframe_check(
         error="teacher_log_probs_length: teacher_log_probs length must equal response_length"
     )
     def teacher_log_probs_length(cls, data: PolarsData) -> pl.LazyFrame:
-        return _ok(data, pl.col(s.TLP_LEN) == pl.col(c.RESPONSE_LENGTH))
+        return _ok(data, pl.col(c.TLP_LEN) == pl.col(c.RESPONSE_LENGTH))
 
     @pa.dataframe_check(
         error="train_metadata_json_object: train_metadata must be a JSON object ({...})"
     )
     def train_metadata_json_object(cls, data: PolarsData) -> pl.LazyFrame:
-        return _ok(data, pl.col(s.METADATA_OBJECT))
+        return _ok(data, pl.col(c.METADATA_OBJECT))
 
     @pa.dataframe_check(
         error="multi_leaf_only_in_v2: several rows share this index without session_version "
@@ -109,7 +108,7 @@ class SampleRules(pa.DataFrameModel):
     def multi_leaf_only_in_v2(cls, data: PolarsData) -> pl.LazyFrame:
         # Rows repeating a (step, index, leaf) are unique_leaf's to report, and a
         # trajectory mixing session versions is one_session_version's.
-        single = pl.col(s.TRAJECTORY_SIZE) == 1
+        single = pl.col(c.TRAJECTORY_SIZE) == 1
         v2 = (pl.col(c.SESSION_VERSION) == "v2").fill_null(False)
         mixed = pl.col(c.SESSION_VERSION).fill_null("").n_unique().over(c.TRAJECTORY) > 1
         repeated_leaf = (pl.len().over(c.STEP, c.INDEX, c.LEAF) > 1).any().over(c.TRAJECTORY)
@@ -147,11 +146,11 @@ class SampleRules(pa.DataFrameModel):
         "of the step; two trajectories share it"
     )
     def rollout_key_unique_per_trajectory(cls, data: PolarsData) -> pl.LazyFrame:
-        return _ok(data, pl.col(c.INDEX).n_unique().over(c.STEP, s.ROLLOUT_KEY) == 1)
+        return _ok(data, pl.col(c.INDEX).n_unique().over(c.STEP, c.ROLLOUT_KEY) == 1)
 
     @pa.dataframe_check(error="reward_finite: reward must be a finite number on every row")
     def reward_finite(cls, data: PolarsData) -> pl.LazyFrame:
-        return data.lazyframe.select(pl.col(s.REWARD_VALUE).is_finite().fill_null(False))
+        return data.lazyframe.select(pl.col(c.REWARD_VALUE).is_finite().fill_null(False))
 
     @pa.dataframe_check(
         error="raw_reward_finite: raw_reward must be a finite number or null on every row"
@@ -164,7 +163,7 @@ class SampleRules(pa.DataFrameModel):
         "numbers only (no NaN or infinity)"
     )
     def log_probs_finite(cls, data: PolarsData) -> pl.LazyFrame:
-        return _ok(data, pl.col(s.LOG_PROBS_FINITE))
+        return _ok(data, pl.col(c.LOG_PROBS_FINITE))
 
     @pa.dataframe_check(
         error="rollout_log_probs_all_or_none: "
@@ -203,9 +202,9 @@ class SiblingRewards(pa.DataFrameModel):
         error="rollout_shares_reward: all samples of a rollout must share one reward"
     )
     def rollout_shares_reward(cls, data: PolarsData) -> pl.LazyFrame:
-        reward = pl.col(s.REWARD_VALUE)
+        reward = pl.col(c.REWARD_VALUE)
         # NaN never equals itself, so NaN siblings disagree; a lone row always agrees.
         same = (pl.len() == 1) | ((reward.max() == reward.min()) & ~reward.is_nan().any())
         # A key shared by two trajectories is rollout_key_unique_per_trajectory's to report.
         shared_key = pl.col(c.INDEX).n_unique() > 1
-        return _ok(data, (same | shared_key).over(c.STEP, s.ROLLOUT_KEY))
+        return _ok(data, (same | shared_key).over(c.STEP, c.ROLLOUT_KEY))

@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from pipeline import columns as c
-from pipeline.columns import REASON, ROW_ID
+from pipeline.columns import REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError, Violation
-from pipeline.io.readers import TYPE_ERROR
 from pipeline.transforms import samples as s
 
 if TYPE_CHECKING:
@@ -71,7 +70,8 @@ def _check_passed(check: pa.Check, data: PolarsData) -> pl.LazyFrame | None:
     if isinstance(out, bool):
         return pl.LazyFrame({"ok": [out]})
     ok = pl.all_horizontal(pl.all()).fill_null(check.ignore_na)
-    return out.select(ok.all().alias("ok"))
+    result: pl.LazyFrame = out.select(ok.all().alias("ok"))
+    return result
 
 
 def _column_tests(schema: pa.DataFrameSchema, frame: pl.DataFrame) -> list[pl.LazyFrame] | None:
@@ -159,18 +159,19 @@ def _failure_cases(model: type[pa.DataFrameModel], frame: pl.DataFrame) -> pl.Da
         try:
             model.validate(frame, lazy=True)
         except SchemaErrors as exc:
-            return exc.failure_cases
+            cases: pl.DataFrame = exc.failure_cases
+            return cases
     return None
 
 
 def _rollout_reward_message(light: pl.DataFrame, positions: pl.Series) -> str:
-    rows = light.filter(pl.col(s.POSITION).is_in(positions.implode()))
-    key = rows.get_column(s.ROLLOUT_KEY)[0]
-    first = rows.filter(pl.col(s.ROLLOUT_KEY) == key)
+    rows = light.filter(pl.col(c.POSITION).is_in(positions.implode()))
+    key = rows.get_column(c.ROLLOUT_KEY)[0]
+    first = rows.filter(pl.col(c.ROLLOUT_KEY) == key)
     return (
         f"all samples in rollout {key} must share one reward; rows "
-        f"{first.get_column(s.POSITION).to_list()} have rewards "
-        f"{first.get_column(s.REWARD_VALUE).to_list()}"
+        f"{first.get_column(c.POSITION).to_list()} have rewards "
+        f"{first.get_column(c.REWARD_VALUE).to_list()}"
     )
 
 
@@ -186,7 +187,7 @@ def _summarise(
     failures = []
     for (rule,), group in cases.group_by("rule", maintain_order=True):
         positions = group.get_column("index").drop_nulls().cast(pl.Int64).unique().sort()
-        rows = light.filter(pl.col(s.POSITION).is_in(positions.implode())).sort(s.POSITION)
+        rows = light.filter(pl.col(c.POSITION).is_in(positions.implode())).sort(c.POSITION)
         message = messages.get(rule) or group.get_column("check")[0].partition(": ")[2]
         reason = f"{rule}: {message}"
         if rule == "rollout_shares_reward":

@@ -13,9 +13,10 @@ from typing import Any
 import polars as pl
 
 from pipeline import columns as c
+from pipeline.columns import PATH_STEP, REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError
-from pipeline.io.readers import PATH_STEP, TYPE_ERROR, SourceFile, load_step
-from pipeline.schemas.validate import REASON, ROW_ID, load_models, validate_step
+from pipeline.io.readers import SourceFile, load_step
+from pipeline.schemas.validate import load_models, validate_step
 from pipeline.settings import Settings
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
 

@@ -211,7 +211,7 @@ def _refuse_what_cannot_train(
             "or turn off use_dynamic_batch_size"
         )
         raise StepError([violation])
-    return ranks
+    return [int(rank) for rank in ranks]
 
 
 def untrained_warning(meta: Manifest) -> str | None:

@@ -8,7 +8,6 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.columns import GROUP, ROLLOUT_REWARD
 from pipeline.settings import Settings
-from pipeline.transforms import samples as s
 from pipeline.transforms.torch_float import grouped_mean_std
 
 EPS = 1e-6
@@ -21,7 +20,7 @@ def prompt_groups(light: pl.LazyFrame, n_rows: int, settings: Settings) -> pl.Ex
         return pl.col(c.GROUP_INDEX)
     n, rbs = settings.n_samples_per_prompt, settings.rollout_batch_size
     if n is not None and rbs is not None and n_rows == n * rbs:
-        return pl.col(s.POSITION) // n
+        return pl.col(c.POSITION) // n
     return pl.lit(0, dtype=pl.Int64)
 
 
@@ -65,11 +64,11 @@ def normalized_rollout_rewards(rollouts: pl.DataFrame, use_std: bool) -> pl.Data
 def with_rewards(light: pl.LazyFrame, n_rows: int, settings: Settings) -> tuple[pl.LazyFrame, int]:
     """`rewards` (float64 of the float32 result) per row, and the count of equal-reward groups."""
     if not settings.normalizes_rewards:
-        return light.with_columns(pl.col(s.REWARD_VALUE).alias(c.REWARDS)), 0
+        return light.with_columns(pl.col(c.REWARD_VALUE).alias(c.REWARDS)), 0
     grouped = light.with_columns(prompt_groups(light, n_rows, settings).alias(GROUP))
     rollouts = (
-        grouped.group_by(GROUP, s.ROLLOUT_KEY, maintain_order=True)
-        .agg(pl.col(s.REWARD_VALUE).first().cast(pl.Float32).alias(ROLLOUT_REWARD))
+        grouped.group_by(GROUP, c.ROLLOUT_KEY, maintain_order=True)
+        .agg(pl.col(c.REWARD_VALUE).first().cast(pl.Float32).alias(ROLLOUT_REWARD))
         # each group's rollouts together, groups in order of first appearance
         .with_row_index("_first")
         .sort(pl.col("_first").min().over(GROUP), maintain_order=True)
@@ -78,6 +77,6 @@ def with_rewards(light: pl.LazyFrame, n_rows: int, settings: Settings) -> tuple[
         .pipe(normalized_rollout_rewards, use_std=_uses_std(settings))
     )
     equal_groups = int(rollouts.get_column("_equal_group").sum())
-    values = rollouts.lazy().select(GROUP, s.ROLLOUT_KEY, pl.col(c.REWARDS).cast(pl.Float64))
-    out = grouped.join(values, on=[GROUP, s.ROLLOUT_KEY], how="left", maintain_order="left")
+    values = rollouts.lazy().select(GROUP, c.ROLLOUT_KEY, pl.col(c.REWARDS).cast(pl.Float64))
+    out = grouped.join(values, on=[GROUP, c.ROLLOUT_KEY], how="left", maintain_order="left")
     return out.drop(GROUP), equal_groups

@@ -5,7 +5,6 @@ from __future__ import annotations
 import polars as pl
 
 from pipeline import columns as c
-from pipeline.transforms import samples as s
 
 EFFECTIVE_MASK_SUM = "_effective_mask_sum"
 
@@ -15,16 +14,16 @@ def light_shard_columns(light: pl.LazyFrame) -> pl.LazyFrame:
     mask_sum = (
         pl.when(pl.col(c.REMOVE_SAMPLE))
         .then(0)
-        .otherwise(pl.coalesce(pl.col(s.MASK_SUM), pl.col(c.RESPONSE_LENGTH).cast(pl.Int64)))
+        .otherwise(pl.coalesce(pl.col(c.MASK_SUM), pl.col(c.RESPONSE_LENGTH).cast(pl.Int64)))
     )
     return light.with_columns(
-        pl.col(s.POSITION).alias(c.BATCH_POSITION),
+        pl.col(c.POSITION).alias(c.BATCH_POSITION),
         pl.col(c.RESPONSE_LENGTH).alias(c.RESPONSE_LENGTHS),
-        pl.col(s.N_TOKENS).cast(pl.Int32).alias(c.TOTAL_LENGTHS),
+        pl.col(c.N_TOKENS).cast(pl.Int32).alias(c.TOTAL_LENGTHS),
         (pl.col(c.STATUS) == "truncated").cast(pl.Int8).alias(c.TRUNCATED),
         pl.col(c.INDEX).alias(c.SAMPLE_INDICES),
-        pl.col(s.ROLLOUT_KEY).alias(c.ROLLOUT_IDS),
-        mask_sum.sum().over(s.ROLLOUT_KEY).cast(pl.Int64).alias(c.ROLLOUT_MASK_SUMS),
+        pl.col(c.ROLLOUT_KEY).alias(c.ROLLOUT_IDS),
+        mask_sum.sum().over(c.ROLLOUT_KEY).cast(pl.Int64).alias(c.ROLLOUT_MASK_SUMS),
     )
 
 
@@ -47,8 +46,8 @@ def loss_masks(schema: pl.Schema) -> pl.Expr:
 def raw_reward(schema: pl.Schema) -> pl.Expr:
     """The raw reward written to shards: the `raw_reward` column where set, else the reward."""
     if c.RAW_REWARD in schema:
-        return pl.coalesce(pl.col(c.RAW_REWARD), pl.col(s.REWARD_VALUE)).alias(c.RAW_REWARD)
-    return pl.col(s.REWARD_VALUE).alias(c.RAW_REWARD)
+        return pl.coalesce(pl.col(c.RAW_REWARD), pl.col(c.REWARD_VALUE)).alias(c.RAW_REWARD)
+    return pl.col(c.REWARD_VALUE).alias(c.RAW_REWARD)
 
 
 def optional_columns(frame: pl.DataFrame) -> list[str]:
