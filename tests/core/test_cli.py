@@ -67,7 +67,7 @@ def test_build_is_byte_identical_on_rerun(tmp_path: Path) -> None:
     for name in ("a", "b"):
         assert cli("build", DATA, "--out", tmp_path / name).returncode == 0
     assert digests(tmp_path / "a") == digests(tmp_path / "b")
-    assert len(digests(tmp_path / "a")) == 12
+    assert len(digests(tmp_path / "a")) == 13  # 4 steps of 3 files and the dataset card
 
 
 def test_validate_embedded_data_json(tmp_path: Path) -> None:
