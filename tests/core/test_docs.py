@@ -162,8 +162,9 @@ def test_the_checks_find_what_is_missing(tmp_path: Path) -> None:
         "pipeline/gone.py",
         "docs/nope/",
         "docs/semantics.md",
+        "docs/training.md",
         "pipeline/lost.py",
         "Makefile",
     ]
     assert missing_modules(text, tmp_path) == ["pipeline.absent"]
-    assert broken_doc_links(text, tmp_path) == ["docs/semantics.md"]
+    assert broken_doc_links(text, tmp_path) == ["docs/semantics.md", "docs/training.md"]
