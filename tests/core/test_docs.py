@@ -101,9 +101,7 @@ def broken_doc_links(text: str, repo: Path) -> list[str]:
     return [
         t
         for t in targets
-        if t.startswith("docs/")
-        and t.endswith(".md")
-        and not (repo / t).is_file()
+        if t.startswith("docs/") and t.endswith(".md") and not (repo / t).is_file()
     ]
 
 
