@@ -36,7 +36,7 @@ run: install $(DAGSTER_HOME)/dagster.yaml
 	$(DAGSTER_ENV) $(BIN)/python -m pipeline.orchestration.run_all
 
 ui: install $(DAGSTER_HOME)/dagster.yaml
-	$(DAGSTER_ENV) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
+	$(DAGSTER_ENV) $(BIN)/dg dev -h 127.0.0.1 -p $(UI_PORT)
 
 lint: install
 	$(BIN)/ruff check pipeline tests bench loader
@@ -53,7 +53,7 @@ browser:
 
 test: install lint browser $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/rollout-shards validate $(INPUT)
-	$(DAGSTER_ENV) $(BIN)/dagster definitions validate -w workspace.yaml
+	$(DAGSTER_ENV) $(BIN)/dg check defs
 	$(BIN)/python -m pytest
 
 data: install

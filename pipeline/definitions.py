@@ -16,7 +16,7 @@ from pipeline.orchestration.compute import StepCompute
 from pipeline.orchestration.jobs import rollout_step_job
 from pipeline.orchestration.resources import RolloutStorage
 from pipeline.orchestration.schedules import stale_shards_schedule
-from pipeline.orchestration.sensors import rollout_steps_sensor
+from pipeline.orchestration.sensors import rollout_shards_automation_sensor, rollout_steps_sensor
 
 defs = dg.Definitions(
     assets=[rollout_step],
@@ -28,7 +28,7 @@ defs = dg.Definitions(
         every_row_is_trained,
     ],
     jobs=[rollout_step_job],
-    sensors=[rollout_steps_sensor],
+    sensors=[rollout_steps_sensor, rollout_shards_automation_sensor],
     schedules=[stale_shards_schedule],
     resources={
         "rollout_storage": RolloutStorage.from_env(),

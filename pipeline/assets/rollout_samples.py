@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from pipeline.assets import GROUP
+from pipeline.assets import AUTOMATION_CONDITION, CODE_VERSION, GROUP
 from pipeline.orchestration.partitions import rollout_steps
 from pipeline.step import ROLLOUT_SAMPLES
 
@@ -10,6 +10,8 @@ rollout_samples = dg.AssetSpec(
     ROLLOUT_SAMPLES,
     partitions_def=rollout_steps,
     group_name=GROUP,
+    code_version=CODE_VERSION,
+    automation_condition=AUTOMATION_CONDITION,
     kinds={"polars", "parquet"},
     description=(
         "A rollout step's sample rows in batch order, typed to the contract and validated "

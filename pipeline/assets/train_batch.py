@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from pipeline.assets import GROUP
+from pipeline.assets import AUTOMATION_CONDITION, CODE_VERSION, GROUP
 from pipeline.assets.rollout_samples import rollout_samples
 from pipeline.orchestration.partitions import rollout_steps
 from pipeline.step import TRAIN_BATCH
@@ -12,6 +12,8 @@ train_batch = dg.AssetSpec(
     deps=[rollout_samples],
     partitions_def=rollout_steps,
     group_name=GROUP,
+    code_version=CODE_VERSION,
+    automation_condition=AUTOMATION_CONDITION,
     kinds={"polars"},
     description=(
         "The step trimmed to whole optimizer batches, with normalized rewards, rollout mask "

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from pipeline.assets import GROUP
+from pipeline.assets import AUTOMATION_CONDITION, CODE_VERSION, GROUP
 from pipeline.assets.train_batch import train_batch
 from pipeline.orchestration.partitions import rollout_steps
 from pipeline.step import TRAINING_SHARDS
@@ -12,6 +12,8 @@ training_shards = dg.AssetSpec(
     deps=[train_batch],
     partitions_def=rollout_steps,
     group_name=GROUP,
+    code_version=CODE_VERSION,
+    automation_condition=AUTOMATION_CONDITION,
     kinds={"parquet"},
     description=(
         "`step=<N>/` under the output root: one `rank=<R>.parquet` per data-parallel rank, "

@@ -4,6 +4,7 @@ import json
 
 import dagster as dg
 
+from pipeline.assets import GROUP
 from pipeline.errors import StepError, UsageError
 from pipeline.io.readers import sha256_of
 from pipeline.orchestration.jobs import rollout_step_job
@@ -71,3 +72,20 @@ def rollout_steps_sensor(
         dynamic_partitions_requests=[rollout_steps.build_add_request(new_keys)] if new_keys else [],
         cursor=json.dumps(cursor, separators=(",", ":"), sort_keys=True),
     )
+
+
+# Evaluates the assets' `automation_condition` (pipeline/assets/__init__.py). Declared here
+# rather than left to Dagster's implicit `default_automation_condition_sensor` so that it
+# has a name of this project and starts stopped, like `rollout_steps_sensor`. It requests
+# runs only for partitions already registered: `rollout_steps_sensor` registers them.
+rollout_shards_automation_sensor = dg.AutomationConditionSensorDefinition(
+    "rollout_shards_automation_sensor",
+    target=dg.AssetSelection.groups(GROUP),
+    default_status=dg.DefaultSensorStatus.STOPPED,
+    minimum_interval_seconds=60,
+    description=(
+        "Requests a run for every rollout_steps partition whose assets' automation condition "
+        "(AutomationCondition.eager()) is true: a newly registered step, or a step whose "
+        "upstream asset was re-materialized."
+    ),
+)

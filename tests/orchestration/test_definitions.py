@@ -12,8 +12,9 @@ from typing import Any
 
 import dagster as dg
 
+from pipeline.assets import CODE_VERSION, GROUP
 from pipeline.definitions import defs
-from pipeline.orchestration.partitions import partition_key, step_of
+from pipeline.orchestration.partitions import partition_key, rollout_steps, step_of
 from pipeline.orchestration.run_config import BuildConfig
 from pipeline.settings import Settings
 
@@ -24,18 +25,24 @@ EXPECTED: dict[str, Any] = {
             "group": "rollout_shards",
             "partitions": "rollout_steps",
             "kinds": ["parquet", "polars"],
+            "code_version": CODE_VERSION,
+            "automation_condition": "eager",
         },
         "train_batch": {
             "deps": ["rollout_samples"],
             "group": "rollout_shards",
             "partitions": "rollout_steps",
             "kinds": ["polars"],
+            "code_version": CODE_VERSION,
+            "automation_condition": "eager",
         },
         "training_shards": {
             "deps": ["train_batch"],
             "group": "rollout_shards",
             "partitions": "rollout_steps",
             "kinds": ["parquet"],
+            "code_version": CODE_VERSION,
+            "automation_condition": "eager",
         },
     },
     "checks": {
@@ -58,11 +65,16 @@ EXPECTED: dict[str, Any] = {
         }
     },
     "sensors": {
+        "rollout_shards_automation_sensor": {
+            "job": None,
+            "default_status": "STOPPED",
+            "minimum_interval_seconds": 60,
+        },
         "rollout_steps_sensor": {
             "job": "rollout_step_job",
             "default_status": "STOPPED",
             "minimum_interval_seconds": 60,
-        }
+        },
     },
     "schedules": {
         "stale_shards_schedule": {
@@ -90,6 +102,10 @@ def graph_structure(definitions: dg.Definitions) -> dict[str, Any]:
             "group": spec.group_name,
             "partitions": _partitions(spec.partitions_def),
             "kinds": sorted(spec.kinds),
+            "code_version": spec.code_version,
+            "automation_condition": (
+                spec.automation_condition.get_label() if spec.automation_condition else None
+            ),
         }
         for spec in definitions.resolve_all_asset_specs()
     }
@@ -111,11 +127,16 @@ def graph_structure(definitions: dg.Definitions) -> dict[str, Any]:
         }
     sensors = {
         sensor.name: {
-            "job": sensor.job_name,
+            # An automation condition sensor targets the assets' conditions, not a job.
+            "job": (
+                None
+                if isinstance(sensor, dg.AutomationConditionSensorDefinition)
+                else sensor.job_name
+            ),
             "default_status": sensor.default_status.value,
             "minimum_interval_seconds": sensor.minimum_interval_seconds,
         }
-        for sensor in definitions.sensors or []
+        for sensor in sorted(definitions.sensors or [], key=lambda sensor: sensor.name)
     }
     schedules = {
         schedule.name: {
@@ -141,6 +162,29 @@ def test_definitions_load() -> None:
 
 def test_asset_graph_matches_the_snapshot() -> None:
     assert graph_structure(defs) == EXPECTED
+
+
+def test_automation_condition_requests_a_newly_registered_step() -> None:
+    """The automation sensor's evaluation: nothing while no step is registered, then all
+    three assets of a step the sensor has just registered, then nothing again."""
+    selection = dg.AssetSelection.groups(GROUP)
+    keys = [spec.key for spec in defs.resolve_all_asset_specs()]
+    with dg.instance_for_test() as instance:
+        first = dg.evaluate_automation_conditions(
+            defs=defs, instance=instance, asset_selection=selection
+        )
+        assert first.total_requested == 0
+        instance.add_dynamic_partitions(rollout_steps.name, [partition_key(7)])
+        second = dg.evaluate_automation_conditions(
+            defs=defs, instance=instance, asset_selection=selection, cursor=first.cursor
+        )
+        assert {key: second.get_requested_partitions(key) for key in keys} == {
+            key: {partition_key(7)} for key in keys
+        }
+        third = dg.evaluate_automation_conditions(
+            defs=defs, instance=instance, asset_selection=selection, cursor=second.cursor
+        )
+        assert third.total_requested == 0
 
 
 def test_every_asset_has_a_description() -> None:
