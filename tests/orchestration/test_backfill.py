@@ -99,7 +99,7 @@ def test_four_partitions_build_concurrently(roots: Roots, tmp_path: Path, comput
             # One step builds the three assets, and one step runs each of the five checks.
             assert instance.get_run_stats(run.run_id).steps_succeeded == 6
             checks = _check_results(instance, run.run_id)
-            assert len(checks) == 4 and all(checks.values()), (run.tags, checks)
+            assert len(checks) == 5 and all(checks.values()), (run.tags, checks)
 
     storage = RolloutStorage.from_env()
     settings = storage.settings()
