@@ -395,9 +395,10 @@ def test_code_location_lists_the_project(server: DagsterDev) -> None:
         "train_batch",
         ASSET,
     }
-    # Both start stopped; the UI's Automation page turns them on.
-    assert [(s["name"], s["sensorState"]["status"]) for s in repository["sensors"]] == [
-        ("rollout_steps_sensor", "STOPPED")
+    # All start stopped; the UI's Automation page turns them on.
+    assert sorted((s["name"], s["sensorState"]["status"]) for s in repository["sensors"]) == [
+        ("rollout_shards_automation_sensor", "STOPPED"),
+        ("rollout_steps_sensor", "STOPPED"),
     ]
     assert [(s["name"], s["scheduleState"]["status"]) for s in repository["schedules"]] == [
         ("stale_shards_schedule", "STOPPED")
