@@ -7,7 +7,6 @@ It runs the same stage functions as the Dagster assets and never imports Dagster
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import re
@@ -18,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pipeline.errors import StepError, UsageError, Violation
+from pipeline.errors import StepError, UsageError, Violation, os_violation
 from pipeline.io.readers import SourceFile, find_sources, group_steps
 from pipeline.io.writer import clean_stale, step_folder
 from pipeline.manifest import Manifest
@@ -141,16 +140,6 @@ def _report(command: str, violations: list[Violation]) -> None:
 def _warn(command: str, manifest: Manifest) -> None:
     if (warning := untrained_warning(manifest)) is not None:
         print(f"{PROG}: {command}: {warning}", file=sys.stderr)
-
-
-def os_violation(exc: OSError, where: Path, step: int | None = None) -> Violation:
-    """An operating-system failure (disk full, permissions) as one readable line."""
-    path = exc.filename or where
-    if exc.errno == errno.ENOSPC:
-        message = f"no space left on {path}"
-    else:
-        message = f"{exc.strerror or exc} on {path}"
-    return Violation(rule="os_error", message=message, step=step)
 
 
 def check_out(out: Path, inputs: Sequence[str]) -> None:

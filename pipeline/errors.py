@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass, field
 
 
@@ -58,3 +59,13 @@ def error_lines(command: str, exc: StepError | UsageError) -> list[str]:
 
 def step_error(rule: str, message: str, step: int | None = None) -> StepError:
     return StepError([Violation(rule=rule, message=message, step=step)])
+
+
+def os_violation(exc: OSError, where: object, step: int | None = None) -> Violation:
+    """An operating-system failure (disk full, permissions) as one readable line."""
+    path = exc.filename or where
+    if exc.errno == errno.ENOSPC:
+        message = f"no space left on {path}"
+    else:
+        message = f"{exc.strerror or exc} on {path}"
+    return Violation(rule="os_error", message=message, step=step)

@@ -587,10 +587,13 @@ def _samples_frame(
 
     leaves: list[int] = []
     seen: dict[Any, int] = {}
-    for sample, meta in zip(samples, metadata, strict=True):
+    for position, (sample, meta) in enumerate(zip(samples, metadata, strict=True)):
         index = _plain(sample.get(c.INDEX))
-        order = seen.get(index, 0)
-        seen[index] = order + 1
+        # An index that is not a number (a list, a dict) is refused by the index column
+        # below; here it only must not count as a leaf of another sample.
+        key = index if isinstance(index, (int, float, str, type(None))) else ("sample", position)
+        order = seen.get(key, 0)
+        seen[key] = order + 1
         leaf = _plain(meta.get(LEAF_KEY))
         # Real v2 leaves carry a descriptor dict; only a bare number is a position.
         leaves.append(leaf if isinstance(leaf, int) and not isinstance(leaf, bool) else order)

@@ -179,6 +179,23 @@ def replace_folder(final: Path, fill: Callable[[Path], None]) -> None:
         raise
 
 
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def write_staged(frame: pl.DataFrame, path: Path, **options: Any) -> None:
+    """`frame.write_parquet(path)`, with an I/O failure raised as the OSError it is:
+    Polars reports a full disk as "parquet: File out of specification: underlying IO
+    error: No space left on device (os error 28)"."""
+    try:
+        frame.write_parquet(path, **options)
+    except pl.exceptions.PolarsError as exc:
+        code = _OS_ERROR.search(str(exc))
+        if code is None:
+            raise
+        number = int(code.group(1))
+        raise OSError(number, os.strerror(number), str(path)) from None
+
+
 def write_parquet(frame: pl.DataFrame, path: Path) -> str:
     """Write `frame` to `path` (fsynced) and return the sha256 of the bytes written. The
     file is encoded into memory, hashed there and written once, so a build never reads its
@@ -194,6 +211,8 @@ def write_parquet(frame: pl.DataFrame, path: Path) -> str:
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)
+    except OSError as exc:  # os.write names no file: name the one that did not fit
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     finally:
         os.close(fd)
     return digest

@@ -22,7 +22,7 @@ from typing import Any
 
 from dagster_pipes import open_dagster_pipes
 
-from pipeline.errors import StepError, UsageError, Violation
+from pipeline.errors import StepError, UsageError, Violation, os_violation
 from pipeline.settings import Settings
 from pipeline.step.roots import StepRoots
 from pipeline.step.stages import run_stages
@@ -77,6 +77,10 @@ def main() -> int:
                 pipes.log.info(report.log)
                 pipes.report_asset_materialization(metadata=report.metadata, asset_key=stage)
         except (StepError, UsageError) as error:
+            pipes.log.error(str(error))
+            pipes.report_custom_message(failure_message(error))
+        except OSError as exc:  # disk full, permissions: the same one line as in process
+            error = StepError([os_violation(exc, roots.output, step)])
             pipes.log.error(str(error))
             pipes.report_custom_message(failure_message(error))
     return 0

@@ -8,7 +8,7 @@ from typing import Any
 
 import dagster as dg
 
-from pipeline.errors import StepError, UsageError, Violation, error_lines
+from pipeline.errors import StepError, UsageError, Violation, error_lines, os_violation
 from pipeline.step.stages import Metadata
 
 ROWS_SHOWN = 20
@@ -66,6 +66,9 @@ def failures_reported(context: dg.AssetExecutionContext) -> Iterator[None]:
         ) from exc
     except UsageError as exc:
         raise dg.Failure(description=error_lines("build", exc)[0], allow_retries=False) from exc
+    except OSError as exc:  # the machine's fault (disk full, permissions): one line too
+        error = StepError([os_violation(exc, "the output root")])
+        raise dg.Failure(description=error_lines("build", error)[0]) from exc
 
 
 def _table_schema(columns: list[dict[str, str]]) -> dg.TableSchema:

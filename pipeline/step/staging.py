@@ -42,7 +42,7 @@ def _existing(folder: Path, asset: str, step: int) -> Path:
 
 def _save_quarantine(quarantine: pl.DataFrame | None, folder: Path) -> None:
     if quarantine is not None:
-        quarantine.write_parquet(folder / writer.QUARANTINE, **STAGING_PARQUET)
+        writer.write_staged(quarantine, folder / writer.QUARANTINE, **STAGING_PARQUET)
 
 
 def _load_quarantine(folder: Path) -> pl.DataFrame | None:
@@ -55,7 +55,7 @@ def save_samples(roots: StepRoots, samples: SampleTable, settings: Settings) -> 
     folder = roots.staging_folder(ROLLOUT_SAMPLES, samples.step)
 
     def save(target: Path) -> None:
-        samples.frame.write_parquet(target / SAMPLES_FILE, **STAGING_PARQUET)
+        writer.write_staged(samples.frame, target / SAMPLES_FILE, **STAGING_PARQUET)
         _save_quarantine(samples.quarantine, target)
         meta = {
             "step": samples.step,
@@ -91,7 +91,7 @@ def save_batch(roots: StepRoots, batch: TrainBatch) -> Path:
     folder = roots.staging_folder(TRAIN_BATCH, batch.step)
 
     def save(target: Path) -> None:
-        batch.frame.write_parquet(target / BATCH_FILE, **STAGING_PARQUET)
+        writer.write_staged(batch.frame, target / BATCH_FILE, **STAGING_PARQUET)
         _save_quarantine(batch.quarantine, target)
         (target / META).write_text(batch.meta.to_json())
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 from pipeline.cli import main
@@ -53,6 +54,20 @@ def test_a_full_disk_is_one_line_and_writes_nothing(
     assert code == 1
     assert err == f"rollout-shards: build: step 1: rule os_error: no space left on {out}\n"
     assert list(out.iterdir()) == []  # no step folder, no staged sibling left behind
+
+
+@pytest.mark.parametrize("write", [writer.write_parquet, writer.write_staged])
+def test_a_real_full_disk_is_an_os_error_naming_the_file(write: Callable[..., Any]) -> None:
+    """/dev/full fails every write with ENOSPC, as a full disk does: both writers raise the
+    OSError the command line turns into its one line, not Polars' "Invalid thrift" or "File
+    out of specification"."""
+    frame = pl.DataFrame({"tokens": [list(range(1000))] * 100})
+
+    with pytest.raises(OSError) as raised:
+        write(frame, Path("/dev/full"))
+
+    assert raised.value.errno == errno.ENOSPC
+    assert raised.value.filename == "/dev/full"
 
 
 def test_a_failing_blocking_check_leaves_the_previous_folder(

@@ -102,6 +102,28 @@ def test_a_whole_step_run_removes_the_staged_copies_it_supersedes(
     assert "materialize rollout_samples first" in failure.description
 
 
+def test_a_full_disk_while_staging_is_one_line(
+    instance: dg.DagsterInstance, roots: Roots, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Polars' write to a full disk (/dev/full, a real ENOSPC) fails the step with the
+    command line's one line, not a traceback, and stages nothing."""
+    write = pl.DataFrame.write_parquet
+    monkeypatch.setattr(
+        pl.DataFrame, "write_parquet", lambda frame, _, **kw: write(frame, "/dev/full", **kw)
+    )
+
+    result = _one_asset(instance, "00000004", "rollout_samples")
+
+    assert not result.success
+    _, failure = _step_failure(result)
+    line = failure.description
+    assert line.startswith(
+        f"rollout-shards: build: rule os_error: no space left on {roots.output / '.staging'}"
+    )
+    assert line.endswith("/samples.parquet") and "\n" not in line
+    assert not (roots.output / ".staging" / "rollout_samples" / "step=4").exists()
+
+
 def test_a_killed_stage_leaves_nothing_the_next_run_keeps(
     instance: dg.DagsterInstance, roots: Roots
 ) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+import requests
 from dagster_support import Roots, configured_roots, materialize, materialized, metadata_of
 from ray.job_submission import JobSubmissionClient
 from test_backfill import _backfill, most_at_once
@@ -61,13 +62,14 @@ def _wait_for_dashboard(url: str, head: subprocess.Popen[bytes], log: Path) -> N
 
 def _wait_for_job_agent(url: str, log: Path) -> None:
     """The dashboard answers before its job agent does ("No available agent to submit
-    job"): submit a no-op job until one is taken, and let it finish."""
+    job", or a dropped connection while the agent starts): submit a no-op job until one is
+    taken, and let it finish."""
     client = JobSubmissionClient(url)
     deadline = time.monotonic() + HEAD_START_S
     while time.monotonic() < deadline:
         try:
             job = client.submit_job(entrypoint="true", submission_id=f"warm-up-{time.time_ns()}")
-        except RuntimeError:
+        except (RuntimeError, requests.RequestException):
             time.sleep(1)
             continue
         while not client.get_job_status(job).is_terminal():
@@ -76,9 +78,10 @@ def _wait_for_job_agent(url: str, log: Path) -> None:
     pytest.fail(f"ray job agent did not start in {HEAD_START_S}s: {log.read_text()[-2000:]}")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_dashboard() -> Iterator[str]:
-    """A one-node Ray cluster on 127.0.0.1; stopped through its own process group."""
+    """A one-node Ray cluster on 127.0.0.1, shared by this module's tests (a head takes
+    tens of seconds to start); stopped through its own process group."""
     # Ray puts sockets under its temp dir, and their paths must stay short.
     temp = Path(tempfile.mkdtemp(prefix="rs-ray-", dir="/tmp"))
     gcs_port, dashboard_port = _free_port(), _free_port()
@@ -173,6 +176,7 @@ def test_a_backfill_runs_its_steps_as_concurrent_ray_jobs(
 ) -> None:
     home = tmp_path / "dagster_home"
     home.mkdir()
+    since_ms = time.time_ns() // 1_000_000
     keys = ["00000001", "00000002", "00000003"]
     ray = {
         "address": ray_dashboard,
@@ -194,7 +198,7 @@ def test_a_backfill_runs_its_steps_as_concurrent_ray_jobs(
     jobs = [
         job
         for job in JobSubmissionClient(ray_dashboard).list_jobs()
-        if (job.submission_id or "").startswith("pipes-")
+        if (job.submission_id or "").startswith("pipes-") and (job.start_time or 0) >= since_ms
     ]
     # One Ray job per step, and the steps' jobs ran side by side.
     assert sorted(job.status.value for job in jobs) == ["SUCCEEDED"] * len(keys)

@@ -30,7 +30,9 @@ import io
 import json
 import math
 import os
+import pickle
 import sys
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +95,39 @@ def base(**changes: Row) -> list[Row]:
     for key, fields in changes.items():
         rows[int(key.removeprefix("row"))].update(fields)
     return rows
+
+
+def miles_dump(samples: list[Row]) -> bytes:
+    """A miles dump as `torch.save` lays it out (a zip holding `archive/data.pkl`, the
+    pickled `{rollout_id, metadata, samples}`), written with the standard library: plain
+    values need no tensor storages. Fixed timestamps keep the bytes the same."""
+    payload = {"rollout_id": STEP, "metadata": {}, "samples": samples}
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in (
+            ("archive/data.pkl", pickle.dumps(payload, protocol=2)),
+            ("archive/byteorder", b"little"),
+            ("archive/version", b"3\n"),
+        ):
+            archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
+    return buffer.getvalue()
+
+
+def miles_sample(index: Any) -> Row:
+    """Part of what miles' `Sample.to_dict()` holds, for row `index` of the valid step."""
+    return {
+        "group_index": 0,
+        "index": index,
+        "rollout_id": None,
+        "prompt": "What is 2+2?",
+        "tokens": [11, 12, 13, 14, 15, 16],
+        "response_length": 2,
+        "reward": 1.0,
+        "loss_mask": None,
+        "remove_sample": False,
+        "status": "completed",
+        "metadata": {},
+    }
 
 
 def frame(rows: list[Row], types: dict[str, pl.DataType] | None = None) -> pl.DataFrame:
@@ -1061,6 +1096,14 @@ def round_two_cases() -> list[Case]:
             "column index must be Int64, got true at file row 3",
         ),
         json_invalid(
+            "json_step_true",
+            "a JSON true as step",
+            base(row2={"step": True}),
+            "column_type",
+            [(2, 0)],
+            "column step must be Int64, got true at file row 3",
+        ),
+        json_invalid(
             "json_leaf_false",
             "a JSON false as leaf",
             base(row2={"leaf": False}),
@@ -1240,6 +1283,24 @@ def round_two_cases() -> list[Case]:
             1,
             [error("output_not_a_folder", [], [], "is a file, not a step folder")],
             outside={f"out/step={STEP}": b"not a folder\n"},
+        ),
+        Case(
+            "dump_index_is_a_list",
+            "a miles dump whose sample 3 has index [3]: a traceback (unhashable list) before",
+            {
+                "rollout_data/7.pt": miles_dump(
+                    [miles_sample([i] if i == 3 else i) for i in range(8)]
+                )
+            },
+            1,
+            [
+                error(
+                    "malformed_dump",
+                    [],
+                    ["rollout_data/7.pt"],
+                    "field index does not fit Int64 on sample 3 ([3])",
+                )
+            ],
         ),
         Case(
             "step_beyond_int64",
