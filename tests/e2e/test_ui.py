@@ -29,11 +29,13 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
 from pipeline import cli
+from pipeline import columns as c
 from pipeline.io import writer
 from pipeline.io.readers import sha256_of
 from pipeline.manifest import MANIFEST
 from pipeline.orchestration.partitions import partition_key, rollout_steps
 from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV
+from pipeline.transforms import metrics
 from tests.orchestration.dagster_support import DATA, Roots
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,6 +49,16 @@ CHECKS = [
     "no_rows_quarantined",
     "rank_files_match_manifest",
     "rollouts_stay_in_one_train_step",
+]
+# The rollout metrics (CONTRACT section 7) that every step of data/rollouts has.
+PLOTTED = [
+    f"{metrics.RESPONSE_LEN}mean",
+    f"{metrics.RESPONSE_LEN}max",
+    metrics.TRUNCATED_RATIO,
+    metrics.RAW_REWARD,
+    metrics.ALL_ZERO_PERCENTAGE,
+    metrics.RANK_TOKENS_MAX_OVER_MEAN,
+    metrics.UNTRAINED_RATIO,
 ]
 # One step launched as a single run, two more as a backfill, as the UI does each.
 RUN_STEP = 2
@@ -589,6 +601,8 @@ def test_browser_shows_the_partition_and_its_check_results(
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(PAGE_TIMEOUT_MS)
+            # `expect` has a timeout of its own (5 s), too short for a loaded CI machine.
+            expect.set_options(timeout=PAGE_TIMEOUT_MS)
 
             page.goto(f"{server.url}/assets/{ASSET}?view=partitions&partition={key}")
             _shows_partition(page, key, written)
@@ -597,10 +611,14 @@ def test_browser_shows_the_partition_and_its_check_results(
             page.goto(f"{server.url}/assets/{ASSET}?view=checks")
             _shows_checks(page)
             page.screenshot(path=tmp_path / "checks.png", full_page=True)
+
+            page.goto(f"{server.url}/assets/{ASSET}")
+            _shows_columns_and_metric_plots(page)
+            page.screenshot(path=tmp_path / "overview.png", full_page=True)
         finally:
             browser.close()
-    assert (tmp_path / "partition.png").stat().st_size > 0
-    assert (tmp_path / "checks.png").stat().st_size > 0
+    for shot in ("partition.png", "checks.png", "overview.png"):
+        assert (tmp_path / shot).stat().st_size > 0
 
 
 def _shows_partition(page: Page, key: str, written: int) -> None:
@@ -621,3 +639,20 @@ def _shows_checks(page: Page) -> None:
     expect(page.get_by_text("Passed", exact=True).first).to_be_visible()
     launched = "|".join(partition_key(step) for step in [RUN_STEP, *BACKFILL_STEPS])
     expect(page.get_by_text(re.compile(f"^({launched})$")).first).to_be_visible()
+
+
+
+def _shows_columns_and_metric_plots(page: Page) -> None:
+    """The Overview tab: the Columns table lists every shard column with its description,
+    and the Metadata section's Plots view charts the rollout metrics across partitions
+    (one titled chart, drawn on a canvas, per numeric metadata key)."""
+    expect(page.get_by_text("Columns", exact=True).first).to_be_visible()
+    for name, description in c.DATASET_DESCRIPTIONS.items():
+        expect(page.get_by_text(name, exact=True).first).to_be_attached()
+        expect(page.get_by_text(description, exact=True).first).to_be_attached()
+    page.get_by_role("button", name="Plots").click()
+    for metric in PLOTTED:
+        title = page.get_by_text(metric, exact=True).first
+        title.scroll_into_view_if_needed()
+        expect(title).to_be_visible()
+    expect(page.locator("canvas").nth(len(PLOTTED) - 1)).to_be_attached()
