@@ -641,7 +641,6 @@ def _shows_checks(page: Page) -> None:
     expect(page.get_by_text(re.compile(f"^({launched})$")).first).to_be_visible()
 
 
-
 def _shows_columns_and_metric_plots(page: Page) -> None:
     """The Overview tab: the Columns table lists every shard column with its description,
     and the Metadata section's Plots view charts the rollout metrics across partitions
