@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -19,11 +18,11 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.columns import REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError, Violation
+from pipeline.schemas.rules import ROWS, SIBLINGS, TABLE, Model
 from pipeline.transforms import samples as s
 
 if TYPE_CHECKING:
     import pandera.polars as pa
-    from pandera.api.polars.types import PolarsData
 
 MAX_ROWS_SHOWN = 5
 # Removing invalid trajectories can expose a new failure (the all-or-none rules count
@@ -39,116 +38,67 @@ class RuleFailure:
 
 
 @cache
-def load_models() -> ModuleType:
-    """The Pandera models. Importing pandera is a good part of a small step's time, so it
-    happens on first use, and `ingest.load_samples` does it on a second thread while Polars
-    reads the files. Pandera's backends are registered only when a step fails a rule and its
-    failure cases are needed (`_failure_cases`)."""
-    # The polars versions of Pandera's built-in checks (isin, ge, ...) register on import,
-    # and a check built before that cannot run on polars data.
-    import pandera.backends.polars.builtin_checks  # noqa: F401
+def load_schemas() -> dict[str, pa.DataFrameSchema]:
+    """The Pandera schemas, imported on first use: only a step that breaks a rule needs
+    them (`_failure_cases`), and importing Pandera (with pandas) is most of a small step's
+    fixed cost."""
+    from pipeline.schemas.samples import SCHEMAS
 
-    from pipeline.schemas import samples as models
-
-    for model in (models.RolloutSampleTable, models.SampleRules, models.SiblingRewards):
-        _schema(model)
-    return models
+    return SCHEMAS
 
 
-@cache
-def _schema(model: type[pa.DataFrameModel]) -> pa.DataFrameSchema:
-    return model.to_schema()
-
-
-def _check_passed(check: pa.Check, data: PolarsData) -> pl.LazyFrame | None:
-    """One row, one boolean: does `check` pass on `data`? Evaluated as Pandera's polars
-    backend does (every output column must hold; a null passes only with `ignore_na`).
-    None for an element-wise check, which only Pandera runs."""
-    if check.element_wise:
-        return None
-    out = check._check_fn(data, **check._check_kwargs)
-    if isinstance(out, bool):
-        return pl.LazyFrame({"ok": [out]})
-    ok = pl.all_horizontal(pl.all()).fill_null(check.ignore_na)
-    result: pl.LazyFrame = out.select(ok.all().alias("ok"))
-    return result
-
-
-def _column_tests(schema: pa.DataFrameSchema, frame: pl.DataFrame) -> list[pl.LazyFrame] | None:
-    """The tests of every column of `schema`: presence and dtype (decided here), nulls and
-    its checks (as lazy one-row frames). None where Pandera would do something more."""
-    from pandera.api.polars.types import PolarsData
-
-    tests: list[pl.LazyFrame] = []
-    lazy = frame.lazy()
-    for name, column in schema.columns.items():
-        if column.regex or column.unique or column.coerce or column.drop_invalid_rows:
-            return None
-        if name not in frame.schema:
-            if column.required:
+def _column_tests(model: Model, schema: pl.Schema) -> list[pl.Expr] | None:
+    """One boolean expression per column test of `model` (nulls, allowed values, lower
+    bounds), as Pandera's polars backend evaluates them; None when a column is missing or
+    of another type (then Pandera reports it)."""
+    tests: list[pl.Expr] = []
+    for name, rule in model.columns.items():
+        if name not in schema:
+            if rule.required:
                 return None
             continue
-        if column.dtype is not None and column.dtype.type != frame.schema[name]:
+        if schema[name] != rule.dtype:
             return None
-        if not column.nullable:
-            missing = pl.col(name).is_null()
-            if frame.schema[name].is_float():
-                missing = missing | pl.col(name).is_nan()
-            tests.append(lazy.select((~missing).all().alias("ok")))
-        for check in column.checks:
-            test = _check_passed(check, PolarsData(lazy, name))
-            if test is None:
-                return None
-            tests.append(test)
+        value = pl.col(name)
+        if not rule.nullable:
+            missing = value.is_null()
+            if schema[name].is_float():
+                missing = missing | value.is_nan()
+            tests.append(~missing)
+        if rule.isin is not None:
+            tests.append(value.is_in(list(rule.isin)).fill_null(True))
+        if rule.ge is not None:
+            tests.append((value >= rule.ge).fill_null(True))
     return tests
 
 
-def passes(model: type[pa.DataFrameModel], frame: pl.DataFrame) -> bool | None:
-    """True when `frame` passes every column and dataframe check of `model`, found by one
-    Polars query over all the checks' expressions instead of Pandera's query per check.
-    False when some check fails; None when the model uses a feature this does not
-    evaluate (then only Pandera's own validation decides). New checks of the models join
-    by themselves: they are read from the schema, not listed here."""
-    from pandera.api.polars.types import PolarsData
-
-    load_models()
-    schema = _schema(model)
-    if schema.unique or schema.coerce or schema.ordered or schema.drop_invalid_rows:
-        return None
-    if schema.strict or schema.add_missing_columns:
-        return None
-    tests = _column_tests(schema, frame)
+def passes(model: Model, frame: pl.DataFrame) -> bool | None:
+    """True when `frame` passes every column test and rule of `model`, found by one Polars
+    query over the rules' expressions, without Pandera. False when some test fails; None
+    when the query cannot run (then Pandera's own validation decides)."""
+    tests = _column_tests(model, frame.schema)
     if tests is None:
-        return None
-    for check in schema.checks:
-        test = _check_passed(check, PolarsData(frame.lazy(), "*"))
-        if test is None:
-            return None
-        tests.append(test)
+        return False
+    tests += [rule.ok() for rule in model.rules]
     if not tests:
         return True
-    combined = pl.concat(
-        [test.select(pl.col("ok").alias(f"ok_{i}")) for i, test in enumerate(tests)],
-        how="horizontal",
-    )
+    query = frame.lazy().select(test.all().alias(f"ok_{i}") for i, test in enumerate(tests))
     try:
         with pl.Config(engine_affinity="in-memory"):
-            row = combined.collect().row(0)
+            row = query.collect().row(0)
     except pl.exceptions.PolarsError:
         return None
     return all(value is True for value in row)
 
 
-def _failure_cases(model: type[pa.DataFrameModel], frame: pl.DataFrame) -> pl.DataFrame | None:
+def _failure_cases(model: Model, frame: pl.DataFrame) -> pl.DataFrame | None:
     """Pandera's failure cases of `frame`, or None when it passes. A frame that `passes`
-    never reaches Pandera's validation; any other gets Pandera's own report, so the
-    failures and messages are Pandera's."""
+    never reaches Pandera; any other gets Pandera's own report, so the failures and
+    messages are Pandera's."""
     if passes(model, frame):
         return None
     from pandera.config import ValidationDepth, config_context
     from pandera.errors import SchemaErrors
-
-    _schema(model).get_backend(check_type=pl.DataFrame)
 
     # Pandera runs one small query per check: Polars' in-memory engine starts each one
     # faster than the streaming engine that Polars 2 picks by default.
@@ -157,7 +107,7 @@ def _failure_cases(model: type[pa.DataFrameModel], frame: pl.DataFrame) -> pl.Da
         pl.Config(engine_affinity="in-memory"),
     ):
         try:
-            model.validate(frame, lazy=True)
+            load_schemas()[model.name].validate(frame, lazy=True)
         except SchemaErrors as exc:
             cases: pl.DataFrame = exc.failure_cases
             return cases
@@ -223,7 +173,7 @@ def _column_messages() -> dict[str, str]:
 
 def check_columns(frame: pl.DataFrame, light: pl.DataFrame, step: int) -> list[RuleFailure]:
     """Rules of single values (nullability, allowed values, ranges) of a step's rows."""
-    table_cases = _failure_cases(load_models().RolloutSampleTable, frame.drop(c.REWARD))
+    table_cases = _failure_cases(TABLE, frame.drop(c.REWARD))
     if table_cases is None:
         return []
     messages = _column_messages()
@@ -235,8 +185,7 @@ def check_columns(frame: pl.DataFrame, light: pl.DataFrame, step: int) -> list[R
 def check_rules(light: pl.DataFrame, step: int, sibling_rewards: bool) -> list[RuleFailure]:
     """Row invariants and the rules across rows (rollout ids, sibling rewards)."""
     failures: list[RuleFailure] = []
-    models = load_models()
-    for model in [models.SampleRules] + ([models.SiblingRewards] if sibling_rewards else []):
+    for model in [ROWS] + ([SIBLINGS] if sibling_rewards else []):
         cases = _failure_cases(model, light)
         if cases is not None:
             failures += _summarise(cases, light, step, {})

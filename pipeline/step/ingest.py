@@ -6,7 +6,6 @@ The `rollout_samples` asset and `rollout-shards validate` stop here; `plan` take
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +15,7 @@ from pipeline import columns as c
 from pipeline.columns import PATH_STEP, REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError
 from pipeline.io.readers import SourceFile, load_step
-from pipeline.schemas.validate import load_models, validate_step
+from pipeline.schemas.validate import validate_step
 from pipeline.settings import Settings
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
 
@@ -75,11 +74,7 @@ def load_samples(step: int, sources: Sequence[SourceFile], settings: Settings) -
     aside whole and the rest goes on. Problems that name no rows (an unreadable file, a
     missing column, a column of an impossible type, a struct reward without reward_key)
     fail the step in both modes: there is nothing to set aside and nothing to count."""
-    # Polars reads without the GIL: Pandera's import and set-up run meanwhile.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        models = pool.submit(load_models)
-        loaded = load_step(step, sources)
-        models.result()
+    loaded = load_step(step, sources)
     original = loaded.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(ROW_ID))
     type_errors = loaded.type_errors
     if type_errors is None:

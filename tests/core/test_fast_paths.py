@@ -116,7 +116,7 @@ def test_one_query_agrees_with_pandera(tmp_path: Path, monkeypatch: pytest.Monke
 
     def both(model: Any, frame: pl.DataFrame) -> pl.DataFrame | None:
         cases = pandera_only(model, frame)
-        verdicts.append((model.__name__, fast_passes(model, frame), cases is None))
+        verdicts.append((model.name, fast_passes(model, frame), cases is None))
         return cases
 
     monkeypatch.setattr(validate, "passes", lambda model, frame: None)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import sample, write_step
+
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "pipeline"
 # Everything that imports Dagster lives here; the rest of `pipeline` is the core.
@@ -53,3 +55,37 @@ def test_the_orchestration_layer_is_what_imports_dagster() -> None:
         and ("import dagster" in path.read_text() or "from dagster" in path.read_text())
     ]
     assert offenders == []
+
+
+BUILD_AND_LIST_MODULES = """
+import sys
+from pathlib import Path
+from pipeline.io.readers import find_sources, group_steps
+from pipeline.settings import Settings
+from pipeline.step.build import build_step
+from pipeline.errors import StepError
+
+((step, sources),) = group_steps(find_sources([sys.argv[1]])).items()
+try:
+    build_step(step, sources, Settings(global_batch_size=4), Path(sys.argv[2]))
+except StepError as error:
+    print(error.violations[0].rule)
+print(sorted(name for name in ("pandera", "pandas") if name in sys.modules))
+"""
+
+
+def _build_in_a_fresh_interpreter(inputs: Path, out: Path) -> str:
+    command = [sys.executable, "-c", BUILD_AND_LIST_MODULES, str(inputs), str(out)]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+
+def test_a_valid_step_is_built_without_importing_pandera(tmp_path: Path) -> None:
+    """Pandera (and pandas, which it imports) load only when a rule fails: a valid step is
+    checked by one Polars query over the same rules."""
+    write_step(tmp_path / "in", [sample(i, reward=float(i % 2)) for i in range(8)])
+    assert _build_in_a_fresh_interpreter(tmp_path / "in", tmp_path / "out") == "[]\n"
+
+    write_step(tmp_path / "bad", [sample(i, reward=float(i % 2), leaf=-1) for i in range(8)])
+    assert _build_in_a_fresh_interpreter(tmp_path / "bad", tmp_path / "out") == (
+        "leaf_greater_than_or_equal_to\n['pandas', 'pandera']\n"
+    )

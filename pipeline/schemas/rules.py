@@ -1,0 +1,222 @@
+"""The rules of a rollout sample table (CONTRACT section 1, SEMANTICS sections 2-5), as
+plain Polars expressions: the one declaration both validators read.
+
+`pipeline.schemas.samples` builds the Pandera schemas from these models, and Pandera
+reports what fails; `pipeline.schemas.validate.passes` evaluates the same expressions in
+one Polars query, so that a step that breaks no rule never imports Pandera (its import,
+with pandas, is most of a small step's fixed cost).
+
+`TABLE` checks the types and nullability of the full table. The rules that look across
+rows run on the light per-row frame of `transforms.samples.light_columns`, so failure
+cases never carry token lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from pipeline import columns as c
+
+
+@dataclass(frozen=True)
+class ColumnRule:
+    """A contract column: its type, whether it may be null or absent, its allowed values
+    (`isin`) or lower bound (`ge`); a null passes `isin` and `ge`, as in Pandera."""
+
+    dtype: pl.DataType
+    nullable: bool
+    isin: tuple[str, ...] | None = None
+    ge: int | None = None
+
+    @property
+    def required(self) -> bool:
+        """Optional columns (those that may be null) may also be absent."""
+        return not self.nullable
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule over rows: `expr` is true on the rows that keep it. A null passes unless
+    `null_passes` is False."""
+
+    name: str
+    message: str
+    expr: pl.Expr
+    null_passes: bool = True
+
+    @property
+    def error(self) -> str:
+        return f"{self.name}: {self.message}"
+
+    def ok(self) -> pl.Expr:
+        return self.expr.fill_null(self.null_passes)
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    columns: dict[str, ColumnRule] = field(default_factory=dict)
+    rules: tuple[Rule, ...] = ()
+
+
+V2_MULTI_LEAF = (pl.col(c.SESSION_VERSION) == "v2").fill_null(False) & (
+    pl.col(c.TRAJECTORY_SIZE) > 1
+)
+
+TABLE = Model(
+    "RolloutSampleTable",
+    columns={
+        c.STEP: ColumnRule(pl.Int64(), nullable=False),
+        c.GROUP_INDEX: ColumnRule(pl.Int64(), nullable=True),
+        c.INDEX: ColumnRule(pl.Int64(), nullable=False),
+        c.LEAF: ColumnRule(pl.Int32(), nullable=False, ge=0),
+        c.ROLLOUT_ID: ColumnRule(pl.Int64(), nullable=True),
+        c.SESSION_VERSION: ColumnRule(pl.String(), nullable=True, isin=c.SESSION_VERSIONS),
+        c.STATUS: ColumnRule(pl.String(), nullable=False, isin=c.STATUSES),
+        c.TOKENS: ColumnRule(pl.List(pl.Int32()), nullable=False),
+        c.RESPONSE_LENGTH: ColumnRule(pl.Int32(), nullable=False, ge=0),
+        c.LOSS_MASK: ColumnRule(pl.List(pl.Int8()), nullable=True),
+        c.REMOVE_SAMPLE: ColumnRule(pl.Boolean(), nullable=False),
+        c.ROLLOUT_LOG_PROBS: ColumnRule(pl.List(pl.Float32()), nullable=True),
+        c.TEACHER_LOG_PROBS: ColumnRule(pl.List(pl.Float32()), nullable=True),
+        c.WEIGHT_VERSIONS: ColumnRule(pl.List(pl.String()), nullable=True),
+        c.RAW_REWARD: ColumnRule(pl.Float64(), nullable=True),
+        c.ROUND_NUMBER: ColumnRule(pl.Int64(), nullable=True),
+        c.TRAIN_METADATA: ColumnRule(pl.String(), nullable=True),
+    },
+)
+
+
+def _all_or_none(name: str) -> pl.Expr:
+    """The rows on the minority side are the odd ones out: rows without the column,
+    unless fewer than half the rows have it (then those few rows are flagged)."""
+    has = pl.col(f"_has_{name}")
+    mostly_set = has.sum() * 2 >= pl.len()
+    return pl.when(mostly_set).then(has).otherwise(~has)
+
+
+def _all_or_none_rule(name: str, message: str | None = None) -> Rule:
+    text = message or f"{name} is null on some rows and set on others"
+    return Rule(f"{name}_all_or_none", text, _all_or_none(name))
+
+
+_V2 = (pl.col(c.SESSION_VERSION) == "v2").fill_null(False)
+_SESSIONS = pl.col(c.SESSION_VERSION).fill_null("").n_unique().over(c.TRAJECTORY)
+_REPEATED_LEAF = pl.len().over(c.STEP, c.INDEX, c.LEAF) > 1
+
+ROWS = Model(
+    "SampleRules",
+    rules=(
+        Rule(
+            "step_matches_path",
+            "step column disagrees with the step in the file path",
+            pl.col(c.STEP) == pl.col("_path_step"),
+        ),
+        Rule(
+            "response_within_tokens",
+            "response_length must be within 0..len(tokens)",
+            pl.col(c.RESPONSE_LENGTH) <= pl.col(c.N_TOKENS),
+        ),
+        Rule(
+            "loss_mask_length",
+            "loss_mask length must equal response_length",
+            pl.col(c.MASK_LEN) == pl.col(c.RESPONSE_LENGTH),
+        ),
+        Rule("loss_mask_binary", "loss_mask values must be 0 or 1", pl.col(c.MASK_BINARY)),
+        Rule(
+            "rollout_log_probs_length",
+            "rollout_log_probs length must equal response_length",
+            pl.col(c.RLP_LEN) == pl.col(c.RESPONSE_LENGTH),
+        ),
+        Rule(
+            "teacher_log_probs_length",
+            "teacher_log_probs length must equal response_length",
+            pl.col(c.TLP_LEN) == pl.col(c.RESPONSE_LENGTH),
+        ),
+        Rule(
+            "train_metadata_json_object",
+            "train_metadata must be a JSON object ({...})",
+            pl.col(c.METADATA_OBJECT),
+        ),
+        # Rows repeating a (step, index, leaf) are unique_leaf's to report, and a
+        # trajectory mixing session versions is one_session_version's.
+        Rule(
+            "multi_leaf_only_in_v2",
+            "several rows share this index without session_version v2: only session v2 "
+            "writes multi-leaf trajectories, so these are duplicated rows",
+            (pl.col(c.TRAJECTORY_SIZE) == 1)
+            | _V2
+            | (_SESSIONS > 1)
+            | _REPEATED_LEAF.any().over(c.TRAJECTORY),
+        ),
+        Rule("unique_leaf", "(step, index, leaf) must be unique", ~_REPEATED_LEAF),
+        Rule(
+            "one_session_version",
+            "all leaves of a trajectory must have one session_version",
+            _SESSIONS == 1,
+        ),
+        Rule(
+            "rollout_id_only_on_v2_multi_leaf",
+            "rollout_id must be set exactly on the leaves of v2 multi-leaf trajectories; "
+            "v1 rows and v2 singletons keep it null (miles PR #2536)",
+            pl.col(c.ROLLOUT_ID).is_not_null() == V2_MULTI_LEAF,
+        ),
+        # A leaf without an id is rollout_id_only_on_v2_multi_leaf's to report.
+        Rule(
+            "rollout_id_shared_by_siblings",
+            "all leaves of a v2 multi-leaf trajectory must share one rollout_id",
+            pl.col(c.ROLLOUT_ID).drop_nulls().n_unique().over(c.TRAJECTORY) <= 1,
+        ),
+        Rule(
+            "rollout_key_unique_per_trajectory",
+            "a rollout key (rollout_id, else index) must belong to exactly one trajectory "
+            "of the step; two trajectories share it",
+            pl.col(c.INDEX).n_unique().over(c.STEP, c.ROLLOUT_KEY) == 1,
+        ),
+        Rule(
+            "reward_finite",
+            "reward must be a finite number on every row",
+            pl.col(c.REWARD_VALUE).is_finite(),
+            null_passes=False,
+        ),
+        Rule(
+            "raw_reward_finite",
+            "raw_reward must be a finite number or null on every row",
+            pl.col(c.RAW_REWARD).is_finite(),
+        ),
+        Rule(
+            "log_probs_finite",
+            "rollout_log_probs and teacher_log_probs must hold finite numbers only "
+            "(no NaN or infinity)",
+            pl.col(c.LOG_PROBS_FINITE),
+        ),
+        _all_or_none_rule(c.ROLLOUT_LOG_PROBS),
+        _all_or_none_rule(c.TEACHER_LOG_PROBS),
+        _all_or_none_rule(c.ROUND_NUMBER),
+        _all_or_none_rule(c.TRAIN_METADATA),
+    ),
+)
+
+
+def _rollout_shares_reward() -> pl.Expr:
+    reward = pl.col(c.REWARD_VALUE)
+    # NaN never equals itself, so NaN siblings disagree; a lone row always agrees.
+    same = (pl.len() == 1) | ((reward.max() == reward.min()) & ~reward.is_nan().any())
+    # A key shared by two trajectories is rollout_key_unique_per_trajectory's to report.
+    shared_key = pl.col(c.INDEX).n_unique() > 1
+    return (same | shared_key).over(c.STEP, c.ROLLOUT_KEY)
+
+
+# Rows of one rollout share one raw reward (SEMANTICS 5.3 step 3), when normalizing.
+SIBLINGS = Model(
+    "SiblingRewards",
+    rules=(
+        Rule(
+            "rollout_shares_reward",
+            "all samples of a rollout must share one reward",
+            _rollout_shares_reward(),
+        ),
+    ),
+)
