@@ -2,7 +2,7 @@
 
 - Shards are byte-identical to those of the code before issue 13 (commit 60d0e68): the
   digests below were taken from it on the same generated steps and settings.
-- Validation evaluates each Pandera model's checks in one Polars query (`passes`) and asks
+- Validation evaluates each model's rules (schemas/rules.py) in one Polars query (`passes`) and asks
   Pandera only when something fails: on every case of the schema-rule tests, on valid
   steps and with the sibling-reward rule, the one query and Pandera agree.
 """
