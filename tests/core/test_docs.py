@@ -125,7 +125,7 @@ def test_the_readme_links_the_project_docs() -> None:
 
 
 def test_the_readme_is_short() -> None:
-    assert len(README.read_text().splitlines()) <= 170
+    assert len(README.read_text().splitlines()) <= 155
 
 
 def test_the_checks_find_what_is_missing(tmp_path: Path) -> None:
