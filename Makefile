@@ -14,6 +14,8 @@ DAGSTER_HOME := $(CURDIR)/.dagster_home
 UI_PORT ?= 3000
 DAGSTER_ENV = DAGSTER_HOME=$(DAGSTER_HOME) ROLLOUT_SHARDS_INPUT=$(ROLLOUT_SHARDS_INPUT) \
 	ROLLOUT_SHARDS_OUTPUT=$(ROLLOUT_SHARDS_OUTPUT)
+# dg expects the project's venv to be the active one; say it is, as `source .venv/bin/activate` would.
+DG_ENV = $(DAGSTER_ENV) VIRTUAL_ENV=$(CURDIR)/$(VENV)
 
 .PHONY: run ui test install lint browser data clean
 
@@ -36,7 +38,7 @@ run: install $(DAGSTER_HOME)/dagster.yaml
 	$(DAGSTER_ENV) $(BIN)/python -m pipeline.orchestration.run_all
 
 ui: install $(DAGSTER_HOME)/dagster.yaml
-	$(DAGSTER_ENV) $(BIN)/dg dev -h 127.0.0.1 -p $(UI_PORT)
+	$(DG_ENV) $(BIN)/dg dev -h 127.0.0.1 -p $(UI_PORT)
 
 lint: install
 	$(BIN)/ruff check pipeline tests bench loader
@@ -53,7 +55,7 @@ browser:
 
 test: install lint browser $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/rollout-shards validate $(INPUT)
-	$(DAGSTER_ENV) $(BIN)/dg check defs
+	$(DG_ENV) $(BIN)/dg check defs
 	$(BIN)/python -m pytest
 
 data: install
