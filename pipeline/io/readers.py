@@ -313,43 +313,23 @@ def _read_jsonl(path: Path, step: int | None) -> pl.DataFrame:
         raise _unreadable(path, step, f"not valid JSON Lines: {first}") from None
 
 
-# Files are decoded in row ranges on threads of their own from this many rows on:
-# Polars decodes only the pages a slice needs, so halves cost half each.
-SPLIT_ROWS = 4096
-
-
 def _read_parquet(path: Path) -> pl.DataFrame:
-    """A Parquet file decoded on every core: each list column, and the other columns
-    together, in as many row ranges as there are cores, each range on a thread of its own.
+    """A Parquet file, its list columns each decoded on a thread of its own.
 
     Polars decodes a row group's columns one after another, and writers such as pyarrow
-    put a whole step in one row group, so a plain read keeps one core busy on the tokens
-    column; the list columns hold nearly all the bytes. Any failure falls back to a plain
-    read, whose error is the one to report."""
+    put a whole step in one row group, so a plain read keeps one core busy; the list
+    columns hold nearly all the bytes. Any failure falls back to a plain read, whose error
+    is the one to report."""
     try:
         schema = pl.read_parquet_schema(path)
         lists = [name for name, dtype in schema.items() if isinstance(dtype, pl.List)]
         rest = [name for name in schema if name not in lists]
-        workers = os.cpu_count() or 1
-        rows = pl.scan_parquet(path).select(pl.len()).collect().item()
-        parts = workers if rows >= SPLIT_ROWS else 1
-        bounds = [(rows * k // parts, rows * (k + 1) // parts) for k in range(parts)]
         groups = [[name] for name in lists] + ([rest] if rest else [])
-        tasks = [(columns, start, end) for columns in groups for start, end in bounds]
-        if len(tasks) < 2:
+        if len(groups) < 2:
             return pl.read_parquet(path)
-
-        def read(task: tuple[list[str], int, int]) -> pl.DataFrame:
-            columns, start, end = task
-            return pl.scan_parquet(path).select(columns).slice(start, end - start).collect()
-
-        with ThreadPoolExecutor(max_workers=min(len(tasks), workers)) as pool:
-            frames = list(pool.map(read, tasks))
-        by_column: dict[str, list[pl.DataFrame]] = {}
-        for (columns, _, _), frame in zip(tasks, frames, strict=True):
-            by_column.setdefault(columns[0], []).append(frame)
-        pieces = [pl.concat(ranges, how="vertical", rechunk=False) for ranges in by_column.values()]
-        return pl.concat(pieces, how="horizontal").select(list(schema))
+        with ThreadPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1)) as pool:
+            parts = list(pool.map(lambda columns: pl.read_parquet(path, columns=columns), groups))
+        return pl.concat(parts, how="horizontal").select(list(schema))
     except Exception:  # noqa: BLE001 - the plain read below reports it
         return pl.read_parquet(path)
 

@@ -18,7 +18,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.errors import StepError
-from pipeline.io import readers
 from pipeline.io.readers import find_sources, group_steps, sha256_of
 from pipeline.schemas import validate
 from pipeline.settings import Settings
@@ -137,21 +136,3 @@ def test_one_query_agrees_with_pandera(tmp_path: Path, monkeypatch: pytest.Monke
     models = ("RolloutSampleTable", "SampleRules")
     assert {(m, ok) for m in models for ok in (True, False)} <= outcomes
     assert ("SiblingRewards", True) in outcomes
-
-
-def test_reading_in_row_ranges_writes_the_same_bytes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Decoding the input in row ranges on two cores changes how it is read, not a byte of
-    the rank files: the same step built with and without the split."""
-    inputs = _generated(tmp_path / "in", non_compact=False)
-    sources = group_steps(find_sources([inputs]))[0]
-    settings = Settings(**SETTINGS["balanced"])
-    monkeypatch.setattr(readers.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(readers, "SPLIT_ROWS", 10**9)
-    whole = build_step(0, sources, settings, tmp_path / "whole")
-    monkeypatch.setattr(readers, "SPLIT_ROWS", 64)
-    split = build_step(0, sources, settings, tmp_path / "split")
-
-    assert [o.sha256 for o in split.outputs] == [o.sha256 for o in whole.outputs]
-    assert [o.sha256 for o in split.outputs] == BEFORE["compact-balanced"]

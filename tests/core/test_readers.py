@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import polars as pl
-import pyarrow.parquet as pq
 import pytest
 
 from pipeline.errors import StepError
-from pipeline.io import readers
 from pipeline.io.readers import find_sources, group_steps, load_step
 from tests.conftest import sample, table, write_step
 
@@ -66,37 +63,3 @@ def test_types_are_conformed_to_the_contract(tmp_path: Path) -> None:
     assert frame.schema["response_length"] == pl.Int32
     assert frame.schema["leaf"] == pl.Int32
     assert frame.schema["reward"] == pl.Float64
-
-
-@pytest.mark.parametrize("row_group_size", [None, 1000])
-@pytest.mark.parametrize("rows", [10, readers.SPLIT_ROWS + 7])
-def test_parquet_read_in_row_ranges_is_the_plain_read(
-    tmp_path: Path, rows: int, row_group_size: int | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The files are decoded in row ranges on every core (one row group or several, with
-    nulls and empty lists in the list columns): the frame equals Polars' plain read."""
-    rng = np.random.default_rng(3)
-    lengths = rng.integers(0, 20, rows)
-    tokens = [rng.integers(0, 50_000, n).tolist() for n in lengths]
-    frame = pl.DataFrame(
-        {
-            "index": np.arange(rows),
-            "tokens": pl.Series(tokens, dtype=pl.List(pl.Int32)),
-            "rollout_log_probs": pl.Series(
-                [None if n % 5 == 0 else (-rng.random(n)).tolist() for n in lengths],
-                dtype=pl.List(pl.Float32),
-            ),
-            "prompt": [f"prompt {i}" if i % 3 else None for i in range(rows)],
-        }
-    )
-    path = tmp_path / "step=1.parquet"
-    pq.write_table(frame.to_arrow(), path, row_group_size=row_group_size)
-
-    monkeypatch.setattr(readers.os, "cpu_count", lambda: 2)
-    read = readers._read_parquet(path)
-
-    # Two row ranges on two cores (one below SPLIT_ROWS), not the plain read's fallback.
-    if rows >= readers.SPLIT_ROWS:
-        assert read.get_column("tokens").n_chunks() >= 2
-    assert read.equals(pl.read_parquet(path), null_equal=True)
-    assert read.schema == pl.read_parquet(path).schema
