@@ -292,7 +292,7 @@ def _run(args: argparse.Namespace) -> int:
         return 1
 
 
-def _exit_now(status: int) -> NoReturn:
+def exit_now(status: int) -> NoReturn:
     """End the program without the interpreter's teardown (freeing every frame and module
     takes a tenth of a second or more after a big step). By now every step folder is
     committed and fsynced and every thread pool is joined; only the output streams may
@@ -312,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     status = _run(args)
     if argv is None:
-        _exit_now(status)
+        exit_now(status)
     return status
 
 

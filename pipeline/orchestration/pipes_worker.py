@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from dataclasses import asdict
 from typing import Any
 
 from dagster_pipes import open_dagster_pipes
 
+from pipeline.cli import exit_now
 from pipeline.errors import StepError, UsageError, Violation, os_violation
 from pipeline.settings import Settings
 from pipeline.step.roots import StepRoots
@@ -87,4 +87,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The Pipes session is closed (its last message written): skip the interpreter's
+    # teardown, which the launcher would otherwise wait for before the step succeeds.
+    exit_now(main())
