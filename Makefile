@@ -56,7 +56,7 @@ browser:
 test: install lint browser $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/rollout-shards validate $(INPUT)
 	$(DG_ENV) $(BIN)/dg check defs
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=15
 
 data: install
 	$(BIN)/python -m pipeline.sample_data $(INPUT)
