@@ -1,10 +1,8 @@
 """The Pandera schemas of a rollout sample table, built from the models of
 `pipeline.schemas.rules`: Pandera validates with them and reports the failure cases of a
-step that breaks a rule. Imported only then (see `validate.load_schemas`)."""
+step that breaks a rule. Imported only then (see `validate._failure_cases`)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import pandera.polars as pa
 import polars as pl
@@ -30,8 +28,7 @@ def _frame_check(rule: Rule) -> pa.Check:
     def check(data: PolarsData) -> pl.LazyFrame:
         return data.lazyframe.select(rule.ok().alias("ok"))
 
-    check_fn: Callable[[PolarsData], pl.LazyFrame] = check
-    return pa.Check(check_fn, name=rule.name, error=rule.error)
+    return pa.Check(check, name=rule.name, error=rule.error)
 
 
 def schema(model: Model) -> pa.DataFrameSchema:

@@ -10,8 +10,6 @@ quarantine mode the last phase repeats on what remains until nothing more fails.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
-from typing import TYPE_CHECKING
 
 import polars as pl
 
@@ -20,9 +18,6 @@ from pipeline.columns import REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError, Violation
 from pipeline.schemas.rules import ROWS, SIBLINGS, TABLE, Model
 from pipeline.transforms import samples as s
-
-if TYPE_CHECKING:
-    import pandera.polars as pa
 
 MAX_ROWS_SHOWN = 5
 # Removing invalid trajectories can expose a new failure (the all-or-none rules count
@@ -35,16 +30,6 @@ class RuleFailure:
     violation: Violation
     positions: pl.Series  # every failing row position in the step's batch order
     reason: str = ""  # "rule: message" for each failing row, without row-specific detail
-
-
-@cache
-def load_schemas() -> dict[str, pa.DataFrameSchema]:
-    """The Pandera schemas, imported on first use: only a step that breaks a rule needs
-    them (`_failure_cases`), and importing Pandera (with pandas) is most of a small step's
-    fixed cost."""
-    from pipeline.schemas.samples import SCHEMAS
-
-    return SCHEMAS
 
 
 def _column_tests(model: Model, schema: pl.Schema) -> list[pl.Expr] | None:
@@ -97,8 +82,12 @@ def _failure_cases(model: Model, frame: pl.DataFrame) -> pl.DataFrame | None:
     messages are Pandera's."""
     if passes(model, frame):
         return None
+    # Pandera (and pandas, which it imports) are most of a small step's fixed cost: only a
+    # step that breaks a rule loads them.
     from pandera.config import ValidationDepth, config_context
     from pandera.errors import SchemaErrors
+
+    from pipeline.schemas.samples import SCHEMAS
 
     # Pandera runs one small query per check: Polars' in-memory engine starts each one
     # faster than the streaming engine that Polars 2 picks by default.
@@ -107,7 +96,7 @@ def _failure_cases(model: Model, frame: pl.DataFrame) -> pl.DataFrame | None:
         pl.Config(engine_affinity="in-memory"),
     ):
         try:
-            load_schemas()[model.name].validate(frame, lazy=True)
+            SCHEMAS[model.name].validate(frame, lazy=True)
         except SchemaErrors as exc:
             cases: pl.DataFrame = exc.failure_cases
             return cases

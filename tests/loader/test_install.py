@@ -4,6 +4,7 @@ reads a built step exactly as the reference's rank dicts say, floats by bits."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 import subprocess
@@ -16,21 +17,13 @@ from tests.loader.loader_support import bits, expected_rank_dicts
 
 MILES_PINS = ["polars==1.42.1", "numpy", "pyarrow"]
 
-READ_IN_VENV = """
+# The venv has the loader but not the tests: the comparison function goes in as source.
+READ_IN_VENV = f"""
+from __future__ import annotations
 import json, sys
+from typing import Any
 from rollout_shards_loader import read_rank
-def bits(value):
-    if isinstance(value, float):
-        return ("float", value.hex())
-    if isinstance(value, bool):
-        return ("bool", value)
-    if isinstance(value, int):
-        return ("int", value)
-    if isinstance(value, list):
-        return [bits(v) for v in value]
-    if isinstance(value, dict):
-        return {k: bits(v) for k, v in value.items()}
-    return (type(value).__name__, value)
+{inspect.getsource(bits)}
 folder, dp = sys.argv[1], int(sys.argv[2])
 got = [read_rank(folder, r, dp_size=dp) for r in range(dp)]
 print(json.dumps([[list(d), bits(d)] for d in got]))
