@@ -236,5 +236,7 @@ def write_text_atomically(path: Path, text: str) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(staged, path)
+    except OSError as exc:  # a failed write names no file: name the one being written
+        raise OSError(exc.errno, exc.strerror, exc.filename or str(path)) from None
     finally:
         staged.unlink(missing_ok=True)

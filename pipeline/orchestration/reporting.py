@@ -9,6 +9,7 @@ from typing import Any
 import dagster as dg
 
 from pipeline.errors import StepError, UsageError, Violation, error_lines, os_violation
+from pipeline.orchestration.partitions import step_of
 from pipeline.step.stages import Metadata
 
 ROWS_SHOWN = 20
@@ -67,7 +68,8 @@ def failures_reported(context: dg.AssetExecutionContext) -> Iterator[None]:
     except UsageError as exc:
         raise dg.Failure(description=error_lines("build", exc)[0], allow_retries=False) from exc
     except OSError as exc:  # the machine's fault (disk full, permissions): one line too
-        error = StepError([os_violation(exc, "the output root")])
+        step = step_of(context.partition_key) if context.has_partition_key else None
+        error = StepError([os_violation(exc, "the output root", step)])
         raise dg.Failure(description=error_lines("build", error)[0]) from exc
 
 

@@ -67,8 +67,11 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
             )
         manifest.write(staged / MANIFEST)
 
-    writer.replace_folder(writer.step_folder(out_root, batch.step), fill)
+    # The card first: a step is published whole with its card, or (the card failed, say on
+    # a full disk) not at all, and a failure always means nothing of the step was written.
+    out_root.mkdir(parents=True, exist_ok=True)
     writer.write_text_atomically(out_root / DATASET_CARD, dataset_card())
+    writer.replace_folder(writer.step_folder(out_root, batch.step), fill)
     return manifest
 
 

@@ -53,7 +53,9 @@ def test_a_full_disk_is_one_line_and_writes_nothing(
 
     assert code == 1
     assert err == f"rollout-shards: build: step 1: rule os_error: no space left on {out}\n"
-    assert list(out.iterdir()) == []  # no step folder, no staged sibling left behind
+    # No step folder and no staged sibling left behind; the root's dataset card (written
+    # before a step commits, the same text for every step) is all there is.
+    assert [p.name for p in out.iterdir()] == ["README.md"]
 
 
 @pytest.mark.parametrize("write", [writer.write_parquet, writer.write_staged])
@@ -68,6 +70,27 @@ def test_a_real_full_disk_is_an_os_error_naming_the_file(write: Callable[..., An
 
     assert raised.value.errno == errno.ENOSPC
     assert raised.value.filename == "/dev/full"
+
+
+def test_a_dataset_card_that_does_not_fit_publishes_no_step(
+    step_input: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    """The output root's card is written before the step commits: when it fails (a full
+    disk), the step is not published and the line names the card."""
+
+    def full(path: Path, text: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(writer, "write_text_atomically", full)
+    out = tmp_path / "shards"
+
+    code, _, err = build(capsys, step_input, "--out", out)
+
+    assert code == 1
+    assert err == (
+        f"rollout-shards: build: step 1: rule os_error: no space left on {out / 'README.md'}\n"
+    )
+    assert list(out.iterdir()) == []
 
 
 def test_a_failing_blocking_check_leaves_the_previous_folder(

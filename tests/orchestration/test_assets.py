@@ -118,7 +118,8 @@ def test_a_full_disk_while_staging_is_one_line(
     _, failure = _step_failure(result)
     line = failure.description
     assert line.startswith(
-        f"rollout-shards: build: rule os_error: no space left on {roots.output / '.staging'}"
+        "rollout-shards: build: step 4: rule os_error: no space left on "
+        f"{roots.output / '.staging'}"
     )
     assert line.endswith("/samples.parquet") and "\n" not in line
     assert not (roots.output / ".staging" / "rollout_samples" / "step=4").exists()
