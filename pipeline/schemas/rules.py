@@ -105,6 +105,9 @@ def _all_or_none_rule(name: str, message: str | None = None) -> Rule:
 _V2 = (pl.col(c.SESSION_VERSION) == "v2").fill_null(False)
 _SESSIONS = pl.col(c.SESSION_VERSION).fill_null("").n_unique().over(c.TRAJECTORY)
 _REPEATED_LEAF = pl.len().over(c.STEP, c.INDEX, c.LEAF) > 1
+# Some leaf of the trajectory is repeated (as `_REPEATED_LEAF.any().over(TRAJECTORY)`,
+# without a window inside a window: 0.006 s against 0.09 s at 32k rows).
+_HAS_REPEATED_LEAF = pl.col(c.LEAF).n_unique().over(c.TRAJECTORY) < pl.len().over(c.TRAJECTORY)
 
 ROWS = Model(
     "SampleRules",
@@ -146,10 +149,7 @@ ROWS = Model(
             "multi_leaf_only_in_v2",
             "several rows share this index without session_version v2: only session v2 "
             "writes multi-leaf trajectories, so these are duplicated rows",
-            (pl.col(c.TRAJECTORY_SIZE) == 1)
-            | _V2
-            | (_SESSIONS > 1)
-            | _REPEATED_LEAF.any().over(c.TRAJECTORY),
+            (pl.col(c.TRAJECTORY_SIZE) == 1) | _V2 | (_SESSIONS > 1) | _HAS_REPEATED_LEAF,
         ),
         Rule("unique_leaf", "(step, index, leaf) must be unique", ~_REPEATED_LEAF),
         Rule(

@@ -189,10 +189,13 @@ class Verdict:
     violations: list[Violation]  # one per broken rule
     failing: pl.DataFrame  # ROW_ID, REASON: one row per failing row and rule
     settled: bool  # every violation names rows, so setting them aside leaves a valid step
+    light: pl.DataFrame | None = None  # the light columns of `valid`, when computed
 
 
 def without_trajectories(frame: pl.DataFrame, row_ids: pl.Series) -> pl.DataFrame:
     """The rows of every trajectory that holds none of `row_ids`."""
+    if row_ids.is_empty():  # a valid step: no window over its trajectories, no copy
+        return frame
     touched = pl.col(ROW_ID).is_in(row_ids.implode()).any().over(c.TRAJECTORY)
     return frame.filter(~touched)
 
@@ -231,17 +234,22 @@ def validate_step(
     violations = list(type_violations)
     typed_bad = frame.filter(pl.col(TYPE_ERROR).is_not_null())
     failing = [typed_bad.select(ROW_ID, pl.col(TYPE_ERROR).alias(REASON))]
-    typed = frame.filter(pl.col(TYPE_ERROR).is_null())
-    failures = check_columns(typed, light(typed), step)
+    typed = frame.filter(pl.col(TYPE_ERROR).is_null()) if typed_bad.height else frame
+    typed_light = light(typed)
+    failures = check_columns(typed, typed_light, step)
     settled = all(f.positions.len() for f in failures)
     if failures:
         violations += [f.violation for f in failures]
         failing.append(_failing_rows(typed, failures))
     valid = without_trajectories(frame, pl.concat([f.get_column(ROW_ID) for f in failing]))
+    valid_light = None
     for _ in range(MAX_ROUNDS):
-        failures = check_rules(light(valid), step, sibling_rewards)
+        # the light columns of the typed rows serve again while no row was set aside
+        valid_light = typed_light if valid is typed else light(valid)
+        failures = check_rules(valid_light, step, sibling_rewards)
         if not failures:
             break
+        valid_light = None
         settled = settled and all(f.positions.len() for f in failures)
         violations += [f.violation for f in failures]
         rows = _failing_rows(valid, failures)
@@ -256,4 +264,5 @@ def validate_step(
         violations=violations,
         failing=pl.concat(failing, how="vertical_relaxed"),
         settled=settled,
+        light=valid_light,
     )

@@ -36,6 +36,9 @@ class SampleTable:
     ingested: int
     repaired: dict[str, int] = field(default_factory=dict)
     quarantine: pl.DataFrame | None = None
+    # The light columns of `frame` (`transforms.samples.light_columns`) as validation
+    # computed them, for the plan; None when not at hand (a staged batch).
+    light: pl.DataFrame | None = None
 
 
 def quarantine_table(loaded: pl.DataFrame, failing: pl.DataFrame) -> pl.DataFrame:
@@ -105,4 +108,5 @@ def load_samples(step: int, sources: Sequence[SourceFile], settings: Settings) -
         ingested=loaded.frame.height,
         repaired=repaired,
         quarantine=quarantine,
+        light=verdict.light,
     )

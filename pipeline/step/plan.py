@@ -229,7 +229,7 @@ def untrained_warning(meta: Manifest) -> str | None:
 def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     """Trim, compute every shard column and the layout; the batch in write order."""
     step, frame = samples.step, samples.frame
-    light = _light(frame, settings, step).lazy()
+    light = (samples.light if samples.light is not None else _light(frame, settings, step)).lazy()
     compact = is_compact(light)
     try:
         trim = plan_trim(frame.height, settings, compact, step)

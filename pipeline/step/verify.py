@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
-import pyarrow.parquet as pq
 
 from pipeline import columns as c
 from pipeline.io import writer
@@ -60,9 +59,11 @@ def rank_file_problems(manifest: Manifest, folder: Path, hash_files: bool = True
             problems.append((name, "sha256 differs from the manifest"))
         else:
             try:
-                count = pq.ParquetFile(path).metadata.num_rows
+                # the footer's row count; Polars reads no data page for it
+                count = pl.scan_parquet(path).select(pl.len()).collect().item()
             except Exception as exc:  # noqa: BLE001 - any read failure means a bad file
-                problems.append((name, f"does not read as Parquet: {exc}"))
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                problems.append((name, f"does not read as Parquet: {first}"))
                 continue
             if count != recorded[name].rows:
                 problems.append((name, f"{count} rows, manifest says {recorded[name].rows}"))

@@ -46,16 +46,21 @@ def plain_layout(keys: np.ndarray, lengths: np.ndarray, settings: Settings) -> L
     train_step, steps_per_rank = rank_train_steps(parts, settings.global_batch_size // dp)
     steps = max(steps_per_rank, default=0)
     trained = train_step != UNTRAINED
-    trained_keys = keys[order][trained]
-    pairs = np.unique(np.stack([train_step[trained].astype(np.int64), trained_keys]), axis=1)
-    num_rollouts = np.bincount(pairs[0], minlength=steps).tolist()
+    # distinct rollouts per train step (a hash count: np.unique over pairs sorts them)
+    per_step = (
+        pl.DataFrame({"step": train_step[trained], "key": keys[order][trained]})
+        .group_by("step")
+        .agg(pl.col("key").n_unique())
+    )
+    num_rollouts = np.zeros(steps, dtype=np.int64)
+    num_rollouts[per_step.get_column("step").to_numpy()] = per_step.get_column("key").to_numpy()
     return Layout(
         order=order,
         rank=rank,
         train_step=train_step,
         micro_batch=None,
         dropped=np.zeros(0, dtype=np.int64),
-        num_rollouts=num_rollouts,
+        num_rollouts=num_rollouts.tolist(),
         num_microbatches=None,
         steps_per_rank=steps_per_rank,
     )
