@@ -260,3 +260,26 @@ def test_wrong_type_names_column_and_rows(rows_dir: Path) -> None:
     assert violation.rule == "column_type"
     assert violation.message.startswith("column response_length must be Int32")
     assert violation.rows == [(1, None)]
+
+
+def test_repeated_leaf_of_a_trajectory_is_the_window_it_replaces() -> None:
+    """multi_leaf_only_in_v2 asks whether some leaf of the row's trajectory repeats. It is
+    computed by counting distinct leaves, not by a window inside a window; both agree on
+    repeated, unique and null leaves, in several steps."""
+    from pipeline import columns as c
+    from pipeline.schemas import rules
+
+    frame = pl.DataFrame(
+        {
+            c.STEP: [1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2],
+            c.INDEX: [0, 0, 1, 1, 2, 0, 0, 3, 3, 4, 4],
+            c.LEAF: [0, 1, 0, 0, None, 0, 0, None, None, None, 1],
+        },
+        schema={c.STEP: pl.Int64, c.INDEX: pl.Int64, c.LEAF: pl.Int32},
+    )
+    window = rules._REPEATED_LEAF.any().over(c.TRAJECTORY)
+    got = frame.select(rules._HAS_REPEATED_LEAF.alias("new"), window.alias("old"))
+    assert got.get_column("new").to_list() == got.get_column("old").to_list()
+    assert got.get_column("new").to_list() == [
+        False, False, True, True, False, True, True, True, True, False, False
+    ]  # fmt: skip
