@@ -22,7 +22,14 @@ from pipeline.io.readers import SourceFile, find_sources, group_steps
 from pipeline.io.writer import clean_stale, step_folder
 from pipeline.manifest import Manifest
 from pipeline.progress import Progress
-from pipeline.settings import DISABLE_FLAGS, Settings, data_settings_files, load_settings
+from pipeline.settings import (
+    DISABLE_FLAGS,
+    Settings,
+    data_settings_files,
+    load_settings,
+    setting_fields,
+    setting_types,
+)
 from pipeline.step.build import STAGE_NAMES, alarm_lines, build_step, summary_line
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
@@ -42,8 +49,7 @@ def _flag(name: str) -> str:
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("settings (override the config file; named as miles' flags)")
-    for name, info in Settings.model_fields.items():
-        help_text = info.description
+    for name, annotation, help_text in setting_fields():
         if name in DISABLE_FLAGS:
             group.add_argument(
                 _flag(DISABLE_FLAGS[name]),
@@ -53,7 +59,6 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
                 help=f"turn off {name}",
             )
             continue
-        annotation = info.annotation
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         base = args[0] if isinstance(annotation, types.UnionType) and args else annotation
         if base is bool:
@@ -115,7 +120,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    names = set(Settings.model_fields)
+    names = set(setting_types())
     overrides = {k: v for k, v in vars(args).items() if k in names}
     return load_settings(args.config, data_settings_files(args.inputs), **overrides)
 
@@ -244,7 +249,7 @@ def run_validate(args: argparse.Namespace) -> int:
                 "step": step,
                 "valid": True,
                 "violations": [],
-                "counts": batch.meta.counts.model_dump(),
+                "counts": batch.meta.counts.to_dict(),
             }
         )
     if args.format == "json":

@@ -70,7 +70,7 @@ def plan(root: Path, **settings: Any):
 def build(root: Path, out: Path, **settings: Any) -> dict[str, Any]:
     """Build the only step under root; its manifest as the JSON a user reads."""
     ((step, sources),) = group_steps(find_sources([root])).items()
-    return build_step(step, sources, load_settings(**settings), out).model_dump(mode="json")
+    return build_step(step, sources, load_settings(**settings), out).to_dict()
 
 
 def ranks(out: Path, step: int = 1) -> list[pl.DataFrame]:

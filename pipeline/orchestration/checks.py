@@ -61,7 +61,7 @@ def manifest_counts_add_up(
         passed=not problems,
         description="; ".join(problem for _, problem in problems) or None,
         metadata={
-            **manifest.counts.model_dump(),
+            **manifest.counts.to_dict(),
             "rows_in_rank_files": verify.rows_in_rank_files(manifest),
         },
     )

@@ -38,7 +38,7 @@ def worker_extras(
         "stages": stages,
         "step": step,
         "roots": roots.to_json(),
-        "settings": settings.model_dump(mode="json") if settings is not None else None,
+        "settings": settings.to_dict() if settings is not None else None,
     }
 
 
@@ -69,7 +69,7 @@ def main() -> int:
         step = int(pipes.get_extra("step"))
         roots = StepRoots.from_json(pipes.get_extra("roots"))
         raw_settings = pipes.get_extra("settings")
-        settings = Settings.model_validate(raw_settings) if raw_settings is not None else None
+        settings = Settings(**raw_settings) if raw_settings is not None else None
         names = ", ".join(stages)
         pipes.log.info(f"step {step}: {names} on {socket.gethostname()}, pid {os.getpid()}")
         try:

@@ -17,7 +17,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field, create_model
 
-from pipeline.settings import Settings
+from pipeline.settings import setting_fields
 
 
 def _optional(name: str, annotation: Any) -> Any:
@@ -35,7 +35,7 @@ class _Overrides(dg.Config):
     def overrides(self) -> dict[str, Any]:
         """The settings this run sets, as plain values for `load_settings`."""
         values = {}
-        for name in Settings.model_fields:
+        for name, _, _ in setting_fields():
             value = getattr(self, name)
             if value is not None:
                 values[name] = value.value if isinstance(value, Enum) else value
@@ -49,9 +49,9 @@ BuildConfig = create_model(  # type: ignore[call-overload]
     __module__=__name__,
     **{
         name: (
-            _optional(name, info.annotation),
-            Field(None, description=f"{info.description} Unset: from the settings files."),
+            _optional(name, annotation),
+            Field(None, description=f"{description} Unset: from the settings files."),
         )
-        for name, info in Settings.model_fields.items()
+        for name, annotation, description in setting_fields()
     },
 )

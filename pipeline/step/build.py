@@ -64,7 +64,7 @@ def build_step(
     report.end(step, read, f"{samples.ingested} rows read")
     report.begin(step, plan)
     batch = plan_batch(samples, settings)
-    batch.meta = batch.meta.model_copy(update={"skipped_files": list(skipped)})
+    batch.meta = batch.meta.replace(skipped_files=list(skipped))
     report.end(step, plan, f"{batch.meta.counts.written} rows to write")
     report.begin(step, write)
     manifest = write_shards(batch, out_root)

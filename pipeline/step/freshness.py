@@ -55,7 +55,7 @@ def shards_are_current(
     if manifest is None:
         return False
     same_inputs = [record.sha256 for record in manifest.inputs] == list(input_sha256)
-    return same_inputs and manifest.settings == settings.model_dump(mode="json")
+    return same_inputs and manifest.settings == settings.to_dict()
 
 
 def current_manifest(
@@ -87,12 +87,12 @@ def stat_fingerprint(sources: Sequence[SourceFile], settings: Settings) -> str:
     for source in sources:
         st = source.path.stat()
         stats.append(f"{source.path}:{st.st_size}:{st.st_mtime_ns}")
-    return _digest(settings.model_dump_json(), *stats)
+    return _digest(settings.to_json(), *stats)
 
 
 def content_hash(input_sha256: Sequence[str], settings: Settings) -> str:
     """What a build of the step depends on: its files' bytes in batch order, and the settings."""
-    return _digest(settings.model_dump_json(), *input_sha256)
+    return _digest(settings.to_json(), *input_sha256)
 
 
 def recorded_sha256(

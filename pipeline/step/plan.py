@@ -5,6 +5,7 @@ The `train_batch` asset; the list columns stay in batch order until `write` gath
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -245,7 +246,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     light = light_shard_columns(light.head(trim.kept)).with_columns(raw_reward(frame.schema))
     light, equal_groups = with_rewards(light, trim.kept, settings)
     light_df = light.collect()
-    effective = settings.model_copy(update={"global_batch_size": trim.global_batch_size})
+    effective = dataclasses.replace(settings, global_batch_size=trim.global_batch_size)
     layout = batch_layout(light_df, effective)
     _check_every_rank_has_rows(layout.rank, settings.dp_size, step)
     untrained_ranks = _refuse_what_cannot_train(light_df, layout, effective, step)
@@ -266,7 +267,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     stats |= layout_metrics(rows.scalars.lazy(), settings.dp_size, counts)
     meta = Manifest(
         step=step,
-        settings=settings.model_dump(mode="json"),
+        settings=settings.to_dict(),
         inputs=[InputFile(**record) for record in samples.inputs],
         counts=counts,
         repaired=samples.repaired,

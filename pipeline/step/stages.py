@@ -86,7 +86,7 @@ def table(records: list[dict[str, Any]], types: dict[str, str]) -> dict[str, Any
 
 def _layout(meta: Manifest) -> Metadata:
     return {
-        **{name: scalar(count) for name, count in meta.counts.model_dump().items()},
+        **{name: scalar(count) for name, count in meta.counts.to_dict().items()},
         "is_compact": scalar(meta.is_compact),
         "global_batch_size": scalar(meta.global_batch_size),
         "dynamic_global_batch_size": scalar(meta.dynamic_global_batch_size),

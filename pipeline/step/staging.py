@@ -65,7 +65,7 @@ def save_samples(roots: StepRoots, samples: SampleTable, settings: Settings) -> 
             "repaired": samples.repaired,
         }
         (target / META).write_text(json.dumps(meta))
-        (target / SETTINGS).write_text(settings.model_dump_json())
+        (target / SETTINGS).write_text(settings.to_json())
 
     writer.replace_folder(folder, save)
     return folder
@@ -73,7 +73,7 @@ def save_samples(roots: StepRoots, samples: SampleTable, settings: Settings) -> 
 
 def load_samples(roots: StepRoots, step: int) -> tuple[SampleTable, Settings]:
     folder = _existing(roots.staging_folder(ROLLOUT_SAMPLES, step), ROLLOUT_SAMPLES, step)
-    settings = Settings.model_validate_json((folder / SETTINGS).read_text())
+    settings = Settings(**json.loads((folder / SETTINGS).read_text()))
     meta = json.loads((folder / META).read_text())
     samples = SampleTable(
         step=meta["step"],
@@ -101,7 +101,7 @@ def save_batch(roots: StepRoots, batch: TrainBatch) -> Path:
 
 def load_batch(roots: StepRoots, step: int) -> TrainBatch:
     folder = _existing(roots.staging_folder(TRAIN_BATCH, step), TRAIN_BATCH, step)
-    meta = Manifest.model_validate_json((folder / META).read_text())
+    meta = Manifest.from_json((folder / META).read_text())
     return TrainBatch(
         step=meta.step,
         frame=pl.read_parquet(folder / BATCH_FILE),

@@ -29,7 +29,7 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
     dp = batch.meta.dp_size
     ranks = batch.ranks().to_numpy()
     bounds = np.searchsorted(ranks, np.arange(dp + 1), side="left")
-    manifest = batch.meta.model_copy()
+    manifest = batch.meta.replace()
 
     def fill(staged: Path) -> None:
         def write_rank(rank: int) -> OutputFile:

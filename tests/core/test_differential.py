@@ -101,7 +101,7 @@ def test_pipeline_matches_reference(rows: list[dict[str, Any]], chosen: dict[str
             assert expected is None, f"pipeline refused what the reference accepts: {exc}"
             return
     assert expected is not None, "pipeline accepted what the reference refuses"
-    meta = batch.meta.model_dump()
+    meta = batch.meta.to_dict()
     assert meta["is_compact"] == expected["is_compact"]
     assert meta["global_batch_size"] == expected["global_batch_size"]
     assert meta["dynamic_global_batch_size"] == expected["dynamic_global_batch_size"]

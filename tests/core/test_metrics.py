@@ -128,7 +128,7 @@ def test_alarming_metrics_get_a_line(
         for i, (r, s) in enumerate(zip(rewards, statuses, strict=True))
     ]
     write_step(rows_dir, rows)
-    manifest = Manifest.model_validate(build(rows_dir, tmp_path / "out", global_batch_size=4))
+    manifest = Manifest.from_dict(build(rows_dir, tmp_path / "out", global_batch_size=4))
     lines = alarm_lines(manifest)
     assert len(lines) == len(alarms)
     for line, alarm in zip(lines, alarms, strict=True):

@@ -65,7 +65,7 @@ def test_trim_11_rows_to_batches_of_4_keeps_first_8(rows_dir: Path) -> None:
     write_step(rows_dir, [sample(i) for i in range(11)])
     batch = plan(rows_dir, global_batch_size=4)
     assert batch_column(rows_dir, c.SAMPLE_INDICES, global_batch_size=4) == list(range(8))
-    assert batch.meta.counts.model_dump() == {
+    assert batch.meta.counts.to_dict() == {
         "ingested": 11,
         "quarantined": 0,
         "repaired": 0,

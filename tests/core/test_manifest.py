@@ -1,0 +1,92 @@
+"""The manifest is a checked dataclass: it reads back what it wrote, and a manifest of
+another shape reads as none (the step is rebuilt), as pydantic's strict models did."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipeline.manifest import Counts, InputFile, Manifest, OutputFile, ShapeError
+
+
+def manifest() -> Manifest:
+    return Manifest(
+        step=3,
+        settings={"global_batch_size": 4, "dp_size": 2},
+        inputs=[InputFile(path="in/step=3.parquet", sha256="ab" * 32, rows=5)],
+        counts=Counts(ingested=5, quarantined=0, repaired=0, trimmed=1, dropped=0, written=4),
+        repaired={"cleared": 0, "stamped": 0},
+        is_compact=False,
+        global_batch_size=4,
+        dynamic_global_batch_size=None,
+        num_train_steps=1,
+        num_rollouts=[4],
+        num_microbatches=None,
+        equal_reward_groups=0,
+        ignored_columns=[],
+        stats={"rollout/raw_reward": 0.5, "untrained_ratio": 0.0},
+        outputs=[OutputFile(path="rank=0.parquet", sha256="cd" * 32, rows=2, tokens=40)],
+        dropped_raw_reward=[None, 1.5],
+    )
+
+
+def test_a_manifest_reads_back_what_it_wrote(tmp_path: Path) -> None:
+    written = manifest()
+    written.write(tmp_path / "manifest.json")
+    read = Manifest.read(tmp_path / "manifest.json")
+    assert read == written
+    assert isinstance(read.inputs[0], InputFile) and isinstance(read.counts, Counts)
+    assert json.loads(written.to_json())["counts"]["untrained"] == 0
+
+
+def _with(change: dict[str, Any]) -> str:
+    data = manifest().to_dict()
+    for path, value in change.items():
+        *parents, leaf = path.split(".")
+        target = data
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        if value is KeyError:
+            del target[leaf]
+        else:
+            target[leaf] = value
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"step": True},  # a bool is not an int
+        {"step": "3"},
+        {"step": 3.0},
+        {"is_compact": 1},
+        {"num_rollouts": [4.0]},
+        {"stats": {"x": "0.5"}},
+        {"stats": {"x": None}},
+        {"counts.written": KeyError},  # a required field missing
+        {"counts.extra": 1},  # an unknown field
+        {"inputs": [{"path": "a", "sha256": "b"}]},
+        {"outputs.0.tokens": "40"},
+        {"repaired": ["cleared"]},
+        {"surprise": []},
+    ],
+)
+def test_a_manifest_of_another_shape_reads_as_none(tmp_path: Path, change: dict) -> None:
+    (tmp_path / "manifest.json").write_text(_with(change))
+    assert Manifest.read(tmp_path / "manifest.json") is None
+    with pytest.raises(ShapeError):
+        Manifest.from_json(_with(change))
+
+
+def test_numbers_widen_as_in_json_and_nothing_else_is_converted(tmp_path: Path) -> None:
+    read = Manifest.from_json(_with({"stats": {"x": 1}, "dropped_raw_reward": [2, None]}))
+    assert read.stats == {"x": 1.0} and type(read.stats["x"]) is float
+    assert read.dropped_raw_reward == [2.0, None]
+    with pytest.raises(ShapeError):  # a numpy integer never reaches manifest.json
+        manifest().replace(step=np.int64(3))
+    with pytest.raises(ShapeError):
+        OutputFile(path="rank=0.parquet", sha256="x", rows=np.int32(2))
