@@ -11,7 +11,6 @@ import json
 import os
 import re
 import sys
-import types
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from pipeline.settings import (
     Settings,
     data_settings_files,
     load_settings,
+    non_null,
     setting_fields,
     setting_types,
 )
@@ -59,8 +59,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
                 help=f"turn off {name}",
             )
             continue
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        base = args[0] if isinstance(annotation, types.UnionType) and args else annotation
+        base = non_null(annotation)
         if base is bool:
             group.add_argument(
                 _flag(name),

@@ -57,6 +57,13 @@ def error_lines(command: str, exc: StepError | UsageError) -> list[str]:
     return [f"{PROG}: {command}: {violation.line()}" for violation in exc.violations]
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (a library's may run over many), or its
+    type's name when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def step_error(rule: str, message: str, step: int | None = None) -> StepError:
     return StepError([Violation(rule=rule, message=message, step=step)])
 

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import json
 import math
+import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -158,13 +159,18 @@ def _as_str(value: Any) -> tuple[Any, str | None]:
     return None, "Input should be a valid string"
 
 
+def non_null(kind: Any) -> Any:
+    """A setting's type without null: `int` of `int | None`, `bool` of `bool`."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    return args[0] if isinstance(kind, types.UnionType) and args else kind
+
+
 def _parse(value: Any, kind: Any, ge: int | None) -> tuple[Any, str | None]:
     """`value` read as `kind`, or why it cannot be (in pydantic's words)."""
-    args = typing.get_args(kind)
-    if type(None) in args:
+    if (base := non_null(kind)) is not kind:
         if value is None:
             return None, None
-        kind = next(a for a in args if a is not type(None))
+        kind = base
     if typing.get_origin(kind) is Literal:
         choices = typing.get_args(kind)
         if isinstance(value, str) and value in choices:

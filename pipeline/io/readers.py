@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 from pipeline import columns as c
 from pipeline.columns import JSON_RULE, JSON_VALUE, PATH_STEP, TYPE_ERROR
-from pipeline.errors import StepError, UsageError, Violation
+from pipeline.errors import StepError, UsageError, Violation, first_line
 from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump, read_miles_dump
 
 TABLE_SUFFIXES = {".parquet": "parquet", ".arrow": "ipc", ".feather": "ipc", ".jsonl": "jsonl"}
@@ -309,8 +309,7 @@ def _read_jsonl(path: Path, step: int | None) -> pl.DataFrame:
     try:
         return pl.from_dicts(records, infer_schema_length=None)
     except (pl.exceptions.PolarsError, TypeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise _unreadable(path, step, f"not valid JSON Lines: {first}") from None
+        raise _unreadable(path, step, f"not valid JSON Lines: {first_line(exc)}") from None
 
 
 def _read_parquet(path: Path) -> pl.DataFrame:
@@ -353,8 +352,7 @@ def read_table(path: Path, step: int | None = None) -> pl.DataFrame:
     except StepError:
         raise
     except Exception as exc:  # noqa: BLE001 - any reader failure is the file's fault
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise _unreadable(path, step, f"cannot read {kind}: {first}") from exc
+        raise _unreadable(path, step, f"cannot read {kind}: {first_line(exc)}") from exc
 
 
 def read_source(source: SourceFile, step: int | None = None) -> pl.DataFrame:

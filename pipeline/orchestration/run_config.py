@@ -9,7 +9,6 @@ the defaults), so the launchpad only needs what a run changes.
 
 from __future__ import annotations
 
-import types
 import typing
 from enum import Enum, StrEnum
 from typing import Any
@@ -17,13 +16,12 @@ from typing import Any
 import dagster as dg
 from pydantic import Field, create_model
 
-from pipeline.settings import setting_fields
+from pipeline.settings import non_null, setting_fields
 
 
 def _optional(name: str, annotation: Any) -> Any:
     """The type of a setting as an optional run-config field."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    base = args[0] if isinstance(annotation, types.UnionType) and args else annotation
+    base = non_null(annotation)
     if typing.get_origin(base) is typing.Literal:
         values = typing.get_args(base)
         enum_name = "".join(part.title() for part in name.split("_"))

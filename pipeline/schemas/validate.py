@@ -242,14 +242,12 @@ def validate_step(
         violations += [f.violation for f in failures]
         failing.append(_failing_rows(typed, failures))
     valid = without_trajectories(frame, pl.concat([f.get_column(ROW_ID) for f in failing]))
-    valid_light = None
     for _ in range(MAX_ROUNDS):
         # the light columns of the typed rows serve again while no row was set aside
         valid_light = typed_light if valid is typed else light(valid)
         failures = check_rules(valid_light, step, sibling_rewards)
         if not failures:
             break
-        valid_light = None
         settled = settled and all(f.positions.len() for f in failures)
         violations += [f.violation for f in failures]
         rows = _failing_rows(valid, failures)
@@ -264,5 +262,5 @@ def validate_step(
         violations=violations,
         failing=pl.concat(failing, how="vertical_relaxed"),
         settled=settled,
-        light=valid_light,
+        light=None if failures else valid_light,
     )

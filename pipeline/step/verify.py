@@ -12,6 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from pipeline import columns as c
+from pipeline.errors import first_line
 from pipeline.io import writer
 from pipeline.io.readers import sha256_of
 from pipeline.manifest import Manifest
@@ -62,8 +63,7 @@ def rank_file_problems(manifest: Manifest, folder: Path, hash_files: bool = True
                 # the footer's row count; Polars reads no data page for it
                 count = pl.scan_parquet(path).select(pl.len()).collect().item()
             except Exception as exc:  # noqa: BLE001 - any read failure means a bad file
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                problems.append((name, f"does not read as Parquet: {first}"))
+                problems.append((name, f"does not read as Parquet: {first_line(exc)}"))
                 continue
             if count != recorded[name].rows:
                 problems.append((name, f"{count} rows, manifest says {recorded[name].rows}"))
