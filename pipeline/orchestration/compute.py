@@ -10,7 +10,9 @@ Pipes worker that runs every selected stage and reports each asset. `compute` pi
 All four run `pipeline.step.stages.run_stages`, so shards and metadata are the same wherever
 they are built. The Dagster step holds one slot of the concurrency pool `STEP_POOL` while its
 session runs: the pool's limit (or the run queue's `max_concurrent_runs`) is how many steps
-of a backfill build at once, on this machine or as concurrent Ray jobs or pods.
+of a backfill build at once, on this machine or as concurrent Ray jobs or pods; on one
+machine the step also holds a lock file per slot (`step_pool`), as SQLite storage's claim
+can let runs that start together through.
 The worker reads and writes the roots by path: on Ray or Kubernetes they must be on a
 filesystem mounted at the same path on the workers (`k8s.base_pod_spec` mounts it in a pod).
 """
@@ -43,7 +45,6 @@ K8S_IMAGE_ENV = "ROLLOUT_SHARDS_K8S_IMAGE"
 K8S_NAMESPACE_ENV = "ROLLOUT_SHARDS_K8S_NAMESPACE"
 WORKER_MODULE = "pipeline.orchestration.pipes_worker"
 WORKER_COMMAND = ["python", "-m", WORKER_MODULE]
-STEP_POOL = "rollout_step_sessions"
 
 # Dagster's own Pipes code calls a preview API and a deprecated one on every launch; the
 # warnings are not about anything this project does.

@@ -102,3 +102,13 @@ def run_checks(instance: dg.DagsterInstance, key: str) -> dg.ExecuteInProcessRes
         resources={"rollout_storage": RolloutStorage.from_env()},
         raise_on_error=False,
     )
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most spans (start, end) open at one moment."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = peak = 0
+    for _, change in edges:
+        running += change
+        peak = max(peak, running)
+    return peak

@@ -20,12 +20,13 @@ from typing import Any
 import dagster as dg
 import pytest
 import yaml
-from dagster_support import EMBEDDED_KEYS, Roots
+from dagster_support import EMBEDDED_KEYS, Roots, most_at_once
 from kube_stand_in import kube_stand_in
 
-from pipeline.orchestration.compute import COMPUTE_ENV, STEP_POOL
+from pipeline.orchestration.compute import COMPUTE_ENV
 from pipeline.orchestration.partitions import rollout_steps, step_of
 from pipeline.orchestration.resources import RolloutStorage
+from pipeline.orchestration.step_pool import STEP_POOL
 from pipeline.step.freshness import current_manifest
 
 DAGSTER = Path(sys.executable).with_name("dagster")
@@ -106,16 +107,6 @@ def test_four_partitions_build_concurrently(roots: Roots, tmp_path: Path, comput
         assert current_manifest(step, storage.step_sources(step), settings, roots.output)
     leftovers = [p.name for p in roots.output.iterdir() if p.name.startswith(".tmp-")]
     assert not leftovers
-
-
-def most_at_once(spans: list[tuple[float, float]]) -> int:
-    """The most spans (start, end) open at one moment."""
-    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
-    running = peak = 0
-    for _, change in edges:
-        running += change
-        peak = max(peak, running)
-    return peak
 
 
 def test_the_step_pool_bounds_the_pods_of_a_backfill(roots: Roots, tmp_path: Path) -> None:

@@ -23,12 +23,20 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import requests
-from dagster_support import Roots, configured_roots, materialize, materialized, metadata_of
+from dagster_support import (
+    Roots,
+    configured_roots,
+    materialize,
+    materialized,
+    metadata_of,
+    most_at_once,
+)
 from ray.job_submission import JobSubmissionClient
-from test_backfill import _backfill, most_at_once
+from test_backfill import _backfill
 
-from pipeline.orchestration.compute import STEP_POOL, Compute, RayCompute, StepCompute
+from pipeline.orchestration.compute import Compute, RayCompute, StepCompute
 from pipeline.orchestration.partitions import rollout_steps
+from pipeline.orchestration.step_pool import STEP_POOL
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Function `PipesMessageReader.expected_writer_count`"),

@@ -1,0 +1,119 @@
+"""The step pool held strictly on one machine: lock files that bound the sessions even when
+Dagster's claim on SQLite storage lets runs that start together through."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster_support import Roots, materialize, most_at_once
+
+from pipeline.errors import UsageError
+from pipeline.orchestration.step_pool import STEP_POOL, held_slot, lock_folder
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A process that waits for `start`, holds a slot of `limit` for `hold` seconds and prints
+# its span; or, with hold < 0, prints "held" and holds it until it is killed.
+HOLDER = """
+import json, sys, time
+from pathlib import Path
+from pipeline.orchestration.step_pool import held_slot
+folder, limit = Path(sys.argv[1]), int(sys.argv[2])
+start, hold = float(sys.argv[3]), float(sys.argv[4])
+while time.time() < start:
+    time.sleep(0.001)
+with held_slot(folder, limit, lambda: None):
+    began = time.monotonic()
+    if hold < 0:
+        print("held", flush=True)
+        time.sleep(3600)
+    time.sleep(hold)
+    ended = time.monotonic()
+print(json.dumps([began, ended]))
+"""
+
+
+def _holder(folder: Path, limit: int, start: float, hold: float) -> subprocess.Popen[str]:
+    command = [sys.executable, "-c", HOLDER, str(folder), str(limit), str(start), str(hold)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+
+
+def test_processes_that_start_together_hold_at_most_the_limit(tmp_path: Path) -> None:
+    start = time.time() + 2.0
+    holders = [_holder(tmp_path / "pool", 2, start, 0.6) for _ in range(5)]
+    spans = [tuple(json.loads(holder.communicate(timeout=60)[0])) for holder in holders]
+    assert all(holder.returncode == 0 for holder in holders)
+    assert len(spans) == 5
+    assert most_at_once(spans) == 2  # never three, and two do run side by side
+
+
+def test_a_killed_holder_frees_its_slot(tmp_path: Path) -> None:
+    holder = _holder(tmp_path / "pool", 1, 0.0, -1)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    waits: list[float] = []
+    released = threading.Event()
+
+    def take() -> None:
+        with held_slot(tmp_path / "pool", 1, lambda: waits.append(time.monotonic())):
+            released.set()
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    time.sleep(0.5)
+    assert not released.is_set() and len(waits) == 1  # waiting, told once
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    taker.join(timeout=10)
+    assert released.is_set()
+
+
+def test_a_file_where_the_lock_folder_belongs_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "pool").write_text("")
+    with pytest.raises(UsageError, match=r"^pool pool: cannot open .*slot-0\.lock: "):
+        with held_slot(tmp_path / "pool", 2, lambda: None):
+            pass
+
+
+def test_the_step_waits_for_a_slot_held_on_this_machine(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    """Dagster grants the step its pool slot; the lock file of that slot is held (as by a
+    session Dagster's racy claim let through), so the step waits until it is released."""
+    instance.event_log_storage.set_concurrency_slots(STEP_POOL, 1)
+    folder = lock_folder(instance)
+    holding = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with held_slot(folder, 1, lambda: None):
+            holding.set()
+            release.wait(timeout=60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(timeout=10)
+    threading.Timer(1.5, release.set).start()
+    began = time.monotonic()
+    result = materialize(instance, "00000001")
+    took = time.monotonic() - began
+    holder.join()
+    assert result.success
+    assert took >= 1.5
+    messages = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert f"waiting for one of the 1 slots of pool {STEP_POOL}" in messages
+    assert (roots.output / "step=1" / "manifest.json").is_file()
+
+
+def test_an_unlimited_pool_takes_no_lock(instance: dg.DagsterInstance, roots: Roots) -> None:
+    assert materialize(instance, "00000001").success
+    assert not lock_folder(instance).exists()
