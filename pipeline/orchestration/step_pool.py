@@ -22,10 +22,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import dagster as dg
+from typing import TYPE_CHECKING
 
 from pipeline.errors import UsageError, first_line
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 STEP_POOL = "rollout_step_sessions"
 POLL_S = 0.1

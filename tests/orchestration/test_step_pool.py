@@ -21,16 +21,19 @@ from pipeline.orchestration.step_pool import STEP_POOL, held_slot, lock_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# A process that waits for `start`, holds a slot of `limit` for `hold` seconds and prints
-# its span; or, with hold < 0, prints "held" and holds it until it is killed.
+# A process that says it is ready, reads the moment to start from stdin, holds a slot of
+# `limit` for `hold` seconds and prints its span; or, with hold < 0, prints "held" and holds
+# the slot until it is killed.
 HOLDER = """
 import json, sys, time
 from pathlib import Path
 from pipeline.orchestration.step_pool import held_slot
-folder, limit = Path(sys.argv[1]), int(sys.argv[2])
-start, hold = float(sys.argv[3]), float(sys.argv[4])
-while time.time() < start:
-    time.sleep(0.001)
+folder, limit, hold = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+if hold >= 0:
+    print("ready", flush=True)
+    start = float(sys.stdin.readline())
+    while time.time() < start:
+        time.sleep(0.001)
 with held_slot(folder, limit, lambda: None):
     began = time.monotonic()
     if hold < 0:
@@ -38,27 +41,37 @@ with held_slot(folder, limit, lambda: None):
         time.sleep(3600)
     time.sleep(hold)
     ended = time.monotonic()
-print(json.dumps([began, ended]))
+print(json.dumps([began, ended]), flush=True)
 """
 
 
-def _holder(folder: Path, limit: int, start: float, hold: float) -> subprocess.Popen[str]:
-    command = [sys.executable, "-c", HOLDER, str(folder), str(limit), str(start), str(hold)]
+def _holder(folder: Path, limit: int, hold: float) -> subprocess.Popen[str]:
+    command = [sys.executable, "-c", HOLDER, str(folder), str(limit), str(hold)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
 
 
 def test_processes_that_start_together_hold_at_most_the_limit(tmp_path: Path) -> None:
-    start = time.time() + 2.0
-    holders = [_holder(tmp_path / "pool", 2, start, 0.6) for _ in range(5)]
-    spans = [tuple(json.loads(holder.communicate(timeout=60)[0])) for holder in holders]
+    holders = [_holder(tmp_path / "pool", 2, 0.6) for _ in range(5)]
+    for holder in holders:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+    start = time.time() + 0.2
+    for holder in holders:  # every holder told before any is waited for
+        assert holder.stdin is not None
+        holder.stdin.write(f"{start}\n")
+        holder.stdin.close()
+    spans = [tuple(json.loads(holder.stdout.read())) for holder in holders if holder.stdout]
+    for holder in holders:
+        holder.wait(timeout=60)
     assert all(holder.returncode == 0 for holder in holders)
     assert len(spans) == 5
     assert most_at_once(spans) == 2  # never three, and two do run side by side
 
 
 def test_a_killed_holder_frees_its_slot(tmp_path: Path) -> None:
-    holder = _holder(tmp_path / "pool", 1, 0.0, -1)
+    holder = _holder(tmp_path / "pool", 1, -1)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     waits: list[float] = []
     released = threading.Event()
