@@ -12,6 +12,8 @@ ROLLOUT_SHARDS_INPUT ?= $(INPUT)
 ROLLOUT_SHARDS_OUTPUT ?= $(OUTPUT)
 DAGSTER_HOME := $(CURDIR)/.dagster_home
 UI_PORT ?= 3000
+# pytest workers; each takes whole test files, so a module's fixtures (a Ray head, dagster dev) start once.
+TEST_WORKERS ?= 2
 DAGSTER_ENV = DAGSTER_HOME=$(DAGSTER_HOME) ROLLOUT_SHARDS_INPUT=$(ROLLOUT_SHARDS_INPUT) \
 	ROLLOUT_SHARDS_OUTPUT=$(ROLLOUT_SHARDS_OUTPUT)
 # dg expects the project's venv to be the active one; say it is, as `source .venv/bin/activate` would.
@@ -56,7 +58,7 @@ browser:
 test: install lint browser $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/rollout-shards validate $(INPUT)
 	$(DG_ENV) $(BIN)/dg check defs
-	$(BIN)/python -m pytest --durations=15
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 data: install
 	$(BIN)/python -m pipeline.sample_data $(INPUT)
