@@ -33,7 +33,6 @@ from pipeline.settings import (
 from pipeline.step.build import STAGE_NAMES, alarm_lines, build_step, summary_line
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
-from pipeline.step.plan import plan_batch, untrained_warning
 
 PROG = "rollout-shards"
 
@@ -142,6 +141,8 @@ def _report(command: str, violations: list[Violation]) -> None:
 
 
 def _warn(command: str, manifest: Manifest) -> None:
+    from pipeline.step.plan import untrained_warning  # numpy: loaded while a build reads
+
     if (warning := untrained_warning(manifest)) is not None:
         print(f"{PROG}: {command}: {warning}", file=sys.stderr)
 
@@ -225,6 +226,8 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_validate(args: argparse.Namespace) -> int:
+    from pipeline.step.plan import plan_batch
+
     settings = _settings(args)
     report: list[dict[str, Any]] = []
     steps = _steps(args.inputs, args.session_version)

@@ -14,9 +14,7 @@ from pipeline.io.readers import SourceFile
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
 from pipeline.step.freshness import current_manifest
-from pipeline.step.ingest import load_samples
-from pipeline.step.plan import plan_batch
-from pipeline.step.write import write_shards
+from pipeline.step.ingest import importing_the_plan, load_samples
 from pipeline.transforms import metrics
 
 # A step is worth a look when more than half of its prompt groups have one reward (GRPO
@@ -60,8 +58,12 @@ def build_step(
     report = reporter or _Silent()
     read, plan, write = STAGE_NAMES
     report.begin(step, read)
-    samples = load_samples(step, sources, settings)
+    with importing_the_plan():
+        samples = load_samples(step, sources, settings)
     report.end(step, read, f"{samples.ingested} rows read")
+    from pipeline.step.plan import plan_batch
+    from pipeline.step.write import write_shards
+
     report.begin(step, plan)
     batch = plan_batch(samples, settings)
     batch.meta = batch.meta.replace(skipped_files=list(skipped))

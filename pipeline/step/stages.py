@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -24,10 +24,11 @@ from pipeline.errors import UsageError
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
 from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, staging
-from pipeline.step.ingest import PROVENANCE, SampleTable, load_samples
-from pipeline.step.plan import TrainBatch, plan_batch
+from pipeline.step.ingest import PROVENANCE, SampleTable, importing_the_plan, load_samples
 from pipeline.step.roots import StepRoots
-from pipeline.step.write import write_shards
+
+if TYPE_CHECKING:
+    from pipeline.step.plan import TrainBatch
 
 Metadata = dict[str, dict[str, Any]]
 
@@ -188,15 +189,20 @@ def run_stages(
         if name == ROLLOUT_SAMPLES:
             if settings is None:
                 raise UsageError(f"step {step}: {ROLLOUT_SAMPLES} needs the run's settings")
-            samples = (load_samples(step, roots.step_sources(step), settings), settings)
+            with importing_the_plan():
+                samples = (load_samples(step, roots.step_sources(step), settings), settings)
             staged = _hand_on_or_stage(hand_on, roots, name, step, staging.save_samples, *samples)
             yield name, _samples_report(samples[0], staged)
         elif name == TRAIN_BATCH:
+            from pipeline.step.plan import plan_batch
+
             table, planned_with = samples or staging.load_samples(roots, step)
             batch = plan_batch(table, planned_with)
             staged = _hand_on_or_stage(hand_on, roots, name, step, staging.save_batch, batch)
             yield name, _batch_report(batch, staged)
         else:
+            from pipeline.step.write import write_shards
+
             batch = batch or staging.load_batch(roots, step)
             manifest = write_shards(batch, roots.output_root)
             yield name, _shards_report(batch, manifest, roots.step_folder(step))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -20,8 +20,10 @@ from pipeline.manifest import Manifest
 from pipeline.settings import Settings
 from pipeline.step import ROLLOUT_SAMPLES, TRAIN_BATCH
 from pipeline.step.ingest import SampleTable
-from pipeline.step.plan import TrainBatch
 from pipeline.step.roots import StepRoots
+
+if TYPE_CHECKING:
+    from pipeline.step.plan import TrainBatch
 
 SETTINGS = "settings.json"
 META = "meta.json"
@@ -100,6 +102,8 @@ def save_batch(roots: StepRoots, batch: TrainBatch) -> Path:
 
 
 def load_batch(roots: StepRoots, step: int) -> TrainBatch:
+    from pipeline.step.plan import TrainBatch  # numpy: see ingest.importing_the_plan
+
     folder = _existing(roots.staging_folder(TRAIN_BATCH, step), TRAIN_BATCH, step)
     meta = Manifest.from_json((folder / META).read_text())
     return TrainBatch(
