@@ -23,7 +23,7 @@ from dagster_pipes import open_dagster_pipes
 
 from pipeline.cli import exit_now
 from pipeline.errors import StepError, UsageError, Violation, os_violation
-from pipeline.settings import Settings
+from pipeline.settings import Settings, make_settings
 from pipeline.step.roots import StepRoots
 from pipeline.step.stages import run_stages
 
@@ -69,7 +69,7 @@ def main() -> int:
         step = int(pipes.get_extra("step"))
         roots = StepRoots.from_json(pipes.get_extra("roots"))
         raw_settings = pipes.get_extra("settings")
-        settings = Settings(**raw_settings) if raw_settings is not None else None
+        settings = make_settings(raw_settings) if raw_settings is not None else None
         names = ", ".join(stages)
         pipes.log.info(f"step {step}: {names} on {socket.gethostname()}, pid {os.getpid()}")
         try:

@@ -17,7 +17,7 @@ import polars as pl
 from pipeline.errors import UsageError
 from pipeline.io import writer
 from pipeline.manifest import Manifest
-from pipeline.settings import Settings
+from pipeline.settings import Settings, make_settings
 from pipeline.step import ROLLOUT_SAMPLES, TRAIN_BATCH
 from pipeline.step.ingest import SampleTable
 from pipeline.step.roots import StepRoots
@@ -75,7 +75,7 @@ def save_samples(roots: StepRoots, samples: SampleTable, settings: Settings) -> 
 
 def load_samples(roots: StepRoots, step: int) -> tuple[SampleTable, Settings]:
     folder = _existing(roots.staging_folder(ROLLOUT_SAMPLES, step), ROLLOUT_SAMPLES, step)
-    settings = Settings(**json.loads((folder / SETTINGS).read_text()))
+    settings = make_settings(json.loads((folder / SETTINGS).read_text()))
     meta = json.loads((folder / META).read_text())
     samples = SampleTable(
         step=meta["step"],
