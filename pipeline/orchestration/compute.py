@@ -3,8 +3,9 @@
 The selected assets of a step (usually all three) run in one session: in process, or one
 Pipes worker that runs every selected stage and reports each asset. `compute` picks one of
 - `in_process` (default): the stages run in the Dagster step's own process;
-- `subprocess`: `python -m pipeline.orchestration.pipes_worker` on this machine, via
-  `dg.PipesSubprocessClient`;
+- `subprocess`: `python -m pipeline.orchestration.pipes_worker` on this machine, in a Pipes
+  session of its own (`dg.open_pipes_session`) that hands each asset to Dagster as the worker
+  reports it;
 - `ray`: the same worker as a Ray job, via `dagster_ray.PipesRayJobClient` (extra `ray`);
 - `k8s`: the same worker in a pod, via `dagster_k8s.PipesK8sClient` (extra `k8s`).
 All four run `pipeline.step.stages.run_stages`, so shards and metadata are the same wherever
@@ -22,9 +23,11 @@ from __future__ import annotations
 import copy
 import importlib
 import os
+import signal
+import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from enum import StrEnum
 from typing import Any
 
@@ -45,6 +48,10 @@ K8S_IMAGE_ENV = "ROLLOUT_SHARDS_K8S_IMAGE"
 K8S_NAMESPACE_ENV = "ROLLOUT_SHARDS_K8S_NAMESPACE"
 WORKER_MODULE = "pipeline.orchestration.pipes_worker"
 WORKER_COMMAND = ["python", "-m", WORKER_MODULE]
+# How often the subprocess session looks for results the worker reported, and how long an
+# interrupted worker gets to stop after SIGINT before it is killed.
+RESULT_POLL_SECONDS = 0.02
+TERMINATION_SECONDS = 20.0
 
 # Dagster's own Pipes code calls a preview API and a deprecated one on every launch; the
 # warnings are not about anything this project does.
@@ -139,9 +146,7 @@ class StepCompute(dg.ConfigurableResource):
         )
 
     def client(self) -> dg.PipesClient:
-        """The Pipes client of the configured compute."""
-        if self.compute == Compute.subprocess:
-            return dg.PipesSubprocessClient()
+        """The Pipes client of `ray` or `k8s` (`subprocess` runs its own session)."""
         if self.compute == Compute.ray:
             ray_client = _client_class("dagster_ray", "PipesRayJobClient", "ray")
             return ray_client(
@@ -157,7 +162,7 @@ class StepCompute(dg.ConfigurableResource):
                 kube_context=self.k8s.kube_context,
                 poll_interval=self.k8s.poll_interval,
             )
-        raise UsageError(f"compute {self.compute.value} runs in process, without a Pipes client")
+        raise UsageError(f"compute {self.compute.value} runs without a Pipes client")
 
     def run_arguments(self) -> dict[str, Any]:
         """The arguments of the client's `run` besides context and extras; fresh each time,
@@ -205,15 +210,75 @@ class StepCompute(dg.ConfigurableResource):
             return
         names = ", ".join(stages)
         context.log.info(f"step {step}: {names} through Dagster Pipes ({self.compute.value})")
-        invocation = self.client().run(  # type: ignore[call-arg]
-            context=context,
-            extras=worker_extras(stages, roots, step, settings),
-            **self.run_arguments(),
-        )
-        # Only what the worker reported: an asset after a failed stage is not materialized.
-        for result in invocation.get_results(implicit_materializations=False):
-            if isinstance(result, dg.MaterializeResult):
-                yield result
-        failure = reported_failure(list(invocation.get_custom_messages()))
+        extras = worker_extras(stages, roots, step, settings)
+        if self.compute == Compute.subprocess:
+            messages = yield from self._subprocess_session(context, step, extras)
+        else:
+            invocation = self.client().run(  # type: ignore[call-arg]
+                context=context, extras=extras, **self.run_arguments()
+            )
+            # Only what the worker reported: an asset after a failed stage is not materialized.
+            yield from _materializations(invocation.get_results(implicit_materializations=False))
+            messages = list(invocation.get_custom_messages())
+        failure = reported_failure(messages)
         if failure is not None:
             raise failure
+
+    def _subprocess_session(
+        self, context: dg.AssetExecutionContext, step: int, extras: dict[str, Any]
+    ) -> Generator[dg.MaterializeResult, None, list[Any]]:
+        """The worker as a child process in one Pipes session, each materialization handed to
+        Dagster as soon as the worker reports it (so the UI shows `rollout_samples` while the
+        step is still being written, and Dagster stores the first assets meanwhile instead of
+        after the worker exits); returns the worker's custom messages. An interrupted run (or
+        a step abandoned for any reason) stops the worker with SIGINT, then SIGKILL."""
+        command = self.run_arguments()["command"]
+        yielded = 0
+        with dg.open_pipes_session(
+            context=context,
+            context_injector=dg.PipesTempFileContextInjector(),
+            message_reader=dg.PipesTempFileMessageReader(),
+            extras=extras,
+        ) as session:
+            env = {**os.environ, **session.get_bootstrap_env_vars()}
+            try:
+                process = subprocess.Popen(command, env=env)
+            except OSError as exc:
+                raise UsageError(f"compute subprocess: cannot start {command[0]}: {exc}") from exc
+            try:
+                while process.poll() is None:
+                    reported = session.get_results(implicit_materializations=False)
+                    yield from _materializations(reported[yielded:])
+                    yielded = len(reported)
+                    try:
+                        process.wait(RESULT_POLL_SECONDS)
+                    except subprocess.TimeoutExpired:
+                        pass
+            finally:
+                if process.poll() is None:
+                    context.log.info(f"[pipes] step {step} interrupted: stopping its worker")
+                    _stop(process)
+            if process.returncode != 0:
+                raise dg.Failure(
+                    description=f"step {step}: the Pipes worker (pid {process.pid}) exited "
+                    f"with code {process.returncode}; its output is in the step's logs"
+                )
+        # The session is closed: every message the worker wrote has been read.
+        yield from _materializations(session.get_results(implicit_materializations=False)[yielded:])
+        return list(session.get_custom_messages())
+
+
+def _materializations(results: Any) -> Iterator[dg.MaterializeResult]:
+    for result in results:
+        if isinstance(result, dg.MaterializeResult):
+            yield result
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGINT (the worker's Pipes session closes), then SIGKILL if it outlives the grace."""
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(TERMINATION_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

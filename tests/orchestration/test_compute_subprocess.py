@@ -7,8 +7,10 @@ import inspect
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -27,8 +29,10 @@ from pipeline.orchestration.compute import (
     RayCompute,
     StepCompute,
 )
+from pipeline.orchestration.partitions import rollout_steps
 from pipeline.orchestration.pipes_worker import failure_message, reported_failure
 from pipeline.orchestration.reporting import FAILURE_TAG
+from pipeline.orchestration.resources import RolloutStorage
 
 # pipeline.orchestration.compute silences these two warnings of Dagster's own Pipes code, but pytest
 # drops the filters a module sets while it is collected.
@@ -171,6 +175,81 @@ def test_one_asset_runs_alone_in_its_worker_through_staging(
     assert json.loads((roots.output / "step=3" / "manifest.json").read_text())["step"] == 3
 
 
+STAND_IN = Path(__file__).with_name("stand_in_worker.py")
+
+
+def _worker_script(tmp_path: Path, body: str) -> StepCompute:
+    """Compute subprocess whose "interpreter" is a script: the session runs it as the worker."""
+    script = tmp_path / "worker.sh"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return StepCompute(compute=Compute.subprocess, python=str(script))
+
+
+def test_each_asset_reaches_dagster_while_the_worker_still_runs(
+    instance: dg.DagsterInstance, roots: Roots, tmp_path: Path
+) -> None:
+    # The stand-in reports rollout_samples, then waits until Dagster has stored it.
+    compute = _worker_script(tmp_path, f"exec {sys.executable} {STAND_IN} streaming")
+    instance.add_dynamic_partitions(rollout_steps.name, ["00000001"])
+
+    result = dg.materialize(
+        list(defs.assets or []),
+        partition_key="00000001",
+        instance=instance,
+        resources={"rollout_storage": RolloutStorage.from_env(), "step_compute": compute},
+    )
+
+    assert result.success
+    assert "stored while the worker ran: ['rollout_samples']" in _messages(instance, result.run_id)
+    assert materialized(result) == list(ASSETS)
+
+
+def test_a_worker_that_crashes_fails_the_step_in_one_line(
+    instance: dg.DagsterInstance, roots: Roots, tmp_path: Path
+) -> None:
+    result = materialize(instance, "00000001", compute=_worker_script(tmp_path, "exit 3"))
+
+    step_key, failure = _step_failure(result)
+    assert step_key == "rollout_samples"
+    assert re.fullmatch(
+        r"step 1: the Pipes worker \(pid \d+\) exited with code 3; its output is in the "
+        r"step's logs",
+        failure.description,
+    )
+    assert materialized(result) == []
+    assert not roots.output.exists()
+
+
+def test_an_interrupted_run_stops_its_worker(roots: Roots, tmp_path: Path) -> None:
+    pid_file = tmp_path / "worker.pid"
+    _worker_script(tmp_path, f"exec {sys.executable} {STAND_IN} hang {pid_file}")
+    run = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import dagster as dg; "
+        "from dagster_support import materialize; "
+        "from pipeline.orchestration.compute import Compute, StepCompute\n"
+        "with dg.instance_for_test() as instance:\n"
+        "    materialize(instance, '00000001', compute=StepCompute(compute=Compute.subprocess, "
+        "python=sys.argv[2]))"
+    )
+    runner = subprocess.Popen(
+        [sys.executable, "-c", run, str(Path(__file__).parent), str(tmp_path / "worker.sh")],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline and runner.poll() is None:
+        time.sleep(0.05)
+    worker = int(pid_file.read_text())
+
+    runner.send_signal(signal.SIGINT)
+    _, stderr = runner.communicate(timeout=60)
+
+    assert "step 1 interrupted: stopping its worker" in stderr
+    with pytest.raises(ProcessLookupError):  # stopped, and reaped by the session
+        os.kill(worker, 0)
+
+
 def test_failures_survive_the_trip_through_pipes() -> None:
     violation = Violation(
         rule="response_within_tokens",
@@ -288,7 +367,9 @@ def test_a_missing_extra_fails_the_run_with_the_install_line(
     assert not roots.output.exists()
 
 
-def test_in_process_has_no_pipes_client() -> None:
-    with pytest.raises(UsageError, match="runs in process"):
+def test_in_process_and_subprocess_have_no_pipes_client() -> None:
+    with pytest.raises(UsageError, match="compute in_process runs without a Pipes client"):
         StepCompute().client()
+    with pytest.raises(UsageError, match="compute subprocess runs without a Pipes client"):
+        SUBPROCESS.client()
     assert RayCompute().entrypoint == "python -m pipeline.orchestration.pipes_worker"
