@@ -90,6 +90,16 @@ class TrainBatch:
             self._rows = None
         return self._frame
 
+    @property
+    def height(self) -> int:
+        """Rows of `frame`, without gathering it."""
+        return self._rows.scalars.height if self._rows is not None else self.frame.height
+
+    @property
+    def schema(self) -> pl.Schema:
+        """Columns and types of `frame`, without gathering it (from no rows)."""
+        return self._rows.rows(0, 0).schema if self._rows is not None else self.frame.schema
+
     def ranks(self) -> pl.Series:
         """The `rank` column, in write order."""
         scalars = self._rows.scalars if self._rows is not None else self.frame

@@ -74,10 +74,10 @@ def _columns(
 
 
 def column_schema(
-    frame: pl.DataFrame, descriptions: dict[str, str] | None = None
+    schema: pl.Schema, descriptions: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """The frame's columns and types, with a description for each column that has one."""
-    columns = {name: str(dtype) for name, dtype in frame.schema.items()}
+    """A frame's columns and types, with a description for each column that has one."""
+    columns = {name: str(dtype) for name, dtype in schema.items()}
     return {"type": "table_schema", "raw_value": {"columns": _columns(columns, descriptions)}}
 
 
@@ -113,7 +113,9 @@ def _samples_report(samples: SampleTable, staged: Path | None) -> StageReport:
         ),
         metadata={
             "dagster/partition_row_count": scalar(samples.frame.height),
-            "dagster/column_schema": column_schema(samples.frame.drop(PROVENANCE, strict=False)),
+            "dagster/column_schema": column_schema(
+                samples.frame.drop(PROVENANCE, strict=False).schema
+            ),
             "ingested": scalar(samples.ingested),
             "quarantined": scalar(quarantined),
             "repaired": json_value(samples.repaired),
@@ -132,8 +134,10 @@ def _batch_report(batch: TrainBatch, staged: Path | None) -> StageReport:
             f"{counts.written} to write in {batch.meta.num_train_steps} train steps"
         ),
         metadata={
-            "dagster/partition_row_count": scalar(batch.frame.height),
-            "dagster/column_schema": column_schema(batch.frame),
+            # height and schema without gathering the list columns into write order (a
+            # second copy of the step's tokens): write_shards gathers one rank at a time.
+            "dagster/partition_row_count": scalar(batch.height),
+            "dagster/column_schema": column_schema(batch.schema),
             **_layout(batch.meta),
             "num_microbatches": json_value(batch.meta.num_microbatches),
             "equal_reward_groups": scalar(batch.meta.equal_reward_groups),
@@ -148,7 +152,7 @@ def _shards_report(batch: TrainBatch, manifest: Manifest, folder: Path) -> Stage
         log=f"step {manifest.step}: {manifest.counts.written} rows written to {folder}",
         metadata={
             "dagster/partition_row_count": scalar(manifest.counts.written),
-            "dagster/column_schema": column_schema(batch.frame, c.DATASET_DESCRIPTIONS),
+            "dagster/column_schema": column_schema(batch.schema, c.DATASET_DESCRIPTIONS),
             **_layout(manifest),
             "present_columns": json_value(manifest.present_columns),
             "ranks": table(ranks, {"file": "string", "rows": "int", "tokens": "int"}),

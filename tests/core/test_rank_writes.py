@@ -20,7 +20,7 @@ from pipeline.errors import StepError
 from pipeline.io.readers import find_sources, group_steps, read_table
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
-from pipeline.step import staging
+from pipeline.step import stages, staging
 from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch
 from pipeline.step.roots import StepRoots
@@ -101,6 +101,22 @@ def test_rank_by_rank_writes_equal_writes_of_the_whole_frame(
         written = pl.read_parquet(tmp_path / "lean" / "step=0" / f"rank={rank}.parquet")
         expected = frame.filter(pl.col("rank") == rank)
         assert written.equals(expected)
+
+
+@pytest.mark.parametrize("balance_data", [False, True])
+def test_the_batch_report_does_not_gather_the_batch(step_dir: Path, balance_data: bool) -> None:
+    """train_batch's metadata (row count, column schema) comes from the lean batch: a Dagster
+    run or Pipes worker holds no second, write-ordered copy of the step's tokens."""
+    config = Settings(global_batch_size=64, dp_size=4, balance_data=balance_data)
+    batch = plan_batch(load_samples(0, group_steps(find_sources([step_dir]))[0], config), config)
+
+    report = stages._batch_report(batch, None)
+
+    assert batch._frame is None  # nothing gathered
+    frame = batch.frame
+    assert report.metadata["dagster/partition_row_count"] == stages.scalar(frame.height)
+    assert report.metadata["dagster/column_schema"] == stages.column_schema(frame.schema)
+    assert (batch.height, batch.schema) == (frame.height, frame.schema)
 
 
 def test_reruns_write_the_same_bytes(step_dir: Path, tmp_path: Path) -> None:
