@@ -73,9 +73,7 @@ def _columns(
     return columns
 
 
-def column_schema(
-    schema: pl.Schema, descriptions: dict[str, str] | None = None
-) -> dict[str, Any]:
+def column_schema(schema: pl.Schema, descriptions: dict[str, str] | None = None) -> dict[str, Any]:
     """A frame's columns and types, with a description for each column that has one."""
     columns = {name: str(dtype) for name, dtype in schema.items()}
     return {"type": "table_schema", "raw_value": {"columns": _columns(columns, descriptions)}}
