@@ -414,39 +414,75 @@ def _json_text(value: pl.Expr) -> pl.Expr:
 
 def _column_kinds_agree(source: pl.DataType, target: pl.DataType) -> bool:
     have, want = _kind(source), _kind(target)
+    if have == want == "list":  # Polars casts a list of structs to a list of ints as is
+        return _column_kinds_agree(source.inner, target.inner)  # type: ignore[attr-defined]
     if have == "null" or have == want:
         return True
     return {have, want} <= {"number", "string"} or (have == "number" and want == "bool")
 
 
-def _cast_column(
+def _wrong_type(
+    name: str, source: pl.DataType, target: pl.DataType, path: Path, step: int | None
+) -> Violation:
+    return Violation(
+        rule="column_type",
+        message=f"column {name} must be {target}, but the file stores it as {source}",
+        step=step,
+        files=[str(path)],
+    )
+
+
+def _cast_plan(
     frame: pl.DataFrame, name: str, target: pl.DataType, path: Path, step: int | None
-) -> tuple[pl.Expr, pl.Series]:
-    """The column as its contract type, and the mask of rows whose value does not fit.
-    A column whose type cannot hold the contract type at all is the file's fault."""
+) -> tuple[pl.Expr, pl.Expr | None]:
+    """The column as its contract type, and the expression marking rows whose value does
+    not fit (None: every value fits). A column whose type cannot hold the contract type
+    at all is the file's fault."""
     source = frame.schema[name]
     value = pl.col(name)
     if name in JSON_TEXT_COLUMNS and _kind(source) in ("list", "struct"):
-        return _json_text(value).alias(name), pl.repeat(False, frame.height, eager=True)
-    wrong_type = StepError(
-        [
-            Violation(
-                rule="column_type",
-                message=f"column {name} must be {target}, but the file stores it as {source}",
-                step=step,
-                files=[str(path)],
-            )
-        ]
-    )
+        return _json_text(value).alias(name), None
     if not _column_kinds_agree(source, target):
-        raise wrong_type
-    try:
-        bad = frame.select(
-            (value.is_not_null() & ~_fits(value, source, target).fill_null(False)).alias(name)
-        ).to_series()
-    except pl.exceptions.PolarsError:
-        raise wrong_type from None
+        raise StepError([_wrong_type(name, source, target, path, step)])
+    bad = (value.is_not_null() & ~_fits(value, source, target).fill_null(False)).alias(name)
     return value.cast(target, strict=False), bad
+
+
+def _bad_rows(
+    frame: pl.DataFrame,
+    plans: dict[str, tuple[pl.Expr, pl.Expr | None]],
+    types: dict[str, pl.DataType],
+    path: Path,
+    step: int | None,
+) -> dict[str, pl.Series | Violation]:
+    """Per planned column, the mask of rows whose value does not fit, all in one query
+    (a query per column cost a small step ~4 ms each); or, for a column whose values the
+    checks cannot even read, its `column_type` violation (found column by column)."""
+    checks = {name: bad for name, (_, bad) in plans.items() if bad is not None}
+    masks: dict[str, pl.Series | Violation] = dict.fromkeys(
+        plans, pl.repeat(False, frame.height, eager=True)
+    )
+    try:
+        found = frame.select(*checks.values())
+        masks.update({name: found.get_column(name) for name in checks})
+    except pl.exceptions.PolarsError:
+        for name, bad in checks.items():
+            try:
+                masks[name] = frame.select(bad).to_series()
+            except pl.exceptions.PolarsError:
+                masks[name] = _wrong_type(name, frame.schema[name], types[name], path, step)
+    return masks
+
+
+def _cast_column(
+    frame: pl.DataFrame, name: str, target: pl.DataType, path: Path, step: int | None
+) -> tuple[pl.Expr, pl.Series]:
+    """One column as its contract type, and the mask of rows whose value does not fit."""
+    plan = _cast_plan(frame, name, target, path, step)
+    (bad,) = _bad_rows(frame, {name: plan}, {name: target}, path, step).values()
+    if isinstance(bad, Violation):
+        raise StepError([bad])
+    return plan[0], bad
 
 
 def _reward_dtype(series: pl.Series) -> pl.DataType:
@@ -482,16 +518,26 @@ def conform(
     types = dict(c.INPUT_SCHEMA)
     if c.REWARD in frame.columns:
         types[c.REWARD] = _reward_dtype(frame.get_column(c.REWARD))
+    plans: dict[str, tuple[pl.Expr, pl.Expr | None]] = {}
+    wrong: dict[str, list[Violation]] = {}
+    for name in frame.columns:
+        if name in types:
+            try:
+                plans[name] = _cast_plan(frame, name, types[name], path, step)
+            except StepError as error:
+                wrong[name] = error.violations
+    masks = _bad_rows(frame, plans, types, path, step)
     cast_columns, reasons, violations, errors = [], [], [], []
     for name in frame.columns:
-        if name not in types:
+        if name in wrong:
+            errors += wrong[name]
+        if name not in plans:
             continue
-        try:
-            cast, bad = _cast_column(frame, name, types[name], path, step)
-        except StepError as error:
-            errors += error.violations
+        bad = masks[name]
+        if isinstance(bad, Violation):
+            errors.append(bad)
             continue
-        cast_columns.append(cast)
+        cast_columns.append(plans[name][0])
         flagged = _json_flags(frame, name)
         for rule, mask in (
             ("column_type", bad | (flagged == "column_type")),

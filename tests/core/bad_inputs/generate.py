@@ -339,6 +339,31 @@ def column_cases() -> list[Case]:
                 )
             ],
         ),
+        Case(
+            "tokens_stored_as_structs",
+            "tokens written as a list of one-field structs per row",
+            {
+                f"step={STEP}.parquet": parquet(
+                    base(
+                        **{
+                            f"row{i}": {"tokens": [{"id": t} for t in range(11, 17)]}
+                            for i in range(8)
+                        }
+                    ),
+                    {"tokens": pl.List(pl.Struct({"id": pl.Int32()}))},
+                )
+            },
+            1,
+            [
+                error(
+                    "column_type",
+                    [],
+                    None,
+                    "column tokens must be List(Int32), but the file stores it as "
+                    "List(Struct({'id': Int32}))",
+                )
+            ],
+        ),
         json_invalid(
             "token_overflows_int32",
             "a token id beyond int32",
