@@ -115,12 +115,18 @@ def load_samples(step: int, sources: Sequence[SourceFile], settings: Settings) -
     )
 
 
+def _import_the_plan() -> None:
+    importlib.import_module("pipeline.step.write")
+    # np.unique imports numpy.ma on its first call (20 ms here), in the plan otherwise.
+    importlib.import_module("numpy.ma")
+
+
 @contextmanager
 def importing_the_plan() -> Iterator[None]:
     """Import the plan's and the write's modules, numpy among them (0.2 s here), on a thread
     while the block reads a step: Polars decodes the files without the GIL. The CLI and the
     Pipes worker import them no sooner, so a build's imports and its read overlap."""
-    thread = threading.Thread(target=importlib.import_module, args=("pipeline.step.write",))
+    thread = threading.Thread(target=_import_the_plan)
     thread.start()
     try:
         yield
