@@ -432,36 +432,44 @@ def _wrong_type(
     )
 
 
+Plan = tuple[pl.Expr, pl.Expr | None]
+
+
 def _cast_plan(
     frame: pl.DataFrame, name: str, target: pl.DataType, path: Path, step: int | None
-) -> tuple[pl.Expr, pl.Expr | None]:
+) -> Plan | Violation:
     """The column as its contract type, and the expression marking rows whose value does
-    not fit (None: every value fits). A column whose type cannot hold the contract type
-    at all is the file's fault."""
+    not fit (None: every value fits); or, for a column whose type cannot hold the contract
+    type at all (the file's fault), its `column_type` violation."""
     source = frame.schema[name]
     value = pl.col(name)
     if name in JSON_TEXT_COLUMNS and _kind(source) in ("list", "struct"):
         return _json_text(value).alias(name), None
     if not _column_kinds_agree(source, target):
-        raise StepError([_wrong_type(name, source, target, path, step)])
+        return _wrong_type(name, source, target, path, step)
     bad = (value.is_not_null() & ~_fits(value, source, target).fill_null(False)).alias(name)
     return value.cast(target, strict=False), bad
 
 
 def _bad_rows(
     frame: pl.DataFrame,
-    plans: dict[str, tuple[pl.Expr, pl.Expr | None]],
+    plans: dict[str, Plan | Violation],
     types: dict[str, pl.DataType],
     path: Path,
     step: int | None,
 ) -> dict[str, pl.Series | Violation]:
     """Per planned column, the mask of rows whose value does not fit, all in one query
-    (a query per column cost a small step ~4 ms each); or, for a column whose values the
-    checks cannot even read, its `column_type` violation (found column by column)."""
-    checks = {name: bad for name, (_, bad) in plans.items() if bad is not None}
-    masks: dict[str, pl.Series | Violation] = dict.fromkeys(
-        plans, pl.repeat(False, frame.height, eager=True)
-    )
+    (a query per column cost a small step ~4 ms each); a column's violation where its type
+    is wrong, or where the checks cannot even read its values (found column by column)."""
+    checks = {
+        name: plan[1]
+        for name, plan in plans.items()
+        if not isinstance(plan, Violation) and plan[1] is not None
+    }
+    fit = pl.repeat(False, frame.height, eager=True)
+    masks: dict[str, pl.Series | Violation] = {
+        name: plan if isinstance(plan, Violation) else fit for name, plan in plans.items()
+    }
     try:
         found = frame.select(*checks.values())
         masks.update({name: found.get_column(name) for name in checks})
@@ -482,6 +490,7 @@ def _cast_column(
     (bad,) = _bad_rows(frame, {name: plan}, {name: target}, path, step).values()
     if isinstance(bad, Violation):
         raise StepError([bad])
+    assert not isinstance(plan, Violation)  # a wrong type's mask is its violation
     return plan[0], bad
 
 
@@ -518,26 +527,19 @@ def conform(
     types = dict(c.INPUT_SCHEMA)
     if c.REWARD in frame.columns:
         types[c.REWARD] = _reward_dtype(frame.get_column(c.REWARD))
-    plans: dict[str, tuple[pl.Expr, pl.Expr | None]] = {}
-    wrong: dict[str, list[Violation]] = {}
-    for name in frame.columns:
-        if name in types:
-            try:
-                plans[name] = _cast_plan(frame, name, types[name], path, step)
-            except StepError as error:
-                wrong[name] = error.violations
-    masks = _bad_rows(frame, plans, types, path, step)
+    plans = {
+        name: _cast_plan(frame, name, types[name], path, step)
+        for name in frame.columns
+        if name in types
+    }
     cast_columns, reasons, violations, errors = [], [], [], []
-    for name in frame.columns:
-        if name in wrong:
-            errors += wrong[name]
-        if name not in plans:
-            continue
-        bad = masks[name]
+    for name, bad in _bad_rows(frame, plans, types, path, step).items():
         if isinstance(bad, Violation):
             errors.append(bad)
             continue
-        cast_columns.append(plans[name][0])
+        plan = plans[name]
+        assert not isinstance(plan, Violation)  # a wrong type's mask is its violation
+        cast_columns.append(plan[0])
         flagged = _json_flags(frame, name)
         for rule, mask in (
             ("column_type", bad | (flagged == "column_type")),
