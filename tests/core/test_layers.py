@@ -113,3 +113,32 @@ def test_numpy_loads_only_once_a_step_is_read() -> None:
     before, after = result.stdout.splitlines()
     assert before == "[]"
     assert after == "['numpy', 'pipeline.step.plan', 'pipeline.step.write']"
+
+
+def _allocator_conf(script: str, env: dict[str, str]) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", script + "\nimport os; print(os.environ['_RJEM_MALLOC_CONF'])"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    return result.stdout.strip()
+
+
+def test_importing_the_package_shortens_polars_allocator_decay() -> None:
+    """Polars appends `_RJEM_MALLOC_CONF` to its own jemalloc settings, so the last value of
+    each option wins: the package's when it is imported first, the user's when they set it,
+    Polars' own when Polars was loaded before the package."""
+    import os
+
+    from pipeline import ALLOCATOR_DECAY, ALLOCATOR_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != ALLOCATOR_ENV}
+    polars_own = "dirty_decay_ms:500,muzzy_decay_ms:1000"
+    assert _allocator_conf("import pipeline.cli", env) == f"{polars_own},{ALLOCATOR_DECAY}"
+    assert ALLOCATOR_DECAY == "dirty_decay_ms:100,muzzy_decay_ms:0"
+    user = {**env, ALLOCATOR_ENV: "dirty_decay_ms:2000"}
+    assert _allocator_conf("import pipeline.cli", user) == f"{polars_own},dirty_decay_ms:2000"
+    assert _allocator_conf("import polars, pipeline.cli", env) == polars_own
