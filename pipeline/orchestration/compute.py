@@ -6,7 +6,9 @@ Pipes worker that runs every selected stage and reports each asset. `compute` pi
 - `subprocess`: `python -m pipeline.orchestration.pipes_worker` on this machine, in a Pipes
   session of its own (`dg.open_pipes_session`) that hands each asset to Dagster as the worker
   reports it;
-- `ray`: the same worker as a Ray job, via `dagster_ray.PipesRayJobClient` (extra `ray`);
+- `ray`: the same worker as one Ray job, submitted and watched through the head's Ray Jobs
+  REST API (`ray_jobs`), in a Pipes session of its own that, as for `subprocess`, hands
+  each asset to Dagster as the job's log reports it (no Ray in the Dagster process);
 - `k8s`: the same worker in a pod, via `dagster_k8s.PipesK8sClient` (extra `k8s`).
 All four run `pipeline.step.stages.run_stages`, so shards and metadata are the same wherever
 they are built. The Dagster step holds one slot of the concurrency pool `STEP_POOL` while its
@@ -26,6 +28,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import uuid
 import warnings
 from collections.abc import Generator, Iterator
 from enum import StrEnum
@@ -37,7 +41,8 @@ from pydantic import Field
 from pipeline.errors import UsageError
 from pipeline.orchestration.partitions import step_of
 from pipeline.orchestration.pipes_worker import reported_failure, worker_extras
-from pipeline.orchestration.ray_logs import RayJobLogReader
+from pipeline.orchestration.ray_jobs import SUCCEEDED, RayJobs, RayJobsError, dashboard_url
+from pipeline.orchestration.ray_logs import RAY_ADDRESS_KEY, RAY_JOB_ID_KEY, RayJobLogReader
 from pipeline.orchestration.reporting import dagster_metadata
 from pipeline.settings import Settings
 from pipeline.step.roots import StepRoots
@@ -146,14 +151,7 @@ class StepCompute(dg.ConfigurableResource):
         )
 
     def client(self) -> dg.PipesClient:
-        """The Pipes client of `ray` or `k8s` (`subprocess` runs its own session)."""
-        if self.compute == Compute.ray:
-            ray_client = _client_class("dagster_ray", "PipesRayJobClient", "ray")
-            return ray_client(
-                address=self.ray.address,
-                poll_interval=self.ray.poll_interval,
-                message_reader=RayJobLogReader(),
-            )
+        """The Pipes client of `k8s` (`subprocess` and `ray` run their own sessions)."""
         if self.compute == Compute.k8s:
             k8s_client = _client_class("dagster_k8s", "PipesK8sClient", "k8s")
             return k8s_client(
@@ -165,8 +163,9 @@ class StepCompute(dg.ConfigurableResource):
         raise UsageError(f"compute {self.compute.value} runs without a Pipes client")
 
     def run_arguments(self) -> dict[str, Any]:
-        """The arguments of the client's `run` besides context and extras; fresh each time,
-        as the Ray client adds the Pipes variables to the runtime_env it is given."""
+        """The arguments of the client's `run` (the subprocess command, the Ray job's
+        submission) besides context and extras; fresh each time, as the Ray session adds the
+        Pipes variables to the runtime_env it is given."""
         if self.compute == Compute.subprocess:
             return {"command": [self.python or sys.executable, "-m", WORKER_MODULE]}
         if self.compute == Compute.ray:
@@ -213,6 +212,8 @@ class StepCompute(dg.ConfigurableResource):
         extras = worker_extras(stages, roots, step, settings)
         if self.compute == Compute.subprocess:
             messages = yield from self._subprocess_session(context, step, extras)
+        elif self.compute == Compute.ray:
+            messages = yield from self._ray_session(context, step, extras)
         else:
             invocation = self.client().run(  # type: ignore[call-arg]
                 context=context, extras=extras, **self.run_arguments()
@@ -265,6 +266,82 @@ class StepCompute(dg.ConfigurableResource):
                 )
         # The session is closed: every message the worker wrote has been read.
         yield from _materializations(session.get_results(implicit_materializations=False)[yielded:])
+        return list(session.get_custom_messages())
+
+    def _ray_session(
+        self, context: dg.AssetExecutionContext, step: int, extras: dict[str, Any]
+    ) -> Generator[dg.MaterializeResult, None, list[Any]]:
+        """The worker as one Ray job in one Pipes session: submitted through the dashboard,
+        its status polled every `ray.poll_interval`, each materialization handed to Dagster
+        as the job's log reports it (read about once a second, then whole once the job has
+        ended); returns the worker's custom messages. A step abandoned before the job ended
+        (an interrupted run) stops the job."""
+        jobs = RayJobs(dashboard_url(self.ray.address))
+        submission = dict(self.run_arguments()["submit_job_params"])
+        submission_id = f"rollout-shards-step{step}-{uuid.uuid4().hex[:10]}"
+        job = {"Ray Job ID": dg.MetadataValue.text(submission_id)}
+        yielded = 0
+        with dg.open_pipes_session(
+            context=context,
+            context_injector=dg.PipesEnvContextInjector(),
+            message_reader=RayJobLogReader(jobs),
+            extras=extras,
+        ) as session:
+            runtime_env = submission.get("runtime_env") or {}
+            runtime_env["env_vars"] = {
+                **runtime_env.get("env_vars", {}),
+                **session.get_bootstrap_env_vars(),
+            }
+            submission.update(
+                submission_id=submission_id,
+                runtime_env=runtime_env,
+                metadata={
+                    "dagster/run_id": context.run.run_id,
+                    "dagster/partition": context.partition_key,
+                    "dagster/job": context.job_name,
+                },
+            )
+            context.log.info(f"[pipes] Starting Ray job {submission_id}...")
+            try:
+                jobs.submit(submission)
+            except RayJobsError as error:
+                raise UsageError(f"step {step}: compute ray: {error}") from None
+            context.log.info(f"[pipes] Ray job {submission_id} started.")
+            session.report_launched(
+                {"extras": {RAY_ADDRESS_KEY: jobs.url, RAY_JOB_ID_KEY: submission_id}}
+            )
+            state = None
+            try:
+                while state is None or not state.terminal:
+                    if state is not None:
+                        time.sleep(self.ray.poll_interval)
+                    try:
+                        state = jobs.state(submission_id)
+                    except RayJobsError as error:
+                        raise UsageError(f"step {step}: compute ray: {error}") from None
+                    reported = session.get_results(implicit_materializations=False, metadata=job)
+                    yield from _materializations(reported[yielded:])
+                    yielded = len(reported)
+            finally:
+                if state is None or not state.terminal:
+                    context.log.info(
+                        f"[pipes] step {step} interrupted: stopping Ray job {submission_id}"
+                    )
+                    try:
+                        jobs.stop(submission_id)
+                    except RayJobsError as error:
+                        context.log.warning(f"[pipes] {error}")
+            if state.status != SUCCEEDED:
+                # Ray's message goes on with the log's last lines: the first one says why.
+                why = state.message.strip().splitlines()[0] if state.message.strip() else "-"
+                raise dg.Failure(
+                    description=f"step {step}: Ray job {submission_id} ended {state.status} "
+                    f"({why.rstrip(':')}); its output is in the step's logs"
+                )
+        # The session is closed: the job's whole log has been read.
+        yield from _materializations(
+            session.get_results(implicit_materializations=False, metadata=job)[yielded:]
+        )
         return list(session.get_custom_messages())
 
 

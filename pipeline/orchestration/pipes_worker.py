@@ -1,7 +1,7 @@
 """The Dagster Pipes worker: the selected stages of one step, outside the orchestrator.
 
-`python -m pipeline.orchestration.pipes_worker`, launched by the subprocess backend's own
-Pipes session, `dagster_ray.PipesRayJobClient` or `dagster_k8s.PipesK8sClient` (see
+`python -m pipeline.orchestration.pipes_worker`, launched by the Pipes session of the
+subprocess or the Ray backend, or by `dagster_k8s.PipesK8sClient` (see
 `pipeline.orchestration.compute`).
 It needs only dagster-pipes and the core, not Dagster: the extras name the stages (the
 selected assets, usually all three), the step, the roots and the effective settings. The

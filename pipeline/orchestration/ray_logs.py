@@ -1,14 +1,14 @@
 """A Pipes message reader for Ray jobs that is done as soon as the job is.
 
-dagster-ray's own reader (`PipesRayJobMessageReader`) follows the job's log over the
+dagster-ray's reader (`PipesRayJobMessageReader`) follows the job's log over the
 dashboard's websocket (`tail_job_logs`). Ray's tailer sleeps a second whenever it reaches
 the end of the file (`JobManager.LOG_TAIL_SLEEP_S`) and ends the stream only after two
 such reads around the job turning terminal, and the reader waits for that end: about 3 s
 after the last message, besides the 1-1.5 s the messages take to come through. This reader
-fetches the log file by HTTP instead (`get_job_logs`), about once a second while the job
-runs (live logs) and once more when the session closes. The client closes the session
-only after the job is terminal, and the job's output goes straight to that file, so the
-last fetch holds every message.
+fetches the log by HTTP instead (`GET /api/jobs/<id>/logs`), about once a second while the
+job runs (live logs) and once more when the session closes. The Ray session
+(`compute.StepCompute`) closes it only after the job is terminal, and the job's output goes
+straight to that file, so the last fetch holds every message.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import dagster as dg
 from dagster._core.pipes.context import PipesLaunchedData
 from dagster._core.pipes.utils import extract_message_or_forward_to_stdout
 from dagster_pipes import PipesDefaultMessageWriter, PipesParams
 
-# The keys dagster_ray's client reports at launch (dagster_ray.core.pipes).
+from pipeline.orchestration.ray_jobs import RayJobs
+
+# The keys the Ray session reports at launch (as dagster-ray's client does).
 RAY_ADDRESS_KEY = "ray_address"
 RAY_JOB_ID_KEY = "ray_job_id"
 LIVE_LOG_INTERVAL_S = 1.0
@@ -35,24 +36,15 @@ logger = logging.getLogger(__name__)
 class RayJobLogReader(dg.PipesMessageReader):
     """Reads a Ray job's Pipes messages from its log, fetched whole, one session per reader."""
 
-    def __init__(
-        self,
-        interval: float = LIVE_LOG_INTERVAL_S,
-        client_kwargs: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, jobs: RayJobs, interval: float = LIVE_LOG_INTERVAL_S) -> None:
         self._interval = interval
-        self._client_kwargs = client_kwargs or {}
-        self._client: Any = None
+        self._jobs = jobs
         self._job_id: str | None = None
         self._launched = threading.Event()
         self._closed = threading.Event()
 
     def on_launched(self, launched_payload: PipesLaunchedData) -> None:
-        from ray.job_submission import JobSubmissionClient
-
-        extras = launched_payload["extras"]
-        self._client = JobSubmissionClient(address=extras[RAY_ADDRESS_KEY], **self._client_kwargs)
-        self._job_id = extras[RAY_JOB_ID_KEY]
+        self._job_id = launched_payload["extras"][RAY_JOB_ID_KEY]
         super().on_launched(launched_payload)
         self._launched.set()
 
@@ -94,7 +86,8 @@ class RayJobLogReader(dg.PipesMessageReader):
     def _handle(self, handler: dg.PipesMessageHandler, handled: int, final: bool) -> int:
         """Handle the whole lines after the first `handled` characters (every line, the
         last one too, when `final`); returns how many characters are handled now."""
-        text: str = self._client.get_job_logs(self._job_id)
+        assert self._job_id is not None
+        text = self._jobs.logs(self._job_id)
         end = len(text) if final else text.rfind("\n") + 1
         for line in text[handled:end].splitlines():
             if line:

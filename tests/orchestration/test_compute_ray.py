@@ -2,13 +2,15 @@
 
 Part of `make test` (the `ray` extra is installed there): starting a head takes about a
 minute and several hundred MB. A step's stages run as one Ray job submitted through the head's
-job API by `dagster_ray.PipesRayJobClient`; logs and metadata come back in the job's logs.
+Jobs REST API (`pipeline.orchestration.ray_jobs`); logs and metadata come back in the job's
+log.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -34,15 +36,16 @@ from dagster_support import (
 from ray.job_submission import JobSubmissionClient
 from test_backfill import _backfill
 
+from pipeline.definitions import defs
 from pipeline.orchestration.compute import Compute, RayCompute, StepCompute
 from pipeline.orchestration.partitions import rollout_steps
+from pipeline.orchestration.resources import RolloutStorage
 from pipeline.orchestration.step_pool import STEP_POOL
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Function `PipesMessageReader.expected_writer_count`"),
     pytest.mark.filterwarnings("ignore:AssetExecutionContext.run_id is deprecated"),
-    # dagster-ray's and Ray's own deprecations, nothing this project calls.
-    pytest.mark.filterwarnings("ignore:AssetExecutionContext.dagster_run is deprecated"),
+    # Ray's own deprecation in JobSubmissionClient, which only the tests use.
     pytest.mark.filterwarnings("ignore:ssl=None is deprecated"),
 ]
 HEAD_START_S = 120
@@ -172,10 +175,10 @@ def test_ray_jobs_build_the_step(ray_dashboard: str, roots: Roots) -> None:
     assert materialized(result) == ["rollout_samples", "train_batch", "training_shards"]
     job_ids = {metadata_of(result, asset)["Ray Job ID"].value for asset in materialized(result)}
     (job_id,) = job_ids
-    assert job_id.startswith("pipes-")
+    assert job_id.startswith("rollout-shards-step4-")
     assert metadata_of(result, "training_shards")["written"].value == 8
     assert f"step 4: 8 rows written to {folder}" in messages
-    assert [m for m in messages if m.startswith("[pipes] Ray job pipes-")] == [
+    assert [m for m in messages if m.startswith("[pipes] Ray job ")] == [
         f"[pipes] Ray job {job_id} started."
     ]
     assert not (roots.output / ".staging").exists()
@@ -208,10 +211,109 @@ def test_a_backfill_runs_its_steps_as_concurrent_ray_jobs(
     jobs = [
         job
         for job in JobSubmissionClient(ray_dashboard).list_jobs()
-        if (job.submission_id or "").startswith("pipes-") and (job.start_time or 0) >= since_ms
+        if (job.submission_id or "").startswith("rollout-shards-step")
+        and (job.start_time or 0) >= since_ms
     ]
     # One Ray job per step, and the steps' jobs ran side by side.
     assert sorted(job.status.value for job in jobs) == ["SUCCEEDED"] * len(keys)
     assert most_at_once([(job.start_time, job.end_time) for job in jobs]) >= 2
     for key in keys:
         assert (roots.output / f"step={int(key)}" / "manifest.json").is_file()
+
+
+STAND_IN = Path(__file__).with_name("stand_in_worker.py")
+
+
+def _ray_compute(ray_dashboard: str, entrypoint: str) -> StepCompute:
+    # The stand-ins find the test's Dagster instance through $DAGSTER_HOME.
+    env = {"DAGSTER_HOME": os.environ["DAGSTER_HOME"]}
+    return StepCompute(
+        compute=Compute.ray,
+        ray=RayCompute(address=ray_dashboard, entrypoint=entrypoint, runtime_env={"env_vars": env}),
+    )
+
+
+def test_each_asset_reaches_dagster_while_the_ray_job_still_runs(
+    ray_dashboard: str, roots: Roots
+) -> None:
+    with dg.instance_for_test() as instance:
+        compute = _ray_compute(ray_dashboard, f"{sys.executable} {STAND_IN} streaming")
+        instance.add_dynamic_partitions(rollout_steps.name, ["00000001"])
+
+        result = dg.materialize(
+            list(defs.assets or []),
+            partition_key="00000001",
+            instance=instance,
+            resources={"rollout_storage": RolloutStorage.from_env(), "step_compute": compute},
+        )
+
+        assert result.success
+        messages = [record.user_message for record in instance.all_logs(result.run_id)]
+    # The stand-in waited for Dagster to store rollout_samples before reporting the rest.
+    assert "stored while the worker ran: ['rollout_samples']" in messages
+    assert materialized(result) == ["rollout_samples", "train_batch", "training_shards"]
+
+
+def test_a_failing_ray_job_fails_the_step_in_one_line(ray_dashboard: str, roots: Roots) -> None:
+    with dg.instance_for_test() as instance:
+        entrypoint = f"{sys.executable} -c 'import sys; sys.exit(3)'"
+        result = materialize(instance, "00000001", compute=_ray_compute(ray_dashboard, entrypoint))
+
+    (failure,) = [
+        event.step_failure_data.user_failure_data
+        for event in result.all_events
+        if event.is_step_failure and event.step_failure_data.user_failure_data is not None
+    ]
+    assert re.fullmatch(
+        r"step 1: Ray job rollout-shards-step1-\w+ ended FAILED \(Job entrypoint command failed "
+        r"with exit code 3, last available logs.*\); its output is in the step's logs",
+        failure.description,
+    )
+    assert materialized(result) == []
+    assert not roots.output.exists()
+
+
+def test_an_interrupted_run_stops_its_ray_job(
+    ray_dashboard: str, roots: Roots, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "worker.pid"
+    run = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import dagster as dg; "
+        "from dagster_support import materialize; "
+        "from test_compute_ray import _ray_compute\n"
+        "with dg.instance_for_test() as instance:\n"
+        "    materialize(instance, '00000001', compute=_ray_compute(sys.argv[2], sys.argv[3]))"
+    )
+    entrypoint = f"{sys.executable} {STAND_IN} hang {pid_file}"
+    runner = subprocess.Popen(
+        [sys.executable, "-c", run, str(Path(__file__).parent), ray_dashboard, entrypoint],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline and runner.poll() is None:
+        time.sleep(0.05)
+    worker = int(pid_file.read_text())
+
+    runner.send_signal(signal.SIGINT)
+    _, stderr = runner.communicate(timeout=60)
+
+    (line,) = [line for line in stderr.splitlines() if "interrupted: stopping Ray job" in line]
+    job_id = re.search(r"stopping Ray job (\S+)", line).group(1)  # type: ignore[union-attr]
+    client = JobSubmissionClient(ray_dashboard)
+    deadline = time.monotonic() + 60
+    while not client.get_job_status(job_id).is_terminal() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert client.get_job_status(job_id).value == "STOPPED"
+    deadline = time.monotonic() + 30
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

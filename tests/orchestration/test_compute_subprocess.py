@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from pipeline.orchestration.compute import (
 )
 from pipeline.orchestration.partitions import rollout_steps
 from pipeline.orchestration.pipes_worker import failure_message, reported_failure
+from pipeline.orchestration.ray_jobs import dashboard_url
 from pipeline.orchestration.reporting import FAILURE_TAG
 from pipeline.orchestration.resources import RolloutStorage
 
@@ -307,15 +309,23 @@ def _configured(run_config: str) -> StepCompute:
     return StepCompute(**parsed["resources"]["step_compute"]["config"])
 
 
-def test_the_ray_client_from_run_config() -> None:
-    from dagster_ray import PipesRayJobClient
-    from dagster_ray.core.pipes import SubmitJobParams
+# The fields of a submission in Ray's Jobs REST API (POST /api/jobs/).
+RAY_SUBMISSION_FIELDS = {
+    "entrypoint",
+    "submission_id",
+    "runtime_env",
+    "metadata",
+    "entrypoint_num_cpus",
+    "entrypoint_num_gpus",
+    "entrypoint_memory",
+    "entrypoint_resources",
+}
 
+
+def test_the_ray_job_from_run_config() -> None:
     compute = _configured(RAY_RUN_CONFIG)
-    client = compute.client()
 
-    assert isinstance(client, PipesRayJobClient)
-    assert client._address == "http://ray-head:8265"
+    assert dashboard_url(compute.ray.address) == "http://ray-head:8265"
     arguments = compute.run_arguments()
     assert arguments == {
         "submit_job_params": {
@@ -324,10 +334,58 @@ def test_the_ray_client_from_run_config() -> None:
             "entrypoint_num_cpus": 8.0,
         }
     }
-    assert set(arguments["submit_job_params"]) <= set(SubmitJobParams.__annotations__)
-    # The client adds the Pipes variables to the runtime_env it gets: a copy, every launch.
+    assert set(arguments["submit_job_params"]) <= RAY_SUBMISSION_FIELDS
+    # The session adds the Pipes variables to the runtime_env it gets: a copy, every launch.
     arguments["submit_job_params"]["runtime_env"]["env_vars"]["DAGSTER_PIPES_CONTEXT"] = "x"
     assert compute.ray.runtime_env == {"env_vars": {"POLARS_MAX_THREADS": "8"}}
+
+
+def test_the_ray_address_is_the_dashboard_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(
+        UsageError, match=re.escape("ray.address (http://head:8265) or $RAY_ADDRESS")
+    ):
+        dashboard_url(None)
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265/")
+    assert dashboard_url(None) == "http://head:8265"
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "https://ray.example")
+    assert dashboard_url(None) == "https://ray.example"
+    assert dashboard_url("http://other:8265") == "http://other:8265"
+    with pytest.raises(UsageError, match=re.escape("the Ray address 'ray://head:10001' is not")):
+        dashboard_url("ray://head:10001")
+
+
+def test_an_unreachable_ray_head_fails_the_step_in_one_line(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    compute = StepCompute(compute=Compute.ray, ray=RayCompute(address=url))
+
+    result = materialize(instance, "00000001", compute=compute)
+
+    _, failure = _step_failure(result)
+    assert re.fullmatch(
+        rf"rollout-shards: usage error: step 1: compute ray: the Ray dashboard at {re.escape(url)} "
+        r"did not answer "
+        r"POST /api/jobs/: .*[Cc]onnection refused.*",
+        failure.description,
+    )
+    assert "\n" not in failure.description
+    assert materialized(result) == []
+    assert not roots.output.exists()
+
+
+def test_the_dagster_side_of_ray_imports_no_ray() -> None:
+    code = (
+        "import json, sys, pipeline.definitions, pipeline.orchestration.ray_jobs; "
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+
+    assert not set(json.loads(out.stdout)) & {"ray", "dagster_ray"}
 
 
 def test_the_k8s_client_from_run_config() -> None:
@@ -372,4 +430,6 @@ def test_in_process_and_subprocess_have_no_pipes_client() -> None:
         StepCompute().client()
     with pytest.raises(UsageError, match="compute subprocess runs without a Pipes client"):
         SUBPROCESS.client()
+    with pytest.raises(UsageError, match="compute ray runs without a Pipes client"):
+        StepCompute(compute=Compute.ray).client()
     assert RayCompute().entrypoint == "python -m pipeline.orchestration.pipes_worker"
