@@ -277,6 +277,7 @@ class StepCompute(dg.ConfigurableResource):
         ended); returns the worker's custom messages. A step abandoned before the job ended
         (an interrupted run) stops the job."""
         jobs = RayJobs(dashboard_url(self.ray.address))
+        reader = RayJobLogReader(jobs)
         submission = dict(self.run_arguments()["submit_job_params"])
         submission_id = f"rollout-shards-step{step}-{uuid.uuid4().hex[:10]}"
         job = {"Ray Job ID": dg.MetadataValue.text(submission_id)}
@@ -284,7 +285,7 @@ class StepCompute(dg.ConfigurableResource):
         with dg.open_pipes_session(
             context=context,
             context_injector=dg.PipesEnvContextInjector(),
-            message_reader=RayJobLogReader(jobs),
+            message_reader=reader,
             extras=extras,
         ) as session:
             runtime_env = submission.get("runtime_env") or {}
@@ -338,10 +339,16 @@ class StepCompute(dg.ConfigurableResource):
                     description=f"step {step}: Ray job {submission_id} ended {state.status} "
                     f"({why.rstrip(':')}); its output is in the step's logs"
                 )
-        # The session is closed: the job's whole log has been read.
+        # The session is closed: the job's whole log has been read, unless the last read failed.
         yield from _materializations(
             session.get_results(implicit_materializations=False, metadata=job)[yielded:]
         )
+        if reader.unread is not None:
+            raise dg.Failure(
+                description=f"step {step}: Ray job {submission_id} succeeded but its log could "
+                f"not be read to the end ({reader.unread}); what it reported after the last "
+                "read is not recorded, so the step is failed"
+            )
         return list(session.get_custom_messages())
 
 

@@ -23,7 +23,7 @@ from dagster._core.pipes.context import PipesLaunchedData
 from dagster._core.pipes.utils import extract_message_or_forward_to_stdout
 from dagster_pipes import PipesDefaultMessageWriter, PipesParams
 
-from pipeline.orchestration.ray_jobs import RayJobs
+from pipeline.orchestration.ray_jobs import RayJobs, RayJobsError
 
 # The keys the Ray session reports at launch (as dagster-ray's client does).
 RAY_ADDRESS_KEY = "ray_address"
@@ -42,6 +42,8 @@ class RayJobLogReader(dg.PipesMessageReader):
         self._job_id: str | None = None
         self._launched = threading.Event()
         self._closed = threading.Event()
+        # Why the last read of the log, after the job ended, failed (the session reports it).
+        self.unread: str | None = None
 
     def on_launched(self, launched_payload: PipesLaunchedData) -> None:
         self._job_id = launched_payload["extras"][RAY_JOB_ID_KEY]
@@ -75,10 +77,11 @@ class RayJobLogReader(dg.PipesMessageReader):
             final = self._closed.is_set()
             try:
                 handled = self._handle(handler, handled, final)
-            except Exception:
+            except RayJobsError as error:
                 if final:
-                    raise
-                logger.warning("reading the log of Ray job %s failed", self._job_id, exc_info=True)
+                    self.unread = str(error)
+                    return
+                logger.warning("reading the log of Ray job %s failed: %s", self._job_id, error)
             if final:
                 return
             self._closed.wait(self._interval)

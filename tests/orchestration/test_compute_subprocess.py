@@ -433,3 +433,21 @@ def test_in_process_and_subprocess_have_no_pipes_client() -> None:
     with pytest.raises(UsageError, match="compute ray runs without a Pipes client"):
         StepCompute(compute=Compute.ray).client()
     assert RayCompute().entrypoint == "python -m pipeline.orchestration.pipes_worker"
+
+
+def test_a_ray_log_that_cannot_be_read_at_the_end_is_reported_not_raised() -> None:
+    from pipeline.orchestration.ray_jobs import RayJobsError
+    from pipeline.orchestration.ray_logs import RAY_JOB_ID_KEY, RayJobLogReader
+
+    class DashboardGone:
+        def logs(self, submission_id: str) -> str:
+            raise RayJobsError(
+                f"the Ray dashboard at http://head:8265 did not answer {submission_id}"
+            )
+
+    reader = RayJobLogReader(DashboardGone(), interval=0.01)  # type: ignore[arg-type]
+    reader.on_launched({"extras": {RAY_JOB_ID_KEY: "job-1"}})
+    with reader.read_messages(handler=None):  # type: ignore[arg-type]
+        time.sleep(0.05)  # live reads fail and are logged; the session goes on
+
+    assert reader.unread == "the Ray dashboard at http://head:8265 did not answer job-1"
