@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,3 +116,41 @@ def most_at_once(spans: list[tuple[float, float]]) -> int:
         running += change
         peak = max(peak, running)
     return peak
+
+
+STAND_IN = Path(__file__).with_name("stand_in_worker.py")
+
+
+def stand_in_run(
+    instance: dg.DagsterInstance, compute: StepCompute
+) -> tuple[dg.ExecuteInProcessResult, list[str]]:
+    """Step 1's assets alone (no checks: a stand-in worker writes nothing) where `compute`
+    says, and the run's log messages."""
+    if not instance.has_dynamic_partition(rollout_steps.name, "00000001"):
+        instance.add_dynamic_partitions(rollout_steps.name, ["00000001"])
+    result = dg.materialize(
+        ASSETS,
+        partition_key="00000001",
+        instance=instance,
+        resources={"rollout_storage": RolloutStorage.from_env(), "step_compute": compute},
+    )
+    return result, [record.user_message for record in instance.all_logs(result.run_id)]
+
+
+def interrupted_run(code: str, args: list[str], pid_file: Path) -> tuple[str, int]:
+    """Run `code` in a child interpreter (`sys.argv[1]` is this folder, then `args`): a
+    materialization whose stand-in worker writes its pid to `pid_file`. Once the worker
+    runs, interrupt the child as Ctrl-C would; returns the child's stderr and the worker's
+    pid."""
+    runner = subprocess.Popen(
+        [sys.executable, "-c", code, str(Path(__file__).parent), *args],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline and runner.poll() is None:
+        time.sleep(0.05)
+    worker = int(pid_file.read_text())
+    runner.send_signal(signal.SIGINT)
+    _, stderr = runner.communicate(timeout=60)
+    return stderr, worker

@@ -26,20 +26,21 @@ import dagster as dg
 import pytest
 import requests
 from dagster_support import (
+    STAND_IN,
     Roots,
     configured_roots,
+    interrupted_run,
     materialize,
     materialized,
     metadata_of,
     most_at_once,
+    stand_in_run,
 )
 from ray.job_submission import JobSubmissionClient
 from test_backfill import _backfill
 
-from pipeline.definitions import defs
 from pipeline.orchestration.compute import Compute, RayCompute, StepCompute
 from pipeline.orchestration.partitions import rollout_steps
-from pipeline.orchestration.resources import RolloutStorage
 from pipeline.orchestration.step_pool import STEP_POOL
 
 pytestmark = [
@@ -221,9 +222,6 @@ def test_a_backfill_runs_its_steps_as_concurrent_ray_jobs(
         assert (roots.output / f"step={int(key)}" / "manifest.json").is_file()
 
 
-STAND_IN = Path(__file__).with_name("stand_in_worker.py")
-
-
 def _ray_compute(ray_dashboard: str, entrypoint: str) -> StepCompute:
     # The stand-ins find the test's Dagster instance through $DAGSTER_HOME.
     env = {"DAGSTER_HOME": os.environ["DAGSTER_HOME"]}
@@ -238,17 +236,9 @@ def test_each_asset_reaches_dagster_while_the_ray_job_still_runs(
 ) -> None:
     with dg.instance_for_test() as instance:
         compute = _ray_compute(ray_dashboard, f"{sys.executable} {STAND_IN} streaming")
-        instance.add_dynamic_partitions(rollout_steps.name, ["00000001"])
+        result, messages = stand_in_run(instance, compute)
 
-        result = dg.materialize(
-            list(defs.assets or []),
-            partition_key="00000001",
-            instance=instance,
-            resources={"rollout_storage": RolloutStorage.from_env(), "step_compute": compute},
-        )
-
-        assert result.success
-        messages = [record.user_message for record in instance.all_logs(result.run_id)]
+    assert result.success
     # The stand-in waited for Dagster to store rollout_samples before reporting the rest.
     assert "stored while the worker ran: ['rollout_samples']" in messages
     assert materialized(result) == ["rollout_samples", "train_batch", "training_shards"]
@@ -285,18 +275,8 @@ def test_an_interrupted_run_stops_its_ray_job(
         "    materialize(instance, '00000001', compute=_ray_compute(sys.argv[2], sys.argv[3]))"
     )
     entrypoint = f"{sys.executable} {STAND_IN} hang {pid_file}"
-    runner = subprocess.Popen(
-        [sys.executable, "-c", run, str(Path(__file__).parent), ray_dashboard, entrypoint],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while not pid_file.exists() and time.monotonic() < deadline and runner.poll() is None:
-        time.sleep(0.05)
-    worker = int(pid_file.read_text())
 
-    runner.send_signal(signal.SIGINT)
-    _, stderr = runner.communicate(timeout=60)
+    stderr, worker = interrupted_run(run, [ray_dashboard, entrypoint], pid_file)
 
     (line,) = [line for line in stderr.splitlines() if "interrupted: stopping Ray job" in line]
     job_id = re.search(r"stopping Ray job (\S+)", line).group(1)  # type: ignore[union-attr]

@@ -7,7 +7,6 @@ import inspect
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +17,16 @@ import dagster as dg
 import pytest
 import yaml
 from dagster_k8s import PipesK8sClient
-from dagster_support import Roots, break_step_1, materialize, materialized, metadata_of
+from dagster_support import (
+    STAND_IN,
+    Roots,
+    break_step_1,
+    interrupted_run,
+    materialize,
+    materialized,
+    metadata_of,
+    stand_in_run,
+)
 
 from pipeline.definitions import defs
 from pipeline.errors import StepError, UsageError, Violation
@@ -30,11 +38,9 @@ from pipeline.orchestration.compute import (
     RayCompute,
     StepCompute,
 )
-from pipeline.orchestration.partitions import rollout_steps
 from pipeline.orchestration.pipes_worker import failure_message, reported_failure
 from pipeline.orchestration.ray_jobs import dashboard_url
 from pipeline.orchestration.reporting import FAILURE_TAG
-from pipeline.orchestration.resources import RolloutStorage
 
 # pipeline.orchestration.compute silences these two warnings of Dagster's own Pipes code, but pytest
 # drops the filters a module sets while it is collected.
@@ -177,9 +183,6 @@ def test_one_asset_runs_alone_in_its_worker_through_staging(
     assert json.loads((roots.output / "step=3" / "manifest.json").read_text())["step"] == 3
 
 
-STAND_IN = Path(__file__).with_name("stand_in_worker.py")
-
-
 def _worker_script(tmp_path: Path, body: str) -> StepCompute:
     """Compute subprocess whose "interpreter" is a script: the session runs it as the worker."""
     script = tmp_path / "worker.sh"
@@ -193,17 +196,11 @@ def test_each_asset_reaches_dagster_while_the_worker_still_runs(
 ) -> None:
     # The stand-in reports rollout_samples, then waits until Dagster has stored it.
     compute = _worker_script(tmp_path, f"exec {sys.executable} {STAND_IN} streaming")
-    instance.add_dynamic_partitions(rollout_steps.name, ["00000001"])
 
-    result = dg.materialize(
-        list(defs.assets or []),
-        partition_key="00000001",
-        instance=instance,
-        resources={"rollout_storage": RolloutStorage.from_env(), "step_compute": compute},
-    )
+    result, messages = stand_in_run(instance, compute)
 
     assert result.success
-    assert "stored while the worker ran: ['rollout_samples']" in _messages(instance, result.run_id)
+    assert "stored while the worker ran: ['rollout_samples']" in messages
     assert materialized(result) == list(ASSETS)
 
 
@@ -234,18 +231,7 @@ def test_an_interrupted_run_stops_its_worker(roots: Roots, tmp_path: Path) -> No
         "    materialize(instance, '00000001', compute=StepCompute(compute=Compute.subprocess, "
         "python=sys.argv[2]))"
     )
-    runner = subprocess.Popen(
-        [sys.executable, "-c", run, str(Path(__file__).parent), str(tmp_path / "worker.sh")],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while not pid_file.exists() and time.monotonic() < deadline and runner.poll() is None:
-        time.sleep(0.05)
-    worker = int(pid_file.read_text())
-
-    runner.send_signal(signal.SIGINT)
-    _, stderr = runner.communicate(timeout=60)
+    stderr, worker = interrupted_run(run, [str(tmp_path / "worker.sh")], pid_file)
 
     assert "step 1 interrupted: stopping its worker" in stderr
     with pytest.raises(ProcessLookupError):  # stopped, and reaped by the session
