@@ -112,18 +112,34 @@ def test_the_step_waits_for_a_slot_held_on_this_machine(
             holding.set()
             release.wait(timeout=60)
 
+    waiting = f"waiting for one of the 1 slots of pool {STEP_POOL}"
+    seen_waiting = threading.Event()
+
+    def release_once_waiting() -> None:
+        """Release the slot once the run has logged that it waits for it (or after 60 s,
+        and then the assertions below fail): however long Dagster takes to start the step,
+        the step finds the slot held."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not seen_waiting.is_set():
+            for run in instance.get_runs():
+                if any(entry.user_message == waiting for entry in instance.all_logs(run.run_id)):
+                    seen_waiting.set()
+            time.sleep(0.05)
+        time.sleep(0.2)  # the step is still waiting when the slot comes free
+        release.set()
+
     holder = threading.Thread(target=hold)
     holder.start()
     assert holding.wait(timeout=10)
-    threading.Timer(1.5, release.set).start()
-    began = time.monotonic()
+    releaser = threading.Thread(target=release_once_waiting)
+    releaser.start()
     result = materialize(instance, "00000001")
-    took = time.monotonic() - began
     holder.join()
+    releaser.join()
     assert result.success
-    assert took >= 1.5
+    assert seen_waiting.is_set()
     messages = [entry.user_message for entry in instance.all_logs(result.run_id)]
-    assert f"waiting for one of the 1 slots of pool {STEP_POOL}" in messages
+    assert messages.index(waiting) < messages.index("step 1: 16 rows read, 16 valid, 0 repaired")
     assert (roots.output / "step=1" / "manifest.json").is_file()
 
 
