@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import subprocess
@@ -116,6 +117,23 @@ def most_at_once(spans: list[tuple[float, float]]) -> int:
         running += change
         peak = max(peak, running)
     return peak
+
+
+def step_failure(result: dg.ExecuteInProcessResult) -> tuple[str, dg.Failure]:
+    """The key and the user's failure of the run's one failed step."""
+    (event,) = [e for e in result.all_events if e.is_step_failure]
+    return event.step_key, event.step_failure_data.user_failure_data
+
+
+def failed_in_one_line(result: dg.ExecuteInProcessResult, pattern: str, output: Path) -> None:
+    """The run failed at its step with one line matching `pattern`, no asset materialized
+    and nothing written under `output`."""
+    step_key, failure = step_failure(result)
+    assert step_key == "rollout_samples"
+    assert "\n" not in failure.description
+    assert re.fullmatch(pattern, failure.description), failure.description
+    assert materialized(result) == []
+    assert not output.exists()
 
 
 STAND_IN = Path(__file__).with_name("stand_in_worker.py")

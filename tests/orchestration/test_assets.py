@@ -17,6 +17,7 @@ from dagster_support import (
     materialized,
     metadata_of,
     run_checks,
+    step_failure,
 )
 
 from pipeline import cli
@@ -39,11 +40,6 @@ def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, object
 
 def _checks(result: dg.ExecuteInProcessResult) -> dict[str, dg.AssetCheckEvaluation]:
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
-
-
-def _step_failure(result: dg.ExecuteInProcessResult) -> tuple[str, dg.Failure]:
-    (event,) = [e for e in result.all_events if e.is_step_failure]
-    return event.step_key, event.step_failure_data.user_failure_data
 
 
 def test_valid_partition_writes_the_step_folder(instance: dg.DagsterInstance, roots: Roots) -> None:
@@ -97,7 +93,7 @@ def test_a_whole_step_run_removes_the_staged_copies_it_supersedes(
     assert not (roots.output / ".staging" / "rollout_samples" / "step=4").exists()
     lone = _one_asset(instance, "00000004", "train_batch")
     assert not lone.success
-    _, failure = _step_failure(lone)
+    _, failure = step_failure(lone)
     assert "no staged rollout_samples" in failure.description
     assert "materialize rollout_samples first" in failure.description
 
@@ -115,7 +111,7 @@ def test_a_full_disk_while_staging_is_one_line(
     result = _one_asset(instance, "00000004", "rollout_samples")
 
     assert not result.success
-    _, failure = _step_failure(result)
+    _, failure = step_failure(result)
     line = failure.description
     assert line.startswith(
         "rollout-shards: build: step 4: rule os_error: no space left on "
@@ -218,7 +214,7 @@ def test_invalid_partition_fails_at_rollout_samples_and_writes_nothing(
     result = materialize(instance, "00000001")
 
     assert not result.success
-    step_key, failure = _step_failure(result)
+    step_key, failure = step_failure(result)
     assert step_key == "rollout_samples"
     assert not roots.output.exists()
     assert "rule response_within_tokens" in failure.description
@@ -239,7 +235,7 @@ def test_settings_the_data_cannot_satisfy_fail_before_writing(
     result = materialize(instance, "00000002", run_config)
 
     assert not result.success
-    step_key, failure = _step_failure(result)
+    step_key, failure = step_failure(result)
     # One Dagster step builds the three assets: the samples were valid and are materialized,
     # the batch failed, and nothing after it ran.
     assert step_key == "rollout_samples"
@@ -337,7 +333,7 @@ def test_run_config_paths_outside_the_roots_are_refused(
     result = materialize(instance, "00000001", run_config)
 
     assert not result.success
-    _, failure = _step_failure(result)
+    _, failure = step_failure(result)
     assert message in failure.description
     assert not roots.output.exists()
     assert not (roots.output.parent / "escape").exists()
@@ -375,7 +371,7 @@ def test_an_output_root_inside_a_committed_step_folder_is_refused(
     result = materialize(instance, "00000001", run_config)
 
     assert not result.success
-    _, failure = _step_failure(result)
+    _, failure = step_failure(result)
     assert "inside the committed step folder" in failure.description
     assert sorted(p.name for p in (roots.output / "step=1").iterdir()) == before
 

@@ -29,6 +29,7 @@ from dagster_support import (
     STAND_IN,
     Roots,
     configured_roots,
+    failed_in_one_line,
     interrupted_run,
     materialize,
     materialized,
@@ -249,18 +250,12 @@ def test_a_failing_ray_job_fails_the_step_in_one_line(ray_dashboard: str, roots:
         entrypoint = f"{sys.executable} -c 'import sys; sys.exit(3)'"
         result = materialize(instance, "00000001", compute=_ray_compute(ray_dashboard, entrypoint))
 
-    (failure,) = [
-        event.step_failure_data.user_failure_data
-        for event in result.all_events
-        if event.is_step_failure and event.step_failure_data.user_failure_data is not None
-    ]
-    assert re.fullmatch(
+    failed_in_one_line(
+        result,
         r"step 1: Ray job rollout-shards-step1-\w+ ended FAILED \(Job entrypoint command failed "
         r"with exit code 3, last available logs.*\); its output is in the step's logs",
-        failure.description,
+        roots.output,
     )
-    assert materialized(result) == []
-    assert not roots.output.exists()
 
 
 def test_an_interrupted_run_stops_its_ray_job(

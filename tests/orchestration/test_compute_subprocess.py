@@ -21,11 +21,13 @@ from dagster_support import (
     STAND_IN,
     Roots,
     break_step_1,
+    failed_in_one_line,
     interrupted_run,
     materialize,
     materialized,
     metadata_of,
     stand_in_run,
+    step_failure,
 )
 
 from pipeline.definitions import defs
@@ -80,11 +82,6 @@ resources:
 
 def _messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
     return [record.user_message for record in instance.all_logs(run_id)]
-
-
-def _step_failure(result: dg.ExecuteInProcessResult) -> tuple[str, dg.Failure]:
-    (event,) = [e for e in result.all_events if e.is_step_failure]
-    return event.step_key, event.step_failure_data.user_failure_data
 
 
 def test_a_subprocess_worker_builds_the_step(instance: dg.DagsterInstance, roots: Roots) -> None:
@@ -143,10 +140,10 @@ def test_an_invalid_step_fails_through_pipes_with_its_summary(
     result = materialize(instance, "00000001", compute=SUBPROCESS)
 
     assert not result.success
-    step_key, failure = _step_failure(result)
+    step_key, failure = step_failure(result)
     assert step_key == "rollout_samples"
     assert "rule response_within_tokens" in failure.description
-    expected = _step_failure(in_process)[1]
+    expected = step_failure(in_process)[1]
     assert failure.description == expected.description
     assert failure.metadata == expected.metadata
     rows = failure.metadata["first_offending_rows"].value
@@ -162,7 +159,7 @@ def test_settings_the_data_cannot_satisfy_fail_in_the_worker(
 
     result = materialize(instance, "00000002", run_config, compute=SUBPROCESS)
 
-    step_key, failure = _step_failure(result)
+    step_key, failure = step_failure(result)
     assert step_key == "rollout_samples"
     assert materialized(result) == ["rollout_samples"]
     assert "step 2" in failure.description
@@ -209,15 +206,12 @@ def test_a_worker_that_crashes_fails_the_step_in_one_line(
 ) -> None:
     result = materialize(instance, "00000001", compute=_worker_script(tmp_path, "exit 3"))
 
-    step_key, failure = _step_failure(result)
-    assert step_key == "rollout_samples"
-    assert re.fullmatch(
+    failed_in_one_line(
+        result,
         r"step 1: the Pipes worker \(pid \d+\) exited with code 3; its output is in the "
         r"step's logs",
-        failure.description,
+        roots.output,
     )
-    assert materialized(result) == []
-    assert not roots.output.exists()
 
 
 def test_an_interrupted_run_stops_its_worker(roots: Roots, tmp_path: Path) -> None:
@@ -352,16 +346,12 @@ def test_an_unreachable_ray_head_fails_the_step_in_one_line(
 
     result = materialize(instance, "00000001", compute=compute)
 
-    _, failure = _step_failure(result)
-    assert re.fullmatch(
+    failed_in_one_line(
+        result,
         rf"rollout-shards: usage error: step 1: compute ray: the Ray dashboard at {re.escape(url)} "
-        r"did not answer "
-        r"POST /api/jobs/: .*[Cc]onnection refused.*",
-        failure.description,
+        r"did not answer POST /api/jobs/: .*[Cc]onnection refused.*",
+        roots.output,
     )
-    assert "\n" not in failure.description
-    assert materialized(result) == []
-    assert not roots.output.exists()
 
 
 def test_the_dagster_side_of_ray_imports_no_ray() -> None:
@@ -405,7 +395,7 @@ def test_a_missing_extra_fails_the_run_with_the_install_line(
 
     result = materialize(instance, "00000001", compute=compute)
 
-    step_key, failure = _step_failure(result)
+    step_key, failure = step_failure(result)
     assert step_key == "rollout_samples"
     assert "compute k8s needs dagster-k8s: pip install 'rollout-shards[k8s]'" in failure.description
     assert not roots.output.exists()
