@@ -66,20 +66,35 @@ class RayJobs:
     def submit(self, params: dict[str, Any]) -> str:
         """Submit a job (`entrypoint`, `submission_id`, `runtime_env`, `metadata`,
         `entrypoint_num_cpus`, ...); returns its submission id."""
-        answer = self._call("POST", "/api/jobs/", params)
-        return str(answer.get("submission_id") or answer["job_id"])
+        path = "/api/jobs/"
+        answer = self._call("POST", path, params)
+        return str(self._field(answer, "submission_id", f"POST {path}"))
 
     def state(self, submission_id: str) -> JobState:
-        answer = self._call("GET", f"/api/jobs/{_quoted(submission_id)}")
-        return JobState(status=str(answer["status"]), message=str(answer.get("message") or ""))
+        path = f"/api/jobs/{_quoted(submission_id)}"
+        answer = self._call("GET", path)
+        status = self._field(answer, "status", f"GET {path}")
+        return JobState(status=str(status), message=str(answer.get("message") or ""))
 
     def logs(self, submission_id: str) -> str:
         """Everything the job's entrypoint has written so far."""
-        return str(self._call("GET", f"/api/jobs/{_quoted(submission_id)}/logs")["logs"])
+        path = f"/api/jobs/{_quoted(submission_id)}/logs"
+        return str(self._field(self._call("GET", path), "logs", f"GET {path}"))
 
     def stop(self, submission_id: str) -> bool:
         """Ask Ray to stop the job; False when it had already ended."""
-        return bool(self._call("POST", f"/api/jobs/{_quoted(submission_id)}/stop")["stopped"])
+        path = f"/api/jobs/{_quoted(submission_id)}/stop"
+        return bool(self._field(self._call("POST", path), "stopped", f"POST {path}"))
+
+    def _field(self, answer: Any, name: str, what: str) -> Any:
+        """A field of an answer, which must be a JSON object holding it (a server that is
+        not a Ray dashboard answers something else)."""
+        if not isinstance(answer, dict) or answer.get(name) is None:
+            raise RayJobsError(
+                f"the Ray dashboard at {self.url} answered {what} without {name!r}: "
+                f"{json.dumps(answer)[:200]}"
+            )
+        return answer[name]
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
@@ -100,10 +115,14 @@ class RayJobs:
             raise RayJobsError(
                 f"the Ray dashboard at {self.url} refused {what}: HTTP {error.code} {detail}"
             ) from None
-        except (OSError, ValueError) as error:  # URLError, timeouts, resets, bad JSON
+        except OSError as error:  # URLError, timeouts, resets
             reason = getattr(error, "reason", error)
             raise RayJobsError(
                 f"the Ray dashboard at {self.url} did not answer {what}: {reason}"
+            ) from None
+        except ValueError as error:  # not JSON: a server that is not a Ray dashboard
+            raise RayJobsError(
+                f"the Ray dashboard at {self.url} answered {what} with no JSON ({error})"
             ) from None
 
 
