@@ -234,13 +234,13 @@ class StepCompute(dg.ConfigurableResource):
         after the worker exits); returns the worker's custom messages. An interrupted run (or
         a step abandoned for any reason) stops the worker with SIGINT, then SIGKILL."""
         command = self.run_arguments()["command"]
-        yielded = 0
         with dg.open_pipes_session(
             context=context,
             context_injector=dg.PipesTempFileContextInjector(),
             message_reader=dg.PipesTempFileMessageReader(),
             extras=extras,
         ) as session:
+            reported = _Reported(session)
             env = {**os.environ, **session.get_bootstrap_env_vars()}
             try:
                 process = subprocess.Popen(command, env=env)
@@ -248,9 +248,7 @@ class StepCompute(dg.ConfigurableResource):
                 raise UsageError(f"compute subprocess: cannot start {command[0]}: {exc}") from exc
             try:
                 while process.poll() is None:
-                    reported = session.get_results(implicit_materializations=False)
-                    yield from _materializations(reported[yielded:])
-                    yielded = len(reported)
+                    yield from reported.new()
                     try:
                         process.wait(RESULT_POLL_SECONDS)
                     except subprocess.TimeoutExpired:
@@ -265,7 +263,7 @@ class StepCompute(dg.ConfigurableResource):
                     f"with code {process.returncode}; its output is in the step's logs"
                 )
         # The session is closed: every message the worker wrote has been read.
-        yield from _materializations(session.get_results(implicit_materializations=False)[yielded:])
+        yield from reported.new()
         return list(session.get_custom_messages())
 
     def _ray_session(
@@ -278,16 +276,15 @@ class StepCompute(dg.ConfigurableResource):
         (an interrupted run) stops the job."""
         jobs = RayJobs(dashboard_url(self.ray.address))
         reader = RayJobLogReader(jobs)
-        submission = dict(self.run_arguments()["submit_job_params"])
+        submission = self.run_arguments()["submit_job_params"]
         submission_id = f"rollout-shards-step{step}-{uuid.uuid4().hex[:10]}"
-        job = {"Ray Job ID": dg.MetadataValue.text(submission_id)}
-        yielded = 0
         with dg.open_pipes_session(
             context=context,
             context_injector=dg.PipesEnvContextInjector(),
             message_reader=reader,
             extras=extras,
         ) as session:
+            reported = _Reported(session, {"Ray Job ID": dg.MetadataValue.text(submission_id)})
             runtime_env = submission.get("runtime_env") or {}
             runtime_env["env_vars"] = {
                 **runtime_env.get("env_vars", {}),
@@ -320,9 +317,7 @@ class StepCompute(dg.ConfigurableResource):
                         state = jobs.state(submission_id)
                     except RayJobsError as error:
                         raise UsageError(f"step {step}: compute ray: {error}") from None
-                    reported = session.get_results(implicit_materializations=False, metadata=job)
-                    yield from _materializations(reported[yielded:])
-                    yielded = len(reported)
+                    yield from reported.new()
             finally:
                 if state is None or not state.terminal:
                     context.log.info(
@@ -340,9 +335,7 @@ class StepCompute(dg.ConfigurableResource):
                     f"({why.rstrip(':')}); its output is in the step's logs"
                 )
         # The session is closed: the job's whole log has been read, unless the last read failed.
-        yield from _materializations(
-            session.get_results(implicit_materializations=False, metadata=job)[yielded:]
-        )
+        yield from reported.new()
         if reader.unread is not None:
             raise dg.Failure(
                 description=f"step {step}: Ray job {submission_id} succeeded but its log could "
@@ -350,6 +343,26 @@ class StepCompute(dg.ConfigurableResource):
                 "read is not recorded, so the step is failed"
             )
         return list(session.get_custom_messages())
+
+
+class _Reported:
+    """What a Pipes session has received from its worker, each materialization handed to
+    Dagster once, with `metadata` added to each."""
+
+    def __init__(
+        self, session: dg.PipesSession, metadata: dict[str, dg.MetadataValue] | None = None
+    ) -> None:
+        self._session = session
+        self._metadata = metadata
+        self._handed = 0
+
+    def new(self) -> Iterator[dg.MaterializeResult]:
+        """The materializations received since the last call."""
+        results = self._session.get_results(
+            implicit_materializations=False, metadata=self._metadata
+        )
+        fresh, self._handed = results[self._handed :], len(results)
+        yield from _materializations(fresh)
 
 
 def _materializations(results: Any) -> Iterator[dg.MaterializeResult]:
