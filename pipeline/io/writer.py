@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import hashlib
-import io
+import mmap
 import os
 import re
 import shutil
@@ -197,21 +197,24 @@ def write_staged(frame: pl.DataFrame, path: Path, **options: Any) -> None:
 
 
 def write_parquet(frame: pl.DataFrame, path: Path) -> str:
-    """Write `frame` to `path` (fsynced) and return the sha256 of the bytes written. The
-    file is encoded into memory, hashed there and written once, so a build never reads its
-    own outputs back from disk to hash them; the bytes are those `write_parquet` gives a
-    path."""
-    buffer = io.BytesIO()
-    frame.write_parquet(buffer, **PARQUET_OPTIONS)
-    data = buffer.getbuffer()
-    digest = hashlib.sha256(data).hexdigest()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    """Write `frame` to `path` (fsynced) and return the sha256 of the file's bytes.
+
+    Polars writes the file itself, without the GIL, and the digest is taken from the
+    file's pages in the page cache through a memory map, before the fsync: nothing is read
+    back from disk or copied. Encoding into a Python buffer instead hands every chunk
+    through the GIL and grows the buffer by reallocation: at 32k samples the write stage
+    took 0.54-0.62 s that way against 0.36-0.39 s (docs/performance.md)."""
+    write_staged(frame, path, **PARQUET_OPTIONS)
+    fd = os.open(path, os.O_RDONLY)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        size = os.fstat(fd).st_size
+        if size:
+            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as pages:
+                digest = hashlib.sha256(pages).hexdigest()
+        else:
+            digest = hashlib.sha256(b"").hexdigest()
         os.fsync(fd)
-    except OSError as exc:  # os.write names no file: name the one that did not fit
+    except OSError as exc:  # fsync names no file: name the one that was not stored
         raise OSError(exc.errno, exc.strerror, str(path)) from None
     finally:
         os.close(fd)
