@@ -45,7 +45,7 @@ class RankRows:
         picked = self.inputs[pl.Series(self.order[start : start + length])]
         lists = picked.select(
             pl.col(c.TOKENS),
-            loss_masks(picked.schema),
+            loss_masks(picked),
             *optional_shard_columns(self.optional),
         )
         scalars = _compact(self.scalars, start, length)

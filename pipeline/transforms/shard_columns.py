@@ -27,12 +27,17 @@ def light_shard_columns(light: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-def loss_masks(schema: pl.Schema) -> pl.Expr:
-    """Null becomes response_length ones; remove_sample zeroes the mask."""
+def loss_masks(frame: pl.DataFrame) -> pl.Expr:
+    """Null becomes response_length ones; remove_sample zeroes the mask. Where no row of
+    `frame` needs either, the masks are the loss_mask column itself: the filled lists are
+    built for every row before `when` picks, 2 x 31M values at 32k samples."""
     length = pl.col(c.RESPONSE_LENGTH)
     ones = pl.lit(1, dtype=pl.Int8).repeat_by(length)
-    if c.LOSS_MASK not in schema:
+    removed = frame.get_column(c.REMOVE_SAMPLE).any()
+    if c.LOSS_MASK not in frame.columns:
         return pl.when(pl.col(c.REMOVE_SAMPLE)).then(ones * 0).otherwise(ones).alias(c.LOSS_MASKS)
+    if not removed and not frame.get_column(c.LOSS_MASK).has_nulls():
+        return pl.col(c.LOSS_MASK).alias(c.LOSS_MASKS)
     return (
         pl.when(pl.col(c.REMOVE_SAMPLE))
         .then(pl.lit(0, dtype=pl.Int8).repeat_by(length))

@@ -142,3 +142,32 @@ def test_importing_the_package_shortens_polars_allocator_decay() -> None:
     user = {**env, ALLOCATOR_ENV: "dirty_decay_ms:2000"}
     assert _allocator_conf("import pipeline.cli", user) == f"{polars_own},dirty_decay_ms:2000"
     assert _allocator_conf("import polars, pipeline.cli", env) == polars_own
+
+
+def _threads_after(script: str, env: dict[str, str]) -> int:
+    """The number of threads of a fresh interpreter once `script` has run."""
+    result = subprocess.run(
+        [sys.executable, "-c", script + "\nimport os; print(len(os.listdir('/proc/self/task')))"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    return int(result.stdout)
+
+
+def test_importing_the_package_keeps_openblas_to_one_thread() -> None:
+    """numpy's OpenBLAS starts a thread per core when it loads; after the package it starts
+    none (the package calls no BLAS routine), unless the user asked for threads or numpy was
+    loaded first."""
+    import os
+
+    from pipeline import BLAS_THREADS_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != BLAS_THREADS_ENV}
+    alone = _threads_after("import numpy", env)
+    assert alone == os.cpu_count() > 1  # the main thread and one more per further core
+    assert _threads_after("import pipeline, numpy", env) == 1
+    assert _threads_after("import numpy, pipeline", env) == alone
+    assert _threads_after("import pipeline, numpy", {**env, BLAS_THREADS_ENV: "2"}) == 2
