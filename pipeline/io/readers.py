@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -20,6 +19,7 @@ if TYPE_CHECKING:
 from pipeline import columns as c
 from pipeline.columns import JSON_RULE, JSON_VALUE, PATH_STEP, TYPE_ERROR
 from pipeline.errors import StepError, UsageError, Violation, first_line
+from pipeline.io.checksums import sha256_of
 from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump, read_miles_dump
 
 TABLE_SUFFIXES = {".parquet": "parquet", ".arrow": "ipc", ".feather": "ipc", ".jsonl": "jsonl"}
@@ -359,11 +359,6 @@ def read_source(source: SourceFile, step: int | None = None) -> pl.DataFrame:
     if source.kind == "miles":
         return read_miles_dump(source.path, source.session_version)
     return read_table(source.path, step)
-
-
-def sha256_of(path: Path) -> str:
-    with path.open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _kind(dtype: PolarsDataType) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 import polars as pl
 
 from pipeline.errors import StepError, Violation
-from pipeline.io.readers import sha256_of
+from pipeline.io.checksums import sha256_of
 from pipeline.manifest import OutputFile
 
 QUARANTINE = "quarantine.parquet"

@@ -6,7 +6,7 @@ import dagster as dg
 
 from pipeline.assets import GROUP
 from pipeline.errors import StepError, UsageError
-from pipeline.io.readers import sha256_of
+from pipeline.io.checksums import sha256_of
 from pipeline.orchestration.jobs import rollout_step_job
 from pipeline.orchestration.partitions import partition_key, rollout_steps
 from pipeline.orchestration.resources import RolloutStorage

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.io import writer
-from pipeline.io.readers import SourceFile, sha256_of
+from pipeline.io.checksums import sha256_of
+from pipeline.io.readers import SourceFile
 from pipeline.manifest import MANIFEST, Manifest
 from pipeline.settings import Settings
 

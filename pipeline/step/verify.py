@@ -14,7 +14,7 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import first_line
 from pipeline.io import writer
-from pipeline.io.readers import sha256_of
+from pipeline.io.checksums import sha256_of
 from pipeline.manifest import Manifest
 
 ROWS_SHOWN = 10

@@ -137,11 +137,11 @@ def test_importing_the_package_shortens_polars_allocator_decay() -> None:
 
     env = {k: v for k, v in os.environ.items() if k != ALLOCATOR_ENV}
     polars_own = "dirty_decay_ms:500,muzzy_decay_ms:1000"
-    assert _allocator_conf("import pipeline.cli", env) == f"{polars_own},{ALLOCATOR_DECAY}"
+    assert _allocator_conf("import pipeline.commands", env) == f"{polars_own},{ALLOCATOR_DECAY}"
     assert ALLOCATOR_DECAY == "dirty_decay_ms:300,muzzy_decay_ms:0"
     user = {**env, ALLOCATOR_ENV: "dirty_decay_ms:2000"}
-    assert _allocator_conf("import pipeline.cli", user) == f"{polars_own},dirty_decay_ms:2000"
-    assert _allocator_conf("import polars, pipeline.cli", env) == polars_own
+    assert _allocator_conf("import pipeline.commands", user) == f"{polars_own},dirty_decay_ms:2000"
+    assert _allocator_conf("import polars, pipeline.commands", env) == polars_own
 
 
 def _threads_after(script: str, env: dict[str, str]) -> int:

@@ -1,0 +1,142 @@
+"""Input checksums: the digest itself, the head start the program gives a build, and the
+light command line that makes the head start possible."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from pipeline.io import checksums
+from tests.conftest import REPO
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_file_digest_is_the_sha256_of_its_bytes(tmp_path: Path) -> None:
+    full, empty = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    full.write_bytes(os.urandom(3 << 20))
+    empty.write_bytes(b"")
+
+    assert checksums.sha256_of(full) == _digest(full.read_bytes())
+    assert checksums.sha256_of(empty) == _digest(b"")
+
+
+def test_an_early_digest_serves_once_and_only_while_the_file_is_unchanged(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    kept, changed = tmp_path / "kept.parquet", tmp_path / "changed.parquet"
+    kept.write_bytes(b"kept")
+    changed.write_bytes(b"before")
+    calls: list[str] = []
+    real = checksums._hash
+
+    def counted(path: Path) -> str:
+        calls.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(checksums, "_hash", counted)
+    checksums.begin([kept, changed])
+    for _, future in list(checksums._early.values()):
+        future.result()
+    changed.write_bytes(b"after, longer")
+
+    assert checksums.sha256_of(kept) == _digest(b"kept")
+    assert checksums.sha256_of(changed) == _digest(b"after, longer")
+    # kept: hashed once, early; changed: early (now stale) and again when asked for
+    assert calls == ["kept.parquet", "changed.parquet", "changed.parquet"]
+    # an early digest serves one caller: the next one hashes the file again
+    assert checksums.sha256_of(kept) == _digest(b"kept")
+    assert calls[-1] == "kept.parquet"
+    assert checksums._early == {}
+
+
+def test_a_digest_asked_for_before_its_turn_is_hashed_by_the_caller(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The head start hashes one file at a time: a step whose file is still queued behind
+    another hashes it itself rather than waiting for the queue."""
+    first, second = tmp_path / "first.parquet", tmp_path / "second.parquet"
+    first.write_bytes(b"first")
+    second.write_bytes(b"second")
+    release, started = threading.Event(), threading.Event()
+    real = checksums._hash
+
+    def slow_first(path: Path) -> str:
+        if path == first:
+            started.set()
+            assert release.wait(10)
+        return real(path)
+
+    monkeypatch.setattr(checksums, "_hash", slow_first)
+    checksums.begin([first, second])
+    assert started.wait(10)
+    _, queued = checksums._early[str(second)]
+
+    assert checksums.sha256_of(second) == _digest(b"second")
+    assert queued.cancelled()
+    release.set()
+    assert checksums.sha256_of(first) == _digest(b"first")
+
+
+def test_the_table_files_under_the_inputs_in_a_stable_order(tmp_path: Path) -> None:
+    (tmp_path / "run" / "b").mkdir(parents=True)
+    (tmp_path / "run" / ".hidden").mkdir()
+    for name in ("run/step=2.parquet", "run/step=1.jsonl", "run/b/x.arrow", "run/b/d.pt"):
+        (tmp_path / name).write_text("x")
+    for name in ("run/notes.txt", "run/.tmp.parquet", "run/.hidden/step=3.parquet"):
+        (tmp_path / name).write_text("x")
+    single = tmp_path / "one.feather"
+    single.write_text("x")
+
+    found = checksums.table_files([tmp_path / "run", single, tmp_path / "absent"])
+
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == [
+        "run/step=1.jsonl",
+        "run/step=2.parquet",
+        "run/b/d.pt",
+        "run/b/x.arrow",
+        "one.feather",
+    ]
+
+
+def test_the_command_line_loads_no_polars_before_the_command_runs() -> None:
+    """Parsing the arguments (and a usage error) needs neither Polars nor the stages: the
+    program's head start on hashing runs while they load."""
+    script = "import sys, pipeline.cli; print(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", "import json; " + script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    loaded = set(json.loads(result.stdout))
+    assert not {"polars", "numpy", "pyarrow", "pipeline.commands"} & loaded
+
+
+def test_the_program_records_the_sha256_of_each_input(tmp_path: Path) -> None:
+    """`rollout-shards build` as a program (the head start on): the manifest's input
+    checksums are those of the files' bytes."""
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "build", "data/rollouts", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    manifests = sorted(out.glob("step=*/manifest.json"))
+    assert manifests
+    for manifest in manifests:
+        for record in json.loads(manifest.read_text())["inputs"]:
+            path = Path(record["path"])
+            path = path if path.is_absolute() else REPO / path
+            assert record["sha256"] == _digest(path.read_bytes())
