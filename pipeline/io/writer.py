@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import hashlib
-import mmap
 import os
 import re
 import shutil
@@ -199,25 +198,18 @@ def write_staged(frame: pl.DataFrame, path: Path, **options: Any) -> None:
 def write_parquet(frame: pl.DataFrame, path: Path) -> str:
     """Write `frame` to `path` (fsynced) and return the sha256 of the file's bytes.
 
-    Polars writes the file itself, without the GIL, and the digest is taken from the
-    file's pages in the page cache through a memory map, before the fsync: nothing is read
-    back from disk or copied. Encoding into a Python buffer instead hands every chunk
-    through the GIL and grows the buffer by reallocation: at 32k samples the write stage
-    took 0.54-0.62 s that way against 0.36-0.39 s (docs/performance.md)."""
+    Polars writes the file itself, without the GIL, and the digest is read from the file's
+    pages in the page cache before the fsync, never from disk. Encoding into a Python buffer
+    instead hands every chunk through the GIL and grows the buffer by reallocation: at 32k
+    samples the write stage took 0.54-0.62 s that way against 0.36-0.40 s
+    (docs/performance.md)."""
     write_staged(frame, path, **PARQUET_OPTIONS)
-    fd = os.open(path, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
-        if size:
-            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as pages:
-                digest = hashlib.sha256(pages).hexdigest()
-        else:
-            digest = hashlib.sha256(b"").hexdigest()
-        os.fsync(fd)
+        with open(path, "rb") as handle:
+            digest = hashlib.file_digest(handle, "sha256").hexdigest()
+            os.fsync(handle.fileno())
     except OSError as exc:  # fsync names no file: name the one that was not stored
         raise OSError(exc.errno, exc.strerror, str(path)) from None
-    finally:
-        os.close(fd)
     return digest
 
 

@@ -25,8 +25,9 @@ def test_a_file_digest_is_the_sha256_of_its_bytes(tmp_path: Path) -> None:
     full.write_bytes(os.urandom(3 << 20))
     empty.write_bytes(b"")
 
-    assert checksums.sha256_of(full) == _digest(full.read_bytes())
-    assert checksums.sha256_of(empty) == _digest(b"")
+    for hashed in (checksums._hash, checksums._hash_mapped, checksums.sha256_of):
+        assert hashed(full) == _digest(full.read_bytes())
+        assert hashed(empty) == _digest(b"")
 
 
 def test_an_early_digest_serves_once_and_only_while_the_file_is_unchanged(
@@ -36,13 +37,18 @@ def test_an_early_digest_serves_once_and_only_while_the_file_is_unchanged(
     kept.write_bytes(b"kept")
     changed.write_bytes(b"before")
     calls: list[str] = []
-    real = checksums._hash
 
-    def counted(path: Path) -> str:
-        calls.append(path.name)
-        return real(path)
+    def counted(kind: str) -> Any:
+        real = getattr(checksums, kind)
 
-    monkeypatch.setattr(checksums, "_hash", counted)
+        def hash_and_count(path: Path) -> str:
+            calls.append(f"{kind} {path.name}")
+            return real(path)
+
+        return hash_and_count
+
+    for kind in ("_hash", "_hash_mapped"):
+        monkeypatch.setattr(checksums, kind, counted(kind))
     checksums.begin([kept, changed])
     for _, future in list(checksums._early.values()):
         future.result()
@@ -51,10 +57,11 @@ def test_an_early_digest_serves_once_and_only_while_the_file_is_unchanged(
     assert checksums.sha256_of(kept) == _digest(b"kept")
     assert checksums.sha256_of(changed) == _digest(b"after, longer")
     # kept: hashed once, early; changed: early (now stale) and again when asked for
-    assert calls == ["kept.parquet", "changed.parquet", "changed.parquet"]
+    early = ["_hash_mapped kept.parquet", "_hash_mapped changed.parquet"]
+    assert calls == [*early, "_hash changed.parquet"]
     # an early digest serves one caller: the next one hashes the file again
     assert checksums.sha256_of(kept) == _digest(b"kept")
-    assert calls[-1] == "kept.parquet"
+    assert calls[-1] == "_hash kept.parquet"
     assert checksums._early == {}
 
 
@@ -67,7 +74,7 @@ def test_a_digest_asked_for_before_its_turn_is_hashed_by_the_caller(
     first.write_bytes(b"first")
     second.write_bytes(b"second")
     release, started = threading.Event(), threading.Event()
-    real = checksums._hash
+    real = checksums._hash_mapped
 
     def slow_first(path: Path) -> str:
         if path == first:
@@ -75,7 +82,7 @@ def test_a_digest_asked_for_before_its_turn_is_hashed_by_the_caller(
             assert release.wait(10)
         return real(path)
 
-    monkeypatch.setattr(checksums, "_hash", slow_first)
+    monkeypatch.setattr(checksums, "_hash_mapped", slow_first)
     checksums.begin([first, second])
     assert started.wait(10)
     _, queued = checksums._early[str(second)]
