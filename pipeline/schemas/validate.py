@@ -224,7 +224,7 @@ def validate_step(
 
     def light(rows: pl.DataFrame) -> pl.DataFrame:
         try:
-            return s.light_columns(rows.lazy(), reward_key, step).collect()
+            return s.light_frame(rows, reward_key, step)
         except StepError as error:
             files = rows.get_column(c.SOURCE_FILE).unique(maintain_order=True).head(3)
             for violation in error.violations:

@@ -113,7 +113,7 @@ class TrainBatch:
 
 
 def _light(frame: pl.DataFrame, settings: Settings, step: int) -> pl.DataFrame:
-    return s.light_columns(frame.lazy(), settings.reward_key, step).collect()
+    return s.light_frame(frame, settings.reward_key, step)
 
 
 def _rank_rows(

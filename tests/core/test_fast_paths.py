@@ -136,3 +136,38 @@ def test_one_query_agrees_with_pandera(tmp_path: Path, monkeypatch: pytest.Monke
     models = ("RolloutSampleTable", "SampleRules")
     assert {(m, ok) for m in models for ok in (True, False)} <= outcomes
     assert ("SiblingRewards", True) in outcomes
+
+
+def test_log_probs_are_judged_finite_by_their_sums_then_value_by_value(tmp_path: Path) -> None:
+    """The quick test (a list's sum is finite) and the exact one (every value is finite)
+    agree on every row of `light_frame`, finite values whose float32 sum overflows included."""
+    from pipeline import columns as c
+    from pipeline.io.readers import load_step
+    from pipeline.transforms import samples
+
+    nan, inf = float("nan"), float("inf")
+    lists = [
+        [-0.5, -1.0],
+        [-0.5, nan],
+        [nan],
+        [inf, -1.0],
+        [-inf],
+        [3e38, 3e38],  # finite values, an infinite float32 sum
+        [-3e38, -3e38, 3e38, -3e38],
+        [],
+        None,
+        [None, -1.0],
+        [None],
+    ]
+    rows = [sample(i, rollout_log_probs=value) for i, value in enumerate(lists)]
+    ((step, sources),) = group_steps(find_sources([write_step(tmp_path, rows)])).items()
+    frame = load_step(step, sources).frame
+    assert frame.schema[c.ROLLOUT_LOG_PROBS] == pl.List(pl.Float32)
+
+    light = samples.light_frame(frame, None, step)
+
+    exact = frame.select(samples._log_probs_finite(frame.schema)).to_series()
+    assert light.get_column(c.LOG_PROBS_FINITE).to_list() == exact.to_list()
+    quick = samples.light_columns(frame.lazy(), None, step).collect()
+    assert quick.get_column(c.LOG_PROBS_FINITE)[5:7].to_list() == [False, False]  # settled exactly
+    assert exact.to_list() == [True, False, False, False, False, True, True, True, True, True, True]
