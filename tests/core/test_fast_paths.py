@@ -171,3 +171,22 @@ def test_log_probs_are_judged_finite_by_their_sums_then_value_by_value(tmp_path:
     quick = samples.light_columns(frame.lazy(), None, step).collect()
     assert quick.get_column(c.LOG_PROBS_FINITE)[5:7].to_list() == [False, False]  # settled exactly
     assert exact.to_list() == [True, False, False, False, False, True, True, True, True, True, True]
+
+
+def test_a_loss_mask_is_judged_binary_by_its_least_and_greatest_value(tmp_path: Path) -> None:
+    """MASK_BINARY from the list's min and max is what testing each value gives."""
+    from pipeline import columns as c
+    from pipeline.io.readers import load_step
+    from pipeline.transforms import samples
+
+    masks = [[0, 1, 1], [0, 2], [-1, 0], [], None, [None, 1], [None], [None, 3], [1] * 50 + [5]]
+    rows = [sample(i, loss_mask=mask) for i, mask in enumerate(masks)]
+    ((step, sources),) = group_steps(find_sources([write_step(tmp_path, rows)])).items()
+    frame = load_step(step, sources).frame
+    assert frame.schema[c.LOSS_MASK] == pl.List(pl.Int8)
+
+    light = samples.light_frame(frame, None, step)
+
+    exact = frame.select(pl.col(c.LOSS_MASK).list.eval(pl.element().is_in([0, 1])).list.all())
+    assert light.get_column(c.MASK_BINARY).to_list() == exact.to_series().to_list()
+    assert exact.to_series().to_list() == [True, False, False, True, None, True, True, False, False]
