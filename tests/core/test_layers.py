@@ -115,9 +115,10 @@ def test_numpy_loads_only_once_a_step_is_read() -> None:
     assert after == "['numpy', 'pipeline.step.plan', 'pipeline.step.write']"
 
 
-def _allocator_conf(script: str, env: dict[str, str]) -> str:
+def _printed_after(script: str, expression: str, env: dict[str, str]) -> str:
+    """What a fresh interpreter prints for `expression` once `script` has run."""
     result = subprocess.run(
-        [sys.executable, "-c", script + "\nimport os; print(os.environ['_RJEM_MALLOC_CONF'])"],
+        [sys.executable, "-c", f"{script}\nimport os; print({expression})"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -125,6 +126,10 @@ def _allocator_conf(script: str, env: dict[str, str]) -> str:
         env=env,
     )
     return result.stdout.strip()
+
+
+def _allocator_conf(script: str, env: dict[str, str]) -> str:
+    return _printed_after(script, "os.environ['_RJEM_MALLOC_CONF']", env)
 
 
 def test_importing_the_package_shortens_polars_allocator_decay() -> None:
@@ -145,16 +150,7 @@ def test_importing_the_package_shortens_polars_allocator_decay() -> None:
 
 
 def _threads_after(script: str, env: dict[str, str]) -> int:
-    """The number of threads of a fresh interpreter once `script` has run."""
-    result = subprocess.run(
-        [sys.executable, "-c", script + "\nimport os; print(len(os.listdir('/proc/self/task')))"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-    )
-    return int(result.stdout)
+    return int(_printed_after(script, "len(os.listdir('/proc/self/task'))", env))
 
 
 def test_importing_the_package_keeps_openblas_to_one_thread() -> None:
