@@ -536,10 +536,13 @@ def conform(
         assert not isinstance(plan, Violation)  # a wrong type's mask is its violation
         cast_columns.append(plan[0])
         flagged = _json_flags(frame, name)
-        for rule, mask in (
-            ("column_type", bad | (flagged == "column_type")),
-            ("duplicate_key", flagged == "duplicate_key"),
-        ):
+        checks = [("column_type", bad)]
+        if flagged is not None:
+            checks = [
+                ("column_type", bad | (flagged == "column_type")),
+                ("duplicate_key", flagged == "duplicate_key"),
+            ]
+        for rule, mask in checks:
             if not mask.any():
                 continue
             expected = (
@@ -566,11 +569,12 @@ def conform(
     return typed, extra, violations
 
 
-def _json_flags(frame: pl.DataFrame, name: str) -> pl.Series:
-    """Per row, the rule the JSON Lines reader flagged on this column's value, or null."""
+def _json_flags(frame: pl.DataFrame, name: str) -> pl.Series | None:
+    """Per row, the rule the JSON Lines reader flagged on this column's value ("" where
+    none); None when the reader flagged nothing in it (always for Parquet and Arrow)."""
     if JSON_RULE + name in frame.columns:
         return frame.get_column(JSON_RULE + name).cast(pl.String).fill_null("")
-    return pl.Series([""] * frame.height, dtype=pl.String)
+    return None
 
 
 def _row_violation(
