@@ -6,7 +6,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 from pipeline import columns as c
 from pipeline.columns import JSON_RULE, JSON_VALUE, PATH_STEP, TYPE_ERROR
 from pipeline.errors import StepError, UsageError, Violation, first_line
+from pipeline.io import checksums
 from pipeline.io.checksums import sha256_of
 from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump, read_miles_dump
 
@@ -44,12 +45,23 @@ class LoadedStep:
 
     step: int
     frame: pl.DataFrame
-    inputs: list[dict[str, Any]] = field(default_factory=list)  # path, sha256, rows
+    files: list[dict[str, Any]] = field(default_factory=list)  # path, rows
+    # Each file's sha256, still being computed on another thread when the rows are read.
+    digests: list[Future[str]] = field(default_factory=list)
     ignored_columns: list[str] = field(default_factory=list)
     # One `column_type` violation per file and column with values that do not fit, and
     # per row the text of the types its values do not fit (null where all fit).
     type_violations: list[Violation] = field(default_factory=list)
     type_errors: pl.Series | None = None
+
+    @property
+    def inputs(self) -> list[dict[str, Any]]:
+        """path, sha256 and rows of each file; waits for a digest not yet computed, so a
+        build asks for it as late as it can (after validation)."""
+        return [
+            {"path": f["path"], "sha256": digest.result(), "rows": f["rows"]}
+            for f, digest in zip(self.files, self.digests, strict=True)
+        ]
 
 
 INT64_MAX = 2**63 - 1
@@ -679,28 +691,33 @@ def group_steps(sources: Iterable[SourceFile]) -> dict[int, list[SourceFile]]:
 
 
 def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
-    """Read, type and concatenate a step's files in batch order, with provenance columns."""
-    frames, inputs, extras, type_violations = [], [], set(), []
-    # Each file is hashed on a second thread while Polars decodes it; both release the GIL.
+    """Read, type and concatenate a step's files in batch order, with provenance columns.
+    Each file is hashed on a second thread (hashlib releases the GIL); the digests are
+    left to finish while the caller validates (`LoadedStep.inputs`)."""
+    frames, files, extras, type_violations = [], [], set(), []
     hasher = ThreadPoolExecutor(max_workers=1)
-    checksums = [hasher.submit(sha256_of, source.path) for source in sources]
+    digests = [hasher.submit(sha256_of, source.path) for source in sources]
+    sizes = []
     try:
-        for source, checksum in zip(sources, checksums, strict=True):
-            frame = read_source(source, step).with_columns(
-                pl.int_range(pl.len(), dtype=pl.Int64).alias(c.SOURCE_ROW)
-            )
-            if source.step is None:
-                frame = frame.filter(pl.col(c.STEP).cast(pl.Int64, strict=False) == step)
-            frame, extra, found = conform(frame, source.path, step)
-            extras.update(extra)
-            type_violations += found
-            inputs.append(
-                {"path": str(source.path), "sha256": checksum.result(), "rows": frame.height}
-            )
-            frames.append(_with_provenance(frame, source.path, source.step))
-    finally:
+        # the program's head start on hashing waits while Polars decodes (io/checksums.py)
+        with checksums.paused():
+            for source in sources:
+                frame = read_source(source, step).with_columns(
+                    pl.int_range(pl.len(), dtype=pl.Int64).alias(c.SOURCE_ROW)
+                )
+                sizes.append(source.path.stat().st_size)
+                if source.step is None:
+                    frame = frame.filter(pl.col(c.STEP).cast(pl.Int64, strict=False) == step)
+                frame, extra, found = conform(frame, source.path, step)
+                extras.update(extra)
+                type_violations += found
+                files.append({"path": str(source.path), "rows": frame.height})
+                frames.append(_with_provenance(frame, source.path, source.step))
+        _check_no_identical_files(files, sizes, digests, step)
+    except BaseException:
         hasher.shutdown(wait=False, cancel_futures=True)
-    _check_no_identical_files(inputs, step)
+        raise
+    hasher.shutdown(wait=False)
     _check_one_reward_type(frames, step)
     frame = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
     if c.STEP not in frame.columns:
@@ -719,29 +736,36 @@ def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
     return LoadedStep(
         step=step,
         frame=frame.drop(TYPE_ERROR),
-        inputs=inputs,
+        files=files,
+        digests=digests,
         ignored_columns=sorted(extras),
         type_violations=type_violations,
         type_errors=frame.get_column(TYPE_ERROR),
     )
 
 
-def _check_no_identical_files(inputs: Sequence[dict[str, Any]], step: int) -> None:
-    """Two byte-identical files of one step are one file's rows given twice."""
+def _check_no_identical_files(
+    files: Sequence[dict[str, Any]], sizes: Sequence[int], digests: Sequence[Future[str]], step: int
+) -> None:
+    """Two byte-identical files of one step are one file's rows given twice. Only files of
+    one size can be: their digests are compared, the others' are not waited for."""
+    shared = {size for size in sizes if sizes.count(size) > 1}
     first: dict[str, str] = {}
-    for entry in inputs:
-        path = entry["path"]
-        seen = first.get(entry["sha256"])
+    for entry, size, digest in zip(files, sizes, digests, strict=True):
+        if size not in shared:
+            continue
+        path, sha256 = entry["path"], digest.result()
+        seen = first.get(sha256)
         if seen is None:
-            first[entry["sha256"]] = path
+            first[sha256] = path
             continue
         message = (
             f"{path} is given twice: its rows would be read twice"
             if seen == path
             else f"{seen} and {path} are byte-identical: the same rows twice"
         )
-        files = [seen] if seen == path else [seen, path]
-        raise StepError([Violation("identical_input_files", message, step=step, files=files)])
+        files_named = [seen] if seen == path else [seen, path]
+        raise StepError([Violation("identical_input_files", message, step=step, files=files_named)])
 
 
 def _check_one_reward_type(frames: Sequence[pl.DataFrame], step: int) -> None:
