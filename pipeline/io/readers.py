@@ -56,8 +56,8 @@ class LoadedStep:
 
     @property
     def inputs(self) -> list[dict[str, Any]]:
-        """path, sha256 and rows of each file; waits for a digest not yet computed, so a
-        build asks for it as late as it can (after validation)."""
+        """path, sha256 and rows of each file; waits for a digest not yet computed (a
+        build hands the digests on to `SampleTable`, which asks for them last)."""
         return [
             {"path": f["path"], "sha256": digest.result(), "rows": f["rows"]}
             for f, digest in zip(self.files, self.digests, strict=True)
@@ -693,7 +693,7 @@ def group_steps(sources: Iterable[SourceFile]) -> dict[int, list[SourceFile]]:
 def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
     """Read, type and concatenate a step's files in batch order, with provenance columns.
     Each file is hashed on a second thread (hashlib releases the GIL); the digests are
-    left to finish while the caller validates (`LoadedStep.inputs`)."""
+    left to finish while the caller validates and plans (`SampleTable.inputs`)."""
     frames, files, extras, type_violations = [], [], set(), []
     hasher = ThreadPoolExecutor(max_workers=1)
     digests = [hasher.submit(sha256_of, source.path) for source in sources]

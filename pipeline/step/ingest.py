@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,7 @@ class SampleTable:
 
     step: int
     frame: pl.DataFrame
-    inputs: list[dict[str, Any]]
+    files: list[dict[str, Any]]  # path, sha256 and rows of each input file
     ignored_columns: list[str]
     ingested: int
     repaired: dict[str, int] = field(default_factory=dict)
@@ -42,6 +43,21 @@ class SampleTable:
     # The light columns of `frame` (`transforms.samples.light_columns`) as validation
     # computed them, for the plan; None when not at hand (a staged batch).
     light: pl.DataFrame | None = None
+    # The files' sha256 while still being computed (then `files` has path and rows only).
+    digests: list[Future[str]] | None = None
+
+    @property
+    def inputs(self) -> list[dict[str, Any]]:
+        """path, sha256 and rows of each input file. Asked for last, by the plan's
+        manifest: a digest the program began early has validation and the plan to finish
+        in, while a core is often idle."""
+        if self.digests is not None:
+            self.files = [
+                {"path": f["path"], "sha256": digest.result(), "rows": f["rows"]}
+                for f, digest in zip(self.files, self.digests, strict=True)
+            ]
+            self.digests = None
+        return self.files
 
 
 def quarantine_table(loaded: pl.DataFrame, failing: pl.DataFrame) -> pl.DataFrame:
@@ -106,7 +122,8 @@ def load_samples(step: int, sources: Sequence[SourceFile], settings: Settings) -
     return SampleTable(
         step=step,
         frame=verdict.valid.drop(ROW_ID, TYPE_ERROR),
-        inputs=loaded.inputs,
+        files=loaded.files,
+        digests=loaded.digests,
         ignored_columns=loaded.ignored_columns,
         ingested=loaded.frame.height,
         repaired=repaired,

@@ -80,7 +80,7 @@ def load_samples(roots: StepRoots, step: int) -> tuple[SampleTable, Settings]:
     samples = SampleTable(
         step=meta["step"],
         frame=pl.read_parquet(folder / SAMPLES_FILE),
-        inputs=meta["inputs"],
+        files=meta["inputs"],
         ignored_columns=meta["ignored_columns"],
         ingested=meta["ingested"],
         repaired=meta["repaired"],
