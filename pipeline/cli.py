@@ -3,7 +3,7 @@ and `rollout-shards parity` (issue 7).
 
 This module parses the arguments and imports only the standard library and the settings;
 the commands themselves (`pipeline.commands`, Polars with them) load once the arguments
-are known. The program `rollout-shards build` first starts hashing its input files on a
+are known. `rollout-shards build` and `validate` first start hashing their input files on a
 thread (`pipeline.io.checksums.begin`), which runs while those imports hold the other core.
 It runs the same stage functions as the Dagster assets and never imports Dagster.
 """
@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The program (`rollout-shards`). Called with `argv` it returns the exit status (tests,
     other Python code); as the program itself (no `argv`) it exits when done."""
     args = parser().parse_args(argv)
-    if argv is None and args.command == "build":
+    if argv is None and args.command in ("build", "validate"):
         checksums.begin(checksums.table_files(args.inputs))
     status = _run(args)
     if argv is None:
