@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     other Python code); as the program itself (no `argv`) it exits when done."""
     args = parser().parse_args(argv)
     if argv is None and args.command in ("build", "validate"):
-        checksums.begin(checksums.table_files(args.inputs))
+        checksums.begin(args.inputs)
     status = _run(args)
     if argv is None:
         exit_now(status)

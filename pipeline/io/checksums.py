@@ -20,8 +20,8 @@ import mmap
 import os
 import stat
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,9 +29,11 @@ from pathlib import Path
 SUFFIXES = (".parquet", ".arrow", ".feather", ".jsonl", ".pt")
 Identity = tuple[int, int, int]  # size, mtime, inode
 
-# By absolute path: the file's identity when its digest began, and the digest.
+# By absolute path: the file's identity when its early digest began, and the digest.
 _early: dict[str, tuple[Identity, Future[str]]] = {}
-_pool: ThreadPoolExecutor | None = None
+# Paths whose digest a caller took on itself while the head start still walked.
+_claimed: set[str] = set()
+_walking = False
 CHUNK = 32 << 20
 # Set while no read holds the head start (`paused`).
 _resumed = threading.Event()
@@ -84,53 +86,78 @@ def paused() -> Iterator[None]:
 
 
 def _identity(path: Path) -> Identity | None:
+    """Size, mtime and inode of a regular file; None for anything else (a FIFO would
+    block the thread that opens it) or a file that is gone."""
     try:
         info = os.stat(path)
     except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
         return None
     return (info.st_size, info.st_mtime_ns, info.st_ino)
 
 
 def sha256_of(path: Path) -> str:
-    """The hex sha256 of the file's bytes: the digest `begin` started when the file is
-    unchanged since and that digest is under way or done, else hashed now. An early
-    digest serves one caller."""
-    early = _early.pop(os.path.abspath(path), None)
+    """The hex sha256 of the file's bytes: the early digest (`begin`) when the file is
+    unchanged since it began, else hashed now. An early digest serves one caller; a file
+    the head start has not reached yet is hashed here, and the head start then skips it."""
+    key = os.path.abspath(path)
+    with _lock:
+        early = _early.pop(key, None)
+        if early is None and _walking:
+            _claimed.add(key)
     if early is not None:
         began, future = early
-        if not future.cancel() and began == _identity(path):
+        if began == _identity(path):
             return future.result()
     return _hash(path)
 
 
-def table_files(inputs: Sequence[str | Path]) -> list[Path]:
+def table_files(inputs: Sequence[str | Path]) -> Iterator[Path]:
     """The files under `inputs` a build may read, in a stable order: the inputs that are
     such files, and those under input folders (hidden entries left out)."""
-    found: list[Path] = []
     for raw in inputs:
         root = Path(raw)
         if root.is_file():
-            found.append(root)
+            if root.suffix in SUFFIXES:
+                yield root
             continue
         for folder, subfolders, names in os.walk(root):
             subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
-            found.extend(
-                Path(folder, name)
-                for name in sorted(names)
-                if name.endswith(SUFFIXES) and not name.startswith(".")
-            )
-    return [path for path in found if path.suffix in SUFFIXES]
+            for name in sorted(names):
+                if name.endswith(SUFFIXES) and not name.startswith("."):
+                    yield Path(folder, name)
 
 
-def begin(paths: Iterable[Path]) -> None:
-    """Start hashing `paths` one after another on a background thread. A digest nobody
-    asks for costs only that thread's time; one asked for before its turn is hashed by
-    the caller instead (its queued turn is cancelled)."""
-    global _pool
-    for path in paths:
-        key, identity = os.path.abspath(path), _identity(path)
-        if identity is None or key in _early:
-            continue
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checksums")
-        _early[key] = (identity, _pool.submit(_hash_mapped, path))
+def _hash_ahead(inputs: Sequence[str | Path]) -> None:
+    global _walking
+    try:
+        for path in table_files(inputs):
+            key, identity = os.path.abspath(path), _identity(path)
+            future: Future[str] = Future()
+            with _lock:
+                if identity is None or key in _early or key in _claimed:
+                    continue
+                future.set_running_or_notify_cancel()
+                _early[key] = (identity, future)
+            try:
+                future.set_result(_hash_mapped(path))
+            except BaseException as exc:  # noqa: BLE001 - the caller that waits sees it
+                future.set_exception(exc)
+    finally:
+        with _lock:
+            _walking = False
+            _claimed.clear()
+
+
+def begin(inputs: Sequence[str | Path]) -> threading.Thread:
+    """Hash the table files under `inputs` one after another on a background thread,
+    which also finds them (a tree of many files takes the main thread no time). A digest
+    nobody asks for costs only that thread's time."""
+    global _walking
+    with _lock:
+        _walking = True
+    thread = threading.Thread(target=_hash_ahead, args=(list(inputs),), daemon=True)
+    thread.name = "checksums"
+    thread.start()
+    return thread

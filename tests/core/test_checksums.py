@@ -50,9 +50,7 @@ def test_an_early_digest_serves_once_and_only_while_the_file_is_unchanged(
 
     for kind in ("_hash", "_hash_mapped"):
         monkeypatch.setattr(checksums, kind, counted(kind))
-    checksums.begin([kept, changed])
-    for _, future in list(checksums._early.values()):
-        future.result()
+    checksums.begin([kept, changed]).join(10)
     changed.write_bytes(b"after, longer")
 
     assert checksums.sha256_of(kept) == _digest(b"kept")
@@ -69,29 +67,32 @@ def test_an_early_digest_serves_once_and_only_while_the_file_is_unchanged(
 def test_a_digest_asked_for_before_its_turn_is_hashed_by_the_caller(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    """The head start hashes one file at a time: a step whose file is still queued behind
-    another hashes it itself rather than waiting for the queue."""
+    """The head start hashes one file at a time: a step whose file it has not reached
+    hashes that file itself rather than waiting, and the head start then skips it."""
     first, second = tmp_path / "first.parquet", tmp_path / "second.parquet"
     first.write_bytes(b"first")
     second.write_bytes(b"second")
     release, started = threading.Event(), threading.Event()
+    early: list[str] = []
     real = checksums._hash_mapped
 
     def slow_first(path: Path) -> str:
+        early.append(path.name)
         if path == first:
             started.set()
             assert release.wait(10)
         return real(path)
 
     monkeypatch.setattr(checksums, "_hash_mapped", slow_first)
-    checksums.begin([first, second])
+    walker = checksums.begin([tmp_path])
     assert started.wait(10)
-    _, queued = checksums._early[str(second)]
 
     assert checksums.sha256_of(second) == _digest(b"second")
-    assert queued.cancelled()
     release.set()
+    walker.join(10)
+    assert early == ["first.parquet"]
     assert checksums.sha256_of(first) == _digest(b"first")
+    assert checksums._early == {} and checksums._claimed == set()
 
 
 def test_the_table_files_under_the_inputs_in_a_stable_order(tmp_path: Path) -> None:
@@ -104,7 +105,7 @@ def test_the_table_files_under_the_inputs_in_a_stable_order(tmp_path: Path) -> N
     single = tmp_path / "one.feather"
     single.write_text("x")
 
-    found = checksums.table_files([tmp_path / "run", single, tmp_path / "absent"])
+    found = list(checksums.table_files([tmp_path / "run", single, tmp_path / "absent"]))
 
     assert [p.relative_to(tmp_path).as_posix() for p in found] == [
         "run/step=1.jsonl",
@@ -159,7 +160,10 @@ def test_the_head_start_waits_while_a_read_holds_it(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(checksums, "CHUNK", 4096)
 
     with checksums.paused():
-        checksums.begin([path])
+        walker = checksums.begin([path])
+        deadline = time.monotonic() + 10
+        while str(path) not in checksums._early and time.monotonic() < deadline:
+            time.sleep(0.01)
         _, future = checksums._early[str(path)]
         with checksums.paused():  # reads may overlap: the last one to end resumes
             pass
@@ -167,4 +171,17 @@ def test_the_head_start_waits_while_a_read_holds_it(tmp_path: Path, monkeypatch:
         assert not future.done()
 
     assert future.result(timeout=10) == _digest(data)
+    walker.join(10)
     assert checksums.sha256_of(path) == _digest(data)
+
+
+def test_the_head_start_leaves_a_fifo_alone(tmp_path: Path) -> None:
+    """A FIFO named like a table (the readers skip it) would block the thread opening it:
+    the head start passes over it to the files after it."""
+    os.mkfifo(tmp_path / "a.parquet")
+    (tmp_path / "b.parquet").write_bytes(b"b")
+
+    checksums.begin([tmp_path]).join(10)
+
+    assert list(checksums._early) == [str(tmp_path / "b.parquet")]
+    assert checksums.sha256_of(tmp_path / "b.parquet") == _digest(b"b")
