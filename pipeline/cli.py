@@ -108,6 +108,8 @@ def parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> int:
     from pipeline import commands  # Polars and the stages: after the head start
 
+    checksums.imported.set()
+
     try:
         return commands.COMMANDS[args.command](args)
     except BrokenPipeError:

@@ -35,6 +35,9 @@ _early: dict[str, tuple[Identity, Future[str]]] = {}
 _claimed: set[str] = set()
 _walking = False
 CHUNK = 32 << 20
+BUFFER = 4 << 20
+# Set by the program once its heavy imports are done (`pipeline.cli`).
+imported = threading.Event()
 # Set while no read holds the head start (`paused`).
 _resumed = threading.Event()
 _resumed.set()
@@ -48,22 +51,33 @@ def _hash(path: Path) -> str:
 
 
 def _hash_mapped(path: Path) -> str:
-    """`_hash` over memory maps of 32 MiB, one `hashlib` call each, which releases the GIL
-    once: 0.2 cpu-s more per GB (4 KiB pages walked one by one), on a core that would
-    otherwise wait for the imports. Between chunks it waits while a read holds the head
-    start (`paused`)."""
-    with open(path, "rb") as handle:
+    """`_hash` for the head start, 32 MiB at a time, waiting between chunks while a read
+    holds the head start (`paused`). While the program still imports (which holds the GIL
+    but for short switches) a chunk is a memory map hashed in one `hashlib` call, one GIL
+    release; afterwards it is read into a 4 MiB buffer at a time, which takes a fifth less
+    CPU (0.43 against 0.52 cpu-s for 585 MiB: a map walks 4 KiB pages one by one)."""
+    with open(path, "rb", buffering=0) as handle:
         info = os.fstat(handle.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
             return hashlib.file_digest(handle, "sha256").hexdigest()
-        digest = hashlib.sha256()
+        digest, buffer = hashlib.sha256(), bytearray(BUFFER)
         for start in range(0, info.st_size, CHUNK):
             _resumed.wait()
             length = min(CHUNK, info.st_size - start)
-            # one chunk mapped at a time: the pages a paused digest has read do not stay
-            # mapped (and counted in the peak RSS) while the build decodes
-            with mmap.mmap(handle.fileno(), length, prot=mmap.PROT_READ, offset=start) as pages:
-                digest.update(pages)
+            if not imported.is_set():
+                # one chunk mapped at a time: the pages a paused digest has read do not
+                # stay mapped (and counted in the peak RSS) while the build decodes
+                with mmap.mmap(handle.fileno(), length, prot=mmap.PROT_READ, offset=start) as m:
+                    digest.update(m)
+                continue
+            with memoryview(buffer) as view:
+                offset, end = start, start + length
+                while offset < end:
+                    read = os.preadv(handle.fileno(), [view[: min(BUFFER, end - offset)]], offset)
+                    if not read:  # the file shrank: its identity no longer matches
+                        raise OSError(f"{path} shrank while it was hashed")
+                    digest.update(view[:read])
+                    offset += read
         return digest.hexdigest()
 
 

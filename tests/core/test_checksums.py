@@ -21,14 +21,22 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def test_a_file_digest_is_the_sha256_of_its_bytes(tmp_path: Path) -> None:
+def test_a_file_digest_is_the_sha256_of_its_bytes(tmp_path: Path, monkeypatch: Any) -> None:
+    """Every way of hashing gives the bytes' sha256: buffered reads, and the head start's
+    chunks, mapped (while the program imports) or read into a buffer (after)."""
     full, empty = tmp_path / "a.parquet", tmp_path / "b.parquet"
-    full.write_bytes(os.urandom(3 << 20))
+    full.write_bytes(os.urandom((3 << 20) + 12345))
     empty.write_bytes(b"")
+    monkeypatch.setattr(checksums, "CHUNK", 1 << 20)
+    monkeypatch.setattr(checksums, "BUFFER", 300_000)
+    monkeypatch.setattr(checksums, "imported", threading.Event())
 
-    for hashed in (checksums._hash, checksums._hash_mapped, checksums.sha256_of):
-        assert hashed(full) == _digest(full.read_bytes())
-        assert hashed(empty) == _digest(b"")
+    for imported in (False, True):
+        if imported:
+            checksums.imported.set()
+        for hashed in (checksums._hash, checksums._hash_mapped, checksums.sha256_of):
+            assert hashed(full) == _digest(full.read_bytes())
+            assert hashed(empty) == _digest(b"")
 
 
 def test_an_early_digest_serves_once_and_only_while_the_file_is_unchanged(
