@@ -1,12 +1,13 @@
 """The sha256 of files, and a head start on a build's inputs while the program loads.
 
-`rollout-shards build` starts hashing the table files under its inputs (`begin`) before it
-imports Polars, on a core the imports leave idle; `sha256_of` then takes that digest when
-the file is unchanged since (same size, mtime and inode). That head start hashes a file
-through a memory map in one `hashlib` call, which releases the GIL once for the whole file:
-`hashlib.file_digest`, which `sha256_of` uses otherwise (it takes less CPU), releases it
-for each 256 KiB chunk and must win it back for the next, so beside an import (which holds
-the GIL but for short switches) it barely moves.
+`rollout-shards build` and `validate` start hashing the table files under their inputs
+(`begin`) before they import Polars, on a background thread and a core the imports leave
+idle; `sha256_of` then takes that digest when the file is unchanged since (same size, mtime
+and inode). While the imports run, the head start hashes 32 MiB memory maps, one `hashlib`
+call (one GIL release) each: `hashlib.file_digest`, which `sha256_of` uses otherwise,
+releases the GIL for each 256 KiB chunk and must win it back for the next, so beside an
+import (which holds the GIL but for short switches) it barely moves. It waits while the
+build decodes (`paused`), and the build asks for the digests only when its plan is done.
 At 32k samples a build took 1.16 s without the head start, 1.10 s with it (10 rounds
 interleaved; docs/performance.md). Polars maps its input files into memory the same way.
 
@@ -57,13 +58,11 @@ def _hash_mapped(path: Path) -> str:
     release; afterwards it is read into a 4 MiB buffer at a time, which takes a fifth less
     CPU (0.43 against 0.52 cpu-s for 585 MiB: a map walks 4 KiB pages one by one)."""
     with open(path, "rb", buffering=0) as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
-            return hashlib.file_digest(handle, "sha256").hexdigest()
+        size = os.fstat(handle.fileno()).st_size  # a regular file: see `_identity`
         digest, buffer = hashlib.sha256(), bytearray(BUFFER)
-        for start in range(0, info.st_size, CHUNK):
+        for start in range(0, size, CHUNK):
             _resumed.wait()
-            length = min(CHUNK, info.st_size - start)
+            length = min(CHUNK, size - start)
             if not imported.is_set():
                 # one chunk mapped at a time: the pages a paused digest has read do not
                 # stay mapped (and counted in the peak RSS) while the build decodes

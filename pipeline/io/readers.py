@@ -58,10 +58,18 @@ class LoadedStep:
     def inputs(self) -> list[dict[str, Any]]:
         """path, sha256 and rows of each file; waits for a digest not yet computed (a
         build hands the digests on to `SampleTable`, which asks for them last)."""
-        return [
-            {"path": f["path"], "sha256": digest.result(), "rows": f["rows"]}
-            for f, digest in zip(self.files, self.digests, strict=True)
-        ]
+        return input_records(self.files, self.digests)
+
+
+def input_records(
+    files: Sequence[dict[str, Any]], digests: Sequence[Future[str]]
+) -> list[dict[str, Any]]:
+    """The manifest's record of each input file (path, sha256, rows): `files` (path, rows)
+    with their digests, waiting for any not yet computed."""
+    return [
+        {"path": f["path"], "sha256": digest.result(), "rows": f["rows"]}
+        for f, digest in zip(files, digests, strict=True)
+    ]
 
 
 INT64_MAX = 2**63 - 1

@@ -18,7 +18,7 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.columns import PATH_STEP, REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError
-from pipeline.io.readers import SourceFile, load_step
+from pipeline.io.readers import SourceFile, input_records, load_step
 from pipeline.schemas.validate import validate_step
 from pipeline.settings import Settings
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
@@ -52,11 +52,7 @@ class SampleTable:
         manifest: a digest the program began early has validation and the plan to finish
         in, while a core is often idle."""
         if self.digests is not None:
-            self.files = [
-                {"path": f["path"], "sha256": digest.result(), "rows": f["rows"]}
-                for f, digest in zip(self.files, self.digests, strict=True)
-            ]
-            self.digests = None
+            self.files, self.digests = input_records(self.files, self.digests), None
         return self.files
 
 

@@ -39,10 +39,10 @@ def loss_masks(frame: pl.DataFrame) -> pl.Expr:
     """Null becomes response_length ones; remove_sample zeroes the mask. Where no row of
     `frame` needs either, the masks are the loss_mask column itself: the filled lists are
     built for every row before `when` picks."""
-    removed = frame.get_column(c.REMOVE_SAMPLE).any()
     if c.LOSS_MASK not in frame.columns:
         masks = pl.when(pl.col(c.REMOVE_SAMPLE)).then(_filled(0)).otherwise(_filled(1))
         return masks.alias(c.LOSS_MASKS)
+    removed = frame.get_column(c.REMOVE_SAMPLE).any()
     if not removed and not frame.get_column(c.LOSS_MASK).has_nulls():
         return pl.col(c.LOSS_MASK).alias(c.LOSS_MASKS)
     return (
