@@ -25,9 +25,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# An editable install leaves the package's bytecode to be compiled on first import, and
+# where PYTHONDONTWRITEBYTECODE is set (this machine) on every import: 0.03 cpu-s per
+# `rollout-shards` process (docs/performance.md). compileall does what a wheel install does.
 $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH)"
 	$(BIN)/pip install --quiet -e ".[dev,dagster,miles,ray,k8s]"
+	$(BIN)/python -m compileall -q pipeline loader
 	touch $@
 
 install: $(VENV)/.installed

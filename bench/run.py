@@ -435,6 +435,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     began = time.perf_counter()
     args.work.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
+    # The builds run as an installed package would, from bytecode: an editable source tree
+    # has none where PYTHONDONTWRITEBYTECODE is set, and each process would compile it.
+    import compileall  # here, not at the top: the floor's children import this module
+
+    for tree in [ROOT / "pipeline", *([args.before / "pipeline"] if args.before else [])]:
+        compileall.compile_dir(tree, quiet=1)
     from pipeline.io.writer import PARQUET_OPTIONS
 
     os.environ["BENCH_PARQUET_OPTIONS"] = json.dumps(PARQUET_OPTIONS)
