@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -757,7 +758,7 @@ def _check_no_identical_files(
 ) -> None:
     """Two byte-identical files of one step are one file's rows given twice. Only files of
     one size can be: their digests are compared, the others' are not waited for."""
-    shared = {size for size in sizes if sizes.count(size) > 1}
+    shared = {size for size, count in Counter(sizes).items() if count > 1}
     first: dict[str, str] = {}
     for entry, size, digest in zip(files, sizes, digests, strict=True):
         if size not in shared:
