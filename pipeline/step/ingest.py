@@ -136,10 +136,10 @@ def _import_the_plan() -> None:
 
 @contextmanager
 def importing_the_plan() -> Iterator[None]:
-    """Import the plan's and the write's modules, numpy among them (0.046 s here once
-    Polars is loaded), on a thread while the block reads a step: Polars decodes the files
-    without the GIL. The CLI and the Pipes worker import them no sooner, so a build's
-    imports and its read overlap."""
+    """Import the plan's and the write's modules, numpy among them (0.05-0.12 s here once
+    Polars is loaded, as the machine's speed varies), on a thread while the block reads a
+    step: Polars decodes the files without the GIL. The CLI and the Pipes worker import
+    them no sooner, so a build's imports and its read overlap."""
     thread = threading.Thread(target=_import_the_plan)
     thread.start()
     try:
