@@ -195,15 +195,18 @@ def write_staged(frame: pl.DataFrame, path: Path, **options: Any) -> None:
         raise OSError(number, os.strerror(number), str(path)) from None
 
 
-def write_parquet(frame: pl.DataFrame, path: Path) -> str:
-    """Write `frame` to `path` (fsynced) and return the sha256 of the file's bytes.
-
-    Polars writes the file itself, without the GIL, and the digest is read from the file's
-    pages in the page cache before the fsync, never from disk. Encoding into a Python buffer
-    instead hands every chunk through the GIL and grows the buffer by reallocation: at 32k
-    samples the write stage took 0.54-0.62 s that way against 0.36-0.40 s
-    (docs/performance.md)."""
+def write_parquet(frame: pl.DataFrame, path: Path) -> None:
+    """Write `frame` to `path` with the shards' Parquet options; `seal` makes it durable
+    and gives its digest. Polars writes the file itself, without the GIL. Encoding into a
+    Python buffer instead hands every chunk through the GIL and grows the buffer by
+    reallocation: at 32k samples the write stage took 0.54-0.62 s that way against
+    0.36-0.40 s (docs/performance.md)."""
     write_staged(frame, path, **PARQUET_OPTIONS)
+
+
+def seal(path: Path) -> str:
+    """The sha256 of a written file's bytes, read from its pages in the page cache, never
+    from disk; then the file is fsynced."""
     try:
         with open(path, "rb") as handle:
             digest = hashlib.file_digest(handle, "sha256").hexdigest()

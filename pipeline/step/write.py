@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +10,7 @@ import numpy as np
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation
 from pipeline.io import writer
-from pipeline.manifest import MANIFEST, Manifest, OutputFile
+from pipeline.manifest import MANIFEST, Manifest
 from pipeline.step.plan import TrainBatch
 from pipeline.step.verify import blocking_problems
 
@@ -32,24 +32,35 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
     manifest = batch.meta.replace()
 
     def fill(staged: Path) -> None:
-        def write_rank(rank: int) -> OutputFile:
+        def write_rank(rank: int) -> tuple[str, int, int, Future[str]]:
             part = batch.rows(int(bounds[rank]), int(bounds[rank + 1] - bounds[rank]))
             name = writer.rank_file(rank)
-            digest = writer.write_parquet(part, staged / name)
+            writer.write_parquet(part, staged / name)
             tokens = int(part.get_column(c.TOTAL_LENGTHS).sum())
-            return writer.file_record(staged / name, name, part.height, tokens, digest)
+            return name, part.height, tokens, sealer.submit(writer.seal, staged / name)
 
         # Polars gathers and encodes, and hashlib hashes, without the GIL: two ranks at a
-        # time keep two cores busy where one small file leaves one idle. A file's bytes do
-        # not depend on the threads.
-        with ThreadPoolExecutor(max_workers=RANK_WRITERS) as pool:
-            outputs = list(pool.map(write_rank, range(dp)))
+        # time keep two cores busy where one small file leaves one idle, and a third thread
+        # hashes and fsyncs each written file while the writers go on to the next ranks.
+        # A file's bytes do not depend on the threads.
+        with (
+            ThreadPoolExecutor(max_workers=RANK_WRITERS) as pool,
+            ThreadPoolExecutor(max_workers=1) as sealer,
+        ):
+            written = list(pool.map(write_rank, range(dp)))
+            outputs = [
+                writer.file_record(staged / name, name, rows, tokens, digest.result())
+                for name, rows, tokens, digest in written
+            ]
         if batch.quarantine is not None and batch.quarantine.height:
             quarantine = batch.quarantine
-            digest = writer.write_parquet(quarantine, staged / writer.QUARANTINE)
+            writer.write_parquet(quarantine, staged / writer.QUARANTINE)
             outputs.append(
                 writer.file_record(
-                    staged / writer.QUARANTINE, writer.QUARANTINE, quarantine.height, sha256=digest
+                    staged / writer.QUARANTINE,
+                    writer.QUARANTINE,
+                    quarantine.height,
+                    sha256=writer.seal(staged / writer.QUARANTINE),
                 )
             )
         manifest.outputs = outputs
