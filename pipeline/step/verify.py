@@ -7,6 +7,7 @@ functions on the committed folder. Each returns the problems found, as (what, pr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import polars as pl
@@ -44,10 +45,26 @@ def count_problems(manifest: Manifest) -> Problems:
     return problems
 
 
-def rank_file_problems(manifest: Manifest, folder: Path, hash_files: bool = True) -> Problems:
+def footer_rows(path: Path) -> int | str:
+    """The row count in a Parquet file's footer (Polars reads no data page for it), or
+    why the file does not read as Parquet."""
+    try:
+        count: int = pl.scan_parquet(path).select(pl.len()).collect().item()
+    except Exception as exc:  # noqa: BLE001 - any read failure means a bad file
+        return f"does not read as Parquet: {first_line(exc)}"
+    return count
+
+
+def rank_file_problems(
+    manifest: Manifest,
+    folder: Path,
+    hash_files: bool = True,
+    footers: Mapping[str, int | str] | None = None,
+) -> Problems:
     """A rank file for every data-parallel rank, readable as Parquet, with the sha256 and
     row count the manifest recorded for it (the sha256 not read again with `hash_files`
-    off: the writer computed it from the bytes it wrote)."""
+    off: the writer computed it from the bytes it wrote; `footers`, what `footer_rows`
+    gave for files the writer read back already)."""
     recorded = {output.path: output for output in manifest.outputs}
     problems = []
     for name in rank_files(manifest):
@@ -59,13 +76,10 @@ def rank_file_problems(manifest: Manifest, folder: Path, hash_files: bool = True
         elif hash_files and sha256_of(path) != recorded[name].sha256:
             problems.append((name, "sha256 differs from the manifest"))
         else:
-            try:
-                # the footer's row count; Polars reads no data page for it
-                count = pl.scan_parquet(path).select(pl.len()).collect().item()
-            except Exception as exc:  # noqa: BLE001 - any read failure means a bad file
-                problems.append((name, f"does not read as Parquet: {first_line(exc)}"))
-                continue
-            if count != recorded[name].rows:
+            count = footers[name] if footers and name in footers else footer_rows(path)
+            if isinstance(count, str):
+                problems.append((name, count))
+            elif count != recorded[name].rows:
                 problems.append((name, f"{count} rows, manifest says {recorded[name].rows}"))
     return problems
 
@@ -99,11 +113,16 @@ def split_rollout_problems(manifest: Manifest, folder: Path) -> Problems:
     ]
 
 
-def blocking_problems(manifest: Manifest, folder: Path, hash_files: bool = True) -> Problems:
+def blocking_problems(
+    manifest: Manifest,
+    folder: Path,
+    hash_files: bool = True,
+    footers: Mapping[str, int | str] | None = None,
+) -> Problems:
     """Everything a blocking check of `training_shards` would reject in `folder`. A rollout
     split across train steps is one only with the rollout-side schedule, which promises to
     keep rollouts whole; without it the trainer splits them too (SEMANTICS 6.1)."""
-    problems = count_problems(manifest) + rank_file_problems(manifest, folder, hash_files)
+    problems = count_problems(manifest) + rank_file_problems(manifest, folder, hash_files, footers)
     if not problems and manifest.settings.get("cp_size") is not None:
         problems += split_rollout_problems(manifest, folder)
     return problems

@@ -12,7 +12,7 @@ from pipeline.errors import StepError, Violation
 from pipeline.io import writer
 from pipeline.manifest import MANIFEST, Manifest
 from pipeline.step.plan import TrainBatch
-from pipeline.step.verify import blocking_problems
+from pipeline.step.verify import blocking_problems, footer_rows
 
 # The output root's dataset card: `datasets.load_dataset(<root>)` reads every committed
 # step's rank files through its `configs` (docs/dataset.md).
@@ -32,26 +32,27 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
     manifest = batch.meta.replace()
 
     def fill(staged: Path) -> None:
-        def write_rank(rank: int) -> tuple[str, int, int, Future[str]]:
+        def write_rank(rank: int) -> tuple[str, int, int, Future[tuple[str, int | str]]]:
             part = batch.rows(int(bounds[rank]), int(bounds[rank + 1] - bounds[rank]))
             name = writer.rank_file(rank)
             writer.write_parquet(part, staged / name)
             tokens = int(part.get_column(c.TOTAL_LENGTHS).sum())
-            return name, part.height, tokens, sealer.submit(writer.seal, staged / name)
+            return name, part.height, tokens, sealer.submit(_seal_rank, staged / name)
 
         # Polars gathers and encodes, and hashlib hashes, without the GIL: two ranks at a
         # time keep two cores busy where one small file leaves one idle, and a third thread
-        # hashes and fsyncs each written file while the writers go on to the next ranks.
-        # A file's bytes do not depend on the threads.
+        # seals each written file (its digest, fsync and footer) while the writers go on
+        # to the next ranks. A file's bytes do not depend on the threads.
         with (
             ThreadPoolExecutor(max_workers=RANK_WRITERS) as pool,
             ThreadPoolExecutor(max_workers=1) as sealer,
         ):
             written = list(pool.map(write_rank, range(dp)))
-            outputs = [
-                writer.file_record(staged / name, name, rows, tokens, digest.result())
-                for name, rows, tokens, digest in written
-            ]
+            sealed = {name: sealing.result() for name, _, _, sealing in written}
+        outputs = [
+            writer.file_record(staged / name, name, rows, tokens, sealed[name][0])
+            for name, rows, tokens, _ in written
+        ]
         if batch.quarantine is not None and batch.quarantine.height:
             quarantine = batch.quarantine
             writer.write_parquet(quarantine, staged / writer.QUARANTINE)
@@ -64,7 +65,8 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
                 )
             )
         manifest.outputs = outputs
-        problems = blocking_problems(manifest, staged, hash_files=False)
+        footers = {name: footer for name, (_, footer) in sealed.items()}
+        problems = blocking_problems(manifest, staged, hash_files=False, footers=footers)
         if problems:
             raise StepError(
                 [
@@ -84,6 +86,12 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
     writer.write_text_atomically(out_root / DATASET_CARD, dataset_card())
     writer.replace_folder(writer.step_folder(out_root, batch.step), fill)
     return manifest
+
+
+def _seal_rank(path: Path) -> tuple[str, int | str]:
+    """A written rank file made durable: its sha256 and what its footer says (the check the
+    step gets before it is published, read here while the writers are busy)."""
+    return writer.seal(path), footer_rows(path)
 
 
 def dataset_card() -> str:

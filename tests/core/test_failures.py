@@ -113,6 +113,33 @@ def test_a_failing_blocking_check_leaves_the_previous_folder(
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "step=1"]  # the dataset card
 
 
+def test_a_rank_file_that_does_not_read_back_is_not_published(
+    step_input: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    """Each written rank file's footer is read back (on the thread that hashes it) before
+    the step is published: a file cut short on its way to disk fails the step."""
+    original = writer.write_parquet
+
+    def cut_short(frame: pl.DataFrame, path: Path) -> None:
+        original(frame, path)
+        if path.name == "rank=1.parquet":
+            with open(path, "r+b") as handle:
+                handle.truncate(path.stat().st_size // 2)
+
+    monkeypatch.setattr(writer, "write_parquet", cut_short)
+    out = tmp_path / "shards"
+
+    code, _, err = build(
+        capsys, step_input, "--out", out, "--dp-size", "2", "--global-batch-size", "2"
+    )
+
+    assert code == 1
+    assert err.count("\n") == 1
+    assert err.startswith("rollout-shards: build: step 1: rule shards_verified: ")
+    assert "rank=1.parquet: does not read as Parquet" in err
+    assert [p.name for p in out.iterdir()] == ["README.md"]
+
+
 def _rewrite(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
     def apply(folder: Path) -> None:
         path = folder / "manifest.json"
