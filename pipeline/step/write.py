@@ -47,12 +47,10 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
             ThreadPoolExecutor(max_workers=RANK_WRITERS) as pool,
             ThreadPoolExecutor(max_workers=1) as sealer,
         ):
-            written = list(pool.map(write_rank, range(dp)))
-            sealed = {name: sealing.result() for name, _, _, sealing in written}
-        outputs = [
-            writer.file_record(staged / name, name, rows, tokens, sealed[name][0])
-            for name, rows, tokens, _ in written
-        ]
+            outputs, footers = [], {}
+            for name, rows, tokens, sealing in pool.map(write_rank, range(dp)):
+                digest, footers[name] = sealing.result()
+                outputs.append(writer.file_record(staged / name, name, rows, tokens, digest))
         if batch.quarantine is not None and batch.quarantine.height:
             quarantine = batch.quarantine
             writer.write_parquet(quarantine, staged / writer.QUARANTINE)
@@ -65,7 +63,6 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
                 )
             )
         manifest.outputs = outputs
-        footers = {name: footer for name, (_, footer) in sealed.items()}
         problems = blocking_problems(manifest, staged, hash_files=False, footers=footers)
         if problems:
             raise StepError(
