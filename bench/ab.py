@@ -21,30 +21,25 @@ import compileall
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-PYTHON = Path(sys.executable)
+from run import PYTHON, Run, timed  # bench/run.py, beside this script
 
 
-def run(
-    tree: Path, env: dict[str, str], step: Path, out: Path, args: list[str]
-) -> tuple[float, ...]:
-    """One build in a fresh process: wall s, cpu s, system s, peak RSS MiB, minor faults."""
-    shutil.rmtree(out, ignore_errors=True)
-    command = [str(PYTHON), "-P", "-m", "pipeline.cli", "build", str(step), "--out", str(out)]
+def build(tree: Path, env: dict[str, str], step: Path, scratch: Path, args: list[str]) -> Run:
+    """One build of `tree`'s package in a fresh process."""
+    out = scratch / "out"
+    command = [PYTHON, "-P", "-m", "pipeline.cli", "build", step, "--out", out, *args]
     environment = {**os.environ, **env, "PYTHONPATH": str(tree)}
-    started = time.perf_counter()
-    child = subprocess.Popen([*command, *args], stdout=subprocess.DEVNULL, env=environment)
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - started
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(command + args)} with PYTHONPATH={tree} failed")
-    cpu = usage.ru_utime + usage.ru_stime
-    return wall, cpu, usage.ru_stime, usage.ru_maxrss / 1024, float(usage.ru_minflt)
+    run = timed(command, scratch / "build.log", env=environment)
+    shutil.rmtree(out, ignore_errors=True)
+    return run
+
+
+def median(runs: list[Run], what: str) -> float:
+    return statistics.median(getattr(run, what) for run in runs)
 
 
 def main() -> int:
@@ -66,21 +61,19 @@ def main() -> int:
         envs[name][key] = value
     for path in set(trees.values()):
         compileall.compile_dir(Path(path) / "pipeline", quiet=1)
-    runs: dict[str, list[tuple[float, ...]]] = {name: [] for name in trees}
+    runs: dict[str, list[Run]] = {name: [] for name in trees}
     with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch) / "out"
         for _ in range(args.rounds):
             for name, path in trees.items():
-                result = run(Path(path).resolve(), envs[name], args.step, out, build_args)
-                runs[name].append(result)
+                tree = Path(path).resolve()
+                runs[name].append(build(tree, envs[name], args.step, Path(scratch), build_args))
     print(f"{args.step}, {args.rounds} rounds interleaved, medians (min wall):")
     for name, results in runs.items():
-        wall, cpu, system, rss, faults = (
-            statistics.median(r[i] for r in results) for i in range(5)
-        )
         print(
-            f"  {name:12s} {wall:.3f} s (min {min(r[0] for r in results):.3f}), {cpu:.3f} cpu-s "
-            f"({system:.3f} system), {rss:.0f} MiB, {faults:.0f} minor faults"
+            f"  {name:12s} {median(results, 'wall'):.3f} s "
+            f"(min {min(r.wall for r in results):.3f}), {median(results, 'cpu'):.3f} cpu-s "
+            f"({median(results, 'system'):.3f} system), {median(results, 'rss'):.0f} MiB, "
+            f"{median(results, 'faults'):.0f} minor faults"
         )
     return 0
 

@@ -55,11 +55,14 @@ FLOOR, BUILD, MILES, BEFORE, DUCKDB = "floor", "build", "miles", "before", "duck
 
 @dataclass
 class Run:
-    """One child process: wall seconds, CPU seconds (user + system), peak RSS in MiB."""
+    """One child process: wall seconds, CPU seconds (user + system), peak RSS in MiB, and
+    of the CPU seconds the system's, and the minor page faults."""
 
     wall: float
     cpu: float
     rss: float
+    system: float = 0.0
+    faults: int = 0
 
 
 @dataclass
@@ -90,7 +93,13 @@ def timed(cmd: Sequence[str | Path], log: Path, env: dict[str, str] | None = Non
             f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{log.read_text()}"
         )
     # ru_maxrss is in KiB on Linux
-    return Run(wall=wall, cpu=usage.ru_utime + usage.ru_stime, rss=usage.ru_maxrss / 1024)
+    return Run(
+        wall=wall,
+        cpu=usage.ru_utime + usage.ru_stime,
+        rss=usage.ru_maxrss / 1024,
+        system=usage.ru_stime,
+        faults=usage.ru_minflt,
+    )
 
 
 def generate(work: Path, kind: str, samples: int, mean_tokens: float, fresh: bool) -> Path:
