@@ -140,6 +140,32 @@ def test_a_rank_file_that_does_not_read_back_is_not_published(
     assert [p.name for p in out.iterdir()] == ["README.md"]
 
 
+def test_a_rank_file_that_cannot_be_made_durable_publishes_nothing(
+    step_input: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    """The thread that seals each rank file (its digest and fsync) reports a failing fsync
+    as the build's one line, naming the file, and nothing of the step is published."""
+    original = writer.seal
+
+    def failing(path: Path) -> str:
+        if path.name == "rank=1.parquet":
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return original(path)
+
+    monkeypatch.setattr(writer, "seal", failing)
+    out = tmp_path / "shards"
+
+    code, _, err = build(
+        capsys, step_input, "--out", out, "--dp-size", "2", "--global-batch-size", "2"
+    )
+
+    assert code == 1
+    assert err.count("\n") == 1
+    assert err.startswith("rollout-shards: build: step 1: rule os_error: Input/output error on ")
+    assert err.rstrip().endswith("rank=1.parquet")
+    assert [p.name for p in out.iterdir()] == ["README.md"]
+
+
 def _rewrite(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
     def apply(folder: Path) -> None:
         path = folder / "manifest.json"
