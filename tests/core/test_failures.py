@@ -113,6 +113,18 @@ def test_a_failing_blocking_check_leaves_the_previous_folder(
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "step=1"]  # the dataset card
 
 
+def _refused_on_two_ranks(capsys: pytest.CaptureFixture[str], step_input: Path, out: Path) -> str:
+    """Build the step on two ranks; it must fail with one line on stderr and publish nothing
+    (the root's dataset card aside). Returns that line."""
+    code, _, err = build(
+        capsys, step_input, "--out", out, "--dp-size", "2", "--global-batch-size", "2"
+    )
+    assert code == 1
+    assert err.count("\n") == 1
+    assert [p.name for p in out.iterdir()] == ["README.md"]
+    return err
+
+
 def test_a_rank_file_that_does_not_read_back_is_not_published(
     step_input: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
 ) -> None:
@@ -127,17 +139,10 @@ def test_a_rank_file_that_does_not_read_back_is_not_published(
                 handle.truncate(path.stat().st_size // 2)
 
     monkeypatch.setattr(writer, "write_parquet", cut_short)
-    out = tmp_path / "shards"
+    err = _refused_on_two_ranks(capsys, step_input, tmp_path / "shards")
 
-    code, _, err = build(
-        capsys, step_input, "--out", out, "--dp-size", "2", "--global-batch-size", "2"
-    )
-
-    assert code == 1
-    assert err.count("\n") == 1
     assert err.startswith("rollout-shards: build: step 1: rule shards_verified: ")
     assert "rank=1.parquet: does not read as Parquet" in err
-    assert [p.name for p in out.iterdir()] == ["README.md"]
 
 
 def test_a_rank_file_that_cannot_be_made_durable_publishes_nothing(
@@ -153,17 +158,10 @@ def test_a_rank_file_that_cannot_be_made_durable_publishes_nothing(
         return original(path)
 
     monkeypatch.setattr(writer, "seal", failing)
-    out = tmp_path / "shards"
+    err = _refused_on_two_ranks(capsys, step_input, tmp_path / "shards")
 
-    code, _, err = build(
-        capsys, step_input, "--out", out, "--dp-size", "2", "--global-batch-size", "2"
-    )
-
-    assert code == 1
-    assert err.count("\n") == 1
     assert err.startswith("rollout-shards: build: step 1: rule os_error: Input/output error on ")
     assert err.rstrip().endswith("rank=1.parquet")
-    assert [p.name for p in out.iterdir()] == ["README.md"]
 
 
 def _rewrite(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
