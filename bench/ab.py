@@ -63,17 +63,31 @@ def main() -> int:
         compileall.compile_dir(Path(path) / "pipeline", quiet=1)
     runs: dict[str, list[Run]] = {name: [] for name in trees}
     with tempfile.TemporaryDirectory() as scratch:
-        for _ in range(args.rounds):
-            for name, path in trees.items():
-                tree = Path(path).resolve()
+        names = list(trees)
+        for round_ in range(args.rounds):
+            # each round starts with the next tree, so that none always runs first
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                tree = Path(trees[name]).resolve()
                 runs[name].append(build(tree, envs[name], args.step, Path(scratch), build_args))
     print(f"{args.step}, {args.rounds} rounds interleaved, medians (min wall):")
+    first = runs[names[0]]
     for name, results in runs.items():
+        # the same round's builds of two trees ran within seconds of each other: their
+        # ratio moves less with the machine's drift than either median does
+        ratios = [r.wall / f.wall for r, f in zip(results, first, strict=True)]
+        faster = sum(ratio < 1 for ratio in ratios)
+        paired = (
+            f"; against {names[0]}: median ratio {statistics.median(ratios):.3f}, "
+            f"faster in {faster} of {len(ratios)} rounds"
+            if name != names[0]
+            else ""
+        )
         print(
             f"  {name:12s} {median(results, 'wall'):.3f} s "
             f"(min {min(r.wall for r in results):.3f}), {median(results, 'cpu'):.3f} cpu-s "
             f"({median(results, 'system'):.3f} system), {median(results, 'rss'):.0f} MiB, "
-            f"{median(results, 'faults'):.0f} minor faults"
+            f"{median(results, 'faults'):.0f} minor faults{paired}"
         )
     return 0
 
