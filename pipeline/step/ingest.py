@@ -19,7 +19,7 @@ from pipeline import columns as c
 from pipeline.columns import PATH_STEP, REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError
 from pipeline.io.readers import SourceFile, input_records, load_step
-from pipeline.schemas.validate import validate_step
+from pipeline.schemas.validate import RuleFailure, validate_step
 from pipeline.settings import Settings
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
 
@@ -45,6 +45,21 @@ class SampleTable:
     light: pl.DataFrame | None = None
     # The files' sha256 while still being computed (then `files` has path and rows only).
     digests: list[Future[str]] | None = None
+    # The row and cross-row rules while still being checked (`load_samples(defer_rules=True)`).
+    pending_rules: Future[tuple[list[RuleFailure], float]] | None = None
+
+    def settle(self) -> float | None:
+        """Wait for the rules still being checked; one that broke fails the step with the
+        violations `load_samples` would have raised. Nothing of a step may be published, or
+        handed to another stage, before it is settled. Returns when the rules were done
+        (`time.perf_counter`), None when none were pending."""
+        if self.pending_rules is None:
+            return None
+        failures, done = self.pending_rules.result()
+        self.pending_rules = None
+        if failures:
+            raise StepError([failure.violation for failure in failures])
+        return done
 
     @property
     def inputs(self) -> list[dict[str, Any]]:
@@ -86,12 +101,18 @@ def quarantine_table(loaded: pl.DataFrame, failing: pl.DataFrame) -> pl.DataFram
     )
 
 
-def load_samples(step: int, sources: Sequence[SourceFile], settings: Settings) -> SampleTable:
+def load_samples(
+    step: int, sources: Sequence[SourceFile], settings: Settings, defer_rules: bool = False
+) -> SampleTable:
     """Read a step, repair legacy ids if asked, validate. With `on_invalid: fail` any broken
     rule fails the step; with `quarantine` the trajectories holding a failing row are set
     aside whole and the rest goes on. Problems that name no rows (an unreadable file, a
     missing column, a column of an impossible type, a struct reward without reward_key)
-    fail the step in both modes: there is nothing to set aside and nothing to count."""
+    fail the step in both modes: there is nothing to set aside and nothing to count.
+
+    With `defer_rules` and `on_invalid: fail`, a step whose values all pass returns while
+    its row and cross-row rules are still checked on a thread: the caller plans the step
+    meanwhile and calls `SampleTable.settle` before anything is written."""
     loaded = load_step(step, sources)
     original = loaded.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(ROW_ID))
     type_errors = loaded.type_errors
@@ -109,6 +130,7 @@ def load_samples(step: int, sources: Sequence[SourceFile], settings: Settings) -
         settings.reward_key,
         settings.normalizes_rewards,
         until_valid=quarantining,
+        defer_rules=defer_rules,
     )
     if verdict.violations and not (quarantining and verdict.settled):
         raise StepError(verdict.violations)
@@ -125,6 +147,7 @@ def load_samples(step: int, sources: Sequence[SourceFile], settings: Settings) -
         repaired=repaired,
         quarantine=quarantine,
         light=verdict.light,
+        pending_rules=verdict.pending,
     )
 
 
