@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -71,10 +72,11 @@ def build_step(
     from pipeline.step.write import write_shards
 
     report.begin(step, plan)
-    batch, rules_done = _plan_while_rules_run(samples, settings)
+    planned = plan_beside_rules(samples, settings)
     # validation ends with its last rules, which ran beside the plan
-    validated = max(read_until, rules_done or read_until) - began
+    validated = max(read_until, planned.rules_done or read_until) - began
     report.end(step, read, f"{samples.ingested} rows read", seconds=validated)
+    batch = planned.result()
     batch.meta = batch.meta.replace(skipped_files=list(skipped))
     report.end(step, plan, f"{batch.meta.counts.written} rows to write")
     report.begin(step, write)
@@ -83,27 +85,42 @@ def build_step(
     return manifest
 
 
-def _plan_while_rules_run(
-    samples: SampleTable, settings: Settings
-) -> tuple[TrainBatch, float | None]:
-    """Plan a step while its row and cross-row rules are checked on a thread
-    (`load_samples(defer_rules=True)`); the plan, and when the rules were done. A step that
-    breaks a rule fails with its violations, whatever the plan made of it: an error of the
-    plan, and any warning it gave about rows that break a rule, are not shown. A valid
-    step's warnings are shown once it is settled. At 32k samples the rules take 0.03 s of
-    a build's critical path otherwise (docs/performance.md)."""
+@dataclass
+class Planned:
+    """A step planned beside its rule checks (`plan_beside_rules`), its rules settled."""
+
+    batch: TrainBatch | None
+    error: Exception | None  # what the plan raised on a step whose rules all passed
+    rules_done: float | None  # when the rules were done (`time.perf_counter`), if pending
+
+    def result(self) -> TrainBatch:
+        """The batch, or the plan's own error, raised where the plan's stage reports it."""
+        if self.error is not None:
+            raise self.error
+        assert self.batch is not None
+        return self.batch
+
+
+def plan_beside_rules(samples: SampleTable, settings: Settings) -> Planned:
+    """Plan a step while its row and cross-row rules are still checked on a thread
+    (`load_samples(defer_rules=True)`), then settle them. A step that breaks a rule fails
+    here with its violations, whatever the plan made of it: an error of the plan, and any
+    warning it gave about rows that break a rule, are not shown. A valid step's warnings
+    are shown once it is settled. At 32k samples the rules take 0.03 s of a build's
+    critical path otherwise (docs/performance.md)."""
     from pipeline.step.plan import plan_batch
 
+    batch, error = None, None
     with warnings.catch_warnings(record=True) as caught:
         try:
             batch = plan_batch(samples, settings)
-        except BaseException:
-            samples.settle()
-            raise
-        rules_done = samples.settle()
+        except Exception as exc:  # noqa: BLE001 - raised by Planned.result unless a rule broke
+            error = exc
+        finally:
+            rules_done = samples.settle()
     for warning in caught:
         warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
-    return batch, rules_done
+    return Planned(batch, error, rules_done)
 
 
 def summary_line(manifest: Manifest, folder: Path) -> str:

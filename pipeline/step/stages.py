@@ -3,8 +3,9 @@ Pipes worker (`pipeline.orchestration.pipes_worker`) on another process, Ray nod
 
 `run_stages` runs the selected stages of a step in order: the first reads the step's tables
 (or the previous stage's staging folder when that stage ran on its own), each calls the core
-(`load_samples`, `plan_batch`, `write_shards`) on what the one before handed it in memory,
-and each yields a `StageReport`: one log line and the materialization metadata in the
+(`load_samples`, `plan_batch`, `write_shards`) on what the one before handed it in memory
+(when `train_batch` runs next, `rollout_samples` plans the step beside its row rules, as
+the CLI does, and `train_batch` reports that plan), and each yields a `StageReport`: one log line and the materialization metadata in the
 Pipes wire format (`{"type": ..., "raw_value": ...}`), which
 `pipeline.orchestration.reporting.dagster_metadata` turns into Dagster's metadata values in
 process and Dagster Pipes does for a worker.
@@ -24,6 +25,7 @@ from pipeline.errors import UsageError
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
 from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, staging
+from pipeline.step.build import Planned, plan_beside_rules
 from pipeline.step.ingest import PROVENANCE, SampleTable, importing_the_plan, load_samples
 from pipeline.step.roots import StepRoots
 
@@ -184,6 +186,7 @@ def run_stages(
     never reads a stale one. A stage whose input is not produced here reads it from staging."""
     stages = selected_stages(names)
     samples: tuple[SampleTable, Settings] | None = None
+    planned: Planned | None = None
     batch: TrainBatch | None = None
     for position, name in enumerate(stages):
         following = STAGES.index(name) + 1
@@ -191,15 +194,24 @@ def run_stages(
         if name == ROLLOUT_SAMPLES:
             if settings is None:
                 raise UsageError(f"step {step}: {ROLLOUT_SAMPLES} needs the run's settings")
+            # Planned here when the plan runs next in this process: beside the row rules,
+            # which must pass before rollout_samples is reported; the plan's own error
+            # is train_batch's.
             with importing_the_plan():
-                samples = (load_samples(step, roots.step_sources(step), settings), settings)
+                table = load_samples(step, roots.step_sources(step), settings, defer_rules=hand_on)
+            samples = (table, settings)
+            if hand_on:
+                planned = plan_beside_rules(table, settings)
             staged = _hand_on_or_stage(hand_on, roots, name, step, staging.save_samples, *samples)
             yield name, _samples_report(samples[0], staged)
         elif name == TRAIN_BATCH:
             from pipeline.step.plan import plan_batch
 
-            table, planned_with = samples or staging.load_samples(roots, step)
-            batch = plan_batch(table, planned_with)
+            if planned is not None:
+                batch = planned.result()
+            else:
+                table, planned_with = samples or staging.load_samples(roots, step)
+                batch = plan_batch(table, planned_with)
             staged = _hand_on_or_stage(hand_on, roots, name, step, staging.save_batch, batch)
             yield name, _batch_report(batch, staged)
         else:
