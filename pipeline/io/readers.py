@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
+import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,6 +26,10 @@ from pipeline.io import checksums
 from pipeline.io.checksums import sha256_of
 from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump, read_miles_dump
 
+# Set once a read leaves a core free: a Parquet read's decoding threads have no column
+# group left to start and one of them is done, or a step's files are all read. Work that
+# would only slow the decoders waits for it (`step.ingest.importing_the_plan`).
+core_free = threading.Event()
 TABLE_SUFFIXES = {".parquet": "parquet", ".arrow": "ipc", ".feather": "ipc", ".jsonl": "jsonl"}
 STEP_NAME = re.compile(r"^step=(\d+)(\.[a-z]+)?$")
 # Columns kept for people rather than training: a JSON array or object there is kept as
@@ -347,8 +353,18 @@ def _read_parquet(path: Path) -> pl.DataFrame:
         groups = [[name] for name in lists] + ([rest] if rest else [])
         if len(groups) < 2:
             return pl.read_parquet(path)
-        with ThreadPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1)) as pool:
-            parts = list(pool.map(lambda columns: pl.read_parquet(path, columns=columns), groups))
+        workers = min(len(groups), os.cpu_count() or 1)
+        finished = itertools.count(1)
+
+        def read(columns: list[str]) -> pl.DataFrame:
+            frame = pl.read_parquet(path, columns=columns)
+            # once no group waits for a thread, each group done leaves a core free
+            if next(finished) > len(groups) - workers:
+                core_free.set()
+            return frame
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            parts = list(pool.map(read, groups))
         return pl.concat(parts, how="horizontal").select(list(schema))
     except Exception:  # noqa: BLE001 - the plain read below reports it
         return pl.read_parquet(path)
@@ -722,6 +738,7 @@ def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
                 type_violations += found
                 files.append({"path": str(source.path), "rows": frame.height})
                 frames.append(_with_provenance(frame, source.path, source.step))
+        core_free.set()
         _check_no_identical_files(files, sizes, digests, step)
     except BaseException:
         hasher.shutdown(wait=False, cancel_futures=True)

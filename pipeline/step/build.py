@@ -66,7 +66,7 @@ def build_step(
     read, plan, write = STAGE_NAMES
     report.begin(step, read)
     began = time.perf_counter()
-    with importing_the_plan():
+    with importing_the_plan(sources):
         samples = load_samples(step, sources, settings, defer_rules=True)
     read_until = time.perf_counter()
     from pipeline.step.write import write_shards

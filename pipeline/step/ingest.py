@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -18,6 +19,7 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.columns import PATH_STEP, REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError
+from pipeline.io import readers
 from pipeline.io.readers import SourceFile, input_records, load_step
 from pipeline.schemas.validate import RuleFailure, validate_step
 from pipeline.settings import Settings
@@ -151,21 +153,43 @@ def load_samples(
     )
 
 
-def _import_the_plan() -> None:
+# A step's files of at least this size take several times the plan's imports to decode.
+PATIENT_IMPORT_BYTES = 64 << 20
+
+
+def _import_the_plan(patient: bool) -> None:
+    if patient:
+        readers.core_free.wait()
     importlib.import_module("pipeline.step.write")
     # np.unique imports numpy.ma on its first call (20 ms here), in the plan otherwise.
     importlib.import_module("numpy.ma")
 
 
 @contextmanager
-def importing_the_plan() -> Iterator[None]:
+def importing_the_plan(sources: Sequence[SourceFile]) -> Iterator[None]:
     """Import the plan's and the write's modules, numpy among them (0.05-0.12 s here once
-    Polars is loaded, as the machine's speed varies), on a thread while the block reads a
-    step: Polars decodes the files without the GIL. The CLI and the Pipes worker import
-    them no sooner, so a build's imports and its read overlap."""
-    thread = threading.Thread(target=_import_the_plan)
+    Polars is loaded, as the machine's speed varies), on a thread while the block reads
+    and validates `sources`: Polars decodes and validates without the GIL. The CLI and
+    the Pipes worker import them no sooner, so a build's imports overlap its read.
+
+    For a large step the thread first waits until the read leaves a core free
+    (`readers.core_free`): beside both decoders it would slow the longest of them, the
+    read's critical path. 32k samples (149 MiB): 0.941x and 0.958x the build's time
+    (faster in 20 and 15 of 24 rounds), compact 0.969x. A small step's read is over before
+    the imports would be, so they start at once: 8k samples (38 MiB) took 1.013x the time
+    waiting (docs/performance.md)."""
+    patient = sum(_size(source.path) for source in sources) >= PATIENT_IMPORT_BYTES
+    thread = threading.Thread(target=_import_the_plan, args=(patient,))
     thread.start()
     try:
         yield
     finally:
+        readers.core_free.set()  # a read that failed frees the thread too
         thread.join()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # the read names what is wrong with the file
+        return 0

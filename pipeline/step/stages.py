@@ -5,10 +5,10 @@ Pipes worker (`pipeline.orchestration.pipes_worker`) on another process, Ray nod
 (or the previous stage's staging folder when that stage ran on its own), each calls the core
 (`load_samples`, `plan_batch`, `write_shards`) on what the one before handed it in memory
 (when `train_batch` runs next, `rollout_samples` plans the step beside its row rules, as
-the CLI does, and `train_batch` reports that plan), and each yields a `StageReport`: one log line and the materialization metadata in the
-Pipes wire format (`{"type": ..., "raw_value": ...}`), which
-`pipeline.orchestration.reporting.dagster_metadata` turns into Dagster's metadata values in
-process and Dagster Pipes does for a worker.
+the CLI does, and `train_batch` reports that plan), and each yields a `StageReport`: one
+log line and the materialization metadata in the Pipes wire format (`{"type": ...,
+"raw_value": ...}`), which `pipeline.orchestration.reporting.dagster_metadata` turns into
+Dagster's metadata values in process and Dagster Pipes does for a worker.
 """
 
 from __future__ import annotations
@@ -197,8 +197,9 @@ def run_stages(
             # Planned here when the plan runs next in this process: beside the row rules,
             # which must pass before rollout_samples is reported; the plan's own error
             # is train_batch's.
-            with importing_the_plan():
-                table = load_samples(step, roots.step_sources(step), settings, defer_rules=hand_on)
+            sources = roots.step_sources(step)
+            with importing_the_plan(sources):
+                table = load_samples(step, sources, settings, defer_rules=hand_on)
             samples = (table, settings)
             if hand_on:
                 planned = plan_beside_rules(table, settings)

@@ -102,7 +102,7 @@ def test_numpy_loads_only_once_a_step_is_read() -> None:
         "import pipeline.orchestration.pipes_worker\n"
         "print(sorted(m for m in ('numpy', 'pipeline.step.plan') if m in sys.modules))\n"
         "from pipeline.step.ingest import importing_the_plan\n"
-        "with importing_the_plan():\n"
+        "with importing_the_plan([]):\n"
         "    pass\n"
         "print(sorted(m for m in ('numpy', 'pipeline.step.plan', 'pipeline.step.write')"
         " if m in sys.modules))"
@@ -113,6 +113,30 @@ def test_numpy_loads_only_once_a_step_is_read() -> None:
     before, after = result.stdout.splitlines()
     assert before == "[]"
     assert after == "['numpy', 'pipeline.step.plan', 'pipeline.step.write']"
+
+
+def test_a_large_steps_imports_wait_for_a_free_core(tmp_path: Path) -> None:
+    """For a step of 64 MiB or more, `importing_the_plan` imports nothing while both cores
+    decode; it imports once the read leaves a core free (`readers.core_free`)."""
+    big = tmp_path / "step=1.parquet"
+    with big.open("wb") as handle:
+        handle.truncate(64 << 20)  # sparse: its size is all that counts here
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from pipeline.io import readers\n"
+        "from pipeline.io.readers import SourceFile\n"
+        "from pipeline.step.ingest import importing_the_plan\n"
+        f"with importing_the_plan([SourceFile(Path({str(big)!r}), 1)]):\n"
+        "    time.sleep(0.3)\n"
+        "    print('numpy' in sys.modules)\n"
+        "    readers.core_free.set()\n"
+        "print('numpy' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.splitlines() == ["False", "True"]
 
 
 def _printed_after(script: str, expression: str, env: dict[str, str]) -> str:
