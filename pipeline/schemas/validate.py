@@ -9,9 +9,8 @@ quarantine mode the last phase repeats on what remains until nothing more fails.
 
 from __future__ import annotations
 
-import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import polars as pl
@@ -203,17 +202,9 @@ def _checked_later(
     light: pl.DataFrame, step: int, sibling_rewards: bool
 ) -> Future[tuple[list[RuleFailure], float]]:
     """`check_rules` on a thread of its own (Polars runs its queries without the GIL)."""
-    future: Future[tuple[list[RuleFailure], float]] = Future()
-
-    def check() -> None:
-        try:
-            failures = check_rules(light, step, sibling_rewards)
-            future.set_result((failures, time.perf_counter()))
-        except BaseException as exc:  # noqa: BLE001 - whoever waits for the future gets it
-            future.set_exception(exc)
-
-    future.set_running_or_notify_cancel()
-    threading.Thread(target=check, name="rules", daemon=True).start()
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rules")
+    future = pool.submit(lambda: (check_rules(light, step, sibling_rewards), time.perf_counter()))
+    pool.shutdown(wait=False)
     return future
 
 

@@ -93,6 +93,14 @@ def test_a_valid_step_is_built_without_importing_pandera(tmp_path: Path) -> None
     assert {"pandas", "pandera"} <= set(json.loads(loaded.replace("'", '"')))
 
 
+def _printed_lines(script: str) -> list[str]:
+    """The lines a fresh interpreter prints running `script`."""
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    return result.stdout.splitlines()
+
+
 def test_numpy_loads_only_once_a_step_is_read() -> None:
     """The CLI and the Pipes worker leave numpy and the plan to `importing_the_plan`, which
     imports them on a thread while Polars reads the step (0.05-0.1 s off every build)."""
@@ -107,10 +115,7 @@ def test_numpy_loads_only_once_a_step_is_read() -> None:
         "print(sorted(m for m in ('numpy', 'pipeline.step.plan', 'pipeline.step.write')"
         " if m in sys.modules))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    before, after = result.stdout.splitlines()
+    before, after = _printed_lines(script)
     assert before == "[]"
     assert after == "['numpy', 'pipeline.step.plan', 'pipeline.step.write']"
 
@@ -133,10 +138,7 @@ def test_a_large_steps_imports_wait_for_a_free_core(tmp_path: Path) -> None:
         "    readers.core_free.set()\n"
         "print('numpy' in sys.modules)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    assert result.stdout.splitlines() == ["False", "True"]
+    assert _printed_lines(script) == ["False", "True"]
 
 
 def _printed_after(script: str, expression: str, env: dict[str, str]) -> str:
