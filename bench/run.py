@@ -4,7 +4,8 @@
     .venv/bin/python bench/run.py --quick      # 8k and 32k samples only, no big step
 
 Generates steps with bench/generate.py (cached under --work), then times whole processes,
-median of --repeats runs, interleaved so that load from other work hits every tool alike:
+median of --repeats runs, interleaved so that load from other work hits every tool alike,
+each on a settled machine (`settle`: synced, the step's files in the page cache):
 
 - (a) floor: Polars reads the step and writes it back with the pipeline's Parquet options;
 - (b) build: `rollout-shards build` (read, validate, plan, write ranks, hashes, manifest);
@@ -78,8 +79,29 @@ class Case:
         return statistics.median(getattr(r, what) for r in runs) if runs else None
 
 
-def timed(cmd: Sequence[str | Path], log: Path, env: dict[str, str] | None = None) -> Run:
-    """Run a command to completion; its own wall time, CPU time and peak RSS."""
+def settle(inputs: Path) -> None:
+    """Before a timed run: nothing left for the kernel to write back from the runs before,
+    and the step's files read into the page cache. This VM's memory reclaim (kdamond)
+    evicts pages of files left alone for a while (8-22% of the steps' pages between two
+    runs), so an untouched input made a run wait on the disk at random."""
+    os.sync()
+    for path in sorted(inputs.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as handle:
+                while handle.read(1 << 23):
+                    pass
+
+
+def timed(
+    cmd: Sequence[str | Path],
+    log: Path,
+    env: dict[str, str] | None = None,
+    inputs: Path | None = None,
+) -> Run:
+    """Run a command to completion (on settled `inputs`); its own wall time, CPU time and
+    peak RSS."""
+    if inputs is not None:
+        settle(inputs)
     with log.open("w") as out:
         started = time.perf_counter()
         proc = subprocess.Popen(
@@ -148,7 +170,7 @@ def measure(case: Case, step_dir: Path, tools: Sequence[str], args: argparse.Nam
             if tool == BEFORE:
                 env = {**os.environ, "PYTHONPATH": str(args.before)}
             command = tool_command(tool, step_dir, out, args)
-            run = timed(command, args.work / f"{tool}.log", env=env)
+            run = timed(command, args.work / f"{tool}.log", env=env, inputs=step_dir)
             case.runs.setdefault(tool, []).append(run)
             print(
                 f"  {case.kind} {case.samples}: {tool} run {repeat + 1}: {run.wall:.2f} s, "
@@ -220,11 +242,12 @@ def measure_dagster(step_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     for repeat in range(args.repeats):
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        cli.append(timed(tool_command(BUILD, step_dir, out, args), args.work / "build.log"))
+        build = tool_command(BUILD, step_dir, out, args)
+        cli.append(timed(build, args.work / "build.log", inputs=step_dir))
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         cmd = [PYTHON, __file__, "_dagster", step_dir, out, args.global_batch_size, args.dp_size]
-        dagster.append(timed(cmd, log))
+        dagster.append(timed(cmd, log, inputs=step_dir))
         phases.append(json.loads(log.read_text().strip().splitlines()[-1]))
         print(
             f"  dagster run {repeat + 1}: cli {cli[-1].wall:.2f} s, dagster process "

@@ -161,7 +161,8 @@ def _import_the_plan(patient: bool) -> None:
     if patient:
         readers.core_free.wait()
     importlib.import_module("pipeline.step.write")
-    # np.unique imports numpy.ma on its first call (20 ms here), in the plan otherwise.
+    # np.unique and pl.Series(ndarray) import numpy.ma on their first call (10-20 ms here),
+    # in the plan otherwise.
     importlib.import_module("numpy.ma")
 
 
