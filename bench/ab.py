@@ -33,7 +33,7 @@ def build(tree: Path, env: dict[str, str], step: Path, scratch: Path, args: list
     out = scratch / "out"
     command = [PYTHON, "-P", "-m", "pipeline.cli", "build", step, "--out", out, *args]
     environment = {**os.environ, **env, "PYTHONPATH": str(tree)}
-    run = timed(command, scratch / "build.log", env=environment)
+    run = timed(command, scratch / "build.log", env=environment, inputs=step)
     shutil.rmtree(out, ignore_errors=True)
     return run
 

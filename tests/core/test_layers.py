@@ -175,6 +175,46 @@ def test_importing_the_package_shortens_polars_allocator_decay() -> None:
     assert _allocator_conf("import polars, pipeline.commands", env) == polars_own
 
 
+def _decay_for(folder: Path, env: dict[str, str]) -> str:
+    """The allocator setting `rollout-shards build <folder>` runs with, as the program."""
+    script = (
+        "import os, sys\n"
+        "exit = os._exit\n"
+        "os._exit = lambda status: (print(os.environ.get('_RJEM_MALLOC_CONF')), exit(0))\n"
+        "from pipeline.cli import main\n"
+        f"sys.argv = ['rollout-shards', 'build', {str(folder)!r}, '--out', "
+        f"{str(folder.parent / 'out')!r}]\n"
+        "main()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, env=env
+    )
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_a_large_input_has_polars_keep_freed_pages_longer(tmp_path: Path) -> None:
+    """Before Polars loads, a build of 256 MiB or more of input has its allocator keep
+    freed pages 2 s instead of 0.3 s; a smaller one, or a user's own setting, is left."""
+    import os
+
+    from pipeline import ALLOCATOR_DECAY, ALLOCATOR_ENV
+    from pipeline.io.allocator import LARGE_INPUT_BYTES, LARGE_INPUT_DECAY
+
+    env = {k: v for k, v in os.environ.items() if k != ALLOCATOR_ENV}
+    polars_own = "dirty_decay_ms:500,muzzy_decay_ms:1000"
+    large, small = tmp_path / "large", tmp_path / "small"
+    for folder, size in ((large, LARGE_INPUT_BYTES // 2), (small, LARGE_INPUT_BYTES // 4)):
+        folder.mkdir()
+        for step in (1, 2):  # sparse: their sizes are all that count here
+            with (folder / f"step={step}.parquet").open("wb") as handle:
+                handle.truncate(size)
+    # Polars composed its own setting with ours: it read ours when it loaded.
+    assert _decay_for(large, env) == f"{polars_own},{LARGE_INPUT_DECAY}"
+    assert _decay_for(small, env) == f"{polars_own},{ALLOCATOR_DECAY}"
+    user = {**env, ALLOCATOR_ENV: "dirty_decay_ms:100"}
+    assert _decay_for(large, user) == f"{polars_own},dirty_decay_ms:100"
+
+
 def _threads_after(script: str, env: dict[str, str]) -> int:
     return int(_printed_after(script, "len(os.listdir('/proc/self/task'))", env))
 
