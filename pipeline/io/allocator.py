@@ -30,20 +30,19 @@ LARGE_INPUT_DECAY = "dirty_decay_ms:2000,muzzy_decay_ms:0"
 WALK_LIMIT = 2000
 
 
-def longer_decay_for_large_inputs(inputs: Sequence[str | Path]) -> bool:
+def longer_decay_for_large_inputs(inputs: Sequence[str | Path]) -> None:
     """Keep freed pages 2 s when the table files under `inputs` hold `LARGE_INPUT_BYTES`
-    or more, unless Polars is loaded or the user set the allocator; True when it did."""
+    or more, unless Polars is loaded or the user set the allocator."""
     if "polars" in sys.modules or os.environ.get(ALLOCATOR_ENV) != ALLOCATOR_DECAY:
-        return False
+        return
     total = 0
     for count, path in enumerate(table_files(inputs)):
         if count >= WALK_LIMIT:
-            return False
+            return
         try:
             total += path.stat().st_size
         except OSError:  # the build names what is wrong with the file
             continue
         if total >= LARGE_INPUT_BYTES:
             os.environ[ALLOCATOR_ENV] = LARGE_INPUT_DECAY
-            return True
-    return False
+            return
