@@ -51,7 +51,7 @@ def print_violations(command: str, violations: list[Violation]) -> None:
 
 
 def _warn(command: str, manifest: Manifest) -> None:
-    from pipeline.step.plan import untrained_warning  # numpy: loaded while a build reads
+    from pipeline.step.plan import untrained_warning  # loaded while a build reads
 
     if (warning := untrained_warning(manifest)) is not None:
         print(f"{PROG}: {command}: {warning}", file=sys.stderr)

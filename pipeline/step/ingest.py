@@ -161,15 +161,13 @@ def _import_the_plan(patient: bool) -> None:
     if patient:
         readers.core_free.wait()
     importlib.import_module("pipeline.step.write")
-    # np.unique and pl.Series(ndarray) import numpy.ma on their first call (10-20 ms here),
-    # in the plan otherwise.
-    importlib.import_module("numpy.ma")
 
 
 @contextmanager
 def importing_the_plan(sources: Sequence[SourceFile]) -> Iterator[None]:
-    """Import the plan's and the write's modules, numpy among them (0.05-0.12 s here once
-    Polars is loaded, as the machine's speed varies), on a thread while the block reads
+    """Import the plan's and the write's modules (without numpy, which only the rollout-side
+    schedule and balance_data load: 0.02-0.05 s here once Polars is loaded, 0.05-0.12 s
+    when they imported numpy), on a thread while the block reads
     and validates `sources`: Polars decodes and validates without the GIL. The CLI and
     the Pipes worker import them no sooner, so a build's imports overlap its read.
 

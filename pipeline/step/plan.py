@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
 import polars as pl
 
 from pipeline import columns as c
@@ -16,9 +15,9 @@ from pipeline.manifest import Counts, InputFile, Manifest
 from pipeline.settings import Settings
 from pipeline.step.ingest import SampleTable
 from pipeline.transforms import samples as s
+from pipeline.transforms.layout import UNTRAINED, Layout, rank_bounds
 from pipeline.transforms.metrics import layout_metrics, rollout_metrics
 from pipeline.transforms.rewards import with_rewards
-from pipeline.transforms.schedule import UNTRAINED, Layout
 from pipeline.transforms.shard_columns import (
     light_shard_columns,
     loss_masks,
@@ -38,11 +37,11 @@ class RankRows:
     scalars: pl.DataFrame  # the scalar shard columns and `rank`, in write order
     inputs: pl.DataFrame  # the input columns the list shard columns come from, in batch order
     optional: list[str]  # optional input columns that go into shards, in shard order
-    order: np.ndarray  # the batch position of each row in write order
+    order: pl.Series  # the batch position of each row in write order
 
     def rows(self, start: int, length: int) -> pl.DataFrame:
         """Rows [start, start + length) in write order with every column, gathered."""
-        picked = self.inputs[pl.Series(self.order[start : start + length])]
+        picked = self.inputs[self.order.slice(start, length)]
         lists = picked.select(
             pl.col(c.TOKENS),
             loss_masks(picked),
@@ -57,7 +56,7 @@ def _compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
     pages by a column's whole buffers, so a slice of a larger frame would be written with
     other page boundaries than the same rows held alone: every rank file is written from
     a copy, whichever path (CLI or staged Dagster batch) produced the rows."""
-    return frame[pl.Series(np.arange(start, start + length, dtype=np.int64))]
+    return frame[pl.int_range(start, start + length, dtype=pl.Int64, eager=True)]
 
 
 class TrainBatch:
@@ -137,7 +136,7 @@ def _rank_rows(
         c.SAMPLE_INDICES,
         c.ROLLOUT_IDS,
         c.ROLLOUT_MASK_SUMS,
-    )[pl.Series(layout.order)].with_columns(
+    )[layout.order].with_columns(
         pl.when(train_step != UNTRAINED).then(train_step).alias(c.TRAIN_STEP),
         micro_batch,
         pl.Series(c.RANK, layout.rank, dtype=pl.Int32),
@@ -148,10 +147,10 @@ def _rank_rows(
     return RankRows(scalars=scalars, inputs=inputs, optional=optional, order=layout.order)
 
 
-def _check_every_rank_has_rows(ranks: np.ndarray, dp_size: int, step: int) -> None:
+def _check_every_rank_has_rows(ranks: pl.Series, dp_size: int, step: int) -> None:
     """A rank without rows would get an empty shard file: the settings ask for more ranks
     than the step has rows to give."""
-    filled = len(np.unique(ranks))
+    filled = ranks.n_unique()
     if filled < dp_size:
         raise step_error(
             "not_enough_samples_for_dp_size",
@@ -169,9 +168,9 @@ AVOID_UNTRAINED = (
 )
 
 
-def _rows_named(light: pl.DataFrame, positions: np.ndarray) -> Violation:
+def _rows_named(light: pl.DataFrame, positions: pl.Series) -> Violation:
     """The (index, leaf) of the first rows at `positions` of the batch."""
-    shown = light[pl.Series(positions[:ROWS_NAMED])]
+    shown = light[positions.head(ROWS_NAMED)]
     rows = list(
         zip(
             shown.get_column(c.SAMPLE_INDICES).to_list(),
@@ -188,16 +187,21 @@ def _refuse_what_cannot_train(
     """SEMANTICS 6.1: refuse a layout on which the trainer would hang (ranks running
     different numbers of steps) or crash (untrained rows under use_dynamic_batch_size);
     return the ranks holding rows it never trains."""
-    ranks = np.unique(layout.rank[layout.untrained]).tolist()
+    ranks = layout.rank.gather(layout.untrained).unique().sort().to_list()
     local = settings.global_batch_size // settings.dp_size
-    sizes = np.bincount(layout.rank, minlength=settings.dp_size).tolist()
+    bounds = rank_bounds(layout.rank, settings.dp_size)
+    sizes = [end - start for start, end in zip(bounds, bounds[1:], strict=False)]
     if len(set(layout.steps_per_rank)) > 1:
         # the rows past the fewest steps any rank runs: where the ranks part ways
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        local_row = np.arange(len(layout.rank)) - starts[layout.rank]
-        excess = np.flatnonzero(local_row >= min(layout.steps_per_rank) * local)
-        excess_ranks = np.unique(layout.rank[excess]).tolist()
-        violation = _rows_named(light, layout.order[excess])
+        local_row = pl.int_range(pl.len(), dtype=pl.Int64).over("rank")
+        excess = (
+            pl.DataFrame({"rank": layout.rank})
+            .select(local_row >= min(layout.steps_per_rank) * local)
+            .to_series()
+            .arg_true()
+        )
+        excess_ranks = layout.rank.gather(excess).unique().sort().to_list()
+        violation = _rows_named(light, layout.order.gather(excess))
         violation.rule = "ranks_run_different_steps"
         violation.step = step
         violation.message = (
@@ -211,7 +215,7 @@ def _refuse_what_cannot_train(
         )
         raise StepError([violation])
     if len(layout.untrained) and settings.use_dynamic_batch_size:
-        violation = _rows_named(light, layout.order[layout.untrained])
+        violation = _rows_named(light, layout.order.gather(layout.untrained))
         violation.rule = "untrained_rows_with_dynamic_batch_size"
         violation.step = step
         violation.message = (
@@ -291,7 +295,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
         present_columns=present_columns(optional),
         stats=stats,
         untrained_ranks=untrained_ranks,
-        dropped_positions=layout.dropped.tolist(),
-        dropped_raw_reward=light_df.get_column(c.RAW_REWARD)[pl.Series(layout.dropped)].to_list(),
+        dropped_positions=layout.dropped.to_list(),
+        dropped_raw_reward=light_df.get_column(c.RAW_REWARD).gather(layout.dropped).to_list(),
     )
     return TrainBatch(step=step, frame=rows, meta=meta, quarantine=samples.quarantine)

@@ -102,7 +102,7 @@ def save_batch(roots: StepRoots, batch: TrainBatch) -> Path:
 
 
 def load_batch(roots: StepRoots, step: int) -> TrainBatch:
-    from pipeline.step.plan import TrainBatch  # numpy: see ingest.importing_the_plan
+    from pipeline.step.plan import TrainBatch  # see ingest.importing_the_plan
 
     folder = _existing(roots.staging_folder(TRAIN_BATCH, step), TRAIN_BATCH, step)
     meta = Manifest.from_json((folder / META).read_text())

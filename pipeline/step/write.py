@@ -5,14 +5,13 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation
 from pipeline.io import writer
 from pipeline.manifest import MANIFEST, Manifest
 from pipeline.step.plan import TrainBatch
 from pipeline.step.verify import blocking_problems, footer_rows
+from pipeline.transforms.layout import rank_bounds
 
 # The output root's dataset card: `datasets.load_dataset(<root>)` reads every committed
 # step's rank files through its `configs` (docs/dataset.md).
@@ -32,13 +31,12 @@ SEALERS = 2
 def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
     """Write every rank file, the quarantine and the manifest, then commit the step folder."""
     dp = batch.meta.dp_size
-    ranks = batch.ranks().to_numpy()
-    bounds = np.searchsorted(ranks, np.arange(dp + 1), side="left")
+    bounds = rank_bounds(batch.ranks(), dp)
     manifest = batch.meta.replace()
 
     def fill(staged: Path) -> None:
         def write_rank(rank: int) -> tuple[str, int, int, Future[tuple[str, int | str]]]:
-            part = batch.rows(int(bounds[rank]), int(bounds[rank + 1] - bounds[rank]))
+            part = batch.rows(bounds[rank], bounds[rank + 1] - bounds[rank])
             name = writer.rank_file(rank)
             writer.write_parquet(part, staged / name)
             tokens = int(part.get_column(c.TOTAL_LENGTHS).sum())

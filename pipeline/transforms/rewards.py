@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
 from pipeline import columns as c
@@ -37,9 +36,9 @@ def normalized_rollout_rewards(rollouts: pl.DataFrame, use_std: bool) -> pl.Data
 
     `rollouts` lists each group's rollouts together, in order of first appearance; the
     group means and stds are torch's bits (transforms.torch_float)."""
-    sizes = rollouts.group_by(GROUP, maintain_order=True).len().get_column("len").to_numpy()
-    values = rollouts.get_column(ROLLOUT_REWARD).to_numpy()
-    mean, std = grouped_mean_std(values, sizes)
+    sizes = rollouts.group_by(GROUP, maintain_order=True).len().get_column("len")
+    mean, std = grouped_mean_std(rollouts.get_column(ROLLOUT_REWARD), sizes)
+    group = rollouts.select(pl.col(GROUP).rle_id()).to_series()
     r = pl.col(ROLLOUT_REWARD)
     n = pl.len().over(GROUP)
     centred = r - pl.col("_mean")
@@ -53,8 +52,8 @@ def normalized_rollout_rewards(rollouts: pl.DataFrame, use_std: bool) -> pl.Data
         .otherwise(centred)
     )
     return rollouts.with_columns(
-        pl.Series("_mean", np.repeat(mean, sizes), dtype=pl.Float32),
-        pl.Series("_std", np.repeat(std, sizes), dtype=pl.Float32),
+        mean.gather(group).alias("_mean"),
+        std.gather(group).alias("_std"),
     ).with_columns(
         value.alias(c.REWARDS),
         (equal & (pl.int_range(pl.len()).over(GROUP) == 0)).alias("_equal_group"),

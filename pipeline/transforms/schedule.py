@@ -11,31 +11,11 @@ from itertools import chain
 from typing import Any
 
 import numpy as np
+import polars as pl
 
 from pipeline.errors import step_error
+from pipeline.transforms.layout import Layout
 from pipeline.transforms.packing import first_fit_decreasing, karmarkar_karp, split_bins
-
-# `Layout.train_step` of a row the trainer never trains (null `train_step` in shards).
-UNTRAINED = -1
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where every kept row goes, in write order (rank 0's rows as it trains them, ...)."""
-
-    order: np.ndarray  # int64 row positions of kept rows, in write order
-    rank: np.ndarray  # int32, per entry of `order`
-    train_step: np.ndarray  # int32, per entry of `order`; UNTRAINED for a row never trained
-    micro_batch: np.ndarray | None  # int32, within rank and train step; None without schedule
-    dropped: np.ndarray  # int64 positions of rows dropped with trailing rollouts
-    num_rollouts: list[int]  # per train step
-    num_microbatches: list[int] | None  # per train step and rank; None without schedule
-    steps_per_rank: list[int]  # optimizer steps each rank runs
-
-    @property
-    def untrained(self) -> np.ndarray:
-        """Entries of `order` the trainer never trains."""
-        return np.flatnonzero(self.train_step == UNTRAINED)
 
 
 @dataclass(frozen=True)
@@ -257,11 +237,13 @@ def rollout_schedule(rollout_keys: np.ndarray, lengths: np.ndarray, settings: An
         np.arange(len(steps), dtype=np.int32), [len(part.rows) for part in steps]
     )
     return Layout(
-        order=np.concatenate([part.rows for part in steps])[rank_major],
-        rank=rank[rank_major],
-        train_step=train_step[rank_major],
-        micro_batch=np.concatenate([part.micro_batch for part in steps])[rank_major],
-        dropped=np.sort(rollouts.rows[rollouts.starts[first_rollout] :]),
+        order=pl.Series("order", np.concatenate([part.rows for part in steps])[rank_major]),
+        rank=pl.Series("rank", rank[rank_major]),
+        train_step=pl.Series("train_step", train_step[rank_major]),
+        micro_batch=pl.Series(
+            "micro_batch", np.concatenate([part.micro_batch for part in steps])[rank_major]
+        ),
+        dropped=pl.Series("dropped", np.sort(rollouts.rows[rollouts.starts[first_rollout] :])),
         num_rollouts=num_rollouts,
         num_microbatches=[part.per_rank for part in steps],
         steps_per_rank=[len(steps)] * plan.dp_size,

@@ -1,66 +1,83 @@
-"""Where each row trains: train step and data-parallel rank (SEMANTICS sections 6 and 7)."""
+"""Where each row trains: train step and data-parallel rank (SEMANTICS sections 6 and 7).
+
+Polars only: numpy is imported with the rollout-side schedule or balance_data, which need it.
+"""
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
 from pipeline import columns as c
 from pipeline.settings import Settings
-from pipeline.transforms.schedule import (
-    UNTRAINED,
-    Layout,
-    balanced_rank_partitions,
-    rollout_schedule,
-)
+from pipeline.transforms.layout import UNTRAINED, Layout
 
 
-def rank_train_steps(parts: list[np.ndarray], local_batch: int) -> tuple[np.ndarray, list[int]]:
-    """SEMANTICS 6.1: local row j of a rank trains in step j // local_batch, for the rank's
-    whole steps only; the rest get UNTRAINED. Also each rank's number of whole steps."""
-    steps = [len(part) // local_batch for part in parts]
-    local = [np.arange(len(part), dtype=np.int64) for part in parts]
-    train_step = [
-        np.where(j < n * local_batch, j // local_batch, UNTRAINED).astype(np.int32)
-        for j, n in zip(local, steps, strict=True)
-    ]
-    return (np.concatenate(train_step) if parts else np.zeros(0, np.int32)), steps
-
-
-def plain_layout(keys: np.ndarray, lengths: np.ndarray, settings: Settings) -> Layout:
+def plain_layout(keys: pl.Series, lengths: pl.Series, settings: Settings) -> Layout:
     """Strided (or balanced) ranks; the trainer steps through each rank's rows in chunks of
     global_batch_size // dp_size (SEMANTICS 6.1), whatever their batch positions."""
     n = len(keys)
-    positions = np.arange(n, dtype=np.int64)
     dp = settings.dp_size
+    local_batch = settings.global_batch_size // dp
     if settings.balance_data:
-        parts = balanced_rank_partitions(lengths, dp)
+        from pipeline.transforms.schedule import balanced_rank_partitions  # numpy
+
+        parts = balanced_rank_partitions(lengths.to_numpy(), dp)
+        written = pl.DataFrame(
+            {
+                "order": pl.concat([pl.Series(part, dtype=pl.Int64) for part in parts]),
+                "rank": pl.concat(
+                    [
+                        pl.repeat(r, len(part), dtype=pl.Int32, eager=True)
+                        for r, part in enumerate(parts)
+                    ]
+                ),
+            }
+        )
     else:
-        parts = [positions[r::dp] for r in range(dp)]
-    order = np.concatenate(parts).astype(np.int64) if n else positions
-    rank = (
-        np.concatenate([np.full(len(p), r, dtype=np.int32) for r, p in enumerate(parts)])
-        if n
-        else np.zeros(0, np.int32)
+        # rank r takes rows r, r + dp, ...: positions sorted by (position mod dp), stably
+        written = (
+            pl.select(order=pl.int_range(n, dtype=pl.Int64))
+            .with_columns(rank=(pl.col("order") % dp).cast(pl.Int32))
+            .sort("rank", maintain_order=True)
+        )
+    order, rank = written.get_column("order"), written.get_column("rank")
+    sizes = [0] * dp
+    counts = rank.value_counts()
+    ranks, rank_sizes = counts.get_column("rank").to_list(), counts.get_column("count").to_list()
+    for r, size in zip(ranks, rank_sizes, strict=True):
+        sizes[r] = size
+    steps_per_rank = [size // local_batch for size in sizes]
+    local = pl.int_range(pl.len(), dtype=pl.Int64).over("rank")
+    whole = pl.len().over("rank") // local_batch * local_batch
+    trained = written.with_columns(
+        pl.when(local < whole)
+        .then(local // local_batch)
+        .otherwise(UNTRAINED)
+        .cast(pl.Int32)
+        .alias("train_step"),
+        keys.gather(order).alias("key"),
     )
-    train_step, steps_per_rank = rank_train_steps(parts, settings.global_batch_size // dp)
-    steps = max(steps_per_rank, default=0)
-    trained = train_step != UNTRAINED
-    # distinct rollouts per train step (a hash count: np.unique over pairs sorts them)
+    train_step = trained.get_column("train_step")
+    # distinct rollouts per train step (a hash count)
     per_step = (
-        pl.DataFrame({"step": train_step[trained], "key": keys[order][trained]})
-        .group_by("step")
+        trained.filter(pl.col("train_step") != UNTRAINED)
+        .group_by("train_step")
         .agg(pl.col("key").n_unique())
     )
-    num_rollouts = np.zeros(steps, dtype=np.int64)
-    num_rollouts[per_step.get_column("step").to_numpy()] = per_step.get_column("key").to_numpy()
+    num_rollouts = [0] * max(steps_per_rank, default=0)
+    for step, count in zip(
+        per_step.get_column("train_step").to_list(),
+        per_step.get_column("key").to_list(),
+        strict=True,
+    ):
+        num_rollouts[step] = count
     return Layout(
         order=order,
         rank=rank,
         train_step=train_step,
         micro_batch=None,
-        dropped=np.zeros(0, dtype=np.int64),
-        num_rollouts=num_rollouts.tolist(),
+        dropped=pl.Series("dropped", [], dtype=pl.Int64),
+        num_rollouts=num_rollouts,
         num_microbatches=None,
         steps_per_rank=steps_per_rank,
     )
@@ -68,8 +85,10 @@ def plain_layout(keys: np.ndarray, lengths: np.ndarray, settings: Settings) -> L
 
 def batch_layout(light: pl.DataFrame, settings: Settings) -> Layout:
     """The rollout-side schedule when cp_size is set and there are enough rollouts, else plain."""
-    keys = light.get_column(c.ROLLOUT_IDS).to_numpy()
-    lengths = light.get_column(c.TOTAL_LENGTHS).to_numpy().astype(np.int64)
-    if settings.uses_schedule and len(np.unique(keys)) >= settings.global_batch_size:
-        return rollout_schedule(keys, lengths, settings)
+    keys = light.get_column(c.ROLLOUT_IDS)
+    lengths = light.get_column(c.TOTAL_LENGTHS).cast(pl.Int64)
+    if settings.uses_schedule and keys.n_unique() >= settings.global_batch_size:
+        from pipeline.transforms.schedule import rollout_schedule  # numpy
+
+        return rollout_schedule(keys.to_numpy(), lengths.to_numpy(), settings)
     return plain_layout(keys, lengths, settings)

@@ -6,24 +6,29 @@ four accumulators (aten/src/ATen/native/cpu/SumKernel.cpp, cascade_sum), then a 
 tail, then the lanes in order. Reproducing that order gives the trainer's exact bits,
 so a payload built here compares bitwise with miles' own.
 
-Every function works on a matrix of groups of one size (one row per group), so the
-Python loops run over positions within a group, never over groups or rows. Not
-modelled: torch splits a sum of 32768 values or more across threads.
+Every function works on groups of one size laid out group after group (a matrix with
+one row per group, as a flat Polars Series): each term of torch's order of additions
+is one float32 Series operation over all the groups at once, so the Python loops run
+over positions within a group, never over groups or rows. Not modelled: torch splits a
+sum of 32768 values or more across threads.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import polars as pl
 
 VECTOR_WIDTH = 8
 LEVELS = 4
+# Groups of this many values or more sum their squared deviations with one cumulative sum
+# per group; shorter ones term by term across the groups.
+SCAN_FROM = 128
 
 
 def _ceil_log2(x: int) -> int:
     return 1 if x <= 2 else (x - 1).bit_length()
 
 
-def _multi_row_sum(rows: list[list[np.ndarray]], zero: np.ndarray) -> list[np.ndarray]:
+def _multi_row_sum(rows: list[list[pl.Series]], zero: pl.Series) -> list[pl.Series]:
     """aten's multi_row_sum with 4 columns: a 4-level cascade of 4 accumulators."""
     size = len(rows)
     level_power = max(4, _ceil_log2(size) // LEVELS)
@@ -48,7 +53,7 @@ def _multi_row_sum(rows: list[list[np.ndarray]], zero: np.ndarray) -> list[np.nd
     return acc[0]
 
 
-def _row_sum(items: list[np.ndarray], zero: np.ndarray) -> np.ndarray:
+def _row_sum(items: list[pl.Series], zero: pl.Series) -> pl.Series:
     """aten's row_sum: items in rows of 4 into multi_row_sum, leftovers to the first sum."""
     size_ilp = len(items) // 4
     partial = _multi_row_sum([items[4 * i : 4 * i + 4] for i in range(size_ilp)], zero)
@@ -59,50 +64,82 @@ def _row_sum(items: list[np.ndarray], zero: np.ndarray) -> np.ndarray:
     return partial[0]
 
 
-def torch_sums(x: np.ndarray) -> np.ndarray:
-    """Row sums of a float32 matrix [groups, n], each as torch's `tensor.sum()`."""
-    groups, n = x.shape
-    zero = np.zeros(groups, dtype=np.float32)
+def _range(n: int) -> pl.Series:
+    return pl.int_range(n, dtype=pl.Int64, eager=True)
+
+
+def torch_sums(x: pl.Series, n: int) -> pl.Series:
+    """Sums of the float32 groups of `n` values in `x` (group after group), each as
+    torch's `tensor.sum()`."""
+    groups = len(x) // n
+    starts = _range(groups) * n
+    zero = pl.zeros(groups, pl.Float32, eager=True)
     if n < VECTOR_WIDTH:
-        total = _row_sum([x[:, j] for j in range(n)], zero)
+        total = _row_sum([x.gather(starts + j) for j in range(n)], zero)
     else:
+        # item v: the 8-wide vector of values 8v .. 8v + 7 of every group, group by group;
+        # gathered at once, item after item, and sliced (a slice copies nothing)
         vectors = n // VECTOR_WIDTH
-        items = [x[:, v * VECTOR_WIDTH : (v + 1) * VECTOR_WIDTH] for v in range(vectors)]
-        lanes = _row_sum(items, np.zeros((groups, VECTOR_WIDTH), dtype=np.float32))
+        width = groups * VECTOR_WIDTH
+        entry = _range(vectors * width)
+        item, within = entry // width, entry % width
+        by_item = x.gather(within // VECTOR_WIDTH * n + item * VECTOR_WIDTH + within % VECTOR_WIDTH)
+        items = [by_item.slice(v * width, width) for v in range(vectors)]
+        lanes = _row_sum(items, pl.zeros(groups * VECTOR_WIDTH, pl.Float32, eager=True))
         total = zero
         for j in range(vectors * VECTOR_WIDTH, n):
-            total = total + x[:, j]
+            total = total + x.gather(starts + j)
         for lane in range(VECTOR_WIDTH):
-            total = total + lanes[:, lane]
-    result: np.ndarray = zero + total
-    return result
+            total = total + lanes.gather(_range(groups) * VECTOR_WIDTH + lane)
+    return zero + total
 
 
-def torch_mean_std(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row `tensor.mean()` and `tensor.std()` (Bessel) of a float32 matrix.
+def torch_mean_std(x: pl.Series, n: int) -> tuple[pl.Series, pl.Series]:
+    """Per group of `n` values of the float32 `x`, `tensor.mean()` and `tensor.std()` (Bessel).
 
     The mean is the float32 sum divided by n in float32; the std accumulates squared
     deviations from that mean in float64, in order, and rounds the root to float32.
     """
-    n = x.shape[1]
-    mean = (torch_sums(x) / np.float32(n)).astype(np.float32)
-    deviations = x.astype(np.float64) - mean.astype(np.float64)[:, None]
-    squares = np.cumsum(deviations * deviations, axis=1)[:, -1]  # sequential, as torch
-    std = (
-        np.sqrt(squares / max(n - 1, 1)).astype(np.float32)
-        if n > 1
-        else np.full(len(x), np.nan, dtype=np.float32)
-    )
-    return mean, std
+    groups = len(x) // n
+    # Polars divides by a scalar as a multiplication by its reciprocal (other bits):
+    # every division here is by a Series of the divisor
+    mean = torch_sums(x, n) / pl.repeat(n, groups, dtype=pl.Float32, eager=True)
+    if n == 1:
+        return mean, pl.repeat(float("nan"), groups, dtype=pl.Float32, eager=True)
+    if n < SCAN_FROM:  # in order, term after term, over all groups at once
+        starts = _range(groups) * n
+        mean64 = mean.cast(pl.Float64)
+        squares = pl.zeros(groups, pl.Float64, eager=True)
+        for j in range(n):
+            deviation = x.gather(starts + j).cast(pl.Float64) - mean64
+            squares = squares + deviation * deviation
+    else:  # long groups: a cumulative sum per group, sequential, as torch
+        group = _range(groups * n) // n
+        deviations = x.cast(pl.Float64) - mean.cast(pl.Float64).gather(group)
+        squares = (
+            pl.DataFrame({"group": group, "square": deviations * deviations})
+            .select(pl.col("square").cum_sum().over("group"))
+            .to_series()
+            .gather(_range(groups) * n + (n - 1))
+        )
+    variance = squares / pl.repeat(n - 1, groups, dtype=pl.Float64, eager=True)
+    return mean, variance.sqrt().cast(pl.Float32)
 
 
-def grouped_mean_std(values: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and std per group of a float32 vector laid out group after group."""
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    mean = np.empty(len(sizes), dtype=np.float32)
-    std = np.empty(len(sizes), dtype=np.float32)
-    for n in np.unique(sizes):
-        which = np.flatnonzero(sizes == n)
-        matrix = values[starts[which][:, None] + np.arange(n)]
-        mean[which], std[which] = torch_mean_std(matrix)
-    return mean, std
+def grouped_mean_std(values: pl.Series, sizes: pl.Series) -> tuple[pl.Series, pl.Series]:
+    """Mean and std per group of a float32 Series laid out group after group, the groups'
+    sizes in order (float32 Series, one value per group)."""
+    sizes = sizes.cast(pl.Int64)
+    groups = pl.DataFrame({"n": sizes, "start": sizes.cum_sum() - sizes}).with_row_index("group")
+    parts = []
+    for n in sorted(sizes.unique().to_list()):
+        chosen = groups.filter(pl.col("n") == n)
+        positions = _range(chosen.height * n)
+        rows = chosen.get_column("start").gather(positions // n) + positions % n
+        mean, std = torch_mean_std(values.gather(rows), n)
+        parts.append(chosen.select("group").with_columns(mean=mean, std=std))
+    if not parts:
+        empty = pl.Series([], dtype=pl.Float32)
+        return empty, empty
+    result = pl.concat(parts).sort("group")
+    return result.get_column("mean"), result.get_column("std")

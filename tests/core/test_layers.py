@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pipeline.sample_data import write_sample_data
 from tests.conftest import sample, write_step
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,9 +102,9 @@ def _printed_lines(script: str) -> list[str]:
     return result.stdout.splitlines()
 
 
-def test_numpy_loads_only_once_a_step_is_read() -> None:
-    """The CLI and the Pipes worker leave numpy and the plan to `importing_the_plan`, which
-    imports them on a thread while Polars reads the step (0.05-0.1 s off every build)."""
+def test_the_plan_loads_only_once_a_step_is_read() -> None:
+    """The CLI and the Pipes worker leave the plan to `importing_the_plan`, which imports
+    it on a thread while Polars reads the step; numpy is not among its imports."""
     script = (
         "import sys\n"
         "import pipeline.cli, pipeline.step.build, pipeline.step.stages\n"
@@ -117,7 +118,24 @@ def test_numpy_loads_only_once_a_step_is_read() -> None:
     )
     before, after = _printed_lines(script)
     assert before == "[]"
-    assert after == "['numpy', 'pipeline.step.plan', 'pipeline.step.write']"
+    assert after == "['pipeline.step.plan', 'pipeline.step.write']"
+
+
+def test_a_build_without_the_rollout_side_schedule_never_loads_numpy(tmp_path: Path) -> None:
+    """Strided ranks and reward normalization plan with Polars alone (0.1 cpu-s of numpy's
+    import off every build); the rollout-side schedule (cp_size) loads numpy."""
+    write_sample_data(tmp_path / "in")
+    script = (
+        "import sys\n"
+        "from pipeline.cli import main\n"
+        f"args = ['build', {str(tmp_path / 'in')!r}, '--global-batch-size', '4',"
+        " '--dp-size', '2']\n"
+        f"print(main([*args, '--out', {str(tmp_path / 'plain')!r}]), 'numpy' in sys.modules)\n"
+        f"print(main([*args, '--out', {str(tmp_path / 'scheduled')!r}, '--cp-size', '1',"
+        " '--use-dynamic-batch-size', '--max-tokens-per-gpu', '100000']), 'numpy' in sys.modules)\n"
+    )
+    printed = [line for line in _printed_lines(script) if line.startswith("0 ")]
+    assert printed == ["0 False", "0 True"]
 
 
 def test_a_large_steps_imports_wait_for_a_free_core(tmp_path: Path) -> None:
@@ -134,9 +152,9 @@ def test_a_large_steps_imports_wait_for_a_free_core(tmp_path: Path) -> None:
         "from pipeline.step.ingest import importing_the_plan\n"
         f"with importing_the_plan([SourceFile(Path({str(big)!r}), 1)]):\n"
         "    time.sleep(0.3)\n"
-        "    print('numpy' in sys.modules)\n"
+        "    print('pipeline.step.write' in sys.modules)\n"
         "    readers.core_free.set()\n"
-        "print('numpy' in sys.modules)\n"
+        "print('pipeline.step.write' in sys.modules)\n"
     )
     assert _printed_lines(script) == ["False", "True"]
 

@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import StepError
+from pipeline.transforms.layout import Layout
 from pipeline.transforms.packing import first_fit_decreasing, karmarkar_karp, split_bins
-from pipeline.transforms.schedule import Layout, balanced_rank_partitions, rollout_schedule
+from pipeline.transforms.schedule import balanced_rank_partitions, rollout_schedule
 
 
 @dataclass(frozen=True)
@@ -42,15 +43,44 @@ def dynamic(global_batch_size: int, max_tokens_per_gpu: int, **other: Any) -> Se
     )
 
 
-def schedule(keys: Sequence[int], lengths: Sequence[int], s: Settings) -> Layout:
-    return rollout_schedule(np.array(keys, dtype=np.int64), np.array(lengths, dtype=np.int64), s)
+@dataclass(frozen=True)
+class ArrayLayout:
+    """A Layout's columns as numpy arrays, for the assertions below."""
+
+    order: np.ndarray
+    rank: np.ndarray
+    train_step: np.ndarray
+    micro_batch: np.ndarray | None
+    dropped: np.ndarray
+    num_rollouts: list[int]
+    num_microbatches: list[int] | None
+    steps_per_rank: list[int]
 
 
-def rank_rows(layout: Layout, dp_size: int) -> list[list[int]]:
+def as_arrays(layout: Layout) -> ArrayLayout:
+    micro_batch = layout.micro_batch.to_numpy() if layout.micro_batch is not None else None
+    return ArrayLayout(
+        order=layout.order.to_numpy(),
+        rank=layout.rank.to_numpy(),
+        train_step=layout.train_step.to_numpy(),
+        micro_batch=micro_batch,
+        dropped=layout.dropped.to_numpy(),
+        num_rollouts=layout.num_rollouts,
+        num_microbatches=layout.num_microbatches,
+        steps_per_rank=layout.steps_per_rank,
+    )
+
+
+def schedule(keys: Sequence[int], lengths: Sequence[int], s: Settings) -> ArrayLayout:
+    keys_array, lengths_array = np.array(keys, dtype=np.int64), np.array(lengths, dtype=np.int64)
+    return as_arrays(rollout_schedule(keys_array, lengths_array, s))
+
+
+def rank_rows(layout: ArrayLayout, dp_size: int) -> list[list[int]]:
     return [layout.order[layout.rank == r].tolist() for r in range(dp_size)]
 
 
-def rank_column(layout: Layout, column: np.ndarray, dp_size: int) -> list[list[int]]:
+def rank_column(layout: ArrayLayout, column: np.ndarray, dp_size: int) -> list[list[int]]:
     return [column[layout.rank == r].tolist() for r in range(dp_size)]
 
 
@@ -353,7 +383,7 @@ def reference_schedule(keys: list[int], lengths: list[int], s: Settings) -> Refe
     return Reference(ranks, dropped, counts, micro_batch_counts)
 
 
-def layout_as_reference(layout: Layout, dp_size: int) -> Reference:
+def layout_as_reference(layout: ArrayLayout, dp_size: int) -> Reference:
     assert layout.micro_batch is not None and layout.num_microbatches is not None
     entries = zip(
         layout.rank.tolist(),
@@ -368,7 +398,7 @@ def layout_as_reference(layout: Layout, dp_size: int) -> Reference:
     return Reference(ranks, layout.dropped.tolist(), layout.num_rollouts, layout.num_microbatches)
 
 
-def check_layout(layout: Layout, keys: list[int], lengths: list[int], s: Settings) -> None:
+def check_layout(layout: ArrayLayout, keys: list[int], lengths: list[int], s: Settings) -> None:
     """The properties of issue 4, read off the layout alone."""
     assert layout.micro_batch is not None and layout.num_microbatches is not None
     n = len(keys)
