@@ -339,13 +339,22 @@ def _read_jsonl(path: Path, step: int | None) -> pl.DataFrame:
         raise _unreadable(path, step, f"not valid JSON Lines: {first_line(exc)}") from None
 
 
-def _read_parquet(path: Path) -> pl.DataFrame:
-    """A Parquet file, its list columns each decoded on a thread of its own.
+# A Parquet file smaller than this is read plainly: below it, four reads (each parsing the
+# footer) on a pool cost more than the second core saves. 64 samples (0.56 MB): 7-9 ms
+# plain against 13-24 ms split; 512 (3.6 MB) 23-31 against 25-51 ms; 1024 (6.1 MB) 35-52
+# against 40 ms; 8192 (38 MB) split is faster (docs/performance.md).
+SPLIT_READ_BYTES = 4 << 20
+
+
+def _read_parquet(path: Path, size: int) -> pl.DataFrame:
+    """A Parquet file of `size` bytes, its list columns each decoded on a thread of its own.
 
     Polars decodes a row group's columns one after another, and writers such as pyarrow
     put a whole step in one row group, so a plain read keeps one core busy; the list
     columns hold nearly all the bytes. Any failure falls back to a plain read, whose error
     is the one to report."""
+    if size < SPLIT_READ_BYTES:
+        return pl.read_parquet(path)
     try:
         schema = pl.read_parquet_schema(path)
         lists = [name for name, dtype in schema.items() if isinstance(dtype, pl.List)]
@@ -382,7 +391,7 @@ def read_table(path: Path, step: int | None = None) -> pl.DataFrame:
         raise _unreadable(path, step, "the file is empty")
     try:
         if kind == "parquet":
-            return _read_parquet(path)
+            return _read_parquet(path, size)
         if kind == "ipc":
             return pl.read_ipc(path)
         return _read_jsonl(path, step)

@@ -19,9 +19,6 @@ import polars as pl
 
 VECTOR_WIDTH = 8
 LEVELS = 4
-# Groups of this many values or more sum their squared deviations with one cumulative sum
-# per group; shorter ones term by term across the groups.
-SCAN_FROM = 128
 
 
 def _ceil_log2(x: int) -> int:
@@ -106,22 +103,16 @@ def torch_mean_std(x: pl.Series, n: int) -> tuple[pl.Series, pl.Series]:
     mean = torch_sums(x, n) / pl.repeat(n, groups, dtype=pl.Float32, eager=True)
     if n == 1:
         return mean, pl.repeat(float("nan"), groups, dtype=pl.Float32, eager=True)
-    if n < SCAN_FROM:  # in order, term after term, over all groups at once
-        starts = _range(groups) * n
-        mean64 = mean.cast(pl.Float64)
-        squares = pl.zeros(groups, pl.Float64, eager=True)
-        for j in range(n):
-            deviation = x.gather(starts + j).cast(pl.Float64) - mean64
-            squares = squares + deviation * deviation
-    else:  # long groups: a cumulative sum per group, sequential, as torch
-        group = _range(groups * n) // n
-        deviations = x.cast(pl.Float64) - mean.cast(pl.Float64).gather(group)
-        squares = (
-            pl.DataFrame({"group": group, "square": deviations * deviations})
-            .select(pl.col("square").cum_sum().over("group"))
-            .to_series()
-            .gather(_range(groups) * n + (n - 1))
-        )
+    # the squared deviations from the float32 mean, in float64, summed in order per group
+    group = _range(groups * n) // n
+    deviations = x.cast(pl.Float64) - mean.cast(pl.Float64).gather(group)
+    squares = (
+        (deviations * deviations)
+        .reshape((groups, n))
+        .cast(pl.List(pl.Float64))
+        .list.eval(pl.element().cum_sum().last())  # a cumulative sum is sequential
+        .list.first()
+    )
     variance = squares / pl.repeat(n - 1, groups, dtype=pl.Float64, eager=True)
     return mean, variance.sqrt().cast(pl.Float32)
 
