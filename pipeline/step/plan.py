@@ -15,7 +15,7 @@ from pipeline.manifest import Counts, InputFile, Manifest
 from pipeline.settings import Settings
 from pipeline.step.ingest import SampleTable
 from pipeline.transforms import samples as s
-from pipeline.transforms.layout import UNTRAINED, Layout, rank_bounds
+from pipeline.transforms.layout import UNTRAINED, Layout, rank_sizes, rows_within_ranks
 from pipeline.transforms.metrics import layout_metrics, rollout_metrics
 from pipeline.transforms.rewards import with_rewards
 from pipeline.transforms.shard_columns import (
@@ -120,9 +120,9 @@ def _rank_rows(
 ) -> RankRows:
     """The scalar shard columns in write order. The list columns are left in batch order,
     to be gathered once, rank by rank, as they are written."""
-    train_step = pl.Series(c.TRAIN_STEP, layout.train_step, dtype=pl.Int32)
+    train_step = layout.train_step.alias(c.TRAIN_STEP)
     micro_batch = (
-        pl.Series(c.MICRO_BATCH, layout.micro_batch, dtype=pl.Int32)
+        layout.micro_batch.alias(c.MICRO_BATCH)
         if layout.micro_batch is not None
         else pl.repeat(None, len(layout.order), dtype=pl.Int32, eager=True).alias(c.MICRO_BATCH)
     )
@@ -139,7 +139,7 @@ def _rank_rows(
     )[layout.order].with_columns(
         pl.when(train_step != UNTRAINED).then(train_step).alias(c.TRAIN_STEP),
         micro_batch,
-        pl.Series(c.RANK, layout.rank, dtype=pl.Int32),
+        layout.rank.alias(c.RANK),
         pl.lit(step, dtype=pl.Int64).alias(c.STEP),
     )
     needed = [c.TOKENS, c.LOSS_MASK, c.RESPONSE_LENGTH, c.REMOVE_SAMPLE, *optional]
@@ -189,17 +189,11 @@ def _refuse_what_cannot_train(
     return the ranks holding rows it never trains."""
     ranks = layout.rank.gather(layout.untrained).unique().sort().to_list()
     local = settings.global_batch_size // settings.dp_size
-    bounds = rank_bounds(layout.rank, settings.dp_size)
-    sizes = [end - start for start, end in zip(bounds, bounds[1:], strict=False)]
+    sizes = rank_sizes(layout.rank, settings.dp_size)
     if len(set(layout.steps_per_rank)) > 1:
         # the rows past the fewest steps any rank runs: where the ranks part ways
-        local_row = pl.int_range(pl.len(), dtype=pl.Int64).over("rank")
-        excess = (
-            pl.DataFrame({"rank": layout.rank})
-            .select(local_row >= min(layout.steps_per_rank) * local)
-            .to_series()
-            .arg_true()
-        )
+        local_row = rows_within_ranks(layout.rank, settings.dp_size)
+        excess = (local_row >= min(layout.steps_per_rank) * local).arg_true()
         excess_ranks = layout.rank.gather(excess).unique().sort().to_list()
         violation = _rows_named(light, layout.order.gather(excess))
         violation.rule = "ranks_run_different_steps"

@@ -39,3 +39,16 @@ def rank_bounds(rank: pl.Series, dp_size: int) -> list[int]:
     ranks = pl.Series(range(dp_size + 1), dtype=rank.dtype)
     bounds: list[int] = rank.search_sorted(ranks, side="left").to_list()
     return bounds
+
+
+def rank_sizes(rank: pl.Series, dp_size: int) -> list[int]:
+    """How many entries each rank has, in a rank column in write order."""
+    bounds = rank_bounds(rank, dp_size)
+    return [end - start for start, end in zip(bounds, bounds[1:], strict=False)]
+
+
+def rows_within_ranks(rank: pl.Series, dp_size: int) -> pl.Series:
+    """Each entry's place among its rank's entries (0, 1, ... in each rank), for a rank
+    column in write order."""
+    starts = pl.Series(rank_bounds(rank, dp_size)[:-1], dtype=pl.Int64)
+    return pl.int_range(len(rank), dtype=pl.Int64, eager=True) - starts.gather(rank)

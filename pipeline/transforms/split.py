@@ -9,7 +9,7 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.settings import Settings
-from pipeline.transforms.layout import UNTRAINED, Layout
+from pipeline.transforms.layout import UNTRAINED, Layout, rank_sizes, rows_within_ranks
 
 
 def plain_layout(keys: pl.Series, lengths: pl.Series, settings: Settings) -> Layout:
@@ -41,17 +41,12 @@ def plain_layout(keys: pl.Series, lengths: pl.Series, settings: Settings) -> Lay
             .sort("rank", maintain_order=True)
         )
     order, rank = written.get_column("order"), written.get_column("rank")
-    sizes = [0] * dp
-    counts = rank.value_counts()
-    ranks, rank_sizes = counts.get_column("rank").to_list(), counts.get_column("count").to_list()
-    for r, size in zip(ranks, rank_sizes, strict=True):
-        sizes[r] = size
-    steps_per_rank = [size // local_batch for size in sizes]
-    local = pl.int_range(pl.len(), dtype=pl.Int64).over("rank")
-    whole = pl.len().over("rank") // local_batch * local_batch
+    steps_per_rank = [size // local_batch for size in rank_sizes(rank, dp)]
+    local = rows_within_ranks(rank, dp)
+    whole = pl.Series(steps_per_rank, dtype=pl.Int64).gather(rank) * local_batch
     trained = written.with_columns(
-        pl.when(local < whole)
-        .then(local // local_batch)
+        pl.when(pl.lit(local < whole))
+        .then(pl.lit(local // local_batch))
         .otherwise(UNTRAINED)
         .cast(pl.Int32)
         .alias("train_step"),

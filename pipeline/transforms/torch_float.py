@@ -86,8 +86,9 @@ def torch_sums(x: pl.Series, n: int) -> pl.Series:
         total = zero
         for j in range(vectors * VECTOR_WIDTH, n):
             total = total + x.gather(starts + j)
+        first_lane = _range(groups) * VECTOR_WIDTH
         for lane in range(VECTOR_WIDTH):
-            total = total + lanes.gather(_range(groups) * VECTOR_WIDTH + lane)
+            total = total + lanes.gather(first_lane + lane)
     return zero + total
 
 
@@ -118,8 +119,8 @@ def torch_mean_std(x: pl.Series, n: int) -> tuple[pl.Series, pl.Series]:
 
 
 def grouped_mean_std(values: pl.Series, sizes: pl.Series) -> tuple[pl.Series, pl.Series]:
-    """Mean and std per group of a float32 Series laid out group after group, the groups'
-    sizes in order (float32 Series, one value per group)."""
+    """Mean and std (float32, one value per group) of a float32 Series laid out group after
+    group, given the groups' sizes in order."""
     sizes = sizes.cast(pl.Int64)
     groups = pl.DataFrame({"n": sizes, "start": sizes.cum_sum() - sizes}).with_row_index("group")
     parts = []
