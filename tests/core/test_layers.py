@@ -182,15 +182,44 @@ def test_importing_the_package_shortens_polars_allocator_decay() -> None:
     Polars' own when Polars was loaded before the package."""
     import os
 
-    from pipeline import ALLOCATOR_DECAY, ALLOCATOR_ENV
+    from pipeline import ALLOCATOR_CONF, ALLOCATOR_ENV
 
     env = {k: v for k, v in os.environ.items() if k != ALLOCATOR_ENV}
     polars_own = "dirty_decay_ms:500,muzzy_decay_ms:1000"
-    assert _allocator_conf("import pipeline.commands", env) == f"{polars_own},{ALLOCATOR_DECAY}"
-    assert ALLOCATOR_DECAY == "dirty_decay_ms:300,muzzy_decay_ms:0"
+    assert _allocator_conf("import pipeline.commands", env) == f"{polars_own},{ALLOCATOR_CONF}"
+    assert ALLOCATOR_CONF == "dirty_decay_ms:300,muzzy_decay_ms:0,narenas:1,oversize_threshold:0"
     user = {**env, ALLOCATOR_ENV: "dirty_decay_ms:2000"}
     assert _allocator_conf("import pipeline.commands", user) == f"{polars_own},dirty_decay_ms:2000"
     assert _allocator_conf("import polars, pipeline.commands", env) == polars_own
+
+
+def test_polars_allocator_takes_the_package_settings() -> None:
+    """jemalloc itself, asked to print its options at exit, reports the package's: one
+    arena for all threads and no separate arena for large allocations. A Polars that
+    stopped reading `_RJEM_MALLOC_CONF` would fail here, not only in the benchmark."""
+    import os
+
+    from pipeline import ALLOCATOR_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != ALLOCATOR_ENV}
+    script = (
+        "import pipeline, os\n"
+        "os.environ['_RJEM_MALLOC_CONF'] += ',stats_print:true,stats_print_opts:mdablxe'\n"
+        "import polars as pl\n"
+        "pl.Series(range(10)).sum()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, env=env
+    )
+    options = dict(
+        line.strip().split(": ", 1)
+        for line in result.stderr.splitlines()
+        if line.strip().startswith("opt.") and ": " in line
+    )
+    assert options["opt.narenas"] == "1"
+    assert options["opt.oversize_threshold"] == "0"
+    assert options["opt.dirty_decay_ms"].startswith("300")
+    assert options["opt.muzzy_decay_ms"].startswith("0")
 
 
 def _decay_for(folder: Path, env: dict[str, str]) -> str:
@@ -215,7 +244,7 @@ def test_a_large_input_has_polars_keep_freed_pages_longer(tmp_path: Path) -> Non
     freed pages 2 s instead of 0.3 s; a smaller one, or a user's own setting, is left."""
     import os
 
-    from pipeline import ALLOCATOR_DECAY, ALLOCATOR_ENV
+    from pipeline import ALLOCATOR_CONF, ALLOCATOR_ENV
     from pipeline.io.allocator import LARGE_INPUT_BYTES, LARGE_INPUT_DECAY
 
     env = {k: v for k, v in os.environ.items() if k != ALLOCATOR_ENV}
@@ -228,7 +257,7 @@ def test_a_large_input_has_polars_keep_freed_pages_longer(tmp_path: Path) -> Non
                 handle.truncate(size)
     # Polars composed its own setting with ours: it read ours when it loaded.
     assert _decay_for(large, env) == f"{polars_own},{LARGE_INPUT_DECAY}"
-    assert _decay_for(small, env) == f"{polars_own},{ALLOCATOR_DECAY}"
+    assert _decay_for(small, env) == f"{polars_own},{ALLOCATOR_CONF}"
     user = {**env, ALLOCATOR_ENV: "dirty_decay_ms:100"}
     assert _decay_for(large, user) == f"{polars_own},dirty_decay_ms:100"
 
