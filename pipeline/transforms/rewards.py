@@ -35,28 +35,54 @@ def normalized_rollout_rewards(rollouts: pl.DataFrame, use_std: bool) -> pl.Data
     """One float32 value per (group, rollout key): centred, optionally scaled by the std.
 
     `rollouts` lists each group's rollouts together, in order of first appearance; the
-    group means and stds are torch's bits (transforms.torch_float)."""
-    sizes = rollouts.group_by(GROUP, maintain_order=True).len().get_column("len")
-    mean, std = grouped_mean_std(rollouts.get_column(ROLLOUT_REWARD), sizes)
-    group = rollouts.select(pl.col(GROUP).rle_id()).to_series()
-    r = pl.col(ROLLOUT_REWARD)
-    n = pl.len().over(GROUP)
-    centred = r - pl.col("_mean")
+    group means and stds are torch's bits (transforms.torch_float). Groups being runs of
+    rows, each group's size, least and greatest reward are taken per run and gathered back
+    (no window over the groups: 32k rollouts in 8 ms instead of 11-16)."""
+    runs = rollouts.get_column(GROUP).rle().struct.field("len")
+    group = rollouts.get_column(GROUP).rle_id()
+    r = rollouts.get_column(ROLLOUT_REWARD)
+    mean, std = grouped_mean_std(r, runs)
+    extremes = (
+        pl.DataFrame({"_group": group, ROLLOUT_REWARD: r})
+        .group_by("_group", maintain_order=True)
+        .agg(pl.col(ROLLOUT_REWARD).min().alias("_min"), pl.col(ROLLOUT_REWARD).max().alias("_max"))
+    )
+    equal = (extremes.get_column("_min") == extremes.get_column("_max")).gather(group)
+    single = (runs == 1).gather(group)
+    first = group != group.shift(1, fill_value=-1)
+    r_ = pl.col(ROLLOUT_REWARD)
+    centred = r_ - pl.col("_mean")
     scaled = centred / (pl.col("_std") + pl.lit(EPS, dtype=pl.Float32))
-    equal = r.min().over(GROUP) == r.max().over(GROUP)
     value = (
-        pl.when(equal | (n == 1))
+        pl.when(pl.col("_equal") | pl.col("_single"))
         .then(pl.lit(0.0, dtype=pl.Float32))
         .when(pl.lit(use_std) & (pl.col("_std") > 0))
         .then(scaled)
         .otherwise(centred)
     )
-    return rollouts.with_columns(
-        mean.gather(group).alias("_mean"),
-        std.gather(group).alias("_std"),
-    ).with_columns(
-        value.alias(c.REWARDS),
-        (equal & (pl.int_range(pl.len()).over(GROUP) == 0)).alias("_equal_group"),
+    return (
+        rollouts.with_columns(
+            mean.gather(group).alias("_mean"),
+            std.gather(group).alias("_std"),
+            equal.alias("_equal"),
+            single.alias("_single"),
+        )
+        .with_columns(value.alias(c.REWARDS), (pl.col("_equal") & first).alias("_equal_group"))
+        .drop("_equal", "_single")
+    )
+
+
+def _one_row_per_rollout(grouped: pl.LazyFrame) -> bool:
+    """Whether every row is a rollout of its own (no two rows share a rollout key) and
+    each group's rows are together: then the rows, in order, are the rollouts as
+    `with_rewards` lists them (the common case: every non-compact step miles writes)."""
+    return bool(
+        grouped.select(
+            (pl.col(c.ROLLOUT_KEY).n_unique() == pl.len())
+            & (pl.col(GROUP).rle_id().max().fill_null(0) + 1 == pl.col(GROUP).n_unique())
+        )
+        .collect()
+        .item()
     )
 
 
@@ -65,15 +91,26 @@ def with_rewards(light: pl.LazyFrame, n_rows: int, settings: Settings) -> tuple[
     if not settings.normalizes_rewards:
         return light.with_columns(pl.col(c.REWARD_VALUE).alias(c.REWARDS)), 0
     grouped = light.with_columns(prompt_groups(light, n_rows, settings).alias(GROUP))
+    use_std = _uses_std(settings)
+    reward = pl.col(c.REWARD_VALUE).first().cast(pl.Float32).alias(ROLLOUT_REWARD)
+    if _one_row_per_rollout(grouped):
+        # the rows are the rollouts: no grouping by rollout, no join back (32k: 16 ms less)
+        rollouts = grouped.select(
+            GROUP, c.ROLLOUT_KEY, pl.col(c.REWARD_VALUE).cast(pl.Float32).alias(ROLLOUT_REWARD)
+        ).collect()
+        normalized = normalized_rollout_rewards(rollouts, use_std=use_std)
+        rewards = normalized.get_column(c.REWARDS).cast(pl.Float64)
+        equal_groups = int(normalized.get_column("_equal_group").sum())
+        return light.with_columns(rewards), equal_groups
     rollouts = (
         grouped.group_by(GROUP, c.ROLLOUT_KEY, maintain_order=True)
-        .agg(pl.col(c.REWARD_VALUE).first().cast(pl.Float32).alias(ROLLOUT_REWARD))
+        .agg(reward)
         # each group's rollouts together, groups in order of first appearance
         .with_row_index("_first")
         .sort(pl.col("_first").min().over(GROUP), maintain_order=True)
         .drop("_first")
         .collect()
-        .pipe(normalized_rollout_rewards, use_std=_uses_std(settings))
+        .pipe(normalized_rollout_rewards, use_std=use_std)
     )
     equal_groups = int(rollouts.get_column("_equal_group").sum())
     values = rollouts.lazy().select(GROUP, c.ROLLOUT_KEY, pl.col(c.REWARDS).cast(pl.Float64))

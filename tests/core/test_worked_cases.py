@@ -465,3 +465,43 @@ def test_seven_equal_rewards_are_zero_where_miles_gives_noise(rows_dir: Path) ->
     assert all(abs(v - 0.056) < 0.01 for v in miles)  # SEMANTICS 5.3: miles' noise
     write_step(rows_dir, [sample(i, reward=0.7, group_index=0) for i in range(7)])
     assert batch_column(rows_dir, c.REWARDS, global_batch_size=7) == [0.0] * 7
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rewards_match_torch_per_group_whichever_order_the_groups_come_in(
+    rows_dir: Path, interleaved: bool
+) -> None:
+    """Groups of sizes 1 to 9 with std normalization: each row gets its group's torch
+    result, its group's rewards summed in batch order. In group order every row is a
+    rollout of its own and each group's rows are together, which the plan takes without
+    grouping by rollout; interleaved, the rows are grouped first."""
+    import numpy as np
+    import polars as pl
+    import torch
+
+    from pipeline.columns import GROUP
+    from pipeline.transforms.rewards import _one_row_per_rollout
+
+    rng = np.random.default_rng(7)
+    groups = [g for g, size in enumerate([1, 2, 3, 5, 8, 9, 4, 7, 3]) for _ in range(size)]
+    groups[-3:] = [8, 8, 8]  # a group of equal rewards
+    rewards = [float(rng.integers(0, 9)) / 8.0 + 0.1 for _ in groups]
+    rewards[-3:] = [0.35] * 3
+    order = sorted(range(len(groups)), key=lambda i: (i % 3, i)) if interleaved else None
+    order = order or list(range(len(groups)))
+    write_step(
+        rows_dir, [sample(i, reward=rewards[k], group_index=groups[k]) for i, k in enumerate(order)]
+    )
+    got = batch_column(rows_dir, c.REWARDS, global_batch_size=1)
+    want: dict[int, float] = {}
+    for group in set(groups):
+        members = [k for k in order if groups[k] == group]  # in batch order
+        t = torch.tensor([rewards[k] for k in members], dtype=torch.float)
+        if len(members) == 1 or bool((t == t[0]).all()):
+            values = [0.0] * len(members)
+        else:
+            values = ((t - t.mean()) / (t.std() + 1e-6)).tolist()
+        want |= dict(zip(members, values, strict=True))
+    keys = pl.LazyFrame({GROUP: [groups[k] for k in order], c.ROLLOUT_KEY: order})
+    assert _one_row_per_rollout(keys) is not interleaved
+    assert [v.hex() for v in got] == [float(want[k]).hex() for k in order]
