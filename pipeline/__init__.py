@@ -1,24 +1,25 @@
 """rollout-shards: validated training shards from RL rollout sample tables.
 
-Importing the package sets how soon Polars' allocator (jemalloc) hands freed memory back
-to the system, unless the user set it or Polars is already loaded. Polars keeps freed pages
-for 0.5 s, then 1 s more as lazily freed pages that still count as resident
-(`dirty_decay_ms:500,muzzy_decay_ms:1000`, which it writes to `_RJEM_MALLOC_CONF` on import,
-appending that variable's value). A build frees the step's decoded pages and each gathered
-rank within a second of allocating them, so with those defaults a fast build's peak holds
-much of what it freed: 612-651 MiB at 32k samples against 523-526 MiB with 300 ms and no
-lazy stage, for the same wall and CPU time (15 rounds interleaved; 100 ms gave 508 MiB for
-2.5% more CPU, each rank's buffers faulted in again; docs/performance.md).
+Importing the package sets how Polars' allocator (jemalloc) reuses freed memory, unless the
+user set it or Polars is already loaded (`ALLOCATOR_CONF`, which Polars appends to its own
+`dirty_decay_ms:500,muzzy_decay_ms:1000` when it loads, so ours wins):
 
-All threads also share one arena, for every size (`narenas:1,oversize_threshold:0`). By
-default jemalloc gives each thread an arena of its own and serves every allocation over
-8 MiB from a separate arena that hands its pages back at once, so the buffers a rank
-gathers never reused what the read freed (the Parquet column chunks, 150 MiB at 32k) nor
-what the previous rank freed: each came as fresh pages, and every fresh page costs a
-fault and a zeroing, which this virtual machine pays dearly. Sharing, a 32k build faulted
-138k pages instead of 158k, took 0.975x the time (faster in 15 of 24 rounds) and peaked at
-451 MiB instead of 487; 8k 0.976x (13 of 20), 32k compact 0.977x (10 of 16)
-(docs/performance.md).
+- All threads share one arena, for every size (`narenas:1,oversize_threshold:0`). By
+  default each thread has an arena of its own, and every allocation over 8 MiB comes from a
+  separate arena that hands its pages back at once. A build's rank gathers then never
+  reused what the read freed (the Parquet column chunks, 150 MiB at 32k samples) nor the
+  previous rank's buffers: each was fresh pages, and every fresh page costs a fault and a
+  zeroing, which this virtual machine pays dearly.
+- Freed pages are kept 2 s (`dirty_decay_ms:2000`), then handed back without a lazy stage
+  (`muzzy_decay_ms:0`). At 32k the validation and the plan take 0.1-0.25 s between the read
+  and the first gathers: with 300 ms most of what the read freed had been handed back by
+  then, and the first two ranks' gathers faulted 14k pages each and took 36-37 ms, against
+  30 faults and 16-17 ms.
+
+Against 300 ms without sharing, a 32k build took 0.975x the time with sharing (faster in 15
+of 24 rounds, 487 -> 451 MiB) and 0.977x again with 2 s (12 of 16, 134k -> 121k faults,
+504 MiB); 8k 0.976x (13 of 20) with sharing; 128k, which had 2 s already, 1.014x (2 of 6)
+with a peak of 1543 MiB instead of 1705 (docs/performance.md).
 
 It also keeps numpy's OpenBLAS to one thread, unless the user set `OPENBLAS_NUM_THREADS` or
 numpy is already loaded. The package calls no BLAS routine, but OpenBLAS starts a thread per
@@ -30,8 +31,7 @@ import os
 import sys
 
 ALLOCATOR_ENV = "_RJEM_MALLOC_CONF"
-ALLOCATOR_SHARING = "narenas:1,oversize_threshold:0"
-ALLOCATOR_CONF = f"dirty_decay_ms:300,muzzy_decay_ms:0,{ALLOCATOR_SHARING}"
+ALLOCATOR_CONF = "dirty_decay_ms:2000,muzzy_decay_ms:0,narenas:1,oversize_threshold:0"
 
 BLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
 

@@ -4,9 +4,7 @@ and `rollout-shards parity` (issue 7).
 This module parses the arguments and imports only the standard library and the settings;
 the commands themselves (`pipeline.commands`, Polars with them) load once the arguments
 are known. `rollout-shards build` and `validate` first start hashing their input files on a
-thread (`pipeline.io.checksums.begin`), which runs while those imports hold the other core;
-for inputs of 256 MiB or more they first have Polars' allocator keep freed pages longer
-(`pipeline.io.allocator`).
+thread (`pipeline.io.checksums.begin`), which runs while those imports hold the other core.
 It runs the same stage functions as the Dagster assets and never imports Dagster.
 """
 
@@ -22,7 +20,6 @@ from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, os_violation
 from pipeline.io import checksums
-from pipeline.io.allocator import longer_decay_for_large_inputs
 from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
 
 PROG = "rollout-shards"
@@ -152,7 +149,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     other Python code); as the program itself (no `argv`) it exits when done."""
     args = parser().parse_args(argv)
     if argv is None and args.command in ("build", "validate"):
-        longer_decay_for_large_inputs(args.inputs)
         checksums.begin(args.inputs)
     status = _run(args)
     if argv is None:
