@@ -72,13 +72,15 @@ def normalized_rollout_rewards(rollouts: pl.DataFrame, use_std: bool) -> pl.Data
     )
 
 
-def _one_row_per_rollout(grouped: pl.LazyFrame) -> bool:
-    """Whether every row is a rollout of its own (no two rows share a rollout key) and
-    each group's rows are together: then the rows, in order, are the rollouts as
-    `with_rewards` lists them (the common case: every non-compact step miles writes)."""
+def _rollouts_are_runs(grouped: pl.LazyFrame) -> bool:
+    """Whether each rollout's rows are together (one run per group and rollout key) and
+    each group's rows are together: then the first row of each run, in order, lists the
+    rollouts as `with_rewards` does (the common case: every step miles writes, whose
+    leaves of a trajectory follow each other and whose groups do)."""
+    rollout = pl.struct(GROUP, c.ROLLOUT_KEY)
     return bool(
         grouped.select(
-            (pl.col(c.ROLLOUT_KEY).n_unique() == pl.len())
+            (rollout.rle_id().max().fill_null(0) + 1 == rollout.n_unique())
             & (pl.col(GROUP).rle_id().max().fill_null(0) + 1 == pl.col(GROUP).n_unique())
         )
         .collect()
@@ -92,19 +94,24 @@ def with_rewards(light: pl.LazyFrame, n_rows: int, settings: Settings) -> tuple[
         return light.with_columns(pl.col(c.REWARD_VALUE).alias(c.REWARDS)), 0
     grouped = light.with_columns(prompt_groups(light, n_rows, settings).alias(GROUP))
     use_std = _uses_std(settings)
-    reward = pl.col(c.REWARD_VALUE).first().cast(pl.Float32).alias(ROLLOUT_REWARD)
-    if _one_row_per_rollout(grouped):
-        # the rows are the rollouts: no grouping by rollout, no join back (32k: 16 ms less)
-        rollouts = grouped.select(
-            GROUP, c.ROLLOUT_KEY, pl.col(c.REWARD_VALUE).cast(pl.Float32).alias(ROLLOUT_REWARD)
+    if _rollouts_are_runs(grouped):
+        # no grouping by rollout, no sort, no join back: the plan at 32k took 47-56 ms
+        # instead of 92-97 (docs/performance.md)
+        rows = grouped.select(
+            pl.struct(GROUP, c.ROLLOUT_KEY).rle_id().alias("_run"),
+            GROUP,
+            c.ROLLOUT_KEY,
+            pl.col(c.REWARD_VALUE).cast(pl.Float32).alias(ROLLOUT_REWARD),
         ).collect()
+        run = rows.get_column("_run")
+        rollouts = rows.filter(run.is_first_distinct()).drop("_run")
         normalized = normalized_rollout_rewards(rollouts, use_std=use_std)
-        rewards = normalized.get_column(c.REWARDS).cast(pl.Float64)
+        rewards = normalized.get_column(c.REWARDS).cast(pl.Float64).gather(run)
         equal_groups = int(normalized.get_column("_equal_group").sum())
         return light.with_columns(rewards), equal_groups
     rollouts = (
         grouped.group_by(GROUP, c.ROLLOUT_KEY, maintain_order=True)
-        .agg(reward)
+        .agg(pl.col(c.REWARD_VALUE).first().cast(pl.Float32).alias(ROLLOUT_REWARD))
         # each group's rollouts together, groups in order of first appearance
         .with_row_index("_first")
         .sort(pl.col("_first").min().over(GROUP), maintain_order=True)

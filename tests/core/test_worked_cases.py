@@ -467,41 +467,60 @@ def test_seven_equal_rewards_are_zero_where_miles_gives_noise(rows_dir: Path) ->
     assert batch_column(rows_dir, c.REWARDS, global_batch_size=7) == [0.0] * 7
 
 
-@pytest.mark.parametrize("interleaved", [False, True])
-def test_rewards_match_torch_per_group_whichever_order_the_groups_come_in(
-    rows_dir: Path, interleaved: bool
+@pytest.mark.parametrize("compact", [False, True])
+@pytest.mark.parametrize("order", ["together", "groups interleaved", "leaves interleaved"])
+def test_rewards_match_torch_per_group_whichever_order_the_rows_come_in(
+    rows_dir: Path, order: str, compact: bool
 ) -> None:
-    """Groups of sizes 1 to 9 with std normalization: each row gets its group's torch
-    result, its group's rewards summed in batch order. In group order every row is a
-    rollout of its own and each group's rows are together, which the plan takes without
-    grouping by rollout; interleaved, the rows are grouped first."""
+    """Groups of 1 to 9 rollouts with std normalization: each row gets its rollout's group's
+    torch result, the group's rollout rewards summed in order of first appearance. With
+    each rollout's rows and each group's rows together (compact: rollouts of 1 to 3 leaves),
+    the plan takes the first row of each run as the rollout, without grouping; with the
+    groups or a group's leaves interleaved, it groups first. Both give torch's bits."""
     import numpy as np
     import polars as pl
     import torch
 
     from pipeline.columns import GROUP
-    from pipeline.transforms.rewards import _one_row_per_rollout
+    from pipeline.transforms.rewards import _rollouts_are_runs
 
     rng = np.random.default_rng(7)
     groups = [g for g, size in enumerate([1, 2, 3, 5, 8, 9, 4, 7, 3]) for _ in range(size)]
-    groups[-3:] = [8, 8, 8]  # a group of equal rewards
     rewards = [float(rng.integers(0, 9)) / 8.0 + 0.1 for _ in groups]
-    rewards[-3:] = [0.35] * 3
-    order = sorted(range(len(groups)), key=lambda i: (i % 3, i)) if interleaved else None
-    order = order or list(range(len(groups)))
+    rewards[-3:] = [0.35] * 3  # a group of equal rewards
+    leaves = [1 + k % 3 if compact else 1 for k in range(len(groups))]
+    # one entry per row: (rollout, leaf); a rollout's leaves stay together unless interleaved
+    rows = [(k, leaf) for k in range(len(groups)) for leaf in range(leaves[k])]
+    if order == "groups interleaved":
+        rows = sorted(rows, key=lambda row: (row[0] % 3, row))
+    if order == "leaves interleaved":  # within each group: every first leaf, then seconds
+        rows = sorted(rows, key=lambda row: (groups[row[0]], row[1], row[0]))
     write_step(
-        rows_dir, [sample(i, reward=rewards[k], group_index=groups[k]) for i, k in enumerate(order)]
+        rows_dir,
+        [
+            sample(
+                k,
+                leaf,
+                reward=rewards[k],
+                group_index=groups[k],
+                session_version="v2",
+                rollout_id=k if leaves[k] > 1 else None,
+            )
+            for k, leaf in rows
+        ],
     )
     got = batch_column(rows_dir, c.REWARDS, global_batch_size=1)
+    rollout_order = list(dict.fromkeys(k for k, _ in rows))  # by first appearance
     want: dict[int, float] = {}
     for group in set(groups):
-        members = [k for k in order if groups[k] == group]  # in batch order
+        members = [k for k in rollout_order if groups[k] == group]
         t = torch.tensor([rewards[k] for k in members], dtype=torch.float)
         if len(members) == 1 or bool((t == t[0]).all()):
             values = [0.0] * len(members)
         else:
             values = ((t - t.mean()) / (t.std() + 1e-6)).tolist()
         want |= dict(zip(members, values, strict=True))
-    keys = pl.LazyFrame({GROUP: [groups[k] for k in order], c.ROLLOUT_KEY: order})
-    assert _one_row_per_rollout(keys) is not interleaved
-    assert [v.hex() for v in got] == [float(want[k]).hex() for k in order]
+    keys = pl.LazyFrame({GROUP: [groups[k] for k, _ in rows], c.ROLLOUT_KEY: [k for k, _ in rows]})
+    runs = order == "together" or (order == "leaves interleaved" and not compact)
+    assert _rollouts_are_runs(keys) is runs
+    assert [v.hex() for v in got] == [float(want[k]).hex() for k, _ in rows]
