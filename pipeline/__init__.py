@@ -9,7 +9,7 @@ user set it or Polars is already loaded (`ALLOCATOR_CONF`, which Polars appends 
   separate arena that hands its pages back at once. A build's rank gathers then never
   reused what the read freed (the Parquet column chunks, 150 MiB at 32k samples) nor the
   previous rank's buffers: each was fresh pages, and every fresh page costs a fault and a
-  zeroing, which this virtual machine pays dearly.
+  zeroing, which a virtual machine such as the benchmark's pays dearly.
 - Freed pages are kept 2 s (`dirty_decay_ms:2000`), then handed back without a lazy stage
   (`muzzy_decay_ms:0`). At 32k the validation and the plan take 0.1-0.25 s between the read
   and the first gathers: with 300 ms most of what the read freed had been handed back by
