@@ -40,18 +40,17 @@ def normalized_rollout_rewards(rollouts: pl.DataFrame, use_std: bool) -> pl.Data
     (no window over the groups: 32k rollouts in 8 ms instead of 11-16)."""
     runs = rollouts.get_column(GROUP).rle().struct.field("len")
     group = rollouts.get_column(GROUP).rle_id()
-    r = rollouts.get_column(ROLLOUT_REWARD)
-    mean, std = grouped_mean_std(r, runs)
+    rewards = rollouts.get_column(ROLLOUT_REWARD)
+    mean, std = grouped_mean_std(rewards, runs)
     extremes = (
-        pl.DataFrame({"_group": group, ROLLOUT_REWARD: r})
+        pl.DataFrame({"_group": group, ROLLOUT_REWARD: rewards})
         .group_by("_group", maintain_order=True)
         .agg(pl.col(ROLLOUT_REWARD).min().alias("_min"), pl.col(ROLLOUT_REWARD).max().alias("_max"))
     )
     equal = (extremes.get_column("_min") == extremes.get_column("_max")).gather(group)
     single = (runs == 1).gather(group)
-    first = group != group.shift(1, fill_value=-1)
-    r_ = pl.col(ROLLOUT_REWARD)
-    centred = r_ - pl.col("_mean")
+    first = group.is_first_distinct()
+    centred = pl.col(ROLLOUT_REWARD) - pl.col("_mean")
     scaled = centred / (pl.col("_std") + pl.lit(EPS, dtype=pl.Float32))
     value = (
         pl.when(pl.col("_equal") | pl.col("_single"))
@@ -72,14 +71,15 @@ def normalized_rollout_rewards(rollouts: pl.DataFrame, use_std: bool) -> pl.Data
     )
 
 
-def _rollouts_are_runs(grouped: pl.LazyFrame) -> bool:
+def _rollouts_are_runs(keys: pl.DataFrame | pl.LazyFrame) -> bool:
     """Whether each rollout's rows are together (one run per group and rollout key) and
     each group's rows are together: then the first row of each run, in order, lists the
     rollouts as `with_rewards` does (the common case: every step miles writes, whose
     leaves of a trajectory follow each other and whose groups do)."""
     rollout = pl.struct(GROUP, c.ROLLOUT_KEY)
     return bool(
-        grouped.select(
+        keys.lazy()
+        .select(
             (rollout.rle_id().max().fill_null(0) + 1 == rollout.n_unique())
             & (pl.col(GROUP).rle_id().max().fill_null(0) + 1 == pl.col(GROUP).n_unique())
         )
@@ -94,24 +94,22 @@ def with_rewards(light: pl.LazyFrame, n_rows: int, settings: Settings) -> tuple[
         return light.with_columns(pl.col(c.REWARD_VALUE).alias(c.REWARDS)), 0
     grouped = light.with_columns(prompt_groups(light, n_rows, settings).alias(GROUP))
     use_std = _uses_std(settings)
-    if _rollouts_are_runs(grouped):
+    # each row's group, rollout key and float32 reward, computed once for both paths
+    keys = grouped.select(
+        GROUP, c.ROLLOUT_KEY, pl.col(c.REWARD_VALUE).cast(pl.Float32).alias(ROLLOUT_REWARD)
+    ).collect()
+    if _rollouts_are_runs(keys):
         # no grouping by rollout, no sort, no join back: the plan at 32k took 47-56 ms
         # instead of 92-97 (docs/performance.md)
-        rows = grouped.select(
-            pl.struct(GROUP, c.ROLLOUT_KEY).rle_id().alias("_run"),
-            GROUP,
-            c.ROLLOUT_KEY,
-            pl.col(c.REWARD_VALUE).cast(pl.Float32).alias(ROLLOUT_REWARD),
-        ).collect()
-        run = rows.get_column("_run")
-        rollouts = rows.filter(run.is_first_distinct()).drop("_run")
-        normalized = normalized_rollout_rewards(rollouts, use_std=use_std)
+        run = keys.select(pl.struct(GROUP, c.ROLLOUT_KEY).rle_id()).to_series()
+        normalized = normalized_rollout_rewards(keys.filter(run.is_first_distinct()), use_std)
         rewards = normalized.get_column(c.REWARDS).cast(pl.Float64).gather(run)
         equal_groups = int(normalized.get_column("_equal_group").sum())
         return light.with_columns(rewards), equal_groups
     rollouts = (
-        grouped.group_by(GROUP, c.ROLLOUT_KEY, maintain_order=True)
-        .agg(pl.col(c.REWARD_VALUE).first().cast(pl.Float32).alias(ROLLOUT_REWARD))
+        keys.lazy()
+        .group_by(GROUP, c.ROLLOUT_KEY, maintain_order=True)
+        .agg(pl.col(ROLLOUT_REWARD).first())
         # each group's rollouts together, groups in order of first appearance
         .with_row_index("_first")
         .sort(pl.col("_first").min().over(GROUP), maintain_order=True)

@@ -53,26 +53,21 @@ def plain_layout(keys: pl.Series, lengths: pl.Series, settings: Settings) -> Lay
         keys.gather(order).alias("key"),
     )
     train_step = trained.get_column("train_step")
-    # distinct rollouts per train step (a hash count)
+    # distinct rollouts per train step (a hash count); every step up to the most any rank
+    # runs has rows, on the rank that runs the most
     per_step = (
         trained.filter(pl.col("train_step") != UNTRAINED)
         .group_by("train_step")
         .agg(pl.col("key").n_unique())
+        .sort("train_step")
     )
-    num_rollouts = [0] * max(steps_per_rank, default=0)
-    for step, count in zip(
-        per_step.get_column("train_step").to_list(),
-        per_step.get_column("key").to_list(),
-        strict=True,
-    ):
-        num_rollouts[step] = count
     return Layout(
         order=order,
         rank=rank,
         train_step=train_step,
         micro_batch=None,
         dropped=pl.Series("dropped", [], dtype=pl.Int64),
-        num_rollouts=num_rollouts,
+        num_rollouts=per_step.get_column("key").to_list(),
         num_microbatches=None,
         steps_per_rank=steps_per_rank,
     )
