@@ -473,13 +473,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for tree in [ROOT / "pipeline", *([args.before / "pipeline"] if args.before else [])]:
         compileall.compile_dir(tree, quiet=1)
-    from pipeline import ALLOCATOR_CONF, ALLOCATOR_ENV
     from pipeline.io.writer import PARQUET_OPTIONS
+    from pipeline.process import ALLOCATOR_CONF, ALLOCATOR_ENV
 
     os.environ["BENCH_PARQUET_OPTIONS"] = json.dumps(PARQUET_OPTIONS)
     # The floor reads and writes with the allocator settings a build gives Polars (unless
     # the user set their own): the same conditions, and a stricter floor than Polars'
-    # defaults, with which it took 1.09-1.11x the time at 32k (docs/performance.md).
+    # defaults.
     os.environ.setdefault(ALLOCATOR_ENV, ALLOCATOR_CONF)
     load_before = os.getloadavg()[0]
     sizes = [int(s) for s in args.sizes.split(",")]

@@ -3,9 +3,9 @@ and `rollout-shards parity` (issue 7).
 
 This module parses the arguments and imports only the standard library and the settings;
 the commands themselves (`pipeline.commands`, Polars with them) load once the arguments
-are known. `rollout-shards build` and `validate` first start hashing their input files on a
-thread (`pipeline.io.checksums.begin`), which runs while those imports hold the other core.
-It runs the same stage functions as the Dagster assets and never imports Dagster.
+are known, after `main` has set the process settings a build wants
+(`pipeline.process.tune_process`). It runs the same stage functions as the Dagster assets
+and never imports Dagster.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, os_violation
-from pipeline.io import checksums
+from pipeline.process import tune_process
 from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
 
 PROG = "rollout-shards"
@@ -106,9 +106,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pipeline import commands  # Polars and the stages: after the head start
-
-    checksums.imported.set()
+    from pipeline import commands  # Polars and the stages: after the process settings
 
     try:
         return commands.COMMANDS[args.command](args)
@@ -132,9 +130,8 @@ def _run(args: argparse.Namespace) -> int:
 def exit_now(status: int) -> NoReturn:
     """End the program without the interpreter's teardown (freeing every frame and module
     takes a tenth of a second or more after a big step). By now every step folder is
-    committed and fsynced and every thread pool of the stages is joined (the head-start
-    hashing thread may still be on a file no step read); only the output streams may hold
-    text, and they are flushed first."""
+    committed and fsynced and every thread pool of the stages is joined; only the output
+    streams may hold text, and they are flushed first."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -147,9 +144,8 @@ def exit_now(status: int) -> NoReturn:
 def main(argv: Sequence[str] | None = None) -> int:
     """The program (`rollout-shards`). Called with `argv` it returns the exit status (tests,
     other Python code); as the program itself (no `argv`) it exits when done."""
+    tune_process()
     args = parser().parse_args(argv)
-    if argv is None and args.command in ("build", "validate"):
-        checksums.begin(args.inputs)
     status = _run(args)
     if argv is None:
         exit_now(status)

@@ -1,7 +1,7 @@
 """What the command line runs: `build`, `validate` and `parity` on parsed arguments.
 
 `pipeline.cli` parses the arguments and imports this module (Polars with it) only then, so
-that a build's head start on hashing its inputs and a usage error need no heavy import.
+that a usage error needs no heavy import and the process settings are in place first.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pipeline.settings import Settings, data_settings_files, load_settings, sett
 from pipeline.step.build import STAGE_NAMES, alarm_lines, build_step, summary_line
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
+from pipeline.step.plan import plan_batch, untrained_warning
 
 PROG = "rollout-shards"
 
@@ -51,8 +52,6 @@ def print_violations(command: str, violations: list[Violation]) -> None:
 
 
 def _warn(command: str, manifest: Manifest) -> None:
-    from pipeline.step.plan import untrained_warning  # loaded while a build reads
-
     if (warning := untrained_warning(manifest)) is not None:
         print(f"{PROG}: {command}: {warning}", file=sys.stderr)
 
@@ -136,8 +135,6 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from pipeline.step.plan import plan_batch
-
     settings = _settings(args)
     report: list[dict[str, Any]] = []
     steps = _steps(args.inputs, args.session_version)

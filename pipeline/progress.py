@@ -42,11 +42,9 @@ class Progress:
         if self.tty:
             self._bar(step, stage)
 
-    def end(self, step: int, stage: str, detail: str, seconds: float | None = None) -> None:
-        """A finished stage; `seconds` when it ran on beside the next stage (since begun)."""
+    def end(self, step: int, stage: str, detail: str) -> None:
         if not self.tty and not self.quiet:
-            if seconds is None:
-                seconds = time.perf_counter() - self.started
+            seconds = time.perf_counter() - self.started
             print(f"step {step}: {stage}: {detail} ({seconds:.2f} s)", file=self.stream, flush=True)
 
     def step_done(self) -> None:

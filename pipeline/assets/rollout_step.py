@@ -14,7 +14,7 @@ import dagster as dg
 from pipeline.assets.rollout_samples import rollout_samples
 from pipeline.assets.train_batch import train_batch
 from pipeline.assets.training_shards import training_shards
-from pipeline.orchestration.compute import StepCompute, orchestrator_heap_frozen
+from pipeline.orchestration.compute import StepCompute
 from pipeline.orchestration.reporting import failures_reported
 from pipeline.orchestration.resources import RolloutStorage
 from pipeline.orchestration.run_config import BuildConfig
@@ -35,6 +35,6 @@ def rollout_step(
     step_compute: StepCompute,
 ) -> Iterator[dg.MaterializeResult]:
     """Read, validate, plan and write one rollout step, reporting each selected asset."""
-    with orchestrator_heap_frozen(), failures_reported(context), step_slot(context):
+    with failures_reported(context), step_slot(context):
         settings = rollout_storage.settings(config.overrides())
         yield from step_compute.materialize(context, rollout_storage.roots(), settings)

@@ -23,7 +23,6 @@ filesystem mounted at the same path on the workers (`k8s.base_pod_spec` mounts i
 from __future__ import annotations
 
 import copy
-import gc
 import importlib
 import os
 import signal
@@ -33,7 +32,6 @@ import time
 import uuid
 import warnings
 from collections.abc import Generator, Iterator
-from contextlib import contextmanager
 from enum import StrEnum
 from typing import Any
 
@@ -365,24 +363,6 @@ class _Reported:
         )
         fresh, self._handed = results[self._handed :], len(results)
         yield from _materializations(fresh)
-
-
-@contextmanager
-def orchestrator_heap_frozen() -> Iterator[None]:
-    """Keep the cyclic garbage collector off the objects the process holds when a step starts
-    (Dagster's and the definitions', some 210k), while the step runs: a full collection walked
-    them all, 135-160 ms of a 32k-sample step in process. `gc.freeze` moves them to
-    the permanent generation and `gc.unfreeze` gives them back after the step, so garbage
-    among them is still collected then. A process that froze its heap itself (a server
-    after fork) is left as it is."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def _materializations(results: Any) -> Iterator[dg.MaterializeResult]:

@@ -23,9 +23,9 @@ from dagster_pipes import open_dagster_pipes
 
 from pipeline.cli import exit_now
 from pipeline.errors import StepError, UsageError, Violation, os_violation
+from pipeline.process import tune_process
 from pipeline.settings import Settings, make_settings
 from pipeline.step.roots import StepRoots
-from pipeline.step.stages import run_stages
 
 FAILURE = "rollout_shards_failure"
 
@@ -64,6 +64,9 @@ def reported_failure(messages: list[Any]) -> StepError | UsageError | None:
 
 
 def main() -> int:
+    tune_process()
+    from pipeline.step.stages import run_stages  # Polars: after the process settings
+
     with open_dagster_pipes() as pipes:
         stages = list(pipes.get_extra("stages"))
         step = int(pipes.get_extra("step"))

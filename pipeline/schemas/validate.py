@@ -9,8 +9,6 @@ quarantine mode the last phase repeats on what remains until nothing more fails.
 
 from __future__ import annotations
 
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import polars as pl
@@ -192,20 +190,6 @@ class Verdict:
     failing: pl.DataFrame  # ROW_ID, REASON: one row per failing row and rule
     settled: bool  # every violation names rows, so setting them aside leaves a valid step
     light: pl.DataFrame | None = None  # the light columns of `valid`, when computed
-    # The row and cross-row rules still being checked on a thread (`defer_rules`): the
-    # failures they find, each a violation the step would have had, and when they were
-    # done (`time.perf_counter`).
-    pending: Future[tuple[list[RuleFailure], float]] | None = None
-
-
-def _checked_later(
-    light: pl.DataFrame, step: int, sibling_rewards: bool
-) -> Future[tuple[list[RuleFailure], float]]:
-    """`check_rules` on a thread of its own (Polars runs its queries without the GIL)."""
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rules")
-    future = pool.submit(lambda: (check_rules(light, step, sibling_rewards), time.perf_counter()))
-    pool.shutdown(wait=False)
-    return future
 
 
 def without_trajectories(frame: pl.DataFrame, row_ids: pl.Series) -> pl.DataFrame:
@@ -234,13 +218,9 @@ def validate_step(
     reward_key: str | None,
     sibling_rewards: bool,
     until_valid: bool,
-    defer_rules: bool = False,
 ) -> Verdict:
     """Check a loaded step (with ROW_ID and TYPE_ERROR columns). With `until_valid`, keep
-    setting failing trajectories aside until the rest passes every rule. With
-    `defer_rules` (and not `until_valid`), a step whose values all pass leaves its row and
-    cross-row rules running on a thread (`Verdict.pending`), for the caller to plan the
-    step meanwhile: those rules only decide whether the step fails."""
+    setting failing trajectories aside until the rest passes every rule."""
 
     def light(rows: pl.DataFrame) -> pl.DataFrame:
         try:
@@ -262,15 +242,6 @@ def validate_step(
         violations += [f.violation for f in failures]
         failing.append(_failing_rows(typed, failures))
     valid = without_trajectories(frame, pl.concat([f.get_column(ROW_ID) for f in failing]))
-    if defer_rules and not until_valid and not violations:
-        return Verdict(
-            valid=valid,
-            violations=[],
-            failing=pl.concat(failing, how="vertical_relaxed"),
-            settled=True,
-            light=typed_light,
-            pending=_checked_later(typed_light, step, sibling_rewards),
-        )
     for _ in range(MAX_ROUNDS):
         # the light columns of the typed rows serve again while no row was set aside
         valid_light = typed_light if valid is typed else light(valid)

@@ -6,22 +6,18 @@ by one (`pipeline.step.stages`).
 
 from __future__ import annotations
 
-import time
-import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from pipeline.io.readers import SourceFile
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
 from pipeline.step.freshness import current_manifest
-from pipeline.step.ingest import SampleTable, importing_the_plan, load_samples
+from pipeline.step.ingest import load_samples
+from pipeline.step.plan import plan_batch
+from pipeline.step.write import write_shards
 from pipeline.transforms import metrics
-
-if TYPE_CHECKING:
-    from pipeline.step.plan import TrainBatch
 
 # A step is worth a look when more than half of its prompt groups have one reward (GRPO
 # learns nothing from them) or more than a tenth of its samples were truncated.
@@ -36,15 +32,14 @@ class StageReporter(Protocol):
 
     def begin(self, step: int, stage: str) -> None: ...
 
-    def end(self, step: int, stage: str, detail: str, seconds: float | None = None) -> None:
-        """`seconds`: how long the stage took, when it ran on beside the next one."""
+    def end(self, step: int, stage: str, detail: str) -> None: ...
 
 
 class _Silent:
     def begin(self, step: int, stage: str) -> None:
         pass
 
-    def end(self, step: int, stage: str, detail: str, seconds: float | None = None) -> None:
+    def end(self, step: int, stage: str, detail: str) -> None:
         pass
 
 
@@ -64,63 +59,20 @@ def build_step(
         return manifest
     report = reporter or _Silent()
     read, plan, write = STAGE_NAMES
+
     report.begin(step, read)
-    began = time.perf_counter()
-    with importing_the_plan(sources):
-        samples = load_samples(step, sources, settings, defer_rules=True)
-    read_until = time.perf_counter()
-    from pipeline.step.write import write_shards
+    samples = load_samples(step, sources, settings)
+    report.end(step, read, f"{samples.ingested} rows read")
 
     report.begin(step, plan)
-    planned = plan_beside_rules(samples, settings)
-    # validation ends with its last rules, which ran beside the plan
-    validated = (planned.rules_done or read_until) - began
-    report.end(step, read, f"{samples.ingested} rows read", seconds=validated)
-    batch = planned.result()
+    batch = plan_batch(samples, settings)
     batch.meta = batch.meta.replace(skipped_files=list(skipped))
     report.end(step, plan, f"{batch.meta.counts.written} rows to write")
+
     report.begin(step, write)
     manifest = write_shards(batch, out_root)
     report.end(step, write, f"{len(manifest.outputs)} files")
     return manifest
-
-
-@dataclass
-class Planned:
-    """A step planned beside its rule checks (`plan_beside_rules`), its rules settled."""
-
-    batch: TrainBatch | None
-    error: Exception | None  # what the plan raised on a step whose rules all passed
-    rules_done: float | None  # when the rules were done (`time.perf_counter`), if pending
-
-    def result(self) -> TrainBatch:
-        """The batch, or the plan's own error, raised where the plan's stage reports it."""
-        if self.error is not None:
-            raise self.error
-        assert self.batch is not None
-        return self.batch
-
-
-def plan_beside_rules(samples: SampleTable, settings: Settings) -> Planned:
-    """Plan a step while its row and cross-row rules are still checked on a thread
-    (`load_samples(defer_rules=True)`), then settle them. A step that breaks a rule fails
-    here with its violations, whatever the plan made of it: an error of the plan, and any
-    warning it gave about rows that break a rule, are not shown. A valid step's warnings
-    are shown once it is settled. At 32k samples the rules take 0.03 s of a build's
-    critical path otherwise (docs/performance.md)."""
-    from pipeline.step.plan import plan_batch
-
-    batch, error = None, None
-    with warnings.catch_warnings(record=True) as caught:
-        try:
-            batch = plan_batch(samples, settings)
-        except Exception as exc:  # noqa: BLE001 - raised by Planned.result unless a rule broke
-            error = exc
-        finally:
-            rules_done = samples.settle()
-    for warning in caught:
-        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
-    return Planned(batch, error, rules_done)
 
 
 def summary_line(manifest: Manifest, folder: Path) -> str:

@@ -5,7 +5,7 @@ The `train_batch` asset; the list columns stay in batch order until `write` gath
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import polars as pl
 
@@ -13,102 +13,19 @@ from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
 from pipeline.manifest import Counts, InputFile, Manifest
 from pipeline.settings import Settings
-from pipeline.step.ingest import SampleTable
+from pipeline.step.tables import RankRows, SampleTable, TrainBatch
 from pipeline.transforms import samples as s
 from pipeline.transforms.layout import UNTRAINED, Layout, rank_sizes, rows_within_ranks
 from pipeline.transforms.metrics import layout_metrics, rollout_metrics
 from pipeline.transforms.rewards import with_rewards
 from pipeline.transforms.shard_columns import (
     light_shard_columns,
-    loss_masks,
     optional_columns,
-    optional_shard_columns,
     present_columns,
     raw_reward,
 )
 from pipeline.transforms.split import batch_layout
 from pipeline.transforms.trim import is_compact, plan_trim
-
-
-@dataclass
-class RankRows:
-    """The shard columns of a batch before the list columns are gathered into write order."""
-
-    scalars: pl.DataFrame  # the scalar shard columns and `rank`, in write order
-    inputs: pl.DataFrame  # the input columns the list shard columns come from, in batch order
-    optional: list[str]  # optional input columns that go into shards, in shard order
-    order: pl.Series  # the batch position of each row in write order
-
-    def rows(self, start: int, length: int) -> pl.DataFrame:
-        """Rows [start, start + length) in write order with every column, gathered."""
-        picked = self.inputs[self.order.slice(start, length)]
-        lists = picked.select(
-            pl.col(c.TOKENS),
-            loss_masks(picked),
-            *optional_shard_columns(self.optional),
-        )
-        scalars = _compact(self.scalars, start, length)
-        return pl.concat([scalars, lists], how="horizontal").select(*c.DATASET_COLUMNS)
-
-
-def _compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
-    """Rows [start, start + length) copied into buffers of their own. Polars sizes Parquet
-    pages by a column's whole buffers, so a slice of a larger frame would be written with
-    other page boundaries than the same rows held alone: every rank file is written from
-    a copy, whichever path (CLI or staged Dagster batch) produced the rows."""
-    return frame[pl.int_range(start, start + length, dtype=pl.Int64, eager=True)]
-
-
-class TrainBatch:
-    """The trimmed batch in write order with its shard columns and metadata (`train_batch`).
-
-    `frame` holds every rank-file column (`c.DATASET_COLUMNS`), rank 0's rows first, each in
-    training order. plan_batch hands over the list columns still in batch order (RankRows): `frame`
-    gathers them on first use, while write_shards gathers one rank at a time, so a build
-    never holds a second copy of the step's tokens.
-    """
-
-    def __init__(
-        self,
-        step: int,
-        frame: pl.DataFrame | RankRows,
-        meta: Manifest,
-        quarantine: pl.DataFrame | None = None,
-    ) -> None:
-        self.step = step
-        self.meta = meta
-        self.quarantine = quarantine
-        self._frame = frame if isinstance(frame, pl.DataFrame) else None
-        self._rows = frame if isinstance(frame, RankRows) else None
-
-    @property
-    def frame(self) -> pl.DataFrame:
-        if self._frame is None:
-            assert self._rows is not None
-            self._frame = self._rows.rows(0, self._rows.scalars.height)
-            self._rows = None
-        return self._frame
-
-    @property
-    def height(self) -> int:
-        """Rows of `frame`, without gathering it."""
-        return self._rows.scalars.height if self._rows is not None else self.frame.height
-
-    @property
-    def schema(self) -> pl.Schema:
-        """Columns and types of `frame`, without gathering it (from no rows)."""
-        return self._rows.rows(0, 0).schema if self._rows is not None else self.frame.schema
-
-    def ranks(self) -> pl.Series:
-        """The `rank` column, in write order."""
-        scalars = self._rows.scalars if self._rows is not None else self.frame
-        return scalars.get_column(c.RANK)
-
-    def rows(self, start: int, length: int) -> pl.DataFrame:
-        """Rows [start, start + length) of `frame`, without gathering the others."""
-        if self._rows is not None:
-            return self._rows.rows(start, length)
-        return _compact(self.frame, start, length)
 
 
 def _light(frame: pl.DataFrame, settings: Settings, step: int) -> pl.DataFrame:
@@ -275,7 +192,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     meta = Manifest(
         step=step,
         settings=settings.to_dict(),
-        inputs=[InputFile(**record) for record in samples.inputs],
+        inputs=[InputFile(**record) for record in samples.files],
         counts=counts,
         repaired=samples.repaired,
         is_compact=compact,

@@ -4,8 +4,7 @@ Pipes worker (`pipeline.orchestration.pipes_worker`) on another process, Ray nod
 `run_stages` runs the selected stages of a step in order: the first reads the step's tables
 (or the previous stage's staging folder when that stage ran on its own), each calls the core
 (`load_samples`, `plan_batch`, `write_shards`) on what the one before handed it in memory
-(when `train_batch` runs next, `rollout_samples` plans the step beside its row rules, as
-the CLI does, and `train_batch` reports that plan), and each yields a `StageReport`: one
+and each yields a `StageReport`: one
 log line and the materialization metadata in the Pipes wire format (`{"type": ...,
 "raw_value": ...}`), which `pipeline.orchestration.reporting.dagster_metadata` turns into
 Dagster's metadata values in process and Dagster Pipes does for a worker.
@@ -16,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
@@ -25,12 +24,11 @@ from pipeline.errors import UsageError
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
 from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, staging
-from pipeline.step.build import Planned, plan_beside_rules
-from pipeline.step.ingest import PROVENANCE, SampleTable, importing_the_plan, load_samples
+from pipeline.step.ingest import PROVENANCE, load_samples
+from pipeline.step.plan import plan_batch
 from pipeline.step.roots import StepRoots
-
-if TYPE_CHECKING:
-    from pipeline.step.plan import TrainBatch
+from pipeline.step.tables import SampleTable, TrainBatch
+from pipeline.step.write import write_shards
 
 Metadata = dict[str, dict[str, Any]]
 
@@ -103,7 +101,7 @@ def _rollout_metrics(meta: Manifest) -> Metadata:
 
 def _samples_report(samples: SampleTable, staged: Path | None) -> StageReport:
     inputs = [
-        {"path": i["path"], "rows": i["rows"], "sha256": i["sha256"][:16]} for i in samples.inputs
+        {"path": i["path"], "rows": i["rows"], "sha256": i["sha256"][:16]} for i in samples.files
     ]
     quarantined = samples.quarantine.height if samples.quarantine is not None else 0
     return StageReport(
@@ -186,7 +184,6 @@ def run_stages(
     never reads a stale one. A stage whose input is not produced here reads it from staging."""
     stages = selected_stages(names)
     samples: tuple[SampleTable, Settings] | None = None
-    planned: Planned | None = None
     batch: TrainBatch | None = None
     for position, name in enumerate(stages):
         following = STAGES.index(name) + 1
@@ -194,30 +191,15 @@ def run_stages(
         if name == ROLLOUT_SAMPLES:
             if settings is None:
                 raise UsageError(f"step {step}: {ROLLOUT_SAMPLES} needs the run's settings")
-            # Planned here when the plan runs next in this process: beside the row rules,
-            # which must pass before rollout_samples is reported; the plan's own error
-            # is train_batch's.
-            sources = roots.step_sources(step)
-            with importing_the_plan(sources):
-                table = load_samples(step, sources, settings, defer_rules=hand_on)
-            samples = (table, settings)
-            if hand_on:
-                planned = plan_beside_rules(table, settings)
+            samples = (load_samples(step, roots.step_sources(step), settings), settings)
             staged = _hand_on_or_stage(hand_on, roots, name, step, staging.save_samples, *samples)
             yield name, _samples_report(samples[0], staged)
         elif name == TRAIN_BATCH:
-            from pipeline.step.plan import plan_batch
-
-            if planned is not None:
-                batch = planned.result()
-            else:
-                table, planned_with = samples or staging.load_samples(roots, step)
-                batch = plan_batch(table, planned_with)
+            table, planned_with = samples or staging.load_samples(roots, step)
+            batch = plan_batch(table, planned_with)
             staged = _hand_on_or_stage(hand_on, roots, name, step, staging.save_batch, batch)
             yield name, _batch_report(batch, staged)
         else:
-            from pipeline.step.write import write_shards
-
             batch = batch or staging.load_batch(roots, step)
             manifest = write_shards(batch, roots.output_root)
             yield name, _shards_report(batch, manifest, roots.step_folder(step))

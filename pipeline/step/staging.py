@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
@@ -19,11 +19,8 @@ from pipeline.io import writer
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings, make_settings
 from pipeline.step import ROLLOUT_SAMPLES, TRAIN_BATCH
-from pipeline.step.ingest import SampleTable
 from pipeline.step.roots import StepRoots
-
-if TYPE_CHECKING:
-    from pipeline.step.plan import TrainBatch
+from pipeline.step.tables import SampleTable, TrainBatch
 
 SETTINGS = "settings.json"
 META = "meta.json"
@@ -61,7 +58,7 @@ def save_samples(roots: StepRoots, samples: SampleTable, settings: Settings) -> 
         _save_quarantine(samples.quarantine, target)
         meta = {
             "step": samples.step,
-            "inputs": samples.inputs,
+            "inputs": samples.files,
             "ignored_columns": samples.ignored_columns,
             "ingested": samples.ingested,
             "repaired": samples.repaired,
@@ -102,8 +99,6 @@ def save_batch(roots: StepRoots, batch: TrainBatch) -> Path:
 
 
 def load_batch(roots: StepRoots, step: int) -> TrainBatch:
-    from pipeline.step.plan import TrainBatch  # see ingest.importing_the_plan
-
     folder = _existing(roots.staging_folder(TRAIN_BATCH, step), TRAIN_BATCH, step)
     meta = Manifest.from_json((folder / META).read_text())
     return TrainBatch(

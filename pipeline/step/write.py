@@ -9,7 +9,7 @@ from pipeline import columns as c
 from pipeline.errors import StepError, Violation
 from pipeline.io import writer
 from pipeline.manifest import MANIFEST, Manifest
-from pipeline.step.plan import TrainBatch
+from pipeline.step.tables import TrainBatch
 from pipeline.step.verify import blocking_problems, footer_rows
 from pipeline.transforms.layout import rank_bounds
 

@@ -102,25 +102,6 @@ def _printed_lines(script: str) -> list[str]:
     return result.stdout.splitlines()
 
 
-def test_the_plan_loads_only_once_a_step_is_read() -> None:
-    """The CLI and the Pipes worker leave the plan to `importing_the_plan`, which imports
-    it on a thread while Polars reads the step; numpy is not among its imports."""
-    script = (
-        "import sys\n"
-        "import pipeline.cli, pipeline.step.build, pipeline.step.stages\n"
-        "import pipeline.orchestration.pipes_worker\n"
-        "print(sorted(m for m in ('numpy', 'pipeline.step.plan') if m in sys.modules))\n"
-        "from pipeline.step.ingest import importing_the_plan\n"
-        "with importing_the_plan([]):\n"
-        "    pass\n"
-        "print(sorted(m for m in ('numpy', 'pipeline.step.plan', 'pipeline.step.write')"
-        " if m in sys.modules))"
-    )
-    before, after = _printed_lines(script)
-    assert before == "[]"
-    assert after == "['pipeline.step.plan', 'pipeline.step.write']"
-
-
 def test_a_build_without_the_rollout_side_schedule_never_loads_numpy(tmp_path: Path) -> None:
     """Strided ranks and reward normalization plan with Polars alone (0.1 cpu-s of numpy's
     import off every build); the rollout-side schedule (cp_size) loads numpy."""
@@ -136,27 +117,6 @@ def test_a_build_without_the_rollout_side_schedule_never_loads_numpy(tmp_path: P
     )
     printed = [line for line in _printed_lines(script) if line.startswith("0 ")]
     assert printed == ["0 False", "0 True"]
-
-
-def test_a_large_steps_imports_wait_for_a_free_core(tmp_path: Path) -> None:
-    """For a step of 64 MiB or more, `importing_the_plan` imports nothing while both cores
-    decode; it imports once the read leaves a core free (`readers.core_free`)."""
-    big = tmp_path / "step=1.parquet"
-    with big.open("wb") as handle:
-        handle.truncate(64 << 20)  # sparse: its size is all that counts here
-    script = (
-        "import sys, time\n"
-        "from pathlib import Path\n"
-        "from pipeline.io import readers\n"
-        "from pipeline.io.readers import SourceFile\n"
-        "from pipeline.step.ingest import importing_the_plan\n"
-        f"with importing_the_plan([SourceFile(Path({str(big)!r}), 1)]):\n"
-        "    time.sleep(0.3)\n"
-        "    print('pipeline.step.write' in sys.modules)\n"
-        "    readers.core_free.set()\n"
-        "print('pipeline.step.write' in sys.modules)\n"
-    )
-    assert _printed_lines(script) == ["False", "True"]
 
 
 def _printed_after(script: str, expression: str, env: dict[str, str]) -> str:
@@ -176,21 +136,21 @@ def _allocator_conf(script: str, env: dict[str, str]) -> str:
     return _printed_after(script, "os.environ['_RJEM_MALLOC_CONF']", env)
 
 
-def test_importing_the_package_shortens_polars_allocator_decay() -> None:
-    """Polars appends `_RJEM_MALLOC_CONF` to its own jemalloc settings, so the last value of
-    each option wins: the package's when it is imported first, the user's when they set it,
-    Polars' own when Polars was loaded before the package."""
-    import os
-
-    from pipeline import ALLOCATOR_CONF, ALLOCATOR_ENV
-
-    env = {k: v for k, v in os.environ.items() if k != ALLOCATOR_ENV}
-    polars_own = "dirty_decay_ms:500,muzzy_decay_ms:1000"
-    assert _allocator_conf("import pipeline.commands", env) == f"{polars_own},{ALLOCATOR_CONF}"
-    assert ALLOCATOR_CONF == "dirty_decay_ms:2000,muzzy_decay_ms:0,narenas:1,oversize_threshold:0"
-    user = {**env, ALLOCATOR_ENV: "dirty_decay_ms:2000"}
-    assert _allocator_conf("import pipeline.commands", user) == f"{polars_own},dirty_decay_ms:2000"
-    assert _allocator_conf("import polars, pipeline.commands", env) == polars_own
+def test_importing_the_package_changes_no_environment() -> None:
+    """A trainer or notebook importing the package (and its layers) keeps its own
+    environment: allocator and BLAS settings are the programs' business."""
+    alone = "import os\nbefore = dict(os.environ)\nimport pipeline\n"
+    assert _printed_lines(alone + "print(dict(os.environ) == before)")[-1] == "True"
+    # The libraries set their own variables as they load (Polars its allocator's defaults):
+    # loaded first, the package's layers add nothing to them.
+    layers = (
+        "import os, polars, numpy, dagster\n"
+        "before = dict(os.environ)\n"
+        "import pipeline.commands, pipeline.step.build, pipeline.step.stages\n"
+        "import pipeline.orchestration.pipes_worker, pipeline.definitions\n"
+        "print(dict(os.environ) == before)"
+    )
+    assert _printed_lines(layers)[-1] == "True"
 
 
 def test_polars_allocator_takes_the_package_settings() -> None:
@@ -199,11 +159,13 @@ def test_polars_allocator_takes_the_package_settings() -> None:
     stopped reading `_RJEM_MALLOC_CONF` would fail here, not only in the benchmark."""
     import os
 
-    from pipeline import ALLOCATOR_ENV
+    from pipeline.process import ALLOCATOR_ENV
 
     env = {k: v for k, v in os.environ.items() if k != ALLOCATOR_ENV}
     script = (
-        "import pipeline, os\n"
+        "import os\n"
+        "from pipeline.process import tune_process\n"
+        "tune_process()\n"
         "os.environ['_RJEM_MALLOC_CONF'] += ',stats_print:true,stats_print_opts:mdablxe'\n"
         "import polars as pl\n"
         "pl.Series(range(10)).sum()\n"
@@ -244,7 +206,7 @@ def test_the_program_runs_with_the_package_allocator_settings(tmp_path: Path) ->
     settings whatever its input; a user's own setting is left as it is."""
     import os
 
-    from pipeline import ALLOCATOR_CONF, ALLOCATOR_ENV
+    from pipeline.process import ALLOCATOR_CONF, ALLOCATOR_ENV
 
     env = {k: v for k, v in os.environ.items() if k != ALLOCATOR_ENV}
     polars_own = "dirty_decay_ms:500,muzzy_decay_ms:1000"
@@ -262,17 +224,19 @@ def _threads_after(script: str, env: dict[str, str]) -> int:
     return int(_printed_after(script, "len(os.listdir('/proc/self/task'))", env))
 
 
-def test_importing_the_package_keeps_openblas_to_one_thread() -> None:
-    """numpy's OpenBLAS starts a thread per core when it loads; after the package it starts
-    none (the package calls no BLAS routine), unless the user asked for threads or numpy was
-    loaded first."""
+def test_the_process_settings_keep_openblas_to_one_thread() -> None:
+    """numpy's OpenBLAS starts a thread per core when it loads; after the programs' process
+    settings it starts none (the package calls no BLAS routine), unless the user asked for
+    threads or numpy was loaded first. Importing the package alone changes nothing."""
     import os
 
-    from pipeline import BLAS_THREADS_ENV
+    from pipeline.process import BLAS_THREADS_ENV
 
     env = {k: v for k, v in os.environ.items() if k != BLAS_THREADS_ENV}
+    tuned = "from pipeline.process import tune_process; tune_process()"
     alone = _threads_after("import numpy", env)
     assert alone == os.cpu_count() > 1  # the main thread and one more per further core
-    assert _threads_after("import pipeline, numpy", env) == 1
-    assert _threads_after("import numpy, pipeline", env) == alone
-    assert _threads_after("import pipeline, numpy", {**env, BLAS_THREADS_ENV: "2"}) == 2
+    assert _threads_after("import pipeline, numpy", env) == alone
+    assert _threads_after(f"{tuned}; import numpy", env) == 1
+    assert _threads_after(f"import numpy; {tuned}", env) == alone
+    assert _threads_after(f"{tuned}; import numpy", {**env, BLAS_THREADS_ENV: "2"}) == 2

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import polars as pl
@@ -26,8 +23,6 @@ from dagster_support import (
 from pipeline import cli
 from pipeline import columns as c
 from pipeline.io import writer
-from pipeline.orchestration import compute
-from pipeline.orchestration.compute import orchestrator_heap_frozen
 from pipeline.orchestration.partitions import step_of
 from pipeline.orchestration.reporting import FAILURE_TAG
 from tests.conftest import dead_pid
@@ -209,49 +204,6 @@ def test_dagster_shards_are_byte_identical_to_the_cli(
         for name in names:
             dagster_bytes = (roots.output / f"step={step}" / name).read_bytes()
             assert dagster_bytes == (cli_out / f"step={step}" / name).read_bytes()
-
-
-def _frozen_while_staging(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Record gc's frozen-object count each time a stage reports, in process."""
-    counts: list[int] = []
-    stages = compute.run_stages
-
-    def counted(*args: Any) -> Iterator[Any]:
-        for report in stages(*args):
-            counts.append(gc.get_freeze_count())
-            yield report
-
-    monkeypatch.setattr(compute, "run_stages", counted)
-    return counts
-
-
-@pytest.mark.parametrize("key", ["00000001", "00000002"])
-def test_the_collector_leaves_dagsters_heap_alone_while_a_step_runs(
-    instance: dg.DagsterInstance, roots: Roots, monkeypatch: pytest.MonkeyPatch, key: str
-) -> None:
-    counts = _frozen_while_staging(monkeypatch)
-    if key == "00000001":
-        break_step_1(roots)
-
-    result = materialize(instance, key)
-
-    assert result.success == (key != "00000001")
-    # Dagster's and the definitions' objects were frozen while the stages ran, and given
-    # back to the collector after the step, whether it failed or not.
-    assert all(count > 50_000 for count in counts)
-    assert len(counts) == (0 if key == "00000001" else 3)
-    assert gc.get_freeze_count() == 0
-
-
-def test_a_heap_frozen_by_the_process_stays_frozen() -> None:
-    gc.freeze()
-    try:
-        frozen = gc.get_freeze_count()
-        with orchestrator_heap_frozen():
-            assert gc.get_freeze_count() == frozen
-        assert gc.get_freeze_count() == frozen
-    finally:
-        gc.unfreeze()
 
 
 def test_invalid_partition_fails_at_rollout_samples_and_writes_nothing(

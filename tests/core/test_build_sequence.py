@@ -1,0 +1,66 @@
+"""`rollout-shards build` is ingest, plan, write in order: a step that breaks a rule fails
+at validation, before any plan, with the line `validate` gives for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.step import build
+from tests.conftest import sample, write_step
+
+ARGS = ["--global-batch-size", "2"]
+
+
+def _build(capsys: pytest.CaptureFixture[str], rows: Path, out: Path) -> tuple[int, str, str]:
+    code = main(["build", str(rows), "--out", str(out), *ARGS])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_a_broken_rule_fails_the_step_before_it_is_planned(
+    rows_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = write_step(rows_dir, [sample(0), sample(0), sample(1), sample(2)])  # unique_leaf
+    planned: list[int] = []
+    real = build.plan_batch
+    monkeypatch.setattr(build, "plan_batch", lambda *a: planned.append(1) or real(*a))
+    out = tmp_path / "shards"
+
+    code, stdout, err = _build(capsys, rows_dir, out)
+
+    assert code == 1
+    assert err == (
+        f"rollout-shards: build: step 1: {path}: rule unique_leaf: (step, index, leaf) must "
+        "be unique; rows (index, leaf): (0, 0), (0, 0)\n"
+    )
+    assert stdout == ""  # no stage was done: validation failed
+    assert planned == []
+    assert not out.exists()
+
+
+def test_the_same_step_validated_gives_the_same_line(
+    rows_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_step(rows_dir, [sample(0), sample(0), sample(1), sample(2)])
+    code, _, built = _build(capsys, rows_dir, tmp_path / "shards")
+    assert main(["validate", str(rows_dir), *ARGS]) == 1
+    validated = capsys.readouterr().err
+    assert code == 1
+    assert built == validated.replace("rollout-shards: validate: ", "rollout-shards: build: ")
+
+
+def test_a_valid_step_reports_each_stage_in_order(
+    rows_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_step(rows_dir, [sample(i, reward=float(i % 2)) for i in range(4)])
+    code, stdout, _ = _build(capsys, rows_dir, tmp_path / "shards")
+    stages = [line.split(": ")[1] for line in stdout.splitlines() if line.startswith("step 1: ")]
+    assert code == 0
+    assert stages[:3] == ["read and validate", "plan", "write"]
+    assert (tmp_path / "shards" / "step=1" / "manifest.json").is_file()
