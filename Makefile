@@ -26,8 +26,8 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 # An editable install leaves the package's bytecode to be compiled on first import, and
-# where PYTHONDONTWRITEBYTECODE is set (this machine) on every import: 0.03 cpu-s per
-# `rollout-shards` process (docs/performance.md). compileall does what a wheel install does.
+# where PYTHONDONTWRITEBYTECODE is set (this machine) on every import of every
+# `rollout-shards` process. compileall does what a wheel install does.
 $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH)"
 	$(BIN)/pip install --quiet -e ".[dev,dagster,miles,ray,k8s]"

@@ -37,8 +37,7 @@ from pipeline.io.checksums import sha256_of
 from pipeline.manifest import OutputFile
 
 QUARANTINE = "quarantine.parquet"
-# Rank files are written once and read whole by a trainer (docs/performance.md has the
-# figures). zstd level 1 costs about a third more CPU to write than lz4 but makes token
+# Rank files are written once and read whole by a trainer. zstd level 1 costs about a third more CPU to write than lz4 but makes token
 # files a fifth smaller, and level 3 would double the writing time for 1% less. Groups of
 # 1024 rows let a reader decode a rank file's groups in parallel (twice as fast on two
 # cores as one 4096-row group) at no cost in size or writing time. Min/max statistics
@@ -198,9 +197,8 @@ def write_staged(frame: pl.DataFrame, path: Path, **options: Any) -> None:
 def write_parquet(frame: pl.DataFrame, path: Path) -> None:
     """Write `frame` to `path` with the shards' Parquet options; `seal` makes it durable
     and gives its digest. Polars writes the file itself, without the GIL. Encoding into a
-    Python buffer instead hands every chunk through the GIL and grows the buffer by
-    reallocation: at 32k samples the write stage took 0.54-0.62 s that way against
-    0.36-0.40 s (docs/performance.md)."""
+    Python buffer instead would hand every chunk through the GIL and grow the buffer by
+    reallocation."""
     write_staged(frame, path, **PARQUET_OPTIONS)
 
 

@@ -22,9 +22,7 @@ RANK_FILES = "step=*/rank=*.parquet"
 # already spreads one file's encoding over the cores it can use.
 RANK_WRITERS = 2
 # Threads that seal written rank files (sha256 from the page cache, fsync, footer). With
-# one, the files written last waited for each other after the writers were done; with two,
-# builds took 0.943x the time at 32k non-compact (faster in 18 of 24 rounds), 0.98x at 8k
-# (18 of 30) and 0.99x at 32k compact (10 of 20), against one (bench/ab.py).
+# one, the files written last waited for each other after the writers were done.
 SEALERS = 2
 
 
