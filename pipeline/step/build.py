@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from pipeline.io import writer
 from pipeline.io.readers import SourceFile
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
@@ -54,10 +55,23 @@ def build_step(
 ) -> Manifest:
     """The whole build of one step; returns its manifest. A step folder that is current
     (`current_manifest`) is kept as it is unless `force`; any other is replaced whole.
-    `skipped` names look-alike files the readers passed over, kept in the manifest."""
-    if not force and (manifest := current_manifest(step, sources, settings, out_root)):
-        return manifest
-    report = reporter or _Silent()
+    `skipped` names look-alike files the readers passed over, kept in the manifest. Builds
+    of one step run one at a time (`writer.step_lock`), so the last published read the
+    newest inputs."""
+    with writer.step_lock(out_root, step):
+        if not force and (manifest := current_manifest(step, sources, settings, out_root)):
+            return manifest
+        return _build(step, sources, settings, out_root, reporter or _Silent(), skipped)
+
+
+def _build(
+    step: int,
+    sources: Sequence[SourceFile],
+    settings: Settings,
+    out_root: Path,
+    report: StageReporter,
+    skipped: Sequence[str],
+) -> Manifest:
     read, plan, write = STAGE_NAMES
 
     report.begin(step, read)

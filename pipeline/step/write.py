@@ -52,15 +52,16 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
             for name, rows, tokens, sealing in pool.map(write_rank, range(dp)):
                 digest, footers[name] = sealing.result()
                 outputs.append(writer.file_record(staged / name, name, rows, tokens, digest))
+        quarantined = None
         if batch.quarantine is not None and batch.quarantine.height:
-            quarantine = batch.quarantine
-            writer.write_parquet(quarantine, staged / writer.QUARANTINE)
+            quarantined = staged / writer.QUARANTINE
+            writer.write_parquet(batch.quarantine, quarantined)
             outputs.append(
                 writer.file_record(
-                    staged / writer.QUARANTINE,
-                    writer.QUARANTINE,
-                    quarantine.height,
-                    sha256=writer.seal(staged / writer.QUARANTINE),
+                    quarantined,
+                    writer.quarantine_output(batch.step),
+                    batch.quarantine.height,
+                    sha256=writer.seal(quarantined),
                 )
             )
         manifest.outputs = outputs
@@ -77,12 +78,20 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
                 ]
             )
         manifest.write(staged / MANIFEST)
+        if quarantined is not None:
+            # out of the staged folder and into place, just before the folder is swapped in
+            published = writer.quarantine_path(out_root, batch.step)
+            published.parent.mkdir(exist_ok=True)
+            quarantined.rename(published)
+            writer.fsync_folder(published.parent)
 
     # The card first: a step is published whole with its card, or (the card failed, say on
     # a full disk) not at all, and a failure always means nothing of the step was written.
     out_root.mkdir(parents=True, exist_ok=True)
     writer.write_text_atomically(out_root / DATASET_CARD, dataset_card())
     writer.replace_folder(writer.step_folder(out_root, batch.step), fill)
+    if not manifest.counts.quarantined:
+        writer.quarantine_path(out_root, batch.step).unlink(missing_ok=True)
     return manifest
 
 
