@@ -20,10 +20,10 @@ from pipeline.io.writer import clean_stale, step_folder
 from pipeline.manifest import Manifest
 from pipeline.progress import Progress
 from pipeline.settings import Settings, data_settings_files, load_settings, setting_types
-from pipeline.step.build import STAGE_NAMES, alarm_lines, build_step, summary_line
+from pipeline.step.build import STAGE_NAMES, build_step, summary_line, warning_lines
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
-from pipeline.step.plan import plan_batch, untrained_warning
+from pipeline.step.plan import plan_batch
 
 PROG = "rollout-shards"
 
@@ -52,7 +52,8 @@ def print_violations(command: str, violations: list[Violation]) -> None:
 
 
 def _warn(command: str, manifest: Manifest) -> None:
-    if (warning := untrained_warning(manifest)) is not None:
+    """A step's warnings (alarming rollout metrics, untrained rows), on stderr."""
+    for warning in warning_lines(manifest):
         print(f"{PROG}: {command}: {warning}", file=sys.stderr)
 
 
@@ -88,8 +89,9 @@ def _build_one(
                 "the same inputs and settings (--force rebuilds it)"
             )
             return True
+        # checked again under the step's lock: another build may publish it meanwhile
         manifest = build_step(
-            step, sources, settings, args.out, force=True, reporter=progress, skipped=skipped
+            step, sources, settings, args.out, args.force, reporter=progress, skipped=skipped
         )
     except StepError as exc:
         progress.step_done()
@@ -103,8 +105,6 @@ def _build_one(
         return False
     progress.step_done()
     print(summary_line(manifest, step_folder(args.out, step)))
-    for line in alarm_lines(manifest):
-        print(line)
     _warn("build", manifest)
     return True
 

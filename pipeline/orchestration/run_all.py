@@ -18,7 +18,7 @@ from pipeline.io.readers import SourceFile
 from pipeline.orchestration.jobs import rollout_step_job
 from pipeline.orchestration.partitions import partition_key, rollout_steps
 from pipeline.orchestration.resources import RolloutStorage
-from pipeline.step.build import alarm_lines, summary_line
+from pipeline.step.build import summary_line, warning_lines
 from pipeline.step.freshness import read_manifest
 
 # The instance keeps every event (stack traces too) for the UI; the terminal gets the
@@ -37,8 +37,9 @@ def _summary(step: int, storage: RolloutStorage, seconds: float) -> str:
     manifest = read_manifest(storage.output_path, step)
     if manifest is None:
         return f"step {step}: materialized, but {storage.step_folder(step)} has no manifest"
-    line = f"{summary_line(manifest, storage.step_folder(step))} ({seconds:.1f}s)"
-    return "\n".join([line, *alarm_lines(manifest)])
+    for warning in warning_lines(manifest):
+        print(f"{PROG}: build: {warning}", file=sys.stderr)
+    return f"{summary_line(manifest, storage.step_folder(step))} ({seconds:.1f}s)"
 
 
 def _failure(result: dg.ExecuteInProcessResult) -> list[str]:

@@ -16,7 +16,7 @@ from pipeline.manifest import Manifest
 from pipeline.settings import Settings
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
-from pipeline.step.plan import plan_batch
+from pipeline.step.plan import plan_batch, untrained_warning
 from pipeline.step.write import write_shards
 from pipeline.transforms import metrics
 
@@ -90,17 +90,31 @@ def _build(
 
 
 def summary_line(manifest: Manifest, folder: Path) -> str:
-    """One line per built step, as the CLI and `make run` print it. A batch is compact
-    when some row has a rollout id (session-v2 multi-leaf trajectories): it is kept in
-    whole rollouts, not trimmed by row count."""
+    """One line per built step, as the CLI and `make run` print it. Untrained rows are
+    written but fall past each rank's last whole optimizer step (SEMANTICS 6.1); repaired
+    rows (shown when any) had their rollout id cleared or stamped. A batch is compact when
+    some row has a rollout id (session-v2 multi-leaf trajectories): it is kept in whole
+    rollouts, not trimmed by row count."""
     n = manifest.counts
     kind = "compact" if manifest.is_compact else "not compact"
+    repaired = f"{n.repaired} repaired, " if n.repaired else ""
     return (
         f"step {manifest.step}: {n.ingested} rows in, {n.quarantined} quarantined, "
         f"{n.trimmed} trimmed, {n.dropped} dropped, {n.written} written to "
-        f"{manifest.dp_size} ranks, {manifest.num_train_steps} train steps, "
-        f"{kind} -> {folder}"
+        f"{_count(manifest.dp_size, 'rank')}, {n.untrained} untrained, {repaired}"
+        f"{_count(manifest.num_train_steps, 'train step')}, {kind} -> {folder}"
     )
+
+
+def _count(number: int, thing: str) -> str:
+    return f"{number} {thing}" + ("" if number == 1 else "s")
+
+
+def warning_lines(manifest: Manifest) -> list[str]:
+    """Every warning of a built step: its alarming rollout metrics and its untrained rows
+    (the CLI and `make run` print them on stderr)."""
+    untrained = untrained_warning(manifest)
+    return alarm_lines(manifest) + ([untrained] if untrained else [])
 
 
 def alarm_lines(manifest: Manifest) -> list[str]:

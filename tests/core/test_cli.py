@@ -205,7 +205,7 @@ def test_step_folder_of_several_files_keeps_file_then_row_order(tmp_path: Path) 
 def test_untrained_rows_warn_once_per_step_from_build_and_validate(tmp_path: Path) -> None:
     from tests.conftest import sample, write_step
 
-    write_step(tmp_path / "in", [sample(i) for i in range(10)])
+    write_step(tmp_path / "in", [sample(i, reward=float(i % 2)) for i in range(10)])
     flags = ["--global-batch-size", "4", "--dp-size", "2", "--disable-rollout-trim-samples"]
     for command, extra in (("build", ["--out", tmp_path / "out"]), ("validate", [])):
         run = cli(command, tmp_path / "in", *extra, *flags)
@@ -216,8 +216,54 @@ def test_untrained_rows_warn_once_per_step_from_build_and_validate(tmp_path: Pat
             "trained (past each rank's last whole step of global_batch_size // dp_size rows); "
             "the rollout-side schedule (cp_size) or trimming would train them"
         ]
+    assert run.stdout.splitlines()[-1].startswith("step 1: ")
+    built = cli("build", tmp_path / "in", "--out", tmp_path / "again", *flags)
+    assert built.stdout.splitlines()[-1] == (
+        "step 1: 10 rows in, 0 quarantined, 0 trimmed, 0 dropped, 10 written to 2 ranks, "
+        f"2 untrained, 2 train steps, not compact -> {tmp_path / 'again' / 'step=1'}"
+    )
     manifest = json.loads((tmp_path / "out" / "step=1" / "manifest.json").read_text())
     assert manifest["counts"]["untrained"] == 2
+
+
+def test_a_step_the_trainer_would_not_train_at_all_is_refused(tmp_path: Path) -> None:
+    from tests.conftest import sample, write_step
+
+    write_step(tmp_path / "in", [sample(i, reward=float(i % 2)) for i in range(3)])
+    flags = ["--global-batch-size", "8", "--dp-size", "2", "--disable-rollout-trim-samples"]
+    for command, extra in (("build", ["--out", tmp_path / "out"]), ("validate", [])):
+        run = cli(command, tmp_path / "in", *extra, *flags)
+        assert run.returncode == 1
+        assert run.stderr.startswith(
+            f"rollout-shards: {command}: step 1: rule no_train_steps: the trainer would run 0 "
+            "optimizer steps on this step: its 3 rows fill no rank's first step of "
+            "global_batch_size=8 // dp_size=2 = 4 rows per rank"
+        ), run.stderr
+        assert run.stderr.count("\n") == 1
+    assert not (tmp_path / "out" / "step=1").exists()
+
+
+def test_warnings_go_to_stderr_with_the_prefix_and_the_summary_counts_in_singular(
+    tmp_path: Path,
+) -> None:
+    from tests.conftest import sample, write_step
+
+    write_step(tmp_path / "in", [sample(i, reward=1.0) for i in range(2)])
+    run = cli("build", tmp_path / "in", "--out", tmp_path / "out", "--global-batch-size", "2")
+    assert run.returncode == 0, run.stderr
+    assert "warning:" not in run.stdout
+    assert (
+        "rollout-shards: build: step 1: warning: 100% of prompt groups have zero reward std"
+        in run.stderr
+    )
+    assert ", 2 written to 1 rank, 0 untrained, 1 train step, not compact -> " in run.stdout
+
+
+def test_version() -> None:
+    run = cli("--version")
+    assert run.returncode == 0
+    assert run.stdout.startswith("rollout-shards ")
+    assert run.stdout.split()[1][0].isdigit()
 
 
 def test_global_batch_size_not_divisible_by_dp_size_exits_2(tmp_path: Path) -> None:
