@@ -166,3 +166,29 @@ def test_the_checks_find_what_is_missing(tmp_path: Path) -> None:
     ]
     assert missing_modules(text, tmp_path) == ["pipeline.absent"]
     assert broken_doc_links(text, tmp_path) == ["docs/semantics.md", "docs/training.md"]
+
+
+def _contract_settings() -> list[tuple[str, str]]:
+    """(name, default) of each setting in the contract's settings table, in its order."""
+    section = (REPO / "docs" / "contract.md").read_text().partition("\n## 3. Settings\n")[2]
+    table = [line for line in section.split("\n## ")[0].splitlines() if line.startswith("| `")]
+    rows = []
+    for line in table:
+        names, defaults = (cell.strip() for cell in line.strip("|").split("|")[:2])
+        found = INLINE_CODE.findall(names)
+        values = [d.strip().strip("`") for d in defaults.split(",")]
+        rows += zip(found, values * len(found) if len(values) == 1 else values, strict=True)
+    return rows
+
+
+def test_the_contract_lists_every_setting_with_its_default() -> None:
+    from pipeline.settings import Settings
+
+    def shown(value: object) -> str:
+        return "null" if value is None else str(value).lower()
+
+    expected = [
+        (name, "required" if field.is_required() else shown(field.default))
+        for name, field in Settings.model_fields.items()
+    ]
+    assert _contract_settings() == expected
