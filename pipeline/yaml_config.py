@@ -35,6 +35,8 @@ _NAN = re.compile(r"\.(nan|NaN|NAN)")
 _STR_TAG = "tag:yaml.org,2002:str"
 _INT_TAG = "tag:yaml.org,2002:int"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
+_MAP_TAG = "tag:yaml.org,2002:map"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
 # Longer plain scalars are not handed to PyYAML's number constructors (Python refuses to
 # read an integer of more than 4300 digits).
 _LONGEST_NUMBER = 40
@@ -174,6 +176,9 @@ class _Builder:
         self.keys[-1] = key
 
     def open(self, container: dict[Any, Any] | list[Any], event: yaml.Event) -> None:
+        tag = getattr(event, "tag", None)
+        if tag not in (None, "!", _MAP_TAG if isinstance(container, dict) else _SEQ_TAG):
+            raise ConfigError(f", {self.where()}: the tag {tag} is not read: write a plain value")
         if not self.stack and not isinstance(container, dict):
             raise ConfigError(" must be a mapping of setting names to values")
         if len(self.stack) >= MAX_DEPTH:

@@ -217,3 +217,21 @@ def test_settings_rank_defaults_data_file_config_then_flags(tmp_path: Path) -> N
     config = write(tmp_path, "dp_size: 4\n")
     settings = load_settings(config, [data], global_batch_size=8, reward_key=None)
     assert (settings.global_batch_size, settings.dp_size, settings.balance_data) == (8, 4, True)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a: !!python/object/apply:os.getcwd []\n",
+        "a: !!python/object:x {b: 1}\n",
+        "a: !custom 1\n",
+        "!!python/object:x {a: 1}\n",
+    ],
+)
+def test_tags_are_refused_on_values_and_collections(text: str) -> None:
+    assert "is not read: write a plain value" in refused(text)
+    assert load_mapping("a: !!str 010\nb: !!seq [1]\nc: !!map {d: 1}\n") == {
+        "a": "010",
+        "b": [1],
+        "c": {"d": 1},
+    }
