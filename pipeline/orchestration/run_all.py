@@ -19,8 +19,8 @@ from pipeline.io.readers import SourceFile
 from pipeline.orchestration.jobs import rollout_step_job
 from pipeline.orchestration.partitions import partition_key, rollout_steps
 from pipeline.orchestration.resources import RolloutStorage
-from pipeline.step.build import summary_line, warning_lines
 from pipeline.settings import Settings
+from pipeline.step.build import summary_line, warning_lines
 from pipeline.step.freshness import current_manifest, read_manifest
 
 INPUT_ROOT_TAG = "rollout_shards/input_root"

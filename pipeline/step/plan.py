@@ -5,8 +5,6 @@ The `train_batch` asset; the list columns stay in batch order until `write` gath
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import polars as pl
 
 from pipeline import columns as c
@@ -181,7 +179,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     light = light_shard_columns(light.head(trim.kept)).with_columns(raw_reward(frame.schema))
     light, equal_groups = with_rewards(light, trim.kept, settings)
     light_df = light.collect()
-    effective = replace(settings, global_batch_size=trim.global_batch_size)
+    effective = settings.replace(global_batch_size=trim.global_batch_size)
     layout = batch_layout(light_df, effective)
     _check_every_rank_has_rows(layout.rank, settings.dp_size, step)
     untrained_ranks = _refuse_what_cannot_train(light_df, layout, effective, step)

@@ -265,3 +265,29 @@ def test_the_name_check_finds_what_is_not_defined(tmp_path: Path) -> None:
     text = "`pipeline.io.writer`, `pipeline.io.writer.OPTIONS`, `pipeline.io.writer.seal`, "
     text += "`pipeline.io.writer.gone`, `pipeline.io.nothing.X`"
     assert missing_names(text, tmp_path) == ["pipeline.io.writer.gone", "pipeline.io.nothing.X"]
+
+
+def _contract_settings() -> list[tuple[str, str]]:
+    """(name, default) of each setting in the contract's settings table, in its order."""
+    section = (REPO / "docs" / "contract.md").read_text().partition("\n## 3. Settings\n")[2]
+    table = [line for line in section.split("\n## ")[0].splitlines() if line.startswith("| `")]
+    rows = []
+    for line in table:
+        names, defaults = (cell.strip() for cell in line.strip("|").split("|")[:2])
+        found = INLINE_CODE.findall(names)
+        values = [d.strip().strip("`") for d in defaults.split(",")]
+        rows += zip(found, values * len(found) if len(values) == 1 else values, strict=True)
+    return rows
+
+
+def test_the_contract_lists_every_setting_with_its_default() -> None:
+    from pipeline.settings import Settings
+
+    def shown(value: object) -> str:
+        return "null" if value is None else str(value).lower()
+
+    expected = [
+        (name, "required" if field.is_required() else shown(field.default))
+        for name, field in Settings.model_fields.items()
+    ]
+    assert _contract_settings() == expected

@@ -1,5 +1,5 @@
-"""The manifest is a checked dataclass: it reads back what it wrote, and a manifest of
-another shape reads as none (the step is rebuilt), as pydantic's strict models did."""
+"""The manifest is a strict pydantic model: it reads back what it wrote, and a manifest of
+another shape reads as none (the step is rebuilt)."""
 
 from __future__ import annotations
 
