@@ -88,7 +88,7 @@ class Settings(BaseModel):
 
     @property
     def normalizes_rewards(self) -> bool:
-        return self.rewards_normalization and self.advantage_estimator in NORMALIZING_ESTIMATORS
+        return normalizes(self.advantage_estimator, self.rewards_normalization)
 
     @property
     def uses_schedule(self) -> bool:
@@ -105,6 +105,43 @@ class Settings(BaseModel):
     def to_json(self) -> str:
         """The settings as compact JSON, as the rerun digests hash them."""
         return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
+
+
+def normalizes(estimator: str, rewards_normalization: bool) -> bool:
+    """Whether rewards are normalized per prompt group (miles' estimators that do)."""
+    return rewards_normalization and estimator in NORMALIZING_ESTIMATORS
+
+
+# The settings the row and file rules read; the rest shape the batch (trim, layout, ranks).
+ROW_SETTINGS = (
+    "advantage_estimator",
+    "rewards_normalization",
+    "reward_key",
+    "on_invalid",
+    "rollout_id_policy",
+)
+
+
+def _field_of_settings(name: str) -> Any:
+    """A field of `Settings` (its default and description), for a model sharing it."""
+    return Settings.model_fields[name]
+
+
+class RowSettings(BaseModel):
+    """The settings of `Settings` that reading and validating rows needs (`validate` without
+    a global batch size checks the rows alone); the fields are `Settings`' own."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    advantage_estimator: Estimator = _field_of_settings("advantage_estimator")
+    rewards_normalization: bool = _field_of_settings("rewards_normalization")
+    reward_key: str | None = _field_of_settings("reward_key")
+    on_invalid: Literal["fail", "quarantine"] = _field_of_settings("on_invalid")
+    rollout_id_policy: Literal["strict", "repair"] = _field_of_settings("rollout_id_policy")
+
+    @property
+    def normalizes_rewards(self) -> bool:
+        return normalizes(self.advantage_estimator, self.rewards_normalization)
 
 
 class SettingsError(ValueError):
@@ -220,18 +257,45 @@ def _problem(error: ErrorDetails) -> str:
 DATA_SETTINGS = "rollout-shards.yaml"
 
 
-def data_settings_files(inputs: list[str | Path]) -> list[Path]:
-    return [Path(p) / DATA_SETTINGS for p in inputs if (Path(p) / DATA_SETTINGS).is_file()]
+def data_settings_files(inputs: Sequence[str | Path]) -> list[Path]:
+    """The settings file of each input's root: an input root holds it; a step file or
+    folder given alone finds the one of the root it sits in (`root/step=<N>.parquet`,
+    `root/step=<N>/part.jsonl`)."""
+    found: list[Path] = []
+    for raw in inputs:
+        path = Path(raw)
+        root = path if path.is_dir() else path.parent
+        if root.name.lower().startswith("step=") and not (root / DATA_SETTINGS).is_file():
+            root = root.parent
+        if (root / DATA_SETTINGS).is_file() and root / DATA_SETTINGS not in found:
+            found.append(root / DATA_SETTINGS)
+    return found
 
 
-def load_settings(
+def setting_values(
     config: str | Path | None = None, data_configs: Sequence[Path] = (), **overrides: Any
-) -> Settings:
-    """Defaults, then settings beside the data, then the YAML file, then explicit
-    overrides (flags or run config)."""
+) -> dict[str, Any]:
+    """The settings given: beside the data, then the YAML file, then explicit overrides
+    (flags or run config), each above the one before."""
     values: dict[str, Any] = {}
     for path in data_configs:
         values.update(read_config(path))
     values.update(read_config(config))
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return make_settings(values)
+    return values
+
+
+def load_settings(
+    config: str | Path | None = None, data_configs: Sequence[Path] = (), **overrides: Any
+) -> Settings:
+    """Defaults below the settings given (`setting_values`), checked."""
+    return make_settings(setting_values(config, data_configs, **overrides))
+
+
+def make_row_settings(values: Mapping[str, Any]) -> RowSettings:
+    """The row settings among `values` (the others are not checked here)."""
+    try:
+        return RowSettings.model_validate(values)
+    except ValidationError as exc:
+        problems = [_problem(error) for error in exc.errors()]
+        raise UsageError(f"invalid settings: {'; '.join(problems)}") from None

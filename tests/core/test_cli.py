@@ -270,3 +270,44 @@ def test_global_batch_size_not_divisible_by_dp_size_exits_2(tmp_path: Path) -> N
     run = cli("validate", DATA, "--global-batch-size", "5", "--dp-size", "2")
     assert run.returncode == 2
     assert "global_batch_size=5 must be divisible by dp_size=2" in run.stderr
+
+
+def test_validate_checks_rows_without_settings_and_names_what_would_check_the_rest(
+    tmp_path: Path,
+) -> None:
+    from tests.conftest import sample, write_step
+
+    write_step(tmp_path / "in", [sample(i) for i in range(3)] + [sample(0)])  # a repeated row
+    run = cli("validate", tmp_path / "in")
+    assert run.returncode == 1
+    lines = run.stderr.splitlines()
+    assert lines[0].startswith("rollout-shards: note: no global_batch_size given")
+    assert "give --global-batch-size" in lines[0]
+    assert "rule multi_leaf_only_in_v2" in run.stderr or "rule unique_leaf" in run.stderr
+    assert "Field required" not in run.stderr
+
+    write_step(tmp_path / "ok", [sample(i) for i in range(3)])
+    run = cli("validate", tmp_path / "ok")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == "step 1: rows valid, 3 rows (batch not checked)"
+
+
+def test_validate_of_a_step_file_finds_the_settings_of_its_root() -> None:
+    run = cli("validate", DATA / "step=1.parquet")
+    assert run.returncode == 0, run.stderr
+    assert "note: no global_batch_size" not in run.stderr
+    assert run.stdout.splitlines()[-1] == "step 1: valid, 16 rows, 16 would be written"
+    folder = cli("validate", DATA / "step=3")
+    assert folder.returncode == 0, folder.stderr
+    assert "would be written" in folder.stdout
+
+
+def test_a_missing_input_is_named_first(tmp_path: Path) -> None:
+    for command in ("validate", "build"):
+        extra = ["--out", str(tmp_path / "out")] if command == "build" else []
+        run = cli(command, tmp_path / "nowhere", *extra)
+        assert run.returncode == 2
+        assert (
+            run.stderr
+            == f"rollout-shards: usage error: input {tmp_path / 'nowhere'} does not exist\n"
+        )
