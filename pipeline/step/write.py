@@ -110,6 +110,11 @@ def dataset_card() -> str:
         for name, dtype in c.DATASET_SCHEMA.items()
     )
     return f"""---
+pretty_name: Training shards (rollout-shards)
+license: other
+tags:
+- reinforcement-learning
+- rollouts
 configs:
 - config_name: default
   data_files:
@@ -123,7 +128,8 @@ data-parallel rank, rows in the order the rank trains on them, and `step=<N>/man
 (written last: a step without one is incomplete and is not a committed step). Every rank file
 has the columns below; an optional column a step lacks is null there, and the step's
 `manifest.json` lists those it has in `present_columns`. The step's rollout metrics are in its
-manifest's `stats`.
+manifest's `stats`. The license is that of the rollouts the shards were built from
+(`license: other` until their owner says which; this card is written anew by every build).
 
 | column | type | meaning |
 |---|---|---|

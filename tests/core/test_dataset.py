@@ -85,6 +85,8 @@ def test_dataset_card_names_the_rank_files_and_every_column(tmp_path: Path) -> N
     front = yaml.safe_load(text.split("---\n")[1])
     files = [{"split": "train", "path": "step=*/rank=*.parquet"}]
     assert front["configs"] == [{"config_name": "default", "data_files": files}]
+    assert front["pretty_name"] == "Training shards (rollout-shards)"
+    assert front["license"] == "other"
     for name in c.DATASET_COLUMNS:
         assert f"| `{name}` |" in text
     # rewritten by a rename: no temporary file is left beside it
