@@ -209,10 +209,12 @@ def make_settings(values: Mapping[str, Any]) -> Settings:
 
 def _problem(error: ErrorDetails) -> str:
     """One of pydantic's errors as `name: what is wrong`, or the inconsistency as worded."""
+    from pipeline.yaml_config import setting_name
+
     cause = error.get("ctx", {}).get("error")
     if isinstance(cause, SettingsError):
         return str(cause)
-    return f"{'.'.join(map(str, error['loc']))}: {error['msg']}"
+    return f"{'.'.join(map(setting_name, error['loc']))}: {error['msg']}"
 
 
 # An input root may carry the settings its data was written for; they rank below
