@@ -260,7 +260,7 @@ INPUT_COLUMNS = tuple(col for col in COLUMNS if col.input is not None)
 _WRITTEN = tuple(col for col in COLUMNS if col.shard is not None)
 
 # Each input column's contract type, but `reward`'s, which is typed on read from what the
-# file holds (float64, or a struct of float64; see io.readers).
+# file holds (float64, or a struct of float64) by the readers' type conformance.
 INPUT_SCHEMA: dict[str, pl.DataType] = {
     col.name: col.input for col in INPUT_COLUMNS if col.input is not None and not col.struct
 }
@@ -268,9 +268,9 @@ INPUT_SCHEMA: dict[str, pl.DataType] = {
 REQUIRED_COLUMNS = tuple(col.name for col in INPUT_COLUMNS if not (col.optional or col.filled))
 # Optional input columns set on every row of a step or on none (SEMANTICS section 4).
 ALL_OR_NONE = tuple(
-    col.name for col in INPUT_COLUMNS if col.optional and col.all_or_none and col.shard
+    col.name for col in INPUT_COLUMNS if col.optional and col.all_or_none and col.shard is not None
 )
-
+# The shard columns every step has (the partition columns aside), in file order.
 SHARD_COLUMNS = tuple(
     col.written_as
     for col in _WRITTEN

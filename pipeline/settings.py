@@ -9,12 +9,14 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
-from pydantic_core import ErrorDetails
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.errors import UsageError
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 Estimator = Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
 NORMALIZING_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
@@ -216,6 +218,8 @@ def read_config(path: str | Path | None) -> dict[str, Any]:
         raise UsageError(f"cannot read config {path}: {exc.strerror}") from exc
     except UnicodeDecodeError:
         raise UsageError(f"config {path} is not a text (UTF-8) YAML file") from None
+    from pydantic import TypeAdapter
+
     from pipeline.yaml_config import ConfigError, load_mapping
 
     try:
@@ -246,10 +250,12 @@ def make_settings(values: Mapping[str, Any]) -> Settings:
 
 def _problem(error: ErrorDetails) -> str:
     """One of pydantic's errors as `name: what is wrong`, or the inconsistency as worded."""
+    from pipeline.yaml_config import setting_name
+
     cause = error.get("ctx", {}).get("error")
     if isinstance(cause, SettingsError):
         return str(cause)
-    return f"{'.'.join(map(str, error['loc']))}: {error['msg']}"
+    return f"{'.'.join(map(setting_name, error['loc']))}: {error['msg']}"
 
 
 # An input root may carry the settings its data was written for; they rank below

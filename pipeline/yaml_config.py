@@ -47,6 +47,12 @@ class ConfigError(ValueError):
     space or a comma)."""
 
 
+def setting_name(name: object) -> str:
+    """A setting's name for a message: as written when it is a plain name, else quoted
+    with its escapes (a newline in a key must not split the error line)."""
+    return name if isinstance(name, str) and name.isidentifier() else repr(name)
+
+
 def _shown(text: str) -> str:
     return repr(text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({len(text)} chars)")
 
@@ -137,7 +143,7 @@ class _Builder:
     def where(self) -> str:
         """The setting whose value is being read, or the top level between settings."""
         in_value = len(self.stack) > 1 or (len(self.stack) == 1 and self.keys[0] is not _NO_KEY)
-        return f"setting {self.setting}" if in_value else "the top level"
+        return f"setting {setting_name(self.setting)}" if in_value else "the top level"
 
     def add(self, value: Any, event: yaml.Event) -> None:
         anchor = getattr(event, "anchor", None)
@@ -166,7 +172,7 @@ class _Builder:
             raise ConfigError(f", {self.where()}: the key on line {line} is a list or mapping")
         if key in mapping and top:
             lines = f"lines {self.lines[key]} and {line}"
-            raise ConfigError(f" gives setting {key} twice, on {lines}: keep one")
+            raise ConfigError(f" gives setting {setting_name(key)} twice, on {lines}: keep one")
         if key in mapping:
             where = self.where()
             raise ConfigError(f", {where}: the key {key!r} is given twice (line {line}): keep one")

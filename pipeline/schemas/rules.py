@@ -92,7 +92,7 @@ _V2 = (pl.col(c.SESSION_VERSION) == "v2").fill_null(False)
 _SESSIONS = pl.col(c.SESSION_VERSION).fill_null("").n_unique().over(c.TRAJECTORY)
 _REPEATED_LEAF = pl.len().over(c.STEP, c.INDEX, c.LEAF) > 1
 # Some leaf of the trajectory is repeated (as `_REPEATED_LEAF.any().over(TRAJECTORY)`,
-# without the cost of a window inside a window).
+# computed with one window instead of a window inside a window).
 _HAS_REPEATED_LEAF = pl.col(c.LEAF).n_unique().over(c.TRAJECTORY) < pl.len().over(c.TRAJECTORY)
 
 ROWS = Model(

@@ -235,3 +235,13 @@ def test_tags_are_refused_on_values_and_collections(text: str) -> None:
         "b": [1],
         "c": {"d": 1},
     }
+
+
+def test_a_name_with_a_newline_stays_on_one_line(tmp_path: Path) -> None:
+    assert problems({"global_batch_size": 8, "dp\nsize": 2}) == (
+        "'dp\\nsize': Extra inputs are not permitted"
+    )
+    path = write(tmp_path, '"a\\nb": 1\n"a\\nb": 2\n')
+    with pytest.raises(UsageError) as excinfo:
+        read_config(path)
+    assert "\n" not in str(excinfo.value) and "setting 'a\\nb' twice" in str(excinfo.value)
