@@ -51,7 +51,7 @@ INPUT_SCHEMA: dict[str, pl.DataType] = {
     PROMPT: pl.String(),
     METADATA: pl.String(),
 }
-# `reward` is float64 or a struct of float64; it is typed on read (see io.readers).
+# `reward` is float64 or a struct of float64; it is typed on read (see io.conform).
 REQUIRED_COLUMNS = (INDEX, STATUS, TOKENS, RESPONSE_LENGTH, REWARD)
 STATUSES = ("pending", "completed", "truncated", "aborted", "failed")
 SESSION_VERSIONS = ("v1", "v2")

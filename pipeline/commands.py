@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import StepError, UsageError, Violation, os_violation
-from pipeline.io.readers import SourceFile, find_sources, group_steps
+from pipeline.io.discovery import SourceFile, find_sources
+from pipeline.io.load import group_steps
 from pipeline.io.writer import clean_stale, step_folder
 from pipeline.manifest import Manifest
 from pipeline.progress import Progress

@@ -16,7 +16,7 @@ import dagster as dg
 from pydantic import Field
 
 from pipeline.errors import UsageError
-from pipeline.io.readers import STEP_FOLDER, SourceFile
+from pipeline.io.discovery import STEP_FOLDER, SourceFile
 from pipeline.settings import Settings, data_settings_files, load_settings
 from pipeline.step.roots import StepRoots
 

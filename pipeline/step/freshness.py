@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline.io import writer
 from pipeline.io.checksums import sha256_of
-from pipeline.io.readers import SourceFile
+from pipeline.io.discovery import SourceFile
 from pipeline.manifest import MANIFEST, Manifest
 from pipeline.settings import Settings
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from pipeline.errors import UsageError
 from pipeline.io import writer
-from pipeline.io.readers import SourceFile, find_sources, group_steps
+from pipeline.io.discovery import SourceFile, find_sources
+from pipeline.io.load import group_steps
 
 # Intermediate assets live under the output root, beside the step folders but hidden from
 # a trainer that looks for `step=<N>/`.

@@ -143,7 +143,9 @@ def _check_refused(folder: Path, spec: dict[str, Any], stderr: str) -> None:
         for name in expected["files"]:
             assert str(folder / "input" / name) in line, line
         if expected["rows"]:
-            assert line.endswith(_rows_text(expected["rows"])), line
+            more = expected.get("more", 0)
+            tail = f" and {more} more" if more else ""
+            assert line.endswith(_rows_text(expected["rows"]) + tail), line
         else:
             assert "rows (index, leaf)" not in line, line
         assert expected["text"] in line, line

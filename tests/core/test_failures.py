@@ -15,7 +15,8 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.io import writer
-from pipeline.io.readers import find_sources, group_steps
+from pipeline.io.discovery import find_sources
+from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
 from pipeline.step import write
 from pipeline.step.freshness import current_manifest

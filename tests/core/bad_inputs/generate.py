@@ -10,7 +10,8 @@ thing broken. `case.json` holds:
 - `exit`: the expected exit status;
 - `errors`: one entry per broken rule, in any order, each with `rule`, `step` (or null),
   `files` (paths under `input/`, or []), `rows` (the (index, leaf) pairs the line names,
-  [] when the problem names none) and `text` (a phrase the line must contain);
+  [] when the problem names none; `more`: how many rows it counts beyond those five) and
+  `text` (a phrase the line must contain);
 - `outcome` (exit 0 only): the manifest's `counts`, `ignored_columns` and
   `skipped_files` (paths under `input/`), and the quarantined rows as (index, leaf,
   reason) in batch order;
@@ -172,14 +173,17 @@ def error(
     files: list[str] | None = None,
     text: str = "",
     step: int | None = STEP,
+    more: int = 0,
 ) -> dict[str, Any]:
-    return {
+    """`rows` are the first five the line names, `more` how many it counts beyond them."""
+    spec = {
         "rule": rule,
         "step": step,
         "files": files if files is not None else [f"step={STEP}.parquet"],
         "rows": [list(pair) for pair in rows or []],
         "text": text,
     }
+    return {**spec, "more": more} if more else spec
 
 
 def invalid(name: str, what: str, rows: list[Row], rule: str, where: list, text: str = "") -> Case:
@@ -333,9 +337,11 @@ def column_cases() -> list[Case]:
             [
                 error(
                     "column_type",
-                    [],
+                    [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0)],
                     None,
-                    "column tokens must be List(Int32), but the file stores it as String",
+                    "column tokens must be List(Int32), but the file stores it as String; "
+                    'file row 1 holds "11 12 13 14 15 16"',
+                    more=3,
                 )
             ],
         ),
@@ -357,10 +363,11 @@ def column_cases() -> list[Case]:
             [
                 error(
                     "column_type",
-                    [],
+                    [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0)],
                     None,
                     "column tokens must be List(Int32), but the file stores it as "
-                    "List(Struct({'id': Int32}))",
+                    "List(Struct({'id': Int32})); file row 1 holds",
+                    more=3,
                 )
             ],
         ),
@@ -516,7 +523,7 @@ def column_cases() -> list[Case]:
         ),
         Case(
             "remove_sample_two",
-            "remove_sample stored as the integer 2",
+            "remove_sample stored as integers (2 on row 3): an integer is not a boolean",
             {
                 f"step={STEP}.parquet": parquet(
                     base(**{f"row{i}": {"remove_sample": 2 if i == 3 else 0} for i in range(8)}),
@@ -524,7 +531,16 @@ def column_cases() -> list[Case]:
                 )
             },
             1,
-            [error("column_type", [(3, 0)], None, "column remove_sample must be Boolean, got 2")],
+            [
+                error(
+                    "column_type",
+                    [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0)],
+                    None,
+                    "column remove_sample must be Boolean, but the file stores it as Int64; "
+                    "file row 1 holds 0",
+                    more=3,
+                )
+            ],
         ),
         invalid(
             "rollout_log_probs_wrong_length",
