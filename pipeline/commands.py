@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import StepError, UsageError, Violation, os_violation
+from pipeline.errors import StepError, UsageError, Violation, os_violation, printable
 from pipeline.io.discovery import SourceFile, find_sources
 from pipeline.io.load import group_steps
 from pipeline.io.writer import clean_stale, step_folder
@@ -36,13 +36,20 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _steps(
-    inputs: Sequence[str], session_version: str | None = None, skipped: list[Path] | None = None
+    inputs: Sequence[str],
+    settings: Settings,
+    session_version: str | None = None,
+    skipped: list[Path] | None = None,
 ) -> dict[int, list[SourceFile]]:
     notes: list[str] = []
-    steps = group_steps(find_sources(inputs, session_version, notes, skipped))
+    incomplete: list[Path] = []
+    sources = find_sources(
+        inputs, session_version, notes, skipped, settings.require_success_marker, incomplete
+    )
+    steps = group_steps(sources)
     for note in notes:
-        print(f"{PROG}: note: {note}", file=sys.stderr)
-    if not steps:
+        print(f"{PROG}: note: {printable(note)}", file=sys.stderr)
+    if not steps and not incomplete:
         raise UsageError(f"no rollout tables found under {', '.join(inputs)}")
     return steps
 
@@ -62,6 +69,13 @@ def check_out(out: Path, inputs: Sequence[str]) -> None:
     shards, or writing into the data it reads, is a usage error."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a folder")
+    try:
+        str(out.resolve()).encode("utf-8")
+    except UnicodeEncodeError:  # Polars takes UTF-8 paths only: it could not write there
+        raise UsageError(
+            f"--out {out} has a name that is not UTF-8 text: choose an output folder whose "
+            "path is UTF-8"
+        ) from None
     resolved = out.resolve()
     for raw in inputs:
         root = Path(raw).resolve()
@@ -126,7 +140,7 @@ def run_build(args: argparse.Namespace) -> int:
     check_out(args.out, args.inputs)
     clean_stale(args.out)
     skipped: list[Path] = []
-    steps = _steps(args.inputs, args.session_version, skipped)
+    steps = _steps(args.inputs, settings, args.session_version, skipped)
     progress = Progress(len(steps), STAGE_NAMES)
     built = [
         _build_one(step, files, settings, args, progress, skipped_files(skipped, step))
@@ -138,7 +152,7 @@ def run_build(args: argparse.Namespace) -> int:
 def run_validate(args: argparse.Namespace) -> int:
     settings = _settings(args)
     report: list[dict[str, Any]] = []
-    steps = _steps(args.inputs, args.session_version)
+    steps = _steps(args.inputs, settings, args.session_version)
     # JSON output is for machines: no progress lines mixed into it.
     progress = Progress(len(steps), STAGE_NAMES[:2], quiet=args.format == "json")
     for step, sources in steps.items():

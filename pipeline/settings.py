@@ -71,6 +71,9 @@ class Settings:
     rollout_id_policy: Literal["strict", "repair"] = _setting(
         "`repair` fixes legacy rollout ids (before miles PR #2536) and counts them.", "strict"
     )
+    require_success_marker: bool = _setting(
+        "Read a step folder only once its producer wrote step=<N>/_SUCCESS.", False
+    )
 
     def __post_init__(self) -> None:
         parsed, problems = _parse_fields(vars(self))

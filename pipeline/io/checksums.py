@@ -12,3 +12,13 @@ def sha256_of(path: Path) -> str:
     """The hex sha256 of the file's bytes."""
     with open(path, "rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def input_digest(path: Path) -> str:
+    """The sha256 of an input file, or `unreadable: <reason>` for one that cannot be read
+    (a dangling symlink, a file gone or locked): such a step is never current, and its
+    build names the file (`unreadable_file`) while the other steps go on."""
+    try:
+        return sha256_of(path)
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"

@@ -133,14 +133,15 @@ def find_sources(
     notes: list[str] | None = None,
     skipped: list[Path] | None = None,
     require_marker: bool = False,
+    incomplete: list[Path] | None = None,
 ) -> list[SourceFile]:
     """Every table file under the inputs, with the step its path names (CONTRACT section 1);
     miles dump folders and .pt files too (SEMANTICS section 9). Entries whose name starts
     with `_` or `.` are never read. Notes on skipped files and folders are appended to
     `notes`, and the files and folders that look like inputs but are not read to
     `skipped`. With `require_marker`, a step folder without `_SUCCESS` is not complete
-    yet: it is left out with a note. Two paths naming one step ambiguously are a
-    StepError."""
+    yet: it is left out with a note, and listed in `incomplete`. Two paths naming one
+    step ambiguously are a StepError."""
     found: list[SourceFile] = []
     passed: list[Path] = []
     waiting: list[Path] = []
@@ -188,6 +189,8 @@ def find_sources(
         ]
     if skipped is not None:
         skipped.extend(passed)
+    if incomplete is not None:
+        incomplete.extend(waiting)
     return found
 
 

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 # A JSON object key as written, escapes and all, with the colon after it.
 KEY_TOKEN = r'"(?:[^"\\]|\\.)*"\s*:'
+# A JSON string as written.
+STRING = r'"(?:[^"\\]|\\.)*"'
 
 
 class JsonLinesError(ValueError):
@@ -171,6 +173,19 @@ def _json_objects(data: bytes) -> list[dict[str, Any]]:
     return [record for _, record in records]
 
 
+def _not_text_pattern() -> str:
+    """A typed text key followed by a value that is not text (nor null), or a list of
+    text holding something else: Polars would read the number as text."""
+    text = [name for name, kind in JSON_TARGETS.items() if kind == "string"]
+    lists = [name for name, kind in JSON_TARGETS.items() if kind == "list of string"]
+    scalar = rf'"(?:{"|".join(text)})"\s*:\s*[^"\sn]'
+    listed = rf'"(?:{"|".join(lists)})"\s*:\s*\[\s*(?:{STRING}\s*,\s*)*[^"\s\]]'
+    return f"{scalar}|{listed}"
+
+
+NOT_TEXT = _not_text_pattern()
+
+
 def _object_keys(schema: pl.Schema) -> list[str]:
     """The keys that appear at most once per line in a file without repeated keys: the
     top-level ones and those of objects not inside an array (the `role` of every chat
@@ -200,11 +215,10 @@ def _suspect(data: bytes, frame: pl.DataFrame) -> bool:
         kind = json_kind(have)
         if kind not in ("null", want):
             return True
-    keys = (
-        pl.Series(data.decode("utf-8", "replace").split("\n"))
-        .str.extract_all(KEY_TOKEN)
-        .list.eval(pl.element().str.replace(r"\s*:$", ""))
-    )
+    lines = pl.Series(data.decode("utf-8", "replace").split("\n"))
+    if lines.str.contains(NOT_TEXT).any():
+        return True
+    keys = lines.str.extract_all(KEY_TOKEN).list.eval(pl.element().str.replace(r"\s*:$", ""))
     watched = _object_keys(frame.schema)
     repeated = keys.list.eval(pl.element().filter(pl.element().is_in(watched)))
     escaped = keys.list.eval(pl.element().str.contains("\\", literal=True).any()).list.first()
