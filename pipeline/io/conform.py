@@ -2,12 +2,13 @@
 file as its contract type, every value that is not of that type named, never cast.
 
 A column stored as the contract's type, or as another width of it (int8 for int64, a
-float64 list for float32 log probs), keeps its values where they fit: a token id beyond
-int32 or a log prob beyond float32 is that row's `column_type` violation. A column
-stored as another type (strings or a Decimal for numbers, numbers for strings, integers
-for a boolean or a float) is a `column_type` violation of every row holding a value. JSON
-Lines has one kind of number: there an integer where a float belongs, or a float with an
-integer value where an integer belongs, is a number that fits.
+float64 list for float32 log probs), or as integers where floats belong (a reward of 0
+or 1), keeps its values where they fit exactly: a token id beyond int32, a log prob
+beyond float32 or an integer reward beyond 2**53 is that row's `column_type` violation.
+A column stored as another type (strings or a Decimal for numbers, floats for integers,
+numbers for strings, integers for a boolean) is a `column_type` violation of every row
+holding a value. JSON Lines has one kind of number: there a float with an integer value
+where an integer belongs is a number that fits too.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def _stored_fits(source: PolarsDataType, target: PolarsDataType, json_numbers: b
         return isinstance(source, pl.Struct) and all(
             _stored_fits(f.dtype, pl.Float64(), json_numbers) for f in source.fields
         )
+    if want == "float" and have == "int":  # an integer is a number a float can hold
+        return True
     if json_numbers and {have, want} <= {"int", "float"}:
         return True
     return have == want
@@ -84,7 +87,9 @@ def _fits(value: pl.Expr, source: PolarsDataType, target: PolarsDataType) -> pl.
     fits = cast.is_not_null()
     if target.is_integer() and source.is_float():
         fits = fits & (value == value.floor())
-    elif target.is_float() and source.is_numeric():
+    elif target.is_float() and source.is_integer():
+        fits = fits & (cast.cast(source, strict=False) == value)
+    elif target.is_float():
         fits = fits & (cast.is_finite() | ~value.is_finite())
     return fits
 

@@ -16,7 +16,7 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.columns import PATH_STEP, TYPE_ERROR
 from pipeline.errors import StepError, Violation, first_line, printable
-from pipeline.io.arrow_types import UnsupportedType
+from pipeline.io.arrow_types import panics_kept_off_stderr, unsupported_in
 from pipeline.io.conform import cast_column, conform, index_leaf_pairs, value_text
 from pipeline.io.discovery import TABLE_SUFFIXES, SourceFile
 from pipeline.io.ipc import read_ipc
@@ -89,15 +89,18 @@ def read_file(path: Path, step: int | None = None) -> ReadFile:
         raise _unreadable(path, step, "the file is empty")
     sha256 = hashlib.sha256(data).hexdigest()
     try:
-        frame = READERS[kind](data)
-    except UnsupportedType as exc:
-        raise _unreadable(path, step, str(exc)) from None
+        with panics_kept_off_stderr() as panicked:
+            try:
+                frame = READERS[kind](data)
+            except pl.exceptions.PanicException:  # a BaseException: it would end the run
+                panicked[0] = True
+                raise
     except JsonLinesError as exc:
         raise _unreadable(path, step, str(exc)) from None
-    except pl.exceptions.PanicException as exc:  # a BaseException: it would end the run
-        raise _unreadable(path, step, f"cannot read {kind}: {first_line(exc)}") from None
-    except Exception as exc:  # noqa: BLE001 - any reader failure is the file's fault
-        raise _unreadable(path, step, f"cannot read {kind}: {first_line(exc)}") from None
+    except (Exception, pl.exceptions.PanicException) as exc:  # noqa: BLE001 - the file's fault
+        problem = unsupported_in(kind, data) if kind != "jsonl" else None
+        reason = problem or f"cannot read {kind}: {first_line(exc)}"
+        raise _unreadable(path, step, reason) from None
     return ReadFile(frame, sha256, info.st_size)
 
 

@@ -6,24 +6,10 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from pipeline.io import arrow_types
 
 # Below this size four reads (each parsing the footer) on a pool cost more than the second
 # core saves (bench/results/).
 SPLIT_READ_BYTES = 4 << 20
-
-
-def check_schema(data: bytes) -> None:
-    """`arrow_types.UnsupportedType` for a column Polars would panic on; a footer pyarrow
-    cannot parse is left for Polars' read to report."""
-    try:
-        schema = pq.read_schema(pa.BufferReader(data))
-    except (pa.ArrowException, OSError, ValueError):
-        return
-    arrow_types.check_schema(schema)
 
 
 def read_parquet(data: bytes) -> pl.DataFrame:
@@ -33,7 +19,6 @@ def read_parquet(data: bytes) -> pl.DataFrame:
     put a whole step in one row group, so a plain read keeps one core busy; the list
     columns hold nearly all the bytes. Any failure of the split read falls back to a plain
     read, whose error is the one to report."""
-    check_schema(data)
     if len(data) < SPLIT_READ_BYTES:
         return pl.read_parquet(data)
     try:

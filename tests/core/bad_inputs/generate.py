@@ -1491,13 +1491,26 @@ def round_three_cases() -> list[Case]:
             "column index must be Int64, but the file stores it as Float64",
             [(0.0, 0), (1.0, 0), (2.0, 0), (3.0, 0), (4.0, 0)],
         ),
-        stored_as(
-            "parquet_reward_as_integers",
-            "reward stored as int64",
-            "reward",
-            [i % 2 for i in range(n)],
-            pl.Int64(),
-            "column reward must be Float64, but the file stores it as Int64",
+        Case(
+            "parquet_reward_integer_beyond_float64",
+            "reward stored as int64 (integers are rewards), 2**53 + 1 on row 5",
+            {
+                f"step={STEP}.parquet": parquet(
+                    base(
+                        **{f"row{i}": {"reward": 2**53 + 1 if i == 5 else i % 2} for i in range(n)}
+                    ),
+                    {"reward": pl.Int64()},
+                )
+            },
+            1,
+            [
+                error(
+                    "column_type",
+                    [(5, 0)],
+                    None,
+                    "column reward must be Float64, got 9007199254740993 at file row 6",
+                )
+            ],
         ),
         stored_as(
             "parquet_weight_versions_as_numbers",
