@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -99,7 +100,8 @@ def _build_one(
         if current is not None:
             progress.step_done()
             print(
-                f"step {step}: up to date, skipped: {args.out / f'step={step}'} was built from "
+                f"step {step}: up to date, skipped: {printable(str(args.out / f'step={step}'))} "
+                "was built from "
                 "the same inputs and settings (--force rebuilds it)"
             )
             return True
@@ -117,7 +119,7 @@ def _build_one(
         print_violations("build", [os_violation(exc, args.out, step)])
         return False
     progress.step_done()
-    print(summary_line(manifest, step_folder(args.out, step)))
+    print(printable(summary_line(manifest, step_folder(args.out, step))))
     for line in alarm_lines(manifest):
         print(line)
     _warn("build", manifest)
@@ -179,7 +181,7 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.format == "json":
         for entry in report:
             entry["violations"] = [v.__dict__ for v in entry["violations"]]
-        print(json.dumps(report, indent=2))
+        print(json.dumps(_strict_json(report), indent=2, allow_nan=False))
     else:
         for entry in report:
             if entry["valid"]:
@@ -189,6 +191,20 @@ def run_validate(args: argparse.Namespace) -> int:
             else:
                 print_violations("validate", entry["violations"])
     return 0 if all(entry["valid"] for entry in report) else 1
+
+
+def _strict_json(value: Any) -> Any:
+    """`value` as strict JSON can hold it: the (index, leaf) values a violation names are
+    as the file stored them, and may be NaN, an infinity or a Decimal (shown as text)."""
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict_json(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
 
 
 def run_parity(args: argparse.Namespace) -> int:

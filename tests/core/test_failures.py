@@ -332,3 +332,31 @@ def test_validate_waits_for_the_success_marker_too(
         "is there\n"
     )
     assert code_complete == 0 and "step 1: valid, 4 rows" in complete.out
+
+
+def test_validate_json_is_strict_json_whatever_the_rows_hold(
+    rows_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A column stored as Decimal or as floats names its rows by the values stored: a
+    Decimal and a NaN index are text in `validate --format json`, never bare NaN."""
+    from decimal import Decimal
+
+    rows = [sample(i, reward=float(i % 2)) for i in range(4)]
+    frame = pl.DataFrame(rows).with_columns(
+        pl.Series("index", [Decimal("0.5"), Decimal(1), Decimal(2), Decimal(3)], pl.Decimal(4, 1))
+    )
+    rows_dir.mkdir(parents=True, exist_ok=True)
+    frame.write_parquet(rows_dir / "step=1.parquet")
+    frame.with_columns(pl.Series("index", [float("nan"), 1.0, 2.0, 3.0])).with_columns(
+        pl.lit(2).alias("step")
+    ).write_parquet(rows_dir / "step=2.parquet")
+
+    code = main(["validate", str(rows_dir), "--format", "json", *GBS])
+    out = capsys.readouterr().out
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"bare {constant} in the JSON")
+
+    report = json.loads(out, parse_constant=refuse)
+    assert code == 1
+    assert [entry["violations"][0]["rows"][0] for entry in report] == [["0.5", 0], ["nan", 0]]
