@@ -179,6 +179,8 @@ def find_sources(
                     child.is_dir() and STEP_FOLDER_LOOK_ALIKE.match(child.name)
                 ):
                     passed.append(child)
+                elif child.is_dir() and _holds_tables(child):
+                    passed.append(child)
     if notes is not None:
         notes += [_skipped_note(path) for path in passed]
         notes += [
@@ -194,8 +196,16 @@ def find_sources(
     return found
 
 
+def _holds_tables(folder: Path) -> bool:
+    """Whether a folder that is no step folder holds files named like tables, which a
+    user may believe are read."""
+    return any(_is_table(p) or _look_alike(p) for p in _walk(folder))
+
+
 def _skipped_note(path: Path) -> str:
-    if path.is_dir():
+    if path.is_dir() and not STEP_FOLDER_LOOK_ALIKE.match(path.name):
+        why = "a folder that is not a step folder (step=<N>): the tables under it are not read"
+    elif path.is_dir():
         why = "a folder named like a step but not step=<N> exactly (lower case, digits only)"
     else:
         why = "not a regular file named step=<N>.parquet, .arrow, .feather or .jsonl (lower case)"

@@ -1708,6 +1708,12 @@ def round_three_cases() -> list[Case]:
             sorted(weird),
         ),
         accepted(
+            "tables_in_a_folder_that_is_no_step_folder_skipped",
+            "archive/step=7.parquet beside step=7.parquet: not read, but said so",
+            {f"step={STEP}.parquet": valid, f"archive/old/step={STEP}.parquet": valid},
+            ["archive"],
+        ),
+        accepted(
             "hidden_and_underscore_entries_not_read",
             "Spark's _temporary attempt files, _SUCCESS and dot files inside step=7/",
             {
