@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pipeline.errors import StepError, UsageError, os_violation
+from pipeline.errors import StepError, UsageError, os_violation, printable
 from pipeline.process import tune_process
 from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
 
@@ -124,7 +124,7 @@ def _run(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except UsageError as exc:
-        print(f"{PROG}: usage error: {exc}", file=sys.stderr)
+        print(f"{PROG}: usage error: {printable(str(exc))}", file=sys.stderr)
         return 2
     except StepError as exc:
         commands.print_violations(args.command, exc.violations)

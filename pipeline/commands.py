@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -15,8 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import StepError, UsageError, Violation, os_violation
-from pipeline.io.readers import SourceFile, find_sources, group_steps
+from pipeline.errors import StepError, UsageError, Violation, os_violation, printable
+from pipeline.io.discovery import SourceFile, find_sources
+from pipeline.io.load import group_steps
 from pipeline.io.writer import clean_stale, step_folder
 from pipeline.manifest import Manifest
 from pipeline.progress import Progress
@@ -64,13 +66,20 @@ def _inputs_exist(inputs: Sequence[str]) -> None:
 
 
 def _steps(
-    inputs: Sequence[str], session_version: str | None = None, skipped: list[Path] | None = None
+    inputs: Sequence[str],
+    settings: Settings | RowSettings,
+    session_version: str | None = None,
+    skipped: list[Path] | None = None,
 ) -> dict[int, list[SourceFile]]:
     notes: list[str] = []
-    steps = group_steps(find_sources(inputs, session_version, notes, skipped))
+    incomplete: list[Path] = []
+    sources = find_sources(
+        inputs, session_version, notes, skipped, settings.require_success_marker, incomplete
+    )
+    steps = group_steps(sources)
     for note in notes:
-        print(f"{PROG}: note: {note}", file=sys.stderr)
-    if not steps:
+        print(f"{PROG}: note: {printable(note)}", file=sys.stderr)
+    if not steps and not incomplete:
         raise UsageError(f"no rollout tables found under {', '.join(inputs)}")
     return steps
 
@@ -91,6 +100,13 @@ def check_out(out: Path, inputs: Sequence[str]) -> None:
     shards, or writing into the data it reads, is a usage error."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a folder")
+    try:
+        str(out.resolve()).encode("utf-8")
+    except UnicodeEncodeError:  # Polars takes UTF-8 paths only: it could not write there
+        raise UsageError(
+            f"--out {out} has a name that is not UTF-8 text: choose an output folder whose "
+            "path is UTF-8"
+        ) from None
     resolved = out.resolve()
     for raw in inputs:
         root = Path(raw).resolve()
@@ -114,7 +130,8 @@ def _build_one(
         if current is not None:
             progress.step_done()
             print(
-                f"step {step}: up to date, skipped: {args.out / f'step={step}'} was built from "
+                f"step {step}: up to date, skipped: {printable(str(args.out / f'step={step}'))} "
+                "was built from "
                 "the same inputs and settings (--force rebuilds it)"
             )
             return True
@@ -133,7 +150,7 @@ def _build_one(
         print_violations("build", [os_violation(exc, args.out, step)])
         return False
     progress.step_done()
-    print(summary_line(manifest, step_folder(args.out, step)))
+    print(printable(summary_line(manifest, step_folder(args.out, step))))
     _warn("build", manifest)
     return True
 
@@ -155,7 +172,7 @@ def run_build(args: argparse.Namespace) -> int:
     check_out(args.out, args.inputs)
     clean_stale(args.out)
     skipped: list[Path] = []
-    steps = _steps(args.inputs, args.session_version, skipped)
+    steps = _steps(args.inputs, settings, args.session_version, skipped)
     progress = Progress(len(steps), STAGE_NAMES)
     built = [
         _build_one(step, files, settings, args, progress, skipped_files(skipped, step))
@@ -174,7 +191,7 @@ def run_validate(args: argparse.Namespace) -> int:
         settings = make_row_settings(values)
         print(f"{PROG}: note: {ROWS_ONLY}", file=sys.stderr)
     report: list[dict[str, Any]] = []
-    steps = _steps(args.inputs, args.session_version)
+    steps = _steps(args.inputs, settings, args.session_version)
     # JSON output is for machines: no progress lines mixed into it.
     stages = STAGE_NAMES[:2] if isinstance(settings, Settings) else STAGE_NAMES[:1]
     progress = Progress(len(steps), stages, quiet=args.format == "json")
@@ -202,7 +219,7 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.format == "json":
         for entry in report:
             entry["violations"] = [v.__dict__ for v in entry["violations"]]
-        print(json.dumps(report, indent=2))
+        print(json.dumps(_strict_json(report), indent=2, allow_nan=False))
     else:
         for entry in report:
             if not entry["valid"]:
@@ -214,6 +231,20 @@ def run_validate(args: argparse.Namespace) -> int:
             else:
                 print(f"step {step}: rows valid, {n['ingested']} rows (batch not checked)")
     return 0 if all(entry["valid"] for entry in report) else 1
+
+
+def _strict_json(value: Any) -> Any:
+    """`value` as strict JSON can hold it: the (index, leaf) values a violation names are
+    as the file stored them, and may be NaN, an infinity or a Decimal (shown as text)."""
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict_json(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
 
 
 def run_parity(args: argparse.Namespace) -> int:

@@ -3,7 +3,32 @@
 from __future__ import annotations
 
 import errno
+import re
 from dataclasses import dataclass, field
+
+# Characters that would end a line, move the cursor or hide text on a terminal, or that are
+# not text at all (a byte of a name that is not UTF-8, kept by Python as a lone surrogate).
+_UNPRINTABLE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's stand-in for a byte that is not UTF-8
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """`text` safe for one line of a terminal or a log: newlines, escape sequences and
+    other control or direction characters, and the bytes of a name that is not UTF-8,
+    shown as backslash escapes (a file name cannot split or forge a message line)."""
+    return _UNPRINTABLE.sub(_escaped, text)
 
 
 class UsageError(Exception):
@@ -35,7 +60,7 @@ class Violation:
                 f" and {self.n_rows - len(self.rows)} more" if self.n_rows > len(self.rows) else ""
             )
             text += f"; rows (index, leaf): {shown}{more}"
-        return text
+        return printable(text)
 
 
 class StepError(Exception):
@@ -53,7 +78,7 @@ def error_lines(command: str, exc: StepError | UsageError) -> list[str]:
     """The lines the command line prints for an error, which `make run` and the Dagster
     UI show first too."""
     if isinstance(exc, UsageError):
-        return [f"{PROG}: usage error: {exc}"]
+        return [f"{PROG}: usage error: {printable(str(exc))}"]
     return [f"{PROG}: {command}: {violation.line()}" for violation in exc.violations]
 
 

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 from pipeline import columns as c
 from pipeline.columns import IN_LEFT, IN_RIGHT, INPUT_POSITION, OCCURRENCE, PATH_STEP, RANK_POSITION
 from pipeline.errors import StepError, UsageError, Violation
-from pipeline.io.readers import find_sources, group_steps, load_step, read_table
+from pipeline.io.discovery import find_sources
+from pipeline.io.load import group_steps, load_step, read_table
 from pipeline.manifest import MANIFEST
 
 BUILD_KEYS: tuple[str, ...] = (c.STEP, c.BATCH_POSITION)

@@ -81,6 +81,9 @@ class Settings(BaseModel):
         "strict",
         description="`repair` fixes legacy rollout ids (before miles PR #2536) and counts them.",
     )
+    require_success_marker: bool = Field(
+        False, description="Read a step folder only once its producer wrote step=<N>/_SUCCESS."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -121,6 +124,7 @@ ROW_SETTINGS = (
     "reward_key",
     "on_invalid",
     "rollout_id_policy",
+    "require_success_marker",
 )
 
 
@@ -140,6 +144,7 @@ class RowSettings(BaseModel):
     reward_key: str | None = _field_of_settings("reward_key")
     on_invalid: Literal["fail", "quarantine"] = _field_of_settings("on_invalid")
     rollout_id_policy: Literal["strict", "repair"] = _field_of_settings("rollout_id_policy")
+    require_success_marker: bool = _field_of_settings("require_success_marker")
 
     @property
     def normalizes_rewards(self) -> bool:

@@ -12,7 +12,8 @@ import polars as pl
 import pytest
 
 from pipeline.columns import INPUT_SCHEMA
-from pipeline.io.readers import find_sources, group_steps
+from pipeline.io.discovery import find_sources
+from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
 from pipeline.step.build import build_step
 from pipeline.step.ingest import load_samples

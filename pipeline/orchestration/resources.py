@@ -16,7 +16,7 @@ import dagster as dg
 from pydantic import Field
 
 from pipeline.errors import UsageError
-from pipeline.io.readers import STEP_FOLDER, SourceFile
+from pipeline.io.discovery import STEP_FOLDER, SourceFile
 from pipeline.settings import Settings, data_settings_files, load_settings
 from pipeline.step.roots import StepRoots
 
@@ -118,8 +118,8 @@ class RolloutStorage(dg.ConfigurableResource):
         return StepRoots(input_root=self.input_path, output_root=self.output_path)
 
     def steps(self) -> dict[int, list[SourceFile]]:
-        """Every step under the input root with its files in batch order."""
-        return self.roots().steps()
+        """Every complete step under the input root with its files in batch order."""
+        return self.roots().steps(self.settings().require_success_marker)
 
     def step_sources(self, step: int) -> list[SourceFile]:
         return self.roots().step_sources(step)

@@ -15,7 +15,7 @@ import dagster as dg
 
 from pipeline.definitions import defs
 from pipeline.errors import PROG, StepError, UsageError, error_lines
-from pipeline.io.readers import SourceFile
+from pipeline.io.discovery import SourceFile
 from pipeline.orchestration.jobs import rollout_step_job
 from pipeline.orchestration.partitions import partition_key, rollout_steps
 from pipeline.orchestration.resources import RolloutStorage

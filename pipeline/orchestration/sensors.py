@@ -6,7 +6,7 @@ import dagster as dg
 
 from pipeline.assets import GROUP
 from pipeline.errors import StepError, UsageError
-from pipeline.io.checksums import sha256_of
+from pipeline.io.checksums import input_digest
 from pipeline.orchestration.jobs import rollout_step_job
 from pipeline.orchestration.partitions import partition_key, rollout_steps
 from pipeline.orchestration.resources import RolloutStorage
@@ -57,7 +57,7 @@ def rollout_steps_sensor(
                 cursor[key] = previous
             continue
         budget -= 1
-        hashes = [sha256_of(source.path) for source in sources]
+        hashes = [input_digest(source.path) for source in sources]
         content = content_hash(hashes, settings)
         cursor[key] = [stats, content]
         if previous is not None and previous[1] == content:

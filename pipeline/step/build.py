@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pipeline.io import writer
-from pipeline.io.readers import SourceFile
+from pipeline.io.discovery import SourceFile
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
 from pipeline.step.freshness import current_manifest

@@ -9,12 +9,13 @@ stats (`stat_fingerprint`, `recorded_sha256`) and hash only what changed.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.io import writer
-from pipeline.io.checksums import sha256_of
-from pipeline.io.readers import SourceFile
+from pipeline.io.checksums import input_digest, sha256_of
+from pipeline.io.discovery import SourceFile
 from pipeline.manifest import MANIFEST, Manifest
 from pipeline.settings import Settings
 
@@ -74,7 +75,7 @@ def current_manifest(
         return None
     if [record.path for record in manifest.inputs] != [str(source.path) for source in sources]:
         return None
-    checksums = [sha256_of(source.path) for source in sources]
+    checksums = [input_digest(source.path) for source in sources]
     if not shards_are_current(manifest, checksums, settings):
         return None
     if not _folder_matches(manifest, writer.step_folder(out_root, step), hash_outputs=True):
@@ -90,8 +91,8 @@ def stat_fingerprint(sources: Sequence[SourceFile], settings: Settings) -> str:
     """Cheap: paths, sizes and mtimes of a step's files, and the settings."""
     stats = []
     for source in sources:
-        st = source.path.stat()
-        stats.append(f"{source.path}:{st.st_size}:{st.st_mtime_ns}")
+        st = _stat(source.path)
+        stats.append(f"{source.path}:{st.st_size}:{st.st_mtime_ns}" if st else f"{source.path}:-")
     return _digest(settings.to_json(), *stats)
 
 
@@ -107,10 +108,23 @@ def recorded_sha256(
     spares hashing every input of every step on every tick."""
     recorded = [record.sha256 for record in manifest.inputs]
     written_ns = manifest_path.stat().st_mtime_ns
+    stats = [_stat(source.path) for source in sources]
     unchanged = len(recorded) == len(sources) and all(
-        source.path.stat().st_mtime_ns <= written_ns for source in sources
+        st is not None and st.st_mtime_ns <= written_ns for st in stats
     )
-    return recorded if unchanged else [sha256_of(source.path) for source in sources]
+    return recorded if unchanged else [input_digest(source.path) for source in sources]
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    """The file's stat; a dangling symlink's own (its step is built to name it), None
+    for a file gone since it was found."""
+    try:
+        return path.stat()
+    except OSError:
+        try:
+            return path.lstat()
+        except OSError:
+            return None
 
 
 def shard_state(

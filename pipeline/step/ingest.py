@@ -12,7 +12,8 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.columns import PATH_STEP, REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError
-from pipeline.io.readers import SourceFile, load_step
+from pipeline.io.discovery import SourceFile
+from pipeline.io.load import load_step
 from pipeline.schemas.validate import validate_step
 from pipeline.settings import RowSettings, Settings
 from pipeline.step.tables import SampleTable
@@ -88,7 +89,7 @@ def load_samples(
     return SampleTable(
         step=step,
         frame=verdict.valid.drop(ROW_ID, TYPE_ERROR),
-        files=loaded.inputs,
+        files=loaded.files,
         ignored_columns=loaded.ignored_columns,
         ingested=loaded.frame.height,
         repaired=repaired,

@@ -12,7 +12,8 @@ from typing import Any
 
 from pipeline.errors import UsageError
 from pipeline.io import writer
-from pipeline.io.readers import SourceFile, find_sources, group_steps
+from pipeline.io.discovery import SourceFile, find_sources
+from pipeline.io.load import group_steps
 
 # Intermediate assets live under the output root, beside the step folders but hidden from
 # a trainer that looks for `step=<N>/`.
@@ -26,11 +27,12 @@ class StepRoots:
     input_root: Path
     output_root: Path
 
-    def steps(self) -> dict[int, list[SourceFile]]:
-        """Every step under the input root with its files in batch order."""
+    def steps(self, require_marker: bool = False) -> dict[int, list[SourceFile]]:
+        """Every step under the input root with its files in batch order (with
+        `require_marker`, only step folders holding `_SUCCESS`)."""
         if not self.input_root.is_dir():
             raise UsageError(f"input root {self.input_root} is not a folder")
-        return group_steps(find_sources([self.input_root]))
+        return group_steps(find_sources([self.input_root], require_marker=require_marker))
 
     def step_sources(self, step: int) -> list[SourceFile]:
         sources = self.steps().get(step)

@@ -23,6 +23,7 @@ import polars as pl
 import pytest
 
 from pipeline.cli import main
+from pipeline.errors import printable
 from tests.conftest import REPO
 from tests.core.bad_inputs.generate import STEP, cases, generate
 
@@ -141,9 +142,11 @@ def _check_refused(folder: Path, spec: dict[str, Any], stderr: str) -> None:
         if expected["step"] is None:
             assert not line.startswith(PREFIX + "step "), line
         for name in expected["files"]:
-            assert str(folder / "input" / name) in line, line
+            assert printable(str(folder / "input" / name)) in line, line
         if expected["rows"]:
-            assert line.endswith(_rows_text(expected["rows"])), line
+            more = expected.get("more", 0)
+            tail = f" and {more} more" if more else ""
+            assert line.endswith(_rows_text(expected["rows"]) + tail), line
         else:
             assert "rows (index, leaf)" not in line, line
         assert expected["text"] in line, line
@@ -190,7 +193,10 @@ def test_case(corpus: dict[str, tuple[Path, Result]], name: str) -> None:
     spec = json.loads((folder / "case.json").read_text())
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode == spec["exit"], result.stderr
-    notes = [f"{PROG}: note: skipped {folder / 'input' / name}: " for name in spec["notes"]]
+    notes = [
+        f"{PROG}: note: skipped {printable(str(folder / 'input' / name))}: "
+        for name in spec["notes"]
+    ]
     lines = result.stderr.splitlines()
     assert [line for line in lines if line.startswith(f"{PROG}: note: ")] == [
         line for note in notes for line in lines if line.startswith(note)

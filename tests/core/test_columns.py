@@ -176,7 +176,8 @@ exec(compile(source.replace(marker, sys.argv[2] + marker), "columns.py", "exec")
 
 import polars as pl
 from pipeline.errors import StepError
-from pipeline.io.readers import find_sources, group_steps
+from pipeline.io.discovery import find_sources
+from pipeline.io.load import group_steps
 from pipeline.settings import Settings
 from pipeline.step.build import build_step
 from pipeline.step.write import dataset_card

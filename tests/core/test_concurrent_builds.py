@@ -13,7 +13,8 @@ import pytest
 
 from pipeline.io import writer
 from pipeline.io.checksums import sha256_of
-from pipeline.io.readers import find_sources, group_steps
+from pipeline.io.discovery import find_sources
+from pipeline.io.load import group_steps
 from pipeline.settings import Settings
 from pipeline.step import build as build_module
 from pipeline.step import ingest, stages

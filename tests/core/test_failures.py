@@ -15,7 +15,8 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.io import writer
-from pipeline.io.readers import find_sources, group_steps
+from pipeline.io.discovery import find_sources
+from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
 from pipeline.step import write
 from pipeline.step.freshness import current_manifest
@@ -235,3 +236,127 @@ def test_one_file_given_twice_is_refused(
         f"{path} is given twice: its rows would be read twice\n"
     )
     assert not out.exists() or [p for p in out.iterdir() if p.name != ".locks"] == []
+
+
+def _with_bad_step_2(root: Path, bad: Callable[[Path], None]) -> Path:
+    write_step(root, [sample(i, reward=float(i % 2)) for i in range(4)])
+    bad(root)
+    return root
+
+
+def _arrow_list_view(root: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.ipc
+
+    rows = pl.DataFrame([sample(i, step=2, reward=float(i % 2)) for i in range(4)]).to_arrow()
+    tokens = pa.array(rows.column("tokens").to_pylist(), pa.list_view(pa.int32()))
+    rows = rows.set_column(rows.column_names.index("tokens"), "tokens", tokens)
+    with pyarrow.ipc.new_file(root / "step=2.arrow", rows.schema) as sink:
+        sink.write_table(rows)
+
+
+def _dangling_step_folder(root: Path) -> None:
+    (root / "step=2").symlink_to(root / "gone")
+
+
+@pytest.mark.parametrize(
+    ("bad", "line"),
+    [
+        (
+            _arrow_list_view,
+            "step=2.arrow: rule unreadable_file: unsupported Arrow type "
+            "list_view<item: int32> in column tokens",
+        ),
+        (
+            _dangling_step_folder,
+            "step=2: rule unreadable_file: cannot open the file (a dangling symlink)",
+        ),
+    ],
+    ids=["unsupported_arrow_type", "dangling_step_folder_link"],
+)
+def test_a_step_that_cannot_be_read_leaves_the_others_built(
+    rows_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    bad: Callable[[Path], None],
+    line: str,
+) -> None:
+    out = tmp_path / "shards"
+    code, stdout, err = build(capsys, _with_bad_step_2(rows_dir, bad), "--out", out)
+
+    assert code == 1
+    assert err == f"rollout-shards: build: step 2: {rows_dir}/{line}\n"
+    assert (out / "step=1" / "manifest.json").exists()
+    assert not (out / "step=2").exists()
+    assert "step 1: 4 rows in" in stdout
+
+
+def test_a_panic_inside_polars_is_one_line_and_the_other_steps_go_on(
+    rows_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    """Polars' PanicException is a BaseException: caught as the file's, not the run's."""
+    from pipeline.io import load
+
+    def panics(data: bytes) -> pl.DataFrame:
+        raise pl.exceptions.PanicException("not yet implemented")
+
+    monkeypatch.setitem(load.READERS, "ipc", panics)
+    root = _with_bad_step_2(
+        rows_dir, lambda root: pl.DataFrame([sample(0, step=2)]).write_ipc(root / "step=2.arrow")
+    )
+    code, _, err = build(capsys, root, "--out", tmp_path / "shards")
+
+    assert code == 1
+    assert err == (
+        f"rollout-shards: build: step 2: {root}/step=2.arrow: rule unreadable_file: "
+        "cannot read ipc: not yet implemented\n"
+    )
+    assert (tmp_path / "shards" / "step=1" / "manifest.json").exists()
+
+
+def test_validate_waits_for_the_success_marker_too(
+    rows_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_step(rows_dir / "step=1", [sample(i, reward=float(i % 2)) for i in range(4)])
+
+    code = main(["validate", str(rows_dir), "--require-success-marker", *GBS])
+    waiting = capsys.readouterr()
+    (rows_dir / "step=1" / "_SUCCESS").write_text("")
+    code_complete = main(["validate", str(rows_dir), "--require-success-marker", *GBS])
+    complete = capsys.readouterr()
+
+    assert code == 0 and waiting.out == ""
+    assert waiting.err == (
+        f"rollout-shards: note: skipped {rows_dir}/step=1: no _SUCCESS marker yet "
+        "(require_success_marker): the step is not complete, it is built once the marker "
+        "is there\n"
+    )
+    assert code_complete == 0 and "step 1: valid, 4 rows" in complete.out
+
+
+def test_validate_json_is_strict_json_whatever_the_rows_hold(
+    rows_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A column stored as Decimal or as floats names its rows by the values stored: a
+    Decimal and a NaN index are text in `validate --format json`, never bare NaN."""
+    from decimal import Decimal
+
+    rows = [sample(i, reward=float(i % 2)) for i in range(4)]
+    frame = pl.DataFrame(rows).with_columns(
+        pl.Series("index", [Decimal("0.5"), Decimal(1), Decimal(2), Decimal(3)], pl.Decimal(4, 1))
+    )
+    rows_dir.mkdir(parents=True, exist_ok=True)
+    frame.write_parquet(rows_dir / "step=1.parquet")
+    frame.with_columns(pl.Series("index", [float("nan"), 1.0, 2.0, 3.0])).with_columns(
+        pl.lit(2).alias("step")
+    ).write_parquet(rows_dir / "step=2.parquet")
+
+    code = main(["validate", str(rows_dir), "--format", "json", *GBS])
+    out = capsys.readouterr().out
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"bare {constant} in the JSON")
+
+    report = json.loads(out, parse_constant=refuse)
+    assert code == 1
+    assert [entry["violations"][0]["rows"][0] for entry in report] == [["0.5", 0], ["nan", 0]]

@@ -61,7 +61,8 @@ def test_the_orchestration_layer_is_what_imports_dagster() -> None:
 BUILD_AND_LIST_MODULES = """
 import sys
 from pathlib import Path
-from pipeline.io.readers import find_sources, group_steps
+from pipeline.io.discovery import find_sources
+from pipeline.io.load import group_steps
 from pipeline.settings import Settings
 from pipeline.step.build import build_step
 from pipeline.errors import StepError

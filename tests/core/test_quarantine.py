@@ -167,7 +167,7 @@ def test_problems_without_rows_fail_the_step_even_in_quarantine(
     rows_dir: Path, tmp_path: Path
 ) -> None:
     folder = rows_dir / "step=1"
-    write_step(folder, [sample(i) for i in range(4)], step=0)
+    write_step(folder, [sample(i) for i in range(4)], step=0).rename(folder / "part-0.parquet")
     write_step(folder, [{k: v for k, v in sample(i).items() if k != "tokens"} for i in (4, 5)])
     with pytest.raises(StepError) as error:
         build(rows_dir, tmp_path / "out", **Q)

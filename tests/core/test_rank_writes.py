@@ -16,9 +16,8 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.errors import StepError
-from pipeline.io import readers
-from pipeline.io.readers import find_sources, group_steps, read_table
+from pipeline.io.discovery import find_sources
+from pipeline.io.load import group_steps
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
 from pipeline.step import stages, staging
@@ -50,37 +49,6 @@ def step_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _digests(manifest: Manifest) -> list[str]:
     return [output.sha256 for output in manifest.outputs]
-
-
-def test_parallel_column_read_equals_a_plain_read(step_dir: Path) -> None:
-    path = step_dir / "step=0.parquet"
-    assert path.stat().st_size >= readers.SPLIT_READ_BYTES  # the read that splits
-    got = read_table(path)
-    assert got.columns == pl.read_parquet_schema(path).names()
-    assert got.equals(pl.read_parquet(path))
-
-
-def test_a_small_parquet_file_is_read_plainly(
-    step_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Below SPLIT_READ_BYTES one read, without a pool of column reads, gives the table."""
-    path = tmp_path / "step=0.parquet"
-    pl.read_parquet(step_dir / "step=0.parquet").head(64).write_parquet(path)
-    assert path.stat().st_size < readers.SPLIT_READ_BYTES
-
-    def no_pool(*args: object, **kwargs: object) -> None:
-        raise AssertionError("a small file started a pool of column reads")
-
-    monkeypatch.setattr(readers, "ThreadPoolExecutor", no_pool)
-    assert read_table(path).equals(pl.read_parquet(path))
-
-
-def test_a_damaged_parquet_file_is_still_reported_as_unreadable(tmp_path: Path) -> None:
-    path = tmp_path / "step=0.parquet"
-    path.write_bytes(b"PAR1 not really parquet PAR1")
-    with pytest.raises(StepError) as error:
-        read_table(path, 0)
-    assert error.value.violations[0].rule == "unreadable_file"
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,8 @@ import polars as pl
 import pytest
 
 from pipeline.errors import StepError
-from pipeline.io.readers import find_sources, group_steps, load_step
+from pipeline.io.discovery import find_sources
+from pipeline.io.load import group_steps, load_step
 from tests.conftest import sample, table, write_step
 
 
@@ -46,7 +47,7 @@ def test_extra_columns_are_ignored_and_listed(tmp_path: Path) -> None:
     loaded = load_step(1, group_steps(find_sources([tmp_path]))[1])
     assert loaded.ignored_columns == ["judge", "latency"]
     assert "judge" not in loaded.frame.columns
-    assert loaded.inputs[0]["rows"] == 1 and len(loaded.inputs[0]["sha256"]) == 64
+    assert loaded.files[0]["rows"] == 1 and len(loaded.files[0]["sha256"]) == 64
 
 
 def test_a_table_without_step_in_name_or_column_is_refused(tmp_path: Path) -> None:

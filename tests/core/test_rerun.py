@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.io.readers import find_sources, group_steps
+from pipeline.io.discovery import find_sources
+from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
 from pipeline.step.build import build_step
 from pipeline.step.freshness import current_manifest

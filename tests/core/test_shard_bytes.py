@@ -10,7 +10,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.io.readers import find_sources, group_steps, sha256_of
+from pipeline.io.checksums import sha256_of
+from pipeline.io.discovery import find_sources
+from pipeline.io.load import group_steps
 from pipeline.settings import Settings
 from pipeline.step.build import build_step
 from tests.conftest import sample, write_step

@@ -12,7 +12,8 @@ import polars as pl
 import pytest
 
 from pipeline.errors import StepError
-from pipeline.io.readers import find_sources, group_steps
+from pipeline.io.discovery import find_sources
+from pipeline.io.load import group_steps
 from pipeline.schemas import validate
 from tests.conftest import plan, sample, write_step
 from tests.core.test_schema_rules import CASES
@@ -65,7 +66,7 @@ def test_log_probs_are_judged_finite_by_their_sums_then_value_by_value(tmp_path:
     """The quick test (a list's sum is finite) and the exact one (every value is finite)
     agree on every row of `light_frame`, finite values whose float32 sum overflows included."""
     from pipeline import columns as c
-    from pipeline.io.readers import load_step
+    from pipeline.io.load import load_step
     from pipeline.transforms import samples
 
     nan, inf = float("nan"), float("inf")
@@ -99,7 +100,7 @@ def test_log_probs_are_judged_finite_by_their_sums_then_value_by_value(tmp_path:
 def test_a_loss_mask_is_judged_binary_by_its_least_and_greatest_value(tmp_path: Path) -> None:
     """MASK_BINARY from the list's min and max is what testing each value gives."""
     from pipeline import columns as c
-    from pipeline.io.readers import load_step
+    from pipeline.io.load import load_step
     from pipeline.transforms import samples
 
     masks = [[0, 1, 1], [0, 2], [-1, 0], [], None, [None, 1], [None], [None, 3], [1] * 50 + [5]]

@@ -31,7 +31,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 from pipeline import cli
 from pipeline import columns as c
 from pipeline.io import writer
-from pipeline.io.readers import sha256_of
+from pipeline.io.checksums import sha256_of
 from pipeline.manifest import MANIFEST
 from pipeline.orchestration.partitions import partition_key, rollout_steps
 from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV

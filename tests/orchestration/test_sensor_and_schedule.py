@@ -171,8 +171,8 @@ def test_a_quiet_tick_hashes_nothing_and_a_big_folder_is_hashed_in_slices(
     instance: dg.DagsterInstance, roots: Roots, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hashed: list[Path] = []
-    real_sha256 = sensors.sha256_of
-    monkeypatch.setattr(sensors, "sha256_of", lambda path: hashed.append(path) or real_sha256(path))
+    real = sensors.input_digest
+    monkeypatch.setattr(sensors, "input_digest", lambda path: hashed.append(path) or real(path))
     monkeypatch.setattr(sensors, "MAX_STEPS_HASHED_PER_TICK", 3)
 
     first = _tick(instance)

@@ -10,7 +10,8 @@ thing broken. `case.json` holds:
 - `exit`: the expected exit status;
 - `errors`: one entry per broken rule, in any order, each with `rule`, `step` (or null),
   `files` (paths under `input/`, or []), `rows` (the (index, leaf) pairs the line names,
-  [] when the problem names none) and `text` (a phrase the line must contain);
+  [] when the problem names none; `more`: how many rows it counts beyond those five) and
+  `text` (a phrase the line must contain);
 - `outcome` (exit 0 only): the manifest's `counts`, `ignored_columns` and
   `skipped_files` (paths under `input/`), and the quarantined rows as (index, leaf,
   reason) in batch order;
@@ -35,10 +36,14 @@ import sys
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.ipc
+import pyarrow.parquet as pq
 
 # The contract's column types (CONTRACT.md section 1), written out here so the corpus
 # states the contract independently of the pipeline's code.
@@ -172,14 +177,17 @@ def error(
     files: list[str] | None = None,
     text: str = "",
     step: int | None = STEP,
+    more: int = 0,
 ) -> dict[str, Any]:
-    return {
+    """`rows` are the first five the line names, `more` how many it counts beyond them."""
+    spec = {
         "rule": rule,
         "step": step,
         "files": files if files is not None else [f"step={STEP}.parquet"],
         "rows": [list(pair) for pair in rows or []],
         "text": text,
     }
+    return {**spec, "more": more} if more else spec
 
 
 def invalid(name: str, what: str, rows: list[Row], rule: str, where: list, text: str = "") -> Case:
@@ -333,9 +341,11 @@ def column_cases() -> list[Case]:
             [
                 error(
                     "column_type",
-                    [],
+                    [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0)],
                     None,
-                    "column tokens must be List(Int32), but the file stores it as String",
+                    "column tokens must be List(Int32), but the file stores it as String; "
+                    'file row 1 holds "11 12 13 14 15 16"',
+                    more=3,
                 )
             ],
         ),
@@ -357,10 +367,11 @@ def column_cases() -> list[Case]:
             [
                 error(
                     "column_type",
-                    [],
+                    [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0)],
                     None,
                     "column tokens must be List(Int32), but the file stores it as "
-                    "List(Struct({'id': Int32}))",
+                    "List(Struct({'id': Int32})); file row 1 holds",
+                    more=3,
                 )
             ],
         ),
@@ -516,7 +527,7 @@ def column_cases() -> list[Case]:
         ),
         Case(
             "remove_sample_two",
-            "remove_sample stored as the integer 2",
+            "remove_sample stored as integers (2 on row 3): an integer is not a boolean",
             {
                 f"step={STEP}.parquet": parquet(
                     base(**{f"row{i}": {"remove_sample": 2 if i == 3 else 0} for i in range(8)}),
@@ -524,7 +535,16 @@ def column_cases() -> list[Case]:
                 )
             },
             1,
-            [error("column_type", [(3, 0)], None, "column remove_sample must be Boolean, got 2")],
+            [
+                error(
+                    "column_type",
+                    [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0)],
+                    None,
+                    "column remove_sample must be Boolean, but the file stores it as Int64; "
+                    "file row 1 holds 0",
+                    more=3,
+                )
+            ],
         ),
         invalid(
             "rollout_log_probs_wrong_length",
@@ -1436,6 +1456,488 @@ def yaml_config_cases() -> list[Case]:
     ]
 
 
+def arrow_table(rows: list[Row], columns: dict[str, pa.Array]) -> pa.Table:
+    """The valid rows as Arrow, with `columns` replaced or added."""
+    table = frame(rows).to_arrow()
+    for name, values in columns.items():
+        if name in table.column_names:
+            table = table.set_column(table.column_names.index(name), name, values)
+        else:
+            table = table.append_column(name, values)
+    return table
+
+
+def arrow_ipc(rows: list[Row], columns: dict[str, pa.Array]) -> bytes:
+    table = arrow_table(rows, columns)
+    sink = io.BytesIO()
+    with pyarrow.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def arrow_parquet(rows: list[Row], columns: dict[str, pa.Array]) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(arrow_table(rows, columns), sink)
+    return sink.getvalue()
+
+
+FIRST_FIVE = [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0)]
+ARROW_FILE = f"step={STEP}.arrow"
+
+
+def stored_as(
+    name: str,
+    what: str,
+    column: str,
+    values: list[Any],
+    dtype: pl.DataType,
+    text: str,
+    rows: list[tuple[Any, Any]] = FIRST_FIVE,
+) -> Case:
+    """A Parquet step whose `column` is stored as `dtype`: every row holding a value is
+    refused, none is cast. The line names rows by the (index, leaf) values as stored."""
+    written = base(**{f"row{i}": {column: value} for i, value in enumerate(values)})
+    return Case(
+        name,
+        what,
+        {f"step={STEP}.parquet": parquet(written, {column: dtype})},
+        1,
+        [error("column_type", rows, None, text, more=3)],
+    )
+
+
+def unsupported(name: str, what: str, data: bytes, text: str, file: str = ARROW_FILE) -> Case:
+    return Case(name, what, {file: data}, 1, [error("unreadable_file", [], [file], text)])
+
+
+def round_three_cases() -> list[Case]:
+    """Issue 31: no silent coercion from any reader, no panic, no path that hides or moves
+    a step, names that cannot forge a line; issue 30: partial and in-flight inputs."""
+    rows = base()
+    valid = parquet(rows)
+    dec = pl.Decimal(10, 1)
+    json_file = f"step={STEP}.jsonl"
+    n = len(rows)
+    last = json.dumps(sample(6))[:-1]
+    weird = ["Step=7", "STEP=7", "step=+7", "step=7 ", "step=7.0"]
+    return [
+        stored_as(
+            "parquet_index_as_strings",
+            "index stored as text",
+            "index",
+            [str(i) for i in range(n)],
+            pl.String(),
+            'column index must be Int64, but the file stores it as String; file row 1 holds "0"',
+        ),
+        stored_as(
+            "parquet_reward_as_strings",
+            "reward stored as text",
+            "reward",
+            [str(float(i % 2)) for i in range(n)],
+            pl.String(),
+            "column reward must be Float64, but the file stores it as String",
+        ),
+        stored_as(
+            "parquet_response_length_as_strings",
+            "response_length stored as text",
+            "response_length",
+            ["2"] * n,
+            pl.String(),
+            "column response_length must be Int32, but the file stores it as String",
+        ),
+        stored_as(
+            "parquet_tokens_as_lists_of_strings",
+            "token ids stored as text",
+            "tokens",
+            [[str(t) for t in range(11, 17)]] * n,
+            pl.List(pl.String()),
+            "column tokens must be List(Int32), but the file stores it as List(String)",
+        ),
+        stored_as(
+            "parquet_index_as_decimals",
+            "index stored as Decimal, 2.5 on row 2 (was read as 2)",
+            "index",
+            [Decimal(i if i != 2 else "2.5") for i in range(n)],
+            dec,
+            "column index must be Int64, but the file stores it as Decimal(precision=10, scale=1)",
+            [(0.0, 0), (1.0, 0), (2.5, 0), (3.0, 0), (4.0, 0)],
+        ),
+        stored_as(
+            "parquet_tokens_as_decimals",
+            "token ids stored as Decimal, 12.5 on row 0 (was read as 12)",
+            "tokens",
+            [
+                [Decimal("12.5" if (i, t) == (0, 12) else t) for t in range(11, 17)]
+                for i in range(n)
+            ],
+            pl.List(dec),
+            "column tokens must be List(Int32), but the file stores it as List(Decimal(",
+        ),
+        stored_as(
+            "parquet_index_as_floats",
+            "index stored as float64",
+            "index",
+            [float(i) for i in range(n)],
+            pl.Float64(),
+            "column index must be Int64, but the file stores it as Float64",
+            [(0.0, 0), (1.0, 0), (2.0, 0), (3.0, 0), (4.0, 0)],
+        ),
+        Case(
+            "parquet_reward_integer_beyond_float64",
+            "reward stored as int64 (integers are rewards), 2**53 + 1 on row 5",
+            {
+                f"step={STEP}.parquet": parquet(
+                    base(
+                        **{f"row{i}": {"reward": 2**53 + 1 if i == 5 else i % 2} for i in range(n)}
+                    ),
+                    {"reward": pl.Int64()},
+                )
+            },
+            1,
+            [
+                error(
+                    "column_type",
+                    [(5, 0)],
+                    None,
+                    "column reward must be Float64, got 9007199254740993 at file row 6",
+                )
+            ],
+        ),
+        stored_as(
+            "parquet_weight_versions_as_numbers",
+            "weight_versions stored as lists of integers (were read as strings)",
+            "weight_versions",
+            [[3, 4]] * n,
+            pl.List(pl.Int64()),
+            "column weight_versions must be List(String), but the file stores it as List(Int64)",
+        ),
+        stored_as(
+            "parquet_status_as_integers",
+            "status stored as integers",
+            "status",
+            [1] * n,
+            pl.Int64(),
+            "column status must be String, but the file stores it as Int64",
+        ),
+        Case(
+            "arrow_index_as_strings",
+            "index stored as text in an Arrow file",
+            {ARROW_FILE: arrow_ipc(rows, {"index": pa.array([str(i) for i in range(n)])})},
+            1,
+            [
+                error(
+                    "column_type",
+                    FIRST_FIVE,
+                    [ARROW_FILE],
+                    "column index must be Int64, but the file stores it as String",
+                    more=3,
+                )
+            ],
+        ),
+        Case(
+            "parquet_rollout_id_as_strings_on_two_rows",
+            "rollout_id stored as text, set on v2 leaves 2 and 3 only",
+            {
+                f"step={STEP}.parquet": parquet(
+                    [
+                        *rows[:2],
+                        sample(2, 0, rollout_id="2", **V2),
+                        sample(2, 1, rollout_id="2", **V2),
+                        *rows[3:],
+                    ],
+                    {"rollout_id": pl.String()},
+                )
+            },
+            1,
+            [
+                error(
+                    "column_type",
+                    [(2, 0), (2, 1)],
+                    None,
+                    "column rollout_id must be Int64, but the file stores it as String; "
+                    'file row 3 holds "2"',
+                )
+            ],
+        ),
+        quarantined(
+            "quarantine_a_column_stored_as_text",
+            "rollout_id stored as text on the two leaves of trajectory 2, quarantined",
+            {
+                f"step={STEP}.parquet": parquet(
+                    [
+                        *rows[:2],
+                        sample(2, 0, rollout_id="2", **V2),
+                        sample(2, 1, rollout_id="2", **V2),
+                        *rows[3:],
+                    ],
+                    {"rollout_id": pl.String()},
+                )
+            },
+            counts(9, 2, 3, 4),
+            [
+                (2, 0, "column_type: column rollout_id must be Int64"),
+                (2, 1, "column_type: column rollout_id must be Int64"),
+            ],
+        ),
+        json_invalid(
+            "json_weight_versions_numbers",
+            "weight_versions [3, 4] in JSON (was read as strings)",
+            base(row1={"weight_versions": [3, 4]}),
+            "column_type",
+            [(1, 0)],
+            "column weight_versions must be List(String), got [3, 4] at file row 2",
+        ),
+        json_invalid(
+            "json_status_number",
+            "status 1 in JSON (was read as the string 1)",
+            base(row4={"status": 1}),
+            "column_type",
+            [(4, 0)],
+            "column status must be String, got 1 at file row 5",
+        ),
+        json_invalid(
+            "json_remove_sample_one",
+            "remove_sample 1 in JSON: a number is not a boolean",
+            base(row3={"remove_sample": 1}),
+            "column_type",
+            [(3, 0)],
+            "column remove_sample must be Boolean, got 1 at file row 4",
+        ),
+        Case(
+            "json_duplicate_key_escaped",
+            'reward given twice, once as "rew\\u0061rd"',
+            {json_file: json_lines(rows, {6: last + ', "rew\\u0061rd": 1.0}'})},
+            1,
+            [
+                error(
+                    "duplicate_key",
+                    [(6, 0)],
+                    [json_file],
+                    "key reward must appear once in each JSON object, but it is given twice "
+                    "at file row 7",
+                )
+            ],
+        ),
+        Case(
+            "json_duplicate_untyped_key",
+            "train_metadata given twice on line 7",
+            {
+                json_file: json_lines(
+                    [dict(r, train_metadata="{}") for r in rows],
+                    {
+                        6: json.dumps(dict(sample(6), train_metadata="{}"))[:-1]
+                        + ', "train_metadata": "{\\"a\\": 1}"}'
+                    },
+                )
+            },
+            1,
+            [
+                error(
+                    "duplicate_key",
+                    [(6, 0)],
+                    [json_file],
+                    "key train_metadata must appear once in each JSON object",
+                )
+            ],
+        ),
+        Case(
+            "json_duplicate_nested_key",
+            "a train_metadata object giving a key twice on line 7",
+            {
+                json_file: json_lines(
+                    [dict(r, train_metadata={"a": 0}) for r in rows],
+                    {6: last + ', "train_metadata": {"a": 1, "a": 2}}'},
+                )
+            },
+            1,
+            [
+                error(
+                    "duplicate_key",
+                    [(6, 0)],
+                    [json_file],
+                    "key a inside train_metadata must appear once in each JSON object",
+                )
+            ],
+        ),
+        Case(
+            "json_duplicate_extra_key",
+            "a column the contract does not know given twice on line 7",
+            {
+                json_file: json_lines(
+                    [dict(r, judge="ok") for r in rows],
+                    {6: json.dumps(dict(sample(6), judge="ok"))[:-1] + ', "judge": "bad"}'},
+                )
+            },
+            1,
+            [
+                error(
+                    "duplicate_key",
+                    [(6, 0)],
+                    [json_file],
+                    "key judge must appear once in each JSON object",
+                )
+            ],
+        ),
+        Case(
+            "step_file_inside_another_step_folder",
+            "step=7/step=1.parquet: a file naming step 1 in the folder of step 7",
+            {"step=7/step=1.parquet": valid},
+            1,
+            [
+                error(
+                    "ambiguous_step_path",
+                    [],
+                    ["step=7", "step=7/step=1.parquet"],
+                    "name steps 7 and 1",
+                )
+            ],
+        ),
+        accepted(
+            "step_folder_look_alikes_skipped",
+            "folders named like step 7 but not step=7 exactly, beside step=7.parquet",
+            {f"step={STEP}.parquet": valid, **{f"{name}/part.parquet": valid for name in weird}},
+            sorted(weird),
+        ),
+        accepted(
+            "tables_in_a_folder_that_is_no_step_folder_skipped",
+            "archive/step=7.parquet beside step=7.parquet: not read, but said so",
+            {f"step={STEP}.parquet": valid, f"archive/old/step={STEP}.parquet": valid},
+            ["archive"],
+        ),
+        accepted(
+            "hidden_and_underscore_entries_not_read",
+            "Spark's _temporary attempt files, _SUCCESS and dot files inside step=7/",
+            {
+                "step=7/part-0.parquet": valid,
+                "step=7/_SUCCESS": b"",
+                "step=7/_temporary/0/_temporary/attempt_0/part-0.parquet": valid,
+                "step=7/.part-1.parquet.crc": b"crc",
+                "step=7/_part-1.parquet": valid,
+                "step=7/.in-flight/part-1.parquet": valid,
+                "_staging/step=7.parquet": valid,
+            },
+            [],
+        ),
+        Case(
+            "success_marker_required",
+            "--require-success-marker: step=7/ has _SUCCESS, step=8/ not yet (never read)",
+            {
+                "step=7/part-0.parquet": valid,
+                "step=7/_SUCCESS": b"",
+                "step=8/part-0.parquet": b"still being written",
+            },
+            0,
+            [],
+            ["--require-success-marker"],
+            {
+                "counts": counts(8, 0, 0, 8),
+                "ignored_columns": [],
+                "skipped_files": [],
+                "quarantine": [],
+            },
+            notes=["step=8"],
+        ),
+        unsupported(
+            "arrow_list_view_tokens",
+            "tokens as an Arrow list_view (Polars panicked)",
+            arrow_ipc(
+                rows, {"tokens": pa.array([[11, 12, 13, 14, 15, 16]] * n, pa.list_view(pa.int32()))}
+            ),
+            "unsupported Arrow type list_view<item: int32> in column tokens",
+        ),
+        unsupported(
+            "parquet_list_view_tokens",
+            "tokens as an Arrow list_view in Parquet (Polars panicked)",
+            arrow_parquet(
+                rows, {"tokens": pa.array([[11, 12, 13, 14, 15, 16]] * n, pa.list_view(pa.int32()))}
+            ),
+            "unsupported Arrow type list_view<element: int32> in column tokens",
+            f"step={STEP}.parquet",
+        ),
+        unsupported(
+            "arrow_run_end_encoded_status",
+            "status run-end encoded (Polars panicked)",
+            arrow_ipc(
+                rows,
+                {
+                    "status": pa.RunEndEncodedArray.from_arrays(
+                        pa.array([n], pa.int32()), pa.array(["completed"])
+                    )
+                },
+            ),
+            "unsupported Arrow type run_end_encoded<run_ends: int32, values: string> "
+            "in column status",
+        ),
+        unsupported(
+            "arrow_dense_union_column",
+            "an extra dense union column (Polars panicked)",
+            arrow_ipc(
+                rows,
+                {
+                    "extra": pa.UnionArray.from_dense(
+                        pa.array([0] * n, pa.int8()),
+                        pa.array(list(range(n)), pa.int32()),
+                        [pa.array(list(range(n)))],
+                    )
+                },
+            ),
+            "unsupported Arrow type dense_union<0: int64=0> in column extra",
+        ),
+        unsupported(
+            "arrow_month_day_nano_interval_column",
+            "an extra month-day-nano interval column (Polars panicked)",
+            arrow_ipc(rows, {"extra": pa.array([(1, 2, 3)] * n, pa.month_day_nano_interval())}),
+            "unsupported Arrow type month_day_nano_interval in column extra",
+        ),
+        unsupported(
+            "arrow_decimal256_column",
+            "an extra decimal256 column (Polars panicked)",
+            arrow_ipc(rows, {"extra": pa.array([Decimal("1.5")] * n, pa.decimal256(50, 2))}),
+            "unsupported Arrow type decimal256(50, 2) in column extra",
+        ),
+        Case(
+            "newline_in_a_file_name",
+            "a truncated file whose name holds a newline and a forged error line",
+            {"step=7/a\nrollout-shards: build: forged.parquet": valid[:100]},
+            1,
+            [
+                error(
+                    "unreadable_file",
+                    [],
+                    ["step=7/a\nrollout-shards: build: forged.parquet"],
+                    "cannot read parquet",
+                )
+            ],
+        ),
+        Case(
+            "escape_sequence_in_a_file_name",
+            "a truncated file whose name holds a terminal escape sequence",
+            {"step=7/\x1b[2J\x1b[31mred.parquet": valid[:100]},
+            1,
+            [
+                error(
+                    "unreadable_file",
+                    [],
+                    ["step=7/\x1b[2J\x1b[31mred.parquet"],
+                    "cannot read parquet",
+                )
+            ],
+        ),
+        accepted(
+            "file_name_not_utf8",
+            "a valid file whose name holds the byte 0xff",
+            {os.fsdecode(b"step=7/part-\xff.parquet"): valid},
+            [],
+        ),
+        usage(
+            "out_not_utf8",
+            "--out whose name holds the byte 0xff",
+            "has a name that is not UTF-8 text",
+            ["--out", "{case}/" + os.fsdecode(b"out-\xff")],
+        ),
+    ]
+
+
 def cases() -> list[Case]:
     return [
         *column_cases(),
@@ -1445,6 +1947,7 @@ def cases() -> list[Case]:
         *quarantine_cases(),
         *round_two_cases(),
         *yaml_config_cases(),
+        *round_three_cases(),
     ]
 
 

@@ -1,0 +1,240 @@
+"""JSON Lines: a file's bytes as a DataFrame, each value of the wrong JSON kind and each
+key given twice flagged on its row (docs/bad-data.md, "JSON Lines")."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from pipeline import columns as c
+from pipeline.columns import JSON_RULE, JSON_VALUE
+from pipeline.io.conform import JSON_TEXT_COLUMNS
+
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
+
+# A JSON object key as written, escapes and all, with the colon after it.
+KEY_TOKEN = r'"(?:[^"\\]|\\.)*"\s*:'
+# A JSON string as written.
+STRING = r'"(?:[^"\\]|\\.)*"'
+
+
+class JsonLinesError(ValueError):
+    """A line that is not a JSON object, or a key whose JSON kind changes between lines."""
+
+
+def json_kind(dtype: PolarsDataType) -> str:
+    if isinstance(dtype, pl.List | pl.Array):
+        return "list"
+    if isinstance(dtype, pl.Struct):
+        return "struct"
+    if dtype == pl.Boolean:
+        return "bool"
+    if dtype == pl.Null:
+        return "null"
+    if dtype.is_numeric():
+        return "number"
+    return "string" if isinstance(dtype, pl.String | pl.Categorical | pl.Enum) else "other"
+
+
+def _json_kind_of_target(target: PolarsDataType) -> str:
+    if isinstance(target, pl.List):
+        return "list of " + _json_kind_of_target(target.inner)
+    if target == pl.Boolean:
+        return "bool"
+    return "number" if target.is_numeric() else "string"
+
+
+# The JSON kind each typed column takes; prompt, metadata and train_metadata take any.
+JSON_TARGETS = {
+    name: _json_kind_of_target(dtype)
+    for name, dtype in {**c.INPUT_SCHEMA, c.REWARD: pl.Float64()}.items()
+    if name not in JSON_TEXT_COLUMNS
+}
+
+
+def _value_kind(value: object) -> str:
+    if isinstance(value, dict):
+        return "object"
+    return "array" if isinstance(value, list) else "scalar"
+
+
+def _value_name(value: object) -> str:
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "an array"
+    if isinstance(value, bool):
+        return "a boolean"
+    return "a string" if isinstance(value, str) else "a number"
+
+
+def _misfits(value: object, kind: str) -> bool:
+    """A JSON value that does not have its column's kind, which Python or Polars would
+    coerce silently or refuse for the whole file: true or "0" where a number belongs,
+    ["11"] or "1,1" where a list of numbers belongs, 1 or "false" where a boolean belongs,
+    a number where a string belongs."""
+    if value is None:
+        return False
+    if kind.startswith("list of "):
+        inner = kind.removeprefix("list of ")
+        return not isinstance(value, list) or any(_misfits(v, inner) for v in value)
+    if kind == "number":
+        return isinstance(value, bool) or not isinstance(value, int | float)
+    if kind == "bool":
+        return not isinstance(value, bool)
+    return not isinstance(value, str)
+
+
+def _flag_misfits(record: dict[str, Any]) -> dict[str, Any]:
+    for key, kind in JSON_TARGETS.items():
+        value = record.get(key)
+        # an object as reward is a struct reward (read through reward_key)
+        if _misfits(value, kind) and not (key == c.REWARD and isinstance(value, dict)):
+            record.setdefault(JSON_RULE + key, "column_type")
+            record[JSON_VALUE + key] = json.dumps(value)
+            record[key] = None
+    return record
+
+
+def _holds(value: object, repeated: dict[int, list[str]]) -> str | None:
+    """The first key given twice in an object nested anywhere in `value`."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            if id(item) in repeated:
+                return repeated[id(item)][0]
+            pending += item.values()
+        elif isinstance(item, list):
+            pending += item
+    return None
+
+
+def _parse_line(line: bytes) -> object:
+    """One line as JSON. A key given twice in any object is flagged on the line's record:
+    under JSON_RULE (`duplicate_key`) of the top-level key holding it, and under JSON_VALUE
+    the key as the message names it. The first value stays, so the row keeps its index."""
+    repeated: dict[int, list[str]] = {}
+
+    def pairs(items: list[tuple[str, object]]) -> dict[str, Any]:
+        record: dict[str, Any] = {}
+        for key, value in items:
+            if key in record:
+                repeated.setdefault(id(record), []).append(key)
+                continue
+            record[key] = value
+        return record
+
+    record = json.loads(line, object_pairs_hook=pairs)
+    if not isinstance(record, dict) or not repeated:
+        return record
+    flags: dict[str, Any] = {}
+    for key in repeated.get(id(record), []):
+        flags[JSON_RULE + key] = "duplicate_key"
+        flags[JSON_VALUE + key] = key
+    for key, value in record.items():
+        nested = _holds(value, repeated)
+        if nested is not None and JSON_RULE + key not in flags:
+            flags[JSON_RULE + key] = "duplicate_key"
+            flags[JSON_VALUE + key] = f"{nested} inside {key}"
+    return {**record, **flags}
+
+
+def _json_objects(data: bytes) -> list[dict[str, Any]]:
+    """Every line as a JSON object, or JsonLinesError naming the first line that is not
+    one. A value of the wrong JSON kind, or a key given twice, is set to null and its
+    rule and text kept under JSON_RULE/JSON_VALUE keys, for `conform` to report as that
+    row's."""
+    records = []
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = _parse_line(line)
+        except ValueError as exc:
+            reason = getattr(exc, "msg", str(exc))
+            raise JsonLinesError(f"line {number} is not a JSON object ({reason})") from None
+        if not isinstance(record, dict):
+            kind = type(record).__name__
+            raise JsonLinesError(f"line {number} is not a JSON object (a {kind})")
+        records.append((number, _flag_misfits(record)))
+    first: dict[str, tuple[int, object]] = {}
+    for number, record in records:
+        for key, value in record.items():
+            if value is None or key.startswith((JSON_RULE, JSON_VALUE)):
+                continue
+            seen = first.setdefault(key, (number, value))
+            if _value_kind(seen[1]) != _value_kind(value):
+                raise JsonLinesError(
+                    f"line {number}: {key} is {_value_name(value)} where line {seen[0]} has "
+                    f"{_value_name(seen[1])}"
+                )
+    return [record for _, record in records]
+
+
+def _not_text_pattern() -> str:
+    """A typed text key followed by a value that is not text (nor null), or a list of
+    text holding something else: Polars would read the number as text."""
+    text = [name for name, kind in JSON_TARGETS.items() if kind == "string"]
+    lists = [name for name, kind in JSON_TARGETS.items() if kind == "list of string"]
+    scalar = rf'"(?:{"|".join(text)})"\s*:\s*[^"\sn]'
+    listed = rf'"(?:{"|".join(lists)})"\s*:\s*\[\s*(?:{STRING}\s*,\s*)*[^"\s\]]'
+    return f"{scalar}|{listed}"
+
+
+NOT_TEXT = _not_text_pattern()
+
+
+def _object_keys(schema: pl.Schema) -> list[str]:
+    """The keys that appear at most once per line in a file without repeated keys: the
+    top-level ones and those of objects not inside an array (the `role` of every chat
+    message in a `prompt` list repeats, and is not counted)."""
+    keys: list[str] = []
+    pending: list[tuple[str, PolarsDataType]] = list(schema.items())
+    while pending:
+        name, dtype = pending.pop()
+        keys.append(json.dumps(name))
+        if isinstance(dtype, pl.Struct):
+            pending += [(field.name, field.dtype) for field in dtype.fields]
+    return keys
+
+
+def _suspect(data: bytes, frame: pl.DataFrame) -> bool:
+    """Whether Polars' reading may have coerced a value or dropped one: a typed column
+    that Polars read as another kind (strings or booleans where numbers belong), a line
+    giving a key twice (Polars keeps one of them), or a key written with escapes (which
+    the scan for repeated keys cannot compare). Such files take the per-line path."""
+    for name, dtype in frame.schema.items():
+        want = JSON_TARGETS.get(name)
+        if want is None or (name == c.REWARD and isinstance(dtype, pl.Struct)):
+            continue
+        have: PolarsDataType = dtype
+        while isinstance(have, pl.List) and want.startswith("list of "):
+            have, want = have.inner, want.removeprefix("list of ")
+        kind = json_kind(have)
+        if kind not in ("null", want):
+            return True
+    lines = pl.Series(data.decode("utf-8", "replace").split("\n"))
+    if lines.str.contains(NOT_TEXT).any():
+        return True
+    keys = lines.str.extract_all(KEY_TOKEN).list.eval(pl.element().str.replace(r"\s*:$", ""))
+    watched = _object_keys(frame.schema)
+    repeated = keys.list.eval(pl.element().filter(pl.element().is_in(watched)))
+    escaped = keys.list.eval(pl.element().str.contains("\\", literal=True).any()).list.first()
+    return bool(((repeated.list.len() != repeated.list.n_unique()) | escaped).any())
+
+
+def read_jsonl(data: bytes) -> pl.DataFrame:
+    """A JSON Lines file's bytes. Polars reads it first; a file Polars refuses or may have
+    coerced is read again line by line with Python's `json`, which names the offending
+    line, flags values of the wrong kind and repeated keys per row, and accepts the NaN
+    and Infinity that Python's json.dumps writes (reward_finite rejects them). Raises
+    JsonLinesError, or a Polars error for rows Polars cannot hold."""
+    try:
+        frame = pl.read_ndjson(data, infer_schema_length=None)
+        if not _suspect(data, frame):
+            return frame
+    except pl.exceptions.PolarsError:
+        pass
+    return pl.from_dicts(_json_objects(data), infer_schema_length=None)

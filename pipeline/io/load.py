@@ -1,0 +1,274 @@
+"""Load a step: read each of its files once, record the sha256 of exactly the bytes read,
+type the rows (`conform`) and concatenate them in batch order with provenance."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from pipeline import columns as c
+from pipeline.columns import PATH_STEP, TYPE_ERROR
+from pipeline.errors import StepError, Violation, first_line, printable
+from pipeline.io.arrow_types import panics_kept_off_stderr, unsupported_in
+from pipeline.io.conform import cast_column, conform, index_leaf_pairs, value_text
+from pipeline.io.discovery import TABLE_SUFFIXES, SourceFile
+from pipeline.io.ipc import read_ipc
+from pipeline.io.jsonl import JsonLinesError, read_jsonl
+from pipeline.io.miles_dump import read_miles_dump
+from pipeline.io.parquet import read_parquet
+
+READERS = {"parquet": read_parquet, "ipc": read_ipc, "jsonl": read_jsonl}
+
+
+@dataclass
+class LoadedStep:
+    """A step's rows in batch order with provenance, before validation."""
+
+    step: int
+    frame: pl.DataFrame
+    files: list[dict[str, Any]] = field(default_factory=list)  # path, sha256, rows
+    ignored_columns: list[str] = field(default_factory=list)
+    # One `column_type` violation per file and column with values that do not fit, and
+    # per row the text of the types its values do not fit (null where all fit).
+    type_violations: list[Violation] = field(default_factory=list)
+    type_errors: pl.Series | None = None
+
+
+@dataclass
+class ReadFile:
+    """One file as read: its rows as stored and the sha256 of the bytes they came from."""
+
+    frame: pl.DataFrame
+    sha256: str
+    size: int
+
+
+def _unreadable(path: Path, step: int | None, reason: str) -> StepError:
+    return StepError(
+        [Violation(rule="unreadable_file", message=reason, step=step, files=[str(path)])]
+    )
+
+
+def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
+    return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def _read_bytes(path: Path, step: int | None) -> tuple[bytes, os.stat_result]:
+    """The file's bytes, read once. Opened without blocking (a FIFO put in a file's place
+    would wait for a writer forever) and refused unless a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        what = "a dangling symlink" if path.is_symlink() and not path.exists() else exc.strerror
+        raise _unreadable(path, step, f"cannot open the file ({what})") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _unreadable(path, step, "cannot open the file (not a regular file)")
+        try:
+            return handle.read(), info
+        except OSError as exc:
+            raise _unreadable(path, step, f"cannot read the file ({exc.strerror})") from None
+
+
+def read_file(path: Path, step: int | None = None) -> ReadFile:
+    """One input file as stored, in file order, parsed from the very bytes its sha256 is
+    taken of; an unreadable file is a StepError."""
+    data, info = _read_bytes(path, step)
+    kind = TABLE_SUFFIXES.get(path.suffix)
+    if kind is None:
+        raise _unreadable(path, step, f"not a table (expected {', '.join(TABLE_SUFFIXES)})")
+    if not data:
+        raise _unreadable(path, step, "the file is empty")
+    sha256 = hashlib.sha256(data).hexdigest()
+    try:
+        with panics_kept_off_stderr() as panicked:
+            try:
+                frame = READERS[kind](data)
+            except pl.exceptions.PanicException:  # a BaseException: it would end the run
+                panicked[0] = True
+                raise
+    except JsonLinesError as exc:
+        raise _unreadable(path, step, str(exc)) from None
+    except (Exception, pl.exceptions.PanicException) as exc:  # noqa: BLE001 - the file's fault
+        problem = unsupported_in(kind, data) if kind != "jsonl" else None
+        reason = problem or f"cannot read {kind}: {first_line(exc)}"
+        raise _unreadable(path, step, reason) from None
+    return ReadFile(frame, sha256, info.st_size)
+
+
+def read_table(path: Path, step: int | None = None) -> pl.DataFrame:
+    """One input file's rows as stored (`read_file`)."""
+    return read_file(path, step).frame
+
+
+def _read_dump(source: SourceFile, step: int | None) -> ReadFile:
+    """A miles dump, hashed before it is parsed; a dump that changed in between (another
+    inode, size, or modification) fails the step rather than vouch for other bytes."""
+    data, before = _read_bytes(source.path, step)
+    frame = read_miles_dump(source.path, source.session_version)
+    try:
+        after = os.stat(source.path)
+    except OSError:
+        after = None
+    if after is None or _identity(after) != _identity(before):
+        raise _unreadable(source.path, step, "the file changed while it was read: build again")
+    return ReadFile(frame, hashlib.sha256(data).hexdigest(), before.st_size)
+
+
+def read_source(source: SourceFile, step: int | None = None) -> ReadFile:
+    if source.kind == "miles":
+        return _read_dump(source, step)
+    return read_file(source.path, step)
+
+
+def _column_steps(source: SourceFile, frame: pl.DataFrame) -> list[int]:
+    """The steps named by the `step` column of a file whose path names none; every row
+    must name one, since a row without a step belongs to no step's accounting."""
+    if c.STEP not in frame.columns:
+        raise StepError(
+            [
+                Violation(
+                    rule="missing_column",
+                    message="no step in the file name (step=<N>.<ext>) and no step column",
+                    files=[str(source.path)],
+                )
+            ]
+        )
+    with_rows = frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(c.SOURCE_ROW))
+    json_numbers = source.path.suffix == ".jsonl"
+    cast, bad = cast_column(with_rows, c.STEP, pl.Int64(), json_numbers)
+    bad = bad | frame.get_column(c.STEP).is_null()
+    if bad.any():
+        rows = with_rows.filter(bad)
+        first = int(rows.get_column(c.SOURCE_ROW)[0]) + 1
+        raise StepError(
+            [
+                Violation(
+                    rule="column_type",
+                    message="column step must hold a step number on every row when the file "
+                    f"name carries no step; file row {first} has {value_text(frame, c.STEP, bad)}",
+                    files=[str(source.path)],
+                    rows=index_leaf_pairs(rows),
+                    n_rows=rows.height,
+                )
+            ]
+        )
+    return frame.select(cast).to_series().unique().sort().to_list()
+
+
+def group_steps(sources: Iterable[SourceFile]) -> dict[int, list[SourceFile]]:
+    """Steps and their files in lexicographic path order; files without a path step are
+    assigned by the values of their `step` column."""
+    steps: dict[int, list[SourceFile]] = {}
+    for source in sources:
+        if source.step is not None:
+            steps.setdefault(source.step, []).append(source)
+            continue
+        try:
+            values = _column_steps(source, read_source(source).frame)
+        except StepError as error:
+            for violation in error.violations:
+                violation.message += (
+                    "; no step was built: the rows of a file whose name carries no step "
+                    "could belong to any step, so no step can be called complete"
+                )
+            raise
+        for value in values:
+            steps.setdefault(int(value), []).append(source)
+    return {step: sorted(files, key=lambda s: str(s.path)) for step, files in sorted(steps.items())}
+
+
+def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
+    """Read, type and concatenate a step's files in batch order, with provenance columns.
+    Each file's manifest record (path, sha256, rows) is of the bytes its rows came from."""
+    frames, files, extras, type_violations = [], [], set(), []
+    for source in sources:
+        read = read_source(source, step)
+        frame = read.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(c.SOURCE_ROW))
+        if source.step is None:
+            frame = frame.filter(pl.col(c.STEP).cast(pl.Int64, strict=False) == step)
+        json_numbers = source.kind == "table" and source.path.suffix == ".jsonl"
+        frame, extra, found = conform(frame, source.path, step, json_numbers)
+        extras.update(extra)
+        type_violations += found
+        files.append({"path": str(source.path), "sha256": read.sha256, "rows": frame.height})
+        frames.append(_with_provenance(frame, source.path, source.step))
+    _check_no_identical_files(files, step)
+    _check_one_reward_type(frames, step)
+    frame = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
+    if c.STEP not in frame.columns:
+        frame = frame.with_columns(pl.col(PATH_STEP).alias(c.STEP))
+    else:
+        frame = frame.with_columns(pl.col(c.STEP).fill_null(pl.col(PATH_STEP)))
+    # A missing remove_sample (absent column, or a JSON object without the key) is false.
+    if c.REMOVE_SAMPLE not in frame.columns:
+        frame = frame.with_columns(pl.lit(False).alias(c.REMOVE_SAMPLE))
+    else:
+        frame = frame.with_columns(pl.col(c.REMOVE_SAMPLE).fill_null(False))
+    if c.LEAF not in frame.columns:
+        frame = frame.with_columns(
+            pl.int_range(pl.len(), dtype=pl.Int32).over(c.STEP, c.INDEX).alias(c.LEAF)
+        )
+    return LoadedStep(
+        step=step,
+        frame=frame.drop(TYPE_ERROR),
+        files=files,
+        ignored_columns=sorted(extras),
+        type_violations=type_violations,
+        type_errors=frame.get_column(TYPE_ERROR),
+    )
+
+
+def _with_provenance(frame: pl.DataFrame, path: Path, path_step: int | None) -> pl.DataFrame:
+    # A name that is not UTF-8 cannot be a Polars string: it is kept as messages show it.
+    return frame.with_columns(
+        pl.lit(printable(str(path))).alias(c.SOURCE_FILE),
+        pl.lit(path_step, dtype=pl.Int64).alias(PATH_STEP),
+    )
+
+
+def _check_no_identical_files(files: Sequence[dict[str, Any]], step: int) -> None:
+    """Two byte-identical files of one step are one file's rows given twice."""
+    first: dict[str, str] = {}
+    for entry in files:
+        path, sha256 = entry["path"], entry["sha256"]
+        seen = first.get(sha256)
+        if seen is None:
+            first[sha256] = path
+            continue
+        message = (
+            f"{path} is given twice: its rows would be read twice"
+            if seen == path
+            else f"{seen} and {path} are byte-identical: the same rows twice"
+        )
+        files_named = [seen] if seen == path else [seen, path]
+        raise StepError([Violation("identical_input_files", message, step=step, files=files_named)])
+
+
+def _check_one_reward_type(frames: Sequence[pl.DataFrame], step: int) -> None:
+    """A struct reward in one file and a number in another would silently become structs."""
+    kinds: dict[bool, str] = {}
+    for frame in frames:
+        if c.REWARD in frame.columns and frame.height:
+            is_struct = isinstance(frame.schema[c.REWARD], pl.Struct)
+            kinds.setdefault(is_struct, frame.get_column(c.SOURCE_FILE)[0])
+    if len(kinds) > 1:
+        raise StepError(
+            [
+                Violation(
+                    rule="column_type",
+                    message=f"reward is a struct in {kinds[True]} but a number in "
+                    f"{kinds[False]}: every file of a step must store reward the same way",
+                    step=step,
+                    files=[kinds[True], kinds[False]],
+                )
+            ]
+        )

@@ -1,0 +1,59 @@
+"""The Parquet reader: the split read (list columns decoded on threads of their own) gives
+the table a plain read gives; a small file is read plainly; a damaged one is named."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.errors import StepError
+from pipeline.io import parquet
+from pipeline.io.load import read_table
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def step_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A step from bench/generate.py, large enough for the split read."""
+    spec = importlib.util.spec_from_file_location("bench_generate", REPO / "bench" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    mix = generate.parse_mix(generate.DEFAULT_MIX, False)
+    table = generate.generate_step(0, 3000, 400.0, mix, 8, 0.3, 7, True)
+    path = tmp_path_factory.mktemp("parquet") / "step=0.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+def test_the_split_read_equals_a_plain_read(step_file: Path) -> None:
+    assert step_file.stat().st_size >= parquet.SPLIT_READ_BYTES  # the read that splits
+    got = read_table(step_file)
+    assert got.columns == pl.read_parquet_schema(step_file).names()
+    assert got.equals(pl.read_parquet(step_file))
+
+
+def test_a_small_parquet_file_is_read_plainly(
+    step_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "step=0.parquet"
+    pl.read_parquet(step_file).head(64).write_parquet(path)
+    assert path.stat().st_size < parquet.SPLIT_READ_BYTES
+
+    def no_pool(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a small file started a pool of column reads")
+
+    monkeypatch.setattr(parquet, "ThreadPoolExecutor", no_pool)
+    assert read_table(path).equals(pl.read_parquet(path))
+
+
+def test_a_damaged_parquet_file_is_reported_as_unreadable(tmp_path: Path) -> None:
+    path = tmp_path / "step=0.parquet"
+    path.write_bytes(b"PAR1 not really parquet PAR1")
+    with pytest.raises(StepError) as error:
+        read_table(path, 0)
+    assert error.value.violations[0].rule == "unreadable_file"
