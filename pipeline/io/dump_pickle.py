@@ -103,14 +103,6 @@ class _StorageType:
         self.name = name
 
 
-class _NdarrayClass:
-    """Stands for `numpy.ndarray` as `_reconstruct`'s argument; calling it directly (which
-    would allocate any shape the pickle names) is not possible."""
-
-
-_NDARRAY = _NdarrayClass()
-
-
 def _encode(text: str, encoding: str = "latin1") -> bytes:
     """`_codecs.encode` as protocol 2 uses it for bytes, and only that."""
     if encoding != "latin1" or not isinstance(text, str):
@@ -166,8 +158,7 @@ def _numpy_scalar(dtype: Any, data: Any = None) -> Any:
 def _numpy_globals() -> dict[tuple[str, str], Any]:
     import numpy as np
 
-    found: dict[tuple[str, str], Any] = {("numpy", "ndarray"): _NDARRAY}
-    found[("numpy", "dtype")] = _numpy_dtype
+    found: dict[tuple[str, str], Any] = {("numpy", "dtype"): _numpy_dtype}
     # numpy 2 writes `numpy._core`, numpy 1.x `numpy.core`.
     for module in ("numpy._core.multiarray", "numpy.core.multiarray"):
         found[(module, "scalar")] = _numpy_scalar
@@ -219,6 +210,8 @@ class DumpUnpickler(pickle.Unpickler):
                 return _StorageType(name)
         if name == "_reconstruct" and module in ("numpy._core.multiarray", "numpy.core.multiarray"):
             return self._numpy_reconstruct
+        if (module, name) == ("numpy", "ndarray"):
+            return self._numpy_ndarray
         numpy_global = _numpy_globals().get((module, name))
         if numpy_global is not None:
             return numpy_global
@@ -306,13 +299,21 @@ class DumpUnpickler(pickle.Unpickler):
     def _numpy_reconstruct(self, cls: Any, shape: Any, dtype_code: Any) -> Any:
         """numpy's `_reconstruct`: an empty array that the pickle then fills (`__setstate__`
         takes its bytes from the pickle itself); the shape it asks for is charged first."""
+
+        if cls != self._numpy_ndarray:
+            raise Refused(f"numpy _reconstruct of {cls!r:.60}")
+        return self._numpy_ndarray(shape, dtype_code)
+
+    def _numpy_ndarray(self, shape: Any, dtype: Any = float, *rest: Any) -> Any:
+        """`numpy.ndarray(shape, dtype)`: uninitialised memory of the shape the pickle names,
+        so the shape is charged before anything is allocated; buffers are not taken."""
         import numpy as np
 
-        if cls is not _NDARRAY:
-            raise Refused(f"numpy _reconstruct of {cls!r:.60}")
-        dtype = checked_dtype(dtype_code)
-        self._budget.charge(_elements(shape) * dtype.itemsize, f"an array of shape {shape!r:.60}")
-        array = np.ndarray.__new__(np.ndarray, shape, dtype)
+        if rest:
+            raise Refused("numpy.ndarray with a buffer, offset or strides")
+        checked = checked_dtype(dtype)
+        self._budget.charge(_elements(shape) * checked.itemsize, f"an array of shape {shape!r:.60}")
+        array = np.ndarray.__new__(np.ndarray, shape, checked)
         self.arrays.append(array)
         return array
 

@@ -120,7 +120,7 @@ class _Sizes:
     def _container(value: Any) -> bool:
         return isinstance(value, list | tuple | dict | set | frozenset)
 
-    def size(self, root: Any) -> int:
+    def size(self, root: Any, what: str) -> int:
         if not self._container(root):
             return self._leaf_size(root)
         stack: list[tuple[Any, bool]] = [(root, False)]
@@ -133,7 +133,7 @@ class _Sizes:
                     for child in self._children(node)
                 )
                 if total > self.budget.left:
-                    self.budget.charge(total, "a value")
+                    self.budget.charge(total, what)
                 self.sizes[key] = total
                 continue
             if key in self.sizes:
@@ -153,12 +153,12 @@ class _Sizes:
         return self.sizes[id(root)]
 
 
-def _json(value: Any, sizes: _Sizes) -> str | None:
+def _json(value: Any, sizes: _Sizes, what: str) -> str | None:
     if value is None:
         return None
     if isinstance(value, str):
         return value
-    sizes.budget.charge(sizes.size(value), "a JSON field")
+    sizes.budget.charge(sizes.size(value, what), what)
     try:
         return json.dumps(value, default=_json_default, ensure_ascii=False)
     except (ValueError, TypeError, RecursionError) as exc:
@@ -172,7 +172,7 @@ def _json_field(
     for position, sample in enumerate(samples):
         value = sample.get(key)
         try:
-            values.append(_json(value, sizes))
+            values.append(_json(value, sizes, f"field {key} of sample {position}"))
         except _Malformed as exc:
             raise _field_error(path, key, None, position, value, str(exc)) from None
     return values
