@@ -64,7 +64,8 @@ class _Malformed(Exception):
 
 def _preview(value: Any) -> str:
     """A short repr that stops at nesting and cycles."""
-    return _PREVIEW.repr(value)[:80]
+    text = _PREVIEW.repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _is_leaf(kind: type) -> bool:

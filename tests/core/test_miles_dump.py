@@ -655,7 +655,7 @@ def test_bytearray_of_a_size_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_length_no_file_holds_is_one_line(tmp_path: Path) -> None:
-    opcodes = b"\x8e" + (2**44).to_bytes(8, "little")  # BINBYTES8 of 16 TiB
+    opcodes = b"\x8e" + (2**62).to_bytes(8, "little")  # BINBYTES8 beyond any address space
     path = raw_dump(tmp_path / "0.pt", opcodes, metadata={"x": PLACEHOLDER})
 
     assert "asks for more memory than a dump of" in malformed(path)
