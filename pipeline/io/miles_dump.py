@@ -83,6 +83,25 @@ def _plain(value: Any) -> Any:
     return value
 
 
+class _Plain:
+    """`_plain` for the samples' fields: an array shared by many samples becomes one list
+    (the pickle stored it once), and the values it makes are charged to the budget."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self.made: dict[int, Any] = {}
+
+    def __call__(self, value: Any) -> Any:
+        if value is None or isinstance(value, (str, bytes)) or not hasattr(value, "tolist"):
+            return value
+        made = self.made.get(id(value))
+        if made is None:
+            size = getattr(value, "size", 1)
+            self.budget.charge(size if isinstance(size, int) else 1, "an array's values")
+            made = self.made[id(value)] = value.tolist()
+        return made
+
+
 def _json_default(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
@@ -196,19 +215,20 @@ def _status(value: Any) -> Any:
     return text.removeprefix("status.")
 
 
-def _flag(value: Any) -> Any:
+def _flag(value: Any, plain: _Plain) -> Any:
     """miles' `remove_sample` is a bool (False when absent); anything else is refused by
     its Boolean column, never read as true or false."""
-    return False if value is None else _plain(value)
+    return False if value is None else plain(value)
 
 
-def _weight_versions(samples: list[dict[str, Any]], path: Path, budget: Budget) -> list[list[str]]:
+def _weight_versions(samples: list[dict[str, Any]], path: Path, plain: _Plain) -> list[list[str]]:
     """Versions in call order: legacy dumps hold strings, current ones per-call span lists."""
+    budget = plain.budget
     found: list[list[str]] = []
     for position, sample in enumerate(samples):
-        raw = _plain(sample.get(c.WEIGHT_VERSIONS))
+        raw = plain(sample.get(c.WEIGHT_VERSIONS))
         if raw is None or (type(raw) in _LISTS and not raw):
-            legacy = _plain(sample.get(LEGACY_WEIGHT_VERSIONS_KEY))
+            legacy = plain(sample.get(LEGACY_WEIGHT_VERSIONS_KEY))
             raw = raw if legacy is None else legacy
         if raw is None:
             found.append([])
@@ -243,7 +263,7 @@ def _session_version(metadata: dict[str, Any]) -> str | None:
     return None
 
 
-def _reward_values(rewards: list[Any], path: Path) -> tuple[list[Any], pl.DataType]:
+def _reward_values(rewards: list[Any], path: Path, plain: _Plain) -> tuple[list[Any], pl.DataType]:
     """Scalars as float64; dicts as a struct of their numeric fields."""
     dicts = [i for i, r in enumerate(rewards) if isinstance(r, dict)]
     if not dicts:
@@ -254,7 +274,7 @@ def _reward_values(rewards: list[Any], path: Path) -> tuple[list[Any], pl.DataTy
             "malformed_dump",
             f"{path}: reward is a dict on sample {dicts[0]} but a number on sample {scalars[0]}",
         )
-    named = [None if r is None else {str(k): _plain(v) for k, v in r.items()} for r in rewards]
+    named = [None if r is None else {str(k): plain(v) for k, v in r.items()} for r in rewards]
     keys = list(dict.fromkeys(key for r in named if r is not None for key in r))
     # Text fields (a parsed answer, a judge's note) cannot be float64: keep the numeric ones.
     numeric = [
@@ -353,8 +373,8 @@ def _payload_step(payload: dict[str, Any], path: Path) -> int:
     return raw
 
 
-def _field(samples: Iterable[dict[str, Any]], key: str) -> list[Any]:
-    return [_plain(sample.get(key)) for sample in samples]
+def _field(samples: Iterable[dict[str, Any]], key: str, plain: _Plain) -> list[Any]:
+    return [plain(sample.get(key)) for sample in samples]
 
 
 def read_miles_dump(path: Path, session_version: str | None = None) -> pl.DataFrame:
@@ -399,6 +419,7 @@ def _samples_frame(
     samples: list[dict[str, Any]], step: int, path: Path, session_version: str | None
 ) -> pl.DataFrame:
     budget = Budget(path.stat().st_size, unit="values")
+    plain = _Plain(budget)
     metadata = [sample.get(c.METADATA) or {} for sample in samples]
     for position, meta in enumerate(metadata):
         if not isinstance(meta, dict):
@@ -409,13 +430,13 @@ def _samples_frame(
     leaves: list[int] = []
     seen: dict[Any, int] = {}
     for position, (sample, meta) in enumerate(zip(samples, metadata, strict=True)):
-        index = _plain(sample.get(c.INDEX))
+        index = plain(sample.get(c.INDEX))
         # An index that is not a number (a list, a dict) is refused by the index column
         # below; here it only must not count as a leaf of another sample.
         key = index if isinstance(index, (int, float, str, type(None))) else ("sample", position)
         order = seen.get(key, 0)
         seen[key] = order + 1
-        leaf = _plain(meta.get(LEAF_KEY))
+        leaf = plain(meta.get(LEAF_KEY))
         # Real v2 leaves carry a descriptor dict; only a bare number is a position.
         leaves.append(leaf if isinstance(leaf, int) and not isinstance(leaf, bool) else order)
 
@@ -424,32 +445,32 @@ def _samples_frame(
         if session_version is not None
         else [_session_version(meta) for meta in metadata]
     )
-    weight_versions = _weight_versions(samples, path, budget)
-    rewards, reward_dtype = _reward_values(_field(samples, c.REWARD), path)
+    weight_versions = _weight_versions(samples, path, plain)
+    rewards, reward_dtype = _reward_values(_field(samples, c.REWARD, plain), path, plain)
     sizes = _Sizes(budget)
 
     columns: list[tuple[str, list[Any], pl.DataType]] = [
         (c.STEP, [step] * len(samples), pl.Int64()),
-        (c.GROUP_INDEX, _field(samples, c.GROUP_INDEX), pl.Int64()),
-        (c.INDEX, _field(samples, c.INDEX), pl.Int64()),
+        (c.GROUP_INDEX, _field(samples, c.GROUP_INDEX, plain), pl.Int64()),
+        (c.INDEX, _field(samples, c.INDEX, plain), pl.Int64()),
         (c.LEAF, leaves, pl.Int32()),
-        (c.ROLLOUT_ID, _field(samples, c.ROLLOUT_ID), pl.Int64()),
+        (c.ROLLOUT_ID, _field(samples, c.ROLLOUT_ID, plain), pl.Int64()),
         (c.SESSION_VERSION, versions, pl.String()),
         (c.STATUS, [_status(s.get(c.STATUS)) for s in samples], pl.String()),
-        (c.TOKENS, _field(samples, c.TOKENS), pl.List(pl.Int32())),
-        (c.RESPONSE_LENGTH, _field(samples, c.RESPONSE_LENGTH), pl.Int32()),
-        (c.LOSS_MASK, _field(samples, c.LOSS_MASK), pl.List(pl.Int8())),
+        (c.TOKENS, _field(samples, c.TOKENS, plain), pl.List(pl.Int32())),
+        (c.RESPONSE_LENGTH, _field(samples, c.RESPONSE_LENGTH, plain), pl.Int32()),
+        (c.LOSS_MASK, _field(samples, c.LOSS_MASK, plain), pl.List(pl.Int8())),
         (c.REWARD, rewards, reward_dtype),
-        (c.REMOVE_SAMPLE, [_flag(s.get(c.REMOVE_SAMPLE)) for s in samples], pl.Boolean()),
-        (c.ROLLOUT_LOG_PROBS, _field(samples, c.ROLLOUT_LOG_PROBS), pl.List(pl.Float32())),
-        (c.TEACHER_LOG_PROBS, _field(samples, c.TEACHER_LOG_PROBS), pl.List(pl.Float32())),
+        (c.REMOVE_SAMPLE, [_flag(s.get(c.REMOVE_SAMPLE), plain) for s in samples], pl.Boolean()),
+        (c.ROLLOUT_LOG_PROBS, _field(samples, c.ROLLOUT_LOG_PROBS, plain), pl.List(pl.Float32())),
+        (c.TEACHER_LOG_PROBS, _field(samples, c.TEACHER_LOG_PROBS, plain), pl.List(pl.Float32())),
         (
             c.WEIGHT_VERSIONS,
             weight_versions if any(weight_versions) else [None] * len(samples),
             pl.List(pl.String()),
         ),
-        (c.RAW_REWARD, [_plain(m.get(c.RAW_REWARD)) for m in metadata], pl.Float64()),
-        (c.ROUND_NUMBER, [_plain(m.get(c.ROUND_NUMBER)) for m in metadata], pl.Int64()),
+        (c.RAW_REWARD, [plain(m.get(c.RAW_REWARD)) for m in metadata], pl.Float64()),
+        (c.ROUND_NUMBER, [plain(m.get(c.ROUND_NUMBER)) for m in metadata], pl.Int64()),
         (c.TRAIN_METADATA, _json_field(samples, c.TRAIN_METADATA, sizes, path), pl.String()),
         (c.PROMPT, _json_field(samples, c.PROMPT, sizes, path), pl.String()),
         (c.METADATA, _json_field(samples, c.METADATA, sizes, path), pl.String()),

@@ -749,3 +749,20 @@ def test_a_bool_tensor_remove_sample_is_read(tmp_path: Path) -> None:
     frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, samples))
 
     assert frame["remove_sample"].to_list() == [True, False]
+
+
+def test_one_tensor_shared_by_every_sample_is_refused(tmp_path: Path) -> None:
+    tokens = torch.arange(100_000, dtype=torch.int64)  # stored once, referenced 64 times
+    samples = [sample_dict(index=i, tokens=tokens) for i in range(64)]
+    path = write_dump(tmp_path / "0.pt", 0, samples)
+
+    assert path.stat().st_size < 1_000_000
+    assert "field tokens takes it beyond the 3," in malformed(path)
+
+
+def test_a_tensor_shared_by_samples_within_the_bound_is_read(tmp_path: Path) -> None:
+    tokens = torch.arange(5, dtype=torch.int64)
+    samples = [sample_dict(index=i, tokens=tokens) for i in range(8)]
+    frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, samples))
+
+    assert frame["tokens"].to_list() == [[0, 1, 2, 3, 4]] * 8
