@@ -211,7 +211,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_parity(args: argparse.Namespace) -> int:
-    from pipeline.parity import parity
+    from pipeline.parity.payloads import parity
 
     report = parity(args.left, args.right)
     if args.format == "json":
