@@ -68,12 +68,20 @@ def _preview(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _is_leaf(kind: type) -> bool:
+def _is_leaf(kind: type, numeric: bool = False) -> bool:
+    """A value Polars takes without looking inside. Where a number belongs a bool is not
+    one: Polars would read True as 1."""
     if kind in _LEAVES:
-        return True
+        return not (numeric and kind is bool)
     import numpy as np
 
-    return issubclass(kind, np.number | np.bool_)
+    if issubclass(kind, np.bool_):
+        return not numeric
+    return issubclass(kind, np.number)
+
+
+def _what_belongs(numeric: bool) -> str:
+    return "a number" if numeric else "a single value"
 
 
 def _plain(value: Any) -> Any:
@@ -288,11 +296,11 @@ def _reward_values(rewards: list[Any], path: Path, plain: _Plain) -> tuple[list[
     return values, pl.Struct({key: pl.Float64() for key in numeric})
 
 
-def _list_problem(values: list[Any]) -> tuple[int, str] | None:
+def _list_problem(values: list[Any], numeric: bool) -> tuple[int, str] | None:
     """The first sample whose value is not a flat list (Polars would recurse into it)."""
     if set(map(type, values)) <= {list, tuple, _NONE}:
         inner = set(map(type, chain.from_iterable(filter(None, values))))
-        if all(_is_leaf(kind) for kind in inner):
+        if all(_is_leaf(kind, numeric) for kind in inner):
             return None
     for position, value in enumerate(values):
         if value is None:
@@ -302,17 +310,19 @@ def _list_problem(values: list[Any]) -> tuple[int, str] | None:
         for at, element in enumerate(value):
             if element is value:
                 return position, f"element {at} is the list itself (a cycle)"
-            if not _is_leaf(type(element)):
-                return position, f"element {at} is a {type(element).__name__}, not a number"
+            if not _is_leaf(type(element), numeric):
+                kind = type(element).__name__
+                return position, f"element {at} is a {kind}, not {_what_belongs(numeric)}"
     return None
 
 
-def _scalar_problem(values: list[Any]) -> tuple[int, str] | None:
-    if all(_is_leaf(kind) for kind in set(map(type, values))):
+def _scalar_problem(values: list[Any], numeric: bool) -> tuple[int, str] | None:
+    if all(_is_leaf(kind, numeric) for kind in set(map(type, values))):
         return None
     for position, value in enumerate(values):
-        if not _is_leaf(type(value)):
-            return position, f"a {type(value).__name__} where a single value belongs"
+        if not _is_leaf(type(value), numeric):
+            kind = type(value).__name__
+            return position, f"a {kind} where {_what_belongs(numeric)} belongs"
     return None
 
 
@@ -320,13 +330,13 @@ def _series(
     name: str, values: list[Any], dtype: pl.DataType, path: Path, budget: Budget
 ) -> pl.Series:
     if isinstance(dtype, pl.List):
-        problem = _list_problem(values)
+        problem = _list_problem(values, dtype.inner.is_numeric())
         if problem is None:
             budget.charge(sum(map(len, filter(None, values))), f"field {name}")
     elif isinstance(dtype, pl.Struct):
         problem = None  # built by `_reward_values` from numbers only
     else:
-        problem = _scalar_problem(values)
+        problem = _scalar_problem(values, dtype.is_numeric())
         if problem is None and isinstance(dtype, pl.String):
             budget.charge(sum(len(v) for v in values if type(v) is str), f"field {name}")
     if problem is not None:

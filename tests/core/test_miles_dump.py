@@ -692,7 +692,8 @@ def test_a_nested_value_in_a_scalar_field_never_reaches_polars(tmp_path: Path, f
 
     message = malformed(path)
     assert f"field {field} does not fit" in message
-    assert message.endswith("on sample 1 ([[[[...]]]]): a list where a single value belongs")
+    belongs = "a single value" if field == "status" else "a number"
+    assert message.endswith(f"on sample 1 ([[[[...]]]]): a list where {belongs} belongs")
 
 
 def test_a_structure_shared_to_expand_beyond_the_file_is_refused(tmp_path: Path) -> None:
@@ -766,3 +767,22 @@ def test_a_tensor_shared_by_samples_within_the_bound_is_read(tmp_path: Path) -> 
     frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, samples))
 
     assert frame["tokens"].to_list() == [[0, 1, 2, 3, 4]] * 8
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"reward": True}, "field reward does not fit Float64 on sample 1 (True): a bool where"),
+        (
+            {"tokens": [1, True]},
+            "(Int32) on sample 1 ([1, True]): element 1 is a bool, not a number",
+        ),
+        ({"rollout_log_probs": [np.bool_(True)]}, "element 0 is a bool, not a number"),
+    ],
+)
+def test_a_bool_where_a_number_belongs_is_refused(
+    tmp_path: Path, fields: dict[str, Any], reason: str
+) -> None:
+    path = write_dump(tmp_path / "0.pt", 0, [sample_dict(index=0), sample_dict(index=1, **fields)])
+
+    assert reason in malformed(path)
