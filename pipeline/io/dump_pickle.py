@@ -325,7 +325,12 @@ def _member(archive: zipfile.ZipFile, name: str, file_size: int) -> bytes:
             f"archive member {name} unpacks to {info.file_size:,} bytes, more than the "
             f"{file_size:,} of the whole file"
         )
-    return archive.read(info)
+    # Read with a size, so a compressed member is never inflated past what it declares.
+    with archive.open(info) as member:
+        data = member.read(info.file_size)
+    if len(data) != info.file_size:
+        raise Unreadable(f"archive member {name} is shorter than it declares")
+    return data
 
 
 def _read_archive(path: Path, budget: Budget) -> Any:

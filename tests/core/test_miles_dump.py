@@ -786,3 +786,20 @@ def test_a_bool_where_a_number_belongs_is_refused(
     path = write_dump(tmp_path / "0.pt", 0, [sample_dict(index=0), sample_dict(index=1, **fields)])
 
     assert reason in malformed(path)
+
+
+def test_a_compressed_storage_is_never_inflated_past_the_file(tmp_path: Path) -> None:
+    numel = 6_250_000  # 50 MB of int64 zeros, a few dozen KB once deflated
+    stored = raw_dump(
+        tmp_path / "stored.pt", tensor_opcodes((numel,), (1,), numel), tokens=PLACEHOLDER
+    )
+    path = tmp_path / "0.pt"
+    with zipfile.ZipFile(stored) as source, zipfile.ZipFile(path, "w") as archive:
+        for name in source.namelist():
+            archive.writestr(name, source.read(name), zipfile.ZIP_DEFLATED)
+        archive.writestr("archive/data/0", bytes(8 * numel), zipfile.ZIP_DEFLATED)
+
+    assert path.stat().st_size < 200_000
+    assert "archive member archive/data/0 unpacks to 50,000,000 bytes, more than the" in (
+        malformed(path)
+    )
