@@ -10,7 +10,7 @@ Anything else is refused. torch is not used even when installed, so shards do no
 on it.
 
 What a file may make the reader allocate is bounded by the file's own size
-(`ARRAYS_PER_BYTE`, `FLOOR_BYTES`): a few bytes of pickle can otherwise ask for an array of
+(`ARRAYS_PER_BYTE`, `FLOOR`): a few bytes of pickle can otherwise ask for an array of
 any shape, or a tensor whose zero strides repeat one stored element without end. Only the
 arrays the unpickler itself built are checked afterwards (they are tracked on the
 unpickler), so the rest of the payload is never walked.
@@ -29,11 +29,13 @@ from typing import Any, Literal
 
 from pipeline.errors import StepError, step_error
 
-# A dump may build at most this many bytes of arrays (or, in `pipeline.io.miles_dump`,
-# values) per byte of its file, and at least FLOOR_BYTES: storages are read once, bfloat16
-# widens to float32 (twice the bytes) and a view of a storage is copied out of it.
-ARRAYS_PER_BYTE = 4
-FLOOR_BYTES = 1 << 20
+# A dump may build at most ARRAYS_PER_BYTE bytes of arrays and, in `pipeline.io.miles_dump`,
+# VALUES_PER_BYTE column values per byte of its file, and at least FLOOR of either. A
+# bfloat16 storage is read (2 bytes an element), widened to float32 (4) and copied out as a
+# tensor (4): 5 per byte of file, the most a real dump needs.
+ARRAYS_PER_BYTE = 8
+VALUES_PER_BYTE = 4
+FLOOR = 1 << 20
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
 LEGACY_FORMAT = (
@@ -59,11 +61,14 @@ class TooBig(Exception):
 
 
 class Budget:
-    """What a dump of `file_size` bytes may still build, in bytes or values."""
+    """What a dump of `file_size` bytes may still build: `per_byte` of `unit` per byte."""
 
-    def __init__(self, file_size: int, unit: str = "bytes of arrays") -> None:
+    def __init__(
+        self, file_size: int, per_byte: int = ARRAYS_PER_BYTE, unit: str = "bytes of arrays"
+    ) -> None:
         self.file_size = file_size
-        self.limit = max(FLOOR_BYTES, ARRAYS_PER_BYTE * file_size)
+        self.per_byte = per_byte
+        self.limit = max(FLOOR, per_byte * file_size)
         self.left = self.limit
         self.unit = unit
 
@@ -72,8 +77,8 @@ class Budget:
         if self.left < 0:
             raise TooBig(
                 f"{what} takes it beyond the {self.limit:,} {self.unit} a dump of "
-                f"{self.file_size:,} bytes may build ({ARRAYS_PER_BYTE} per byte of the file, "
-                f"at least {FLOOR_BYTES:,})"
+                f"{self.file_size:,} bytes may build ({self.per_byte} per byte of the file, "
+                f"at least {FLOOR:,})"
             )
 
 

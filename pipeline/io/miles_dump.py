@@ -33,7 +33,13 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import StepError, UsageError, step_error
 from pipeline.io.dump_files import find_miles_dumps, is_miles_dump, named_step
-from pipeline.io.dump_pickle import Budget, TooBig, first_sentence, load_payload
+from pipeline.io.dump_pickle import (
+    VALUES_PER_BYTE,
+    Budget,
+    TooBig,
+    first_sentence,
+    load_payload,
+)
 
 __all__ = ["find_miles_dumps", "is_miles_dump", "read_miles_dump"]
 
@@ -428,7 +434,7 @@ def read_miles_dump(path: Path, session_version: str | None = None) -> pl.DataFr
 def _samples_frame(
     samples: list[dict[str, Any]], step: int, path: Path, session_version: str | None
 ) -> pl.DataFrame:
-    budget = Budget(path.stat().st_size, unit="values")
+    budget = Budget(path.stat().st_size, VALUES_PER_BYTE, "values")
     plain = _Plain(budget)
     metadata = [sample.get(c.METADATA) or {} for sample in samples]
     for position, meta in enumerate(metadata):

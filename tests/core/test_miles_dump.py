@@ -803,3 +803,16 @@ def test_a_compressed_storage_is_never_inflated_past_the_file(tmp_path: Path) ->
     assert "archive member archive/data/0 unpacks to 50,000,000 bytes, more than the" in (
         malformed(path)
     )
+
+
+def test_a_dump_of_large_bfloat16_tensors_is_read(tmp_path: Path) -> None:
+    # The costliest real case: read, widened to float32 and copied, 5 bytes per byte of file.
+    log_probs = torch.linspace(-1, 0, 1_000_000, dtype=torch.bfloat16)
+    tokens = torch.zeros(1_000_000, dtype=torch.int32)
+    sample = sample_dict(tokens=tokens, response_length=1_000_000, rollout_log_probs=log_probs)
+    path = write_dump(tmp_path / "0.pt", 0, [sample])
+
+    frame = read_miles_dump(path)
+
+    assert path.stat().st_size > 6_000_000
+    assert frame["rollout_log_probs"].to_list()[0] == log_probs.float().tolist()
