@@ -4,11 +4,25 @@ miles builds the rank dict in `_package_shards` (per-row keys gathered by the ra
 partition, batch-wide keys copied whole) and completes it in `process_rollout_data_shard`
 (`partition` popped, `total_lengths` reordered into the rank's rows). A rank file holds
 its rows in that order already; this module turns its columns into the same Python lists.
+
+What it reads is the step's: the step folder is opened once and every file is opened
+relative to that open folder (a symlink is refused), so a rebuild that swaps the folder
+(pipeline/io/writer.py replaces it whole by one rename) cannot mix two builds into one
+read: the files come from the folder that was opened, or are gone (the old folder deleted
+under the reader), and then the read starts over on the new folder. Each file read is
+checked against the manifest (sha256 of its bytes, its row count), and the manifest
+against the folder's step.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import os
+import re
+import stat
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -17,6 +31,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 MANIFEST = "manifest.json"
+STEP_NAME = re.compile(r"^step=(\d+)$")
+# Reads started over when the step folder was replaced under the reader; each rebuild
+# that lands during one read costs one.
+ATTEMPTS = 8
 
 # Per-row keys in the order miles' `_package_shards` gathers them (those the shards carry).
 ROW_KEYS = (
@@ -39,6 +57,16 @@ OPTIONAL = ("round_number", "rollout_log_probs", "teacher_log_probs", "weight_ve
 NOT_HANDED = ("batch_position", "train_step", "micro_batch", "metadata", "step", "rank")
 
 
+class ShardVerificationError(ValueError):
+    """A file of a step folder is not what the step's manifest says it wrote: another
+    build's or a changed file, a manifest of another step, or a path that leaves the
+    folder. The message names the file."""
+
+
+class _Replaced(Exception):
+    """The step folder was replaced while it was read: read it again."""
+
+
 def read_manifest(step_folder: str | Path) -> dict[str, Any]:
     """The step's `manifest.json` as a dict; FileNotFoundError when the folder has none
     (a step folder without one is incomplete)."""
@@ -48,19 +76,110 @@ def read_manifest(step_folder: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def _rank_path(step_folder: Path, rank: int) -> Path:
-    return step_folder / f"rank={rank}.parquet"
+class _Folder:
+    """A step folder held open: files are opened relative to it, never through a link."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        self.identity = _identity(os.fstat(self.fd))
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def replaced(self) -> bool:
+        """Whether the folder's path now names another folder (or none)."""
+        try:
+            return _identity(os.stat(self.path)) != self.identity
+        except FileNotFoundError:
+            return True
+
+    def read(self, name: str) -> bytes:
+        """The whole file `name` of this folder; a symlink, a non-regular file or a name
+        with a path in it is refused, a file gone because the folder was replaced means
+        `_Replaced`."""
+        path = self.path / name
+        if "/" in name or name in (".", ".."):
+            raise ShardVerificationError(f"{path}: a name outside the step folder")
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.fd)
+        except FileNotFoundError:
+            if self.replaced():
+                raise _Replaced from None
+            raise
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise ShardVerificationError(
+                    f"{path}: a symbolic link; a step folder's files must be its own"
+                ) from None
+            raise
+        with os.fdopen(fd, "rb", buffering=0) as handle:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise ShardVerificationError(f"{path}: not a regular file")
+            data = bytearray(info.st_size)
+            view, done = memoryview(data), 0
+            while done < len(data):
+                got = handle.readinto(view[done:])
+                if not got:
+                    break
+                done += got
+            if done != len(data) or handle.read(1):
+                raise ShardVerificationError(f"{path}: changed size while it was read")
+        return data
 
 
-def _present(manifest: dict[str, Any], paths: list[Path]) -> set[str]:
+def _identity(info: os.stat_result) -> tuple[int, int]:
+    return info.st_dev, info.st_ino
+
+
+def _rank_name(rank: int) -> str:
+    return f"rank={rank}.parquet"
+
+
+def _check_step(folder: Path, manifest: dict[str, Any]) -> None:
+    match = STEP_NAME.match(folder.name)
+    if match and int(manifest.get("step", -1)) != int(match.group(1)):
+        raise ShardVerificationError(
+            f"{folder / MANIFEST}: the manifest of step {manifest.get('step')}, in the folder "
+            f"of step {match.group(1)}"
+        )
+
+
+def _verified(
+    folder: _Folder, manifest: dict[str, Any], name: str, data: bytearray, verify: bool
+) -> pa.Table | pq.ParquetFile:
+    """`data` (the file `name`) as a ParquetFile, checked against the manifest's record:
+    its sha256 and row count."""
+    records = {o["path"]: o for o in manifest.get("outputs", [])}
+    path = folder.path / name
+    if name not in records:
+        raise ShardVerificationError(f"{path}: not among the files the manifest lists")
+    record = records[name]
+    if verify and hashlib.sha256(data).hexdigest() != record["sha256"]:
+        if folder.replaced():
+            raise _Replaced
+        raise ShardVerificationError(
+            f"{path}: its sha256 is not the manifest's ({record['sha256'][:12]}...): the file "
+            "is not the one this step's build wrote"
+        )
+    parquet = pq.ParquetFile(pa.BufferReader(pa.py_buffer(data)))
+    if verify and parquet.metadata.num_rows != record["rows"]:
+        raise ShardVerificationError(
+            f"{path}: {parquet.metadata.num_rows} rows, the manifest says {record['rows']}"
+        )
+    return parquet
+
+
+def _present(manifest: dict[str, Any], files: list[pq.ParquetFile]) -> set[str]:
     """The optional columns of this batch: the manifest's `present_columns` when it lists
     them (every step then has every column, null where absent), else the files' columns."""
     listed = manifest.get("present_columns")
     if listed is not None:
         return set(listed) & set(OPTIONAL)
     names: set[str] = set()
-    for path in paths:
-        names.update(pq.read_schema(path).names)
+    for parquet in files:
+        names.update(parquet.schema_arrow.names)
     return names & set(OPTIONAL)
 
 
@@ -126,18 +245,18 @@ def _lists(column: pa.ChunkedArray, null_empty: bool = False) -> list[Any]:
 
 
 def _batch_raw_reward(
-    manifest: dict[str, Any], paths: list[Path], rank: int, table: pa.Table, as_numpy: bool
+    manifest: dict[str, Any],
+    files: list[pq.ParquetFile],
+    rank: int,
+    table: pa.Table,
+    as_numpy: bool,
 ) -> Any:
     """`raw_reward` of the whole trimmed batch in batch order: every rank's rows, and the
     rows the rollout-side schedule dropped (recorded in the manifest)."""
     positions = [np.asarray(manifest.get("dropped_positions", []), dtype=np.int64)]
     columns: list[pa.ChunkedArray] = []
-    for other, path in enumerate(paths):
-        part = (
-            table
-            if other == rank
-            else pq.read_table(path, columns=["batch_position", "raw_reward"])
-        )
+    for other, parquet in enumerate(files):
+        part = table if other == rank else parquet.read(columns=["batch_position", "raw_reward"])
         positions.append(_scalar_array(part.column("batch_position")).astype(np.int64))
         columns.append(part.column("raw_reward"))
     flat_positions = np.concatenate(positions)
@@ -177,6 +296,8 @@ def read_rank(
     dp_size: int | None = None,
     global_batch_size: int | None = None,
     as_numpy: bool = False,
+    with_train_step: bool = False,
+    verify: bool = True,
 ) -> dict[str, Any]:
     """Rank `rank`'s rollout data exactly as miles' trainer holds it after
     `process_rollout_data`: the same keys, values and Python types.
@@ -189,29 +310,94 @@ def read_rank(
     probs, `weight_versions`) a `Ragged(values, offsets, valid)`, row i being
     `values[offsets[i]:offsets[i + 1]]`. The batch-wide ints and lists
     (`dynamic_global_batch_size`, the schedule's keys) stay Python.
+
+    `with_train_step=True` adds the key `train_step` (not miles'): per row, the optimizer
+    step of this rollout step that trains it, None for a row never trained (as numpy, an
+    int32 masked array, masked where None).
+
+    Every file read is checked against the manifest (`verify=False` skips the sha256 and
+    row counts, not the rest): a mismatch, a manifest of another step or a file that is a
+    symbolic link raises ShardVerificationError naming the file. A rebuild of the step
+    during the read makes it start over on the new folder (up to ATTEMPTS times), so the
+    dict is always one build's.
     """
     folder = Path(step_folder)
-    manifest = read_manifest(folder)
-    settings = manifest["settings"]
-    step_dp = int(settings["dp_size"])
-    step_gbs = int(settings["global_batch_size"])
-    if dp_size is not None and dp_size != step_dp:
-        raise ValueError(f"dp_size={dp_size} but the step {folder} was built for dp_size={step_dp}")
-    if global_batch_size is not None and global_batch_size != step_gbs:
-        raise ValueError(
-            f"global_batch_size={global_batch_size} but the step {folder} was built for "
-            f"global_batch_size={step_gbs}"
-        )
-    if not 0 <= rank < step_dp:
-        raise ValueError(f"rank={rank} is outside the step's dp_size={step_dp} ranks")
-    paths = [_rank_path(folder, r) for r in range(step_dp)]
-    present = _present(manifest, paths)
+    for attempt in range(ATTEMPTS):
+        try:
+            return _read_rank_once(
+                folder, rank, dp_size, global_batch_size, as_numpy, with_train_step, verify
+            )
+        except _Replaced:
+            time.sleep(0.002 * (attempt + 1))
+    raise RuntimeError(
+        f"{folder}: replaced by other builds {ATTEMPTS} times while it was read; try again"
+    )
+
+
+def _read_rank_once(
+    path: Path,
+    rank: int,
+    dp_size: int | None,
+    global_batch_size: int | None,
+    as_numpy: bool,
+    with_train_step: bool,
+    verify: bool,
+) -> dict[str, Any]:
+    try:
+        folder = _Folder(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such step folder") from None
+    try:
+        try:
+            raw = folder.read(MANIFEST)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"{path / MANIFEST}: no manifest, so {path} is not a complete step"
+            ) from None
+        try:
+            manifest = json.loads(bytes(raw))
+        except ValueError:
+            raise ShardVerificationError(f"{path / MANIFEST}: not a JSON manifest") from None
+        _check_step(path, manifest)
+        settings = manifest["settings"]
+        step_dp = int(settings["dp_size"])
+        step_gbs = int(settings["global_batch_size"])
+        if dp_size is not None and dp_size != step_dp:
+            raise ValueError(
+                f"dp_size={dp_size} but the step {path} was built for dp_size={step_dp}"
+            )
+        if global_batch_size is not None and global_batch_size != step_gbs:
+            raise ValueError(
+                f"global_batch_size={global_batch_size} but the step {path} was built for "
+                f"global_batch_size={step_gbs}"
+            )
+        if not 0 <= rank < step_dp:
+            raise ValueError(f"rank={rank} is outside the step's dp_size={step_dp} ranks")
+        files = [
+            _verified(folder, manifest, _rank_name(r), folder.read(_rank_name(r)), verify)
+            for r in range(step_dp)
+        ]
+    finally:
+        folder.close()
+    return _rank_dict(manifest, files, rank, as_numpy, with_train_step)
+
+
+def _rank_dict(
+    manifest: dict[str, Any],
+    files: list[pq.ParquetFile],
+    rank: int,
+    as_numpy: bool,
+    with_train_step: bool,
+) -> dict[str, Any]:
+    present = _present(manifest, files)
     scheduled = manifest.get("num_microbatches") is not None
     wanted = [k for k in ROW_KEYS if k not in OPTIONAL or k in present]
     extra = ["batch_position", "raw_reward", "total_lengths"]
     if scheduled:
         extra += ["train_step", "micro_batch"]
-    table = pq.read_table(paths[rank], columns=[*wanted, *extra])
+    elif with_train_step:
+        extra.append("train_step")
+    table = files[rank].read(columns=[*wanted, *extra])
 
     data: dict[str, Any] = {}
     for key in wanted:
@@ -223,7 +409,7 @@ def read_rank(
             data[key] = _lists(column, null_empty=key == "weight_versions")
         else:
             data[key] = _scalars(column)
-    data["raw_reward"] = _batch_raw_reward(manifest, paths, rank, table, as_numpy)
+    data["raw_reward"] = _batch_raw_reward(manifest, files, rank, table, as_numpy)
     total = table.column("total_lengths")
     data["total_lengths"] = _scalar_array(total) if as_numpy else _scalars(total)
     dynamic = manifest.get("dynamic_global_batch_size")
@@ -233,4 +419,14 @@ def read_rank(
         data["num_microbatches"] = list(manifest["num_microbatches"])
         data["micro_batch_indices"] = _micro_batch_indices(table)
         data["num_rollouts"] = list(manifest["num_rollouts"])
+    if with_train_step:
+        data["train_step"] = _train_steps(table.column("train_step"), as_numpy)
     return data
+
+
+def _train_steps(column: pa.ChunkedArray, as_numpy: bool) -> Any:
+    if not as_numpy:
+        return column.to_pylist()
+    array = column.combine_chunks()
+    values = array.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    return np.ma.MaskedArray(values, mask=array.is_null().to_numpy(zero_copy_only=False))
