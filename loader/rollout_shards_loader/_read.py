@@ -23,6 +23,7 @@ import os
 import re
 import stat
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -35,6 +36,8 @@ STEP_NAME = re.compile(r"^step=(\d+)$")
 # Reads started over when the step folder was replaced under the reader; each rebuild
 # that lands during one read costs one.
 ATTEMPTS = 8
+# Threads hashing a read's files while pyarrow decodes them.
+HASHERS = 2
 
 # Per-row keys in the order miles' `_package_shards` gathers them (those the shards carry).
 ROW_KEYS = (
@@ -94,10 +97,10 @@ class _Folder:
         except FileNotFoundError:
             return True
 
-    def read(self, name: str) -> bytes:
-        """The whole file `name` of this folder; a symlink, a non-regular file or a name
-        with a path in it is refused, a file gone because the folder was replaced means
-        `_Replaced`."""
+    def open(self, name: str) -> tuple[int, os.stat_result]:
+        """An open descriptor of the file `name` of this folder and its status; a symlink,
+        a non-regular file or a name with a path in it is refused, a file gone because
+        the folder was replaced means `_Replaced`."""
         path = self.path / name
         if "/" in name or name in (".", ".."):
             raise ShardVerificationError(f"{path}: a name outside the step folder")
@@ -113,20 +116,42 @@ class _Folder:
                     f"{path}: a symbolic link; a step folder's files must be its own"
                 ) from None
             raise
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            raise ShardVerificationError(f"{path}: not a regular file")
+        return fd, info
+
+    def read(self, name: str) -> bytearray:
+        """The whole file `name` of this folder (see `open`)."""
+        fd, info = self.open(name)
         with os.fdopen(fd, "rb", buffering=0) as handle:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise ShardVerificationError(f"{path}: not a regular file")
-            data = bytearray(info.st_size)
-            view, done = memoryview(data), 0
-            while done < len(data):
-                got = handle.readinto(view[done:])
-                if not got:
-                    break
-                done += got
-            if done != len(data) or handle.read(1):
-                raise ShardVerificationError(f"{path}: changed size while it was read")
-        return data
+            return _read_all(handle, info.st_size, self.path / name)
+
+
+def _read_all(handle: Any, size: int, path: Path) -> bytearray:
+    data = bytearray(size)
+    view, done = memoryview(data), 0
+    while done < size:
+        got = handle.readinto(view[done:])
+        if not got:
+            break
+        done += got
+    if done != size or handle.read(1):
+        raise ShardVerificationError(f"{path}: changed size while it was read")
+    return data
+
+
+# Files whose bytes this process hashed and found to be the manifest's, by device, inode,
+# size and modification and change times: a step folder's files are never written in
+# place (a rebuild writes new files), and changing a file's bytes changes its ctime, so a
+# file with the same identity still holds the verified bytes.
+_VERIFIED: dict[tuple[int, int, int, int, int], str] = {}
+_VERIFIED_MAX = 4096
+
+
+def _file_key(info: os.stat_result) -> tuple[int, int, int, int, int]:
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
 def _identity(info: os.stat_result) -> tuple[int, int]:
@@ -146,29 +171,90 @@ def _check_step(folder: Path, manifest: dict[str, Any]) -> None:
         )
 
 
-def _verified(
-    folder: _Folder, manifest: dict[str, Any], name: str, data: bytearray, verify: bool
-) -> pa.Table | pq.ParquetFile:
-    """`data` (the file `name`) as a ParquetFile, checked against the manifest's record:
-    its sha256 and row count."""
-    records = {o["path"]: o for o in manifest.get("outputs", [])}
+def _record(folder: _Folder, manifest: dict[str, Any], name: str) -> dict[str, Any]:
+    for output in manifest.get("outputs", []):
+        if output.get("path") == name:
+            return output
+    raise ShardVerificationError(f"{folder.path / name}: not among the files the manifest lists")
+
+
+class _Checks:
+    """The sha256 checks of one read, hashed on threads while the files are decoded (both
+    release the GIL); `wait` raises for the first file that is not the manifest's."""
+
+    def __init__(self, folder: _Folder) -> None:
+        self.folder = folder
+        self.pool: ThreadPoolExecutor | None = None
+        self.pending: list[tuple[Future[str], Path, str, tuple[int, ...]]] = []
+
+    def submit(self, data: bytearray, path: Path, sha256: str, key: tuple[int, ...]) -> None:
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=HASHERS)
+        self.pending.append((self.pool.submit(_sha256, data), path, sha256, key))
+
+    def wait(self) -> None:
+        try:
+            for future, path, sha256, key in self.pending:
+                if future.result() != sha256:
+                    if self.folder.replaced():
+                        raise _Replaced
+                    raise ShardVerificationError(
+                        f"{path}: its sha256 is not the manifest's ({sha256[:12]}...): the file "
+                        "is not the one this step's build wrote"
+                    )
+                if len(_VERIFIED) >= _VERIFIED_MAX:
+                    _VERIFIED.pop(next(iter(_VERIFIED)))
+                _VERIFIED[key] = sha256  # type: ignore[index]
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+
+def _sha256(data: bytearray) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _open_rank_file(
+    folder: _Folder,
+    manifest: dict[str, Any],
+    name: str,
+    whole: bool,
+    verify: bool,
+    checks: _Checks,
+) -> tuple[pq.ParquetFile, Any]:
+    """The rank file `name` as a ParquetFile (and the handle to close after reading it),
+    its row count checked against the manifest and its sha256 handed to `checks` (once
+    per process and file). `whole`: the reader needs most of the file (or all of it, to
+    hash it), so it is read into memory at once."""
+    record = _record(folder, manifest, name)
     path = folder.path / name
-    if name not in records:
-        raise ShardVerificationError(f"{path}: not among the files the manifest lists")
-    record = records[name]
-    if verify and hashlib.sha256(data).hexdigest() != record["sha256"]:
-        if folder.replaced():
-            raise _Replaced
-        raise ShardVerificationError(
-            f"{path}: its sha256 is not the manifest's ({record['sha256'][:12]}...): the file "
-            "is not the one this step's build wrote"
-        )
-    parquet = pq.ParquetFile(pa.BufferReader(pa.py_buffer(data)))
+    fd, info = folder.open(name)
+    key = _file_key(info)
+    known = not verify or _VERIFIED.get(key) == record["sha256"]
+    handle = os.fdopen(fd, "rb", buffering=0 if whole or not known else -1)
+    try:
+        if known and not whole:
+            parquet, keep = pq.ParquetFile(handle), handle
+        else:
+            data = _read_all(handle, info.st_size, path)
+            handle.close()
+            if not known:
+                checks.submit(data, path, record["sha256"], key)
+            parquet, keep = pq.ParquetFile(pa.BufferReader(pa.py_buffer(data))), None
+    except BaseException:
+        handle.close()
+        raise
     if verify and parquet.metadata.num_rows != record["rows"]:
+        if keep is not None:
+            keep.close()
         raise ShardVerificationError(
             f"{path}: {parquet.metadata.num_rows} rows, the manifest says {record['rows']}"
         )
-    return parquet
+    return parquet, keep
 
 
 def _present(manifest: dict[str, Any], files: list[pq.ParquetFile]) -> set[str]:
@@ -373,13 +459,26 @@ def _read_rank_once(
             )
         if not 0 <= rank < step_dp:
             raise ValueError(f"rank={rank} is outside the step's dp_size={step_dp} ranks")
-        files = [
-            _verified(folder, manifest, _rank_name(r), folder.read(_rank_name(r)), verify)
-            for r in range(step_dp)
-        ]
+        files, handles, checks = [], [], _Checks(folder)
+        try:
+            for r in range(step_dp):
+                parquet, handle = _open_rank_file(
+                    folder, manifest, _rank_name(r), r == rank, verify, checks
+                )
+                files.append(parquet)
+                handles.append(handle)
+            data = _rank_dict(manifest, files, rank, as_numpy, with_train_step)
+        except Exception:
+            checks.wait()  # a file that is not the manifest's is the error to report
+            raise
+        finally:
+            for handle in handles:
+                if handle is not None:
+                    handle.close()
+        checks.wait()
+        return data
     finally:
         folder.close()
-    return _rank_dict(manifest, files, rank, as_numpy, with_train_step)
 
 
 def _rank_dict(

@@ -35,6 +35,7 @@ def _step(tmp_path: Path, name: str = "out", reward: float = 1.0, n: int = 8) ->
 
 def test_a_changed_rank_file_is_named(tmp_path: Path) -> None:
     folder = _step(tmp_path)
+    read_rank(folder, 0)  # verified once: this process knows the file by its identity
     path = folder / "rank=1.parquet"
     table = pq.read_table(path)
     pq.write_table(table, path, compression="snappy")  # same rows, other bytes
