@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -383,23 +384,27 @@ def set_rank(m: types.SimpleNamespace, rank: int, settings: dict[str, Any]) -> N
     """miles' parallel state for data-parallel rank `rank` (no process groups: one
     process plays each rank in turn)."""
     parallel = sys.modules["miles.backends.training_utils.parallel"]
-    info = sys.modules["miles.utils.ft_utils.process_group_utils"].GroupInfo
+    info = getattr(parallel, "GroupInfo", None)
+    if info is None:
+        info = sys.modules["miles.utils.ft_utils.process_group_utils"].GroupInfo
     dp = settings["dp_size"]
     one = info(rank=0, size=1, group=None)
     cp = settings.get("cp_size") or 1
+    values = {
+        "intra_dp": info(rank=rank, size=dp, group=None),
+        "intra_dp_cp": info(rank=rank, size=dp * cp, group=None),
+        "cp": info(rank=0, size=cp, group=None),
+        "tp": one,
+        "pp": one,
+        "ep": one,
+        "etp": one,
+        "indep_dp": one,
+        "vpp_size": settings.get("vpp_size") or 1,
+        "microbatch_group_size_per_vp_stage": settings.get("microbatch_group_size_per_vp_stage"),
+    }
+    fields = {f.name for f in dataclasses.fields(parallel.ParallelState)}
     parallel.set_parallel_state(
-        parallel.ParallelState(
-            intra_dp=info(rank=rank, size=dp, group=None),
-            intra_dp_cp=info(rank=rank, size=dp * cp, group=None),
-            cp=info(rank=0, size=cp, group=None),
-            tp=one,
-            pp=one,
-            ep=one,
-            etp=one,
-            indep_dp=one,
-            vpp_size=settings.get("vpp_size") or 1,
-            microbatch_group_size_per_vp_stage=settings.get("microbatch_group_size_per_vp_stage"),
-        )
+        parallel.ParallelState(**{k: v for k, v in values.items() if k in fields})
     )
 
 
