@@ -38,6 +38,8 @@ STEP_NAME = re.compile(r"^step=(\d+)$")
 ATTEMPTS = 8
 # Threads hashing a read's files while pyarrow decodes them.
 HASHERS = 2
+# A file hashed without being read whole is read in pieces of this size.
+HASH_CHUNK = 1 << 20
 
 # Per-row keys in the order miles' `_package_shards` gathers them (those the shards carry).
 ROW_KEYS = (
@@ -185,23 +187,37 @@ class _Checks:
     def __init__(self, folder: _Folder) -> None:
         self.folder = folder
         self.pool: ThreadPoolExecutor | None = None
-        self.pending: list[tuple[Future[str], Path, str, tuple[int, ...]]] = []
+        self.pending: list[tuple[Future[str] | None, Path, str, tuple[int, ...], int | None]] = []
 
-    def submit(self, data: bytearray, path: Path, sha256: str, key: tuple[int, ...]) -> None:
+    def submit(self, data: bytearray | int, path: Path, sha256: str, key: tuple[int, ...]) -> None:
+        """Hash `data`: the bytes read, or an open file descriptor whose file must still
+        have the identity `key` (so the same bytes) once its columns have been read."""
         if self.pool is None:
             self.pool = ThreadPoolExecutor(max_workers=HASHERS)
-        self.pending.append((self.pool.submit(_sha256, data), path, sha256, key))
+        fd = data if isinstance(data, int) else None
+        self.pending.append((self.pool.submit(_sha256, data), path, sha256, key, fd))
+
+    def unchanged(self, fd: int, path: Path, key: tuple[int, ...]) -> None:
+        """A file verified before: it must still have the identity `key` once read."""
+        self.pending.append((None, path, "", key, fd))
 
     def wait(self) -> None:
         try:
-            for future, path, sha256, key in self.pending:
-                if future.result() != sha256:
+            for future, path, sha256, key, fd in self.pending:
+                if future is not None and future.result() != sha256:
                     if self.folder.replaced():
                         raise _Replaced
                     raise ShardVerificationError(
                         f"{path}: its sha256 is not the manifest's ({sha256[:12]}...): the file "
                         "is not the one this step's build wrote"
                     )
+                if fd is not None and _file_key(os.fstat(fd)) != key:
+                    # deleting the file (a rebuild retiring the folder) changes it too
+                    if self.folder.replaced():
+                        raise _Replaced
+                    raise ShardVerificationError(f"{path}: changed while it was read")
+                if future is None:
+                    continue
                 if len(_VERIFIED) >= _VERIFIED_MAX:
                     _VERIFIED.pop(next(iter(_VERIFIED)))
                 _VERIFIED[key] = sha256  # type: ignore[index]
@@ -214,8 +230,14 @@ class _Checks:
             self.pool = None
 
 
-def _sha256(data: bytearray) -> str:
-    return hashlib.sha256(data).hexdigest()
+def _sha256(data: bytearray | int) -> str:
+    if not isinstance(data, int):
+        return hashlib.sha256(data).hexdigest()
+    digest, offset = hashlib.sha256(), 0
+    while chunk := os.pread(data, HASH_CHUNK, offset):  # pread: the reader's offset stays
+        digest.update(chunk)
+        offset += len(chunk)
+    return digest.hexdigest()
 
 
 def _open_rank_file(
@@ -228,32 +250,39 @@ def _open_rank_file(
 ) -> tuple[pq.ParquetFile, Any]:
     """The rank file `name` as a ParquetFile (and the handle to close after reading it),
     its row count checked against the manifest and its sha256 handed to `checks` (once
-    per process and file). `whole`: the reader needs most of the file (or all of it, to
-    hash it), so it is read into memory at once."""
+    per process and file). `whole`: the reader needs most of the file, so it is read into
+    memory at once and those bytes are hashed."""
     record = _record(folder, manifest, name)
     path = folder.path / name
     fd, info = folder.open(name)
     key = _file_key(info)
     known = not verify or _VERIFIED.get(key) == record["sha256"]
-    handle = os.fdopen(fd, "rb", buffering=0 if whole or not known else -1)
+    handle = os.fdopen(fd, "rb", buffering=0 if whole else -1)
     try:
-        if known and not whole:
-            parquet, keep = pq.ParquetFile(handle), handle
-        else:
+        if whole:
             data = _read_all(handle, info.st_size, path)
+            if known and verify and _file_key(os.fstat(fd)) != key:
+                if folder.replaced():
+                    raise _Replaced
+                raise ShardVerificationError(f"{path}: changed while it was read")
             handle.close()
             if not known:
                 checks.submit(data, path, record["sha256"], key)
             parquet, keep = pq.ParquetFile(pa.BufferReader(pa.py_buffer(data))), None
+        else:
+            parquet, keep = pq.ParquetFile(handle), handle
+        if verify and parquet.metadata.num_rows != record["rows"]:
+            raise ShardVerificationError(
+                f"{path}: {parquet.metadata.num_rows} rows, the manifest says {record['rows']}"
+            )
     except BaseException:
         handle.close()
         raise
-    if verify and parquet.metadata.num_rows != record["rows"]:
-        if keep is not None:
-            keep.close()
-        raise ShardVerificationError(
-            f"{path}: {parquet.metadata.num_rows} rows, the manifest says {record['rows']}"
-        )
+    if not whole and not known:
+        # a few columns of it are read: hashed from the file beside that read, not copied
+        checks.submit(fd, path, record["sha256"], key)
+    elif not whole and verify:
+        checks.unchanged(fd, path, key)
     return parquet, keep
 
 
@@ -461,22 +490,24 @@ def _read_rank_once(
             raise ValueError(f"rank={rank} is outside the step's dp_size={step_dp} ranks")
         files, handles, checks = [], [], _Checks(folder)
         try:
-            for r in range(step_dp):
-                parquet, handle = _open_rank_file(
-                    folder, manifest, _rank_name(r), r == rank, verify, checks
-                )
-                files.append(parquet)
-                handles.append(handle)
-            data = _rank_dict(manifest, files, rank, as_numpy, with_train_step)
-        except Exception:
-            checks.wait()  # a file that is not the manifest's is the error to report
-            raise
+            try:
+                for r in range(step_dp):
+                    parquet, handle = _open_rank_file(
+                        folder, manifest, _rank_name(r), r == rank, verify, checks
+                    )
+                    files.append(parquet)
+                    handles.append(handle)
+                data = _rank_dict(manifest, files, rank, as_numpy, with_train_step)
+            except Exception:
+                checks.wait()  # a file that is not the manifest's is the error to report
+                raise
+            checks.wait()
+            return data
         finally:
+            checks.close()
             for handle in handles:
                 if handle is not None:
                     handle.close()
-        checks.wait()
-        return data
     finally:
         folder.close()
 

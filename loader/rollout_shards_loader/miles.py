@@ -123,7 +123,7 @@ def uninstall() -> None:
             if module is None:
                 continue
             if is_data:
-                function = module.process_rollout_data
+                function = module.process_rollout_data  # type: ignore[attr-defined]
                 module.process_rollout_data = getattr(function, ORIGINAL, function)
             for actor_name in actors:
                 actor = getattr(module, actor_name, None)
@@ -143,11 +143,14 @@ def _patch(module: types.ModuleType) -> None:
 
 
 def _patch_data(data: types.ModuleType, root: Path) -> None:
-    original = getattr(data.process_rollout_data, ORIGINAL, data.process_rollout_data)
+    current = data.process_rollout_data  # type: ignore[attr-defined]
+    original = getattr(current, ORIGINAL, current)
     handle_class = getattr(data, PAIR_MARKER, None)
 
     @functools.wraps(original)
-    def process_rollout_data(args, rollout_data_ref, dp_rank, dp_size, *rest, **kwargs):
+    def process_rollout_data(
+        args: Any, rollout_data_ref: Any, dp_rank: int, dp_size: int, *rest: Any, **kwargs: Any
+    ) -> Any:
         rollout_id = _ROLLOUT_ID.get()
         if rollout_id is None:
             raise LateInstallError(
@@ -176,7 +179,7 @@ def _release_nothing(value: Any) -> None:
 
 def _with_rollout_id(train: Any) -> Any:
     @functools.wraps(train)
-    def wrapped(self, rollout_id, *args, **kwargs):
+    def wrapped(self: Any, rollout_id: int, *args: Any, **kwargs: Any) -> Any:
         token = _ROLLOUT_ID.set(int(rollout_id))
         try:
             return train(self, rollout_id, *args, **kwargs)
