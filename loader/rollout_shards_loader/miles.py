@@ -123,8 +123,8 @@ def uninstall() -> None:
             if module is None:
                 continue
             if is_data:
-                function = module.process_rollout_data  # type: ignore[attr-defined]
-                module.process_rollout_data = getattr(function, ORIGINAL, function)
+                function = module.process_rollout_data
+                module.process_rollout_data = getattr(function, ORIGINAL, function)  # type: ignore[attr-defined]
             for actor_name in actors:
                 actor = getattr(module, actor_name, None)
                 if actor is not None:
@@ -143,7 +143,7 @@ def _patch(module: types.ModuleType) -> None:
 
 
 def _patch_data(data: types.ModuleType, root: Path) -> None:
-    current = data.process_rollout_data  # type: ignore[attr-defined]
+    current = data.process_rollout_data
     original = getattr(current, ORIGINAL, current)
     handle_class = getattr(data, PAIR_MARKER, None)
 
@@ -170,7 +170,7 @@ def _patch_data(data: types.ModuleType, root: Path) -> None:
         return data, handle_class(value=data, release_fn=_release_nothing)
 
     setattr(process_rollout_data, ORIGINAL, original)
-    data.process_rollout_data = process_rollout_data
+    data.process_rollout_data = process_rollout_data  # type: ignore[attr-defined]
 
 
 def _release_nothing(value: Any) -> None:
