@@ -25,7 +25,6 @@ from rollout_shards_loader.miles import runtime_env
 
 from tests.conftest import REPO, build, sample, write_step
 
-
 STAND_IN = {
     "miles/__init__.py": "",
     "miles/backends/__init__.py": "",
