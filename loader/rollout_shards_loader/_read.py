@@ -111,7 +111,8 @@ class _Folder:
         except FileNotFoundError:
             if self.replaced():
                 raise _Replaced from None
-            raise
+            missing = "no such file in the step folder"
+            raise FileNotFoundError(errno.ENOENT, missing, str(path)) from None
         except OSError as error:
             if error.errno == errno.ELOOP:
                 raise ShardVerificationError(
@@ -207,10 +208,7 @@ class _Checks:
                 if future is not None and future.result() != sha256:
                     if self.folder.replaced():
                         raise _Replaced
-                    raise ShardVerificationError(
-                        f"{path}: its sha256 is not the manifest's ({sha256[:12]}...): the file "
-                        "is not the one this step's build wrote"
-                    )
+                    raise _not_the_manifests(path, sha256)
                 if fd is not None and _file_key(os.fstat(fd)) != key:
                     # deleting the file (a rebuild retiring the folder) changes it too
                     if self.folder.replaced():
@@ -228,6 +226,13 @@ class _Checks:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
+
+
+def _not_the_manifests(path: Path, sha256: str) -> ShardVerificationError:
+    return ShardVerificationError(
+        f"{path}: its sha256 is not the manifest's ({sha256[:12]}...): the file is not the "
+        "one this step's build wrote"
+    )
 
 
 def _sha256(data: bytearray | int) -> str:
@@ -270,7 +275,14 @@ def _open_rank_file(
                 checks.submit(data, path, record["sha256"], key)
             parquet, keep = pq.ParquetFile(pa.BufferReader(pa.py_buffer(data))), None
         else:
-            parquet, keep = pq.ParquetFile(handle), handle
+            try:
+                parquet, keep = pq.ParquetFile(handle), handle
+            except Exception:
+                if verify and _sha256(fd) != record["sha256"]:
+                    if folder.replaced():
+                        raise _Replaced from None
+                    raise _not_the_manifests(path, record["sha256"]) from None
+                raise
         if verify and parquet.metadata.num_rows != record["rows"]:
             raise ShardVerificationError(
                 f"{path}: {parquet.metadata.num_rows} rows, the manifest says {record['rows']}"

@@ -86,10 +86,29 @@ def test_a_symlinked_rank_file_is_refused(tmp_path: Path) -> None:
             read_rank(folder, 0, verify=verify)
 
 
+def test_a_symlinked_manifest_is_refused(tmp_path: Path) -> None:
+    folder = _step(tmp_path)
+    outside = tmp_path / "manifest.json"
+    shutil.move(folder / "manifest.json", outside)
+    (folder / "manifest.json").symlink_to(outside)
+    with pytest.raises(ShardVerificationError, match=r"step=1/manifest\.json: a symbolic link"):
+        read_rank(folder, 0)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_file_that_is_not_parquet_is_named(tmp_path: Path, rank: int) -> None:
+    """Garbage in rank 1's file: named as not the manifest's, whether the reader reads it
+    whole (rank 1) or for two columns (rank 0)."""
+    folder = _step(tmp_path)
+    (folder / "rank=1.parquet").write_bytes(b"not parquet" * 100)
+    with pytest.raises(ShardVerificationError, match=r"rank=1\.parquet: its sha256"):
+        read_rank(folder, rank)
+
+
 def test_a_missing_rank_file_and_a_missing_step(tmp_path: Path) -> None:
     folder = _step(tmp_path)
     (folder / "rank=1.parquet").unlink()
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"step=1/rank=1\.parquet"):
         read_rank(folder, 1)
     with pytest.raises(FileNotFoundError, match="no such step folder"):
         read_rank(tmp_path / "out" / "step=9", 0)
