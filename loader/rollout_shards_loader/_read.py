@@ -253,7 +253,8 @@ def _open_rank_file(
     verify: bool,
     checks: _Checks,
 ) -> tuple[pq.ParquetFile, Any]:
-    """The rank file `name` as a ParquetFile (and the handle to close after reading it),
+    """The rank file `name` as a ParquetFile, and the handle to close after reading it
+    (`whole`: the file's bytes instead),
     its row count checked against the manifest and its sha256 handed to `checks` (once
     per process and file). `whole`: the reader needs most of the file, so it is read into
     memory at once and those bytes are hashed."""
@@ -273,7 +274,10 @@ def _open_rank_file(
             handle.close()
             if not known:
                 checks.submit(data, path, record["sha256"], key)
-            parquet, keep = pq.ParquetFile(pa.BufferReader(pa.py_buffer(data))), None
+            # the bytes read stay the source: `read_table` on them decodes row groups in
+            # parallel, where `ParquetFile.read` does not
+            keep = pa.py_buffer(data)
+            parquet = pq.ParquetFile(pa.BufferReader(keep))
         else:
             try:
                 parquet, keep = pq.ParquetFile(handle), handle
@@ -509,7 +513,7 @@ def _read_rank_once(
                     )
                     files.append(parquet)
                     handles.append(handle)
-                data = _rank_dict(manifest, files, rank, as_numpy, with_train_step)
+                data = _rank_dict(manifest, files, rank, handles[rank], as_numpy, with_train_step)
             except Exception:
                 checks.wait()  # a file that is not the manifest's is the error to report
                 raise
@@ -518,7 +522,7 @@ def _read_rank_once(
         finally:
             checks.close()
             for handle in handles:
-                if handle is not None:
+                if not isinstance(handle, pa.Buffer):
                     handle.close()
     finally:
         folder.close()
@@ -528,6 +532,7 @@ def _rank_dict(
     manifest: dict[str, Any],
     files: list[pq.ParquetFile],
     rank: int,
+    own: pa.Buffer,
     as_numpy: bool,
     with_train_step: bool,
 ) -> dict[str, Any]:
@@ -539,7 +544,7 @@ def _rank_dict(
         extra += ["train_step", "micro_batch"]
     elif with_train_step:
         extra.append("train_step")
-    table = files[rank].read(columns=[*wanted, *extra])
+    table = pq.read_table(pa.BufferReader(own), columns=[*wanted, *extra])
 
     data: dict[str, Any] = {}
     for key in wanted:
