@@ -23,6 +23,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import inspect
+import io
 import json
 import os
 import subprocess
@@ -60,7 +61,7 @@ def head_source(cache: Path) -> Path:
             check=True,
             capture_output=True,
         ).stdout
-        with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(out, filter="data")
     return out
 
