@@ -107,7 +107,9 @@ class _Folder:
         if "/" in name or name in (".", ".."):
             raise ShardVerificationError(f"{path}: a name outside the step folder")
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.fd)
+            # O_NONBLOCK: a FIFO in the folder must not hang the reader (no effect on files)
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+            fd = os.open(name, flags, dir_fd=self.fd)
         except FileNotFoundError:
             if self.replaced():
                 raise _Replaced from None
@@ -489,10 +491,15 @@ def _read_rank_once(
             manifest = json.loads(bytes(raw))
         except ValueError:
             raise ShardVerificationError(f"{path / MANIFEST}: not a JSON manifest") from None
+        try:
+            step_dp = int(manifest["settings"]["dp_size"])
+            step_gbs = int(manifest["settings"]["global_batch_size"])
+        except (KeyError, TypeError, ValueError):
+            raise ShardVerificationError(
+                f"{path / MANIFEST}: not a rollout-shards manifest (no settings.dp_size and "
+                "settings.global_batch_size)"
+            ) from None
         _check_step(path, manifest)
-        settings = manifest["settings"]
-        step_dp = int(settings["dp_size"])
-        step_gbs = int(settings["global_batch_size"])
         if dp_size is not None and dp_size != step_dp:
             raise ValueError(
                 f"dp_size={dp_size} but the step {path} was built for dp_size={step_dp}"

@@ -105,6 +105,28 @@ def test_a_rank_file_that_is_not_parquet_is_named(tmp_path: Path, rank: int) -> 
         read_rank(folder, rank)
 
 
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_rank_file_that_is_no_file_is_named(tmp_path: Path, kind: str) -> None:
+    folder = _step(tmp_path)
+    (folder / "rank=1.parquet").unlink()
+    if kind == "fifo":  # opening a FIFO for reading would wait for a writer
+        os.mkfifo(folder / "rank=1.parquet")
+    else:
+        (folder / "rank=1.parquet").mkdir()
+    with pytest.raises(ShardVerificationError, match=r"rank=1\.parquet: not a regular file"):
+        read_rank(folder, 0)
+
+
+def test_a_manifest_of_another_shape_is_named(tmp_path: Path) -> None:
+    folder = _step(tmp_path)
+    (folder / "manifest.json").write_text(json.dumps({"step": 1}))
+    with pytest.raises(ShardVerificationError, match="manifest.json: not a rollout-shards"):
+        read_rank(folder, 0)
+    (folder / "manifest.json").write_text("{")
+    with pytest.raises(ShardVerificationError, match="manifest.json: not a JSON manifest"):
+        read_rank(folder, 0)
+
+
 def test_a_missing_rank_file_and_a_missing_step(tmp_path: Path) -> None:
     folder = _step(tmp_path)
     (folder / "rank=1.parquet").unlink()
