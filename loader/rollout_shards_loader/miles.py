@@ -214,6 +214,10 @@ class _PatchingLoader(importlib.abc.Loader):
     def __init__(self, loader: Any) -> None:
         self.loader = loader
 
+    def __getattr__(self, name: str) -> Any:
+        # get_source, get_code, is_package, resource readers: the real loader's
+        return getattr(self.loader, name)
+
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
         return self.loader.create_module(spec)
 

@@ -201,21 +201,6 @@ def test_install_after_ray_took_train_raises_at_the_first_train(miles: Any, tmp_
     assert seen[0]["sample_indices"] == [0, 2]
 
 
-def test_install_before_import_patches_on_import(tmp_path: Path) -> None:
-    """The setup hook runs before miles is imported: the patch lands when Ray's import
-    of the actor module finishes, before anything sees the class."""
-    source = ms.head_source(tmp_path)
-    write_step(tmp_path / "in", [sample(i) for i in range(4)])
-    build(tmp_path / "in", tmp_path / "out", global_batch_size=2, dp_size=2)
-    hook.install(tmp_path / "out")
-    with ms.miles_modules(source) as fresh:
-        train = fresh.actor.MegatronTrainRayActor.train
-        assert getattr(train, hook.ORIGINAL).__qualname__.endswith("train")
-        assert getattr(fresh.data.process_rollout_data, hook.ORIGINAL) is (
-            fresh.utils_data.process_rollout_data
-        )
-
-
 def test_runtime_env_runs_the_setup_hook(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     env = hook.runtime_env(tmp_path, {"env_vars": {"A": "1"}})
     assert env == {
