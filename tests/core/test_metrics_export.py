@@ -170,6 +170,11 @@ def test_cli_exports_both_and_a_rerun_replaces(root: Path, tmp_path: Path) -> No
         (["{tmp}/empty", "--jsonl", "{tmp}/m.jsonl"], 2, "no committed step"),
         (["{root}"], 2, "give --tensorboard DIR, --jsonl FILE or both"),
         (
+            ["{root}", "--tensorboard", "{tmp}/a-file", "--jsonl", "{tmp}/m.jsonl"],
+            2,
+            "--tensorboard {tmp}/a-file is a file, not a folder",
+        ),
+        (
             ["{tmp}/broken", "--tensorboard", "{tmp}/tb", "--jsonl", "{tmp}/m.jsonl"],
             1,
             "{tmp}/broken/step=4/manifest.json: rule unreadable_file: not a step manifest",
@@ -180,6 +185,7 @@ def test_cli_errors_are_one_line_and_write_nothing(
     root: Path, tmp_path: Path, args: list[str], status: int, message: str
 ) -> None:
     (tmp_path / "empty").mkdir()
+    (tmp_path / "a-file").write_text("")
     (tmp_path / "broken" / "step=4").mkdir(parents=True)
     (tmp_path / "broken" / "step=4" / "manifest.json").write_text("{not json")
     done = cli("metrics", *(a.format(tmp=tmp_path, root=root) for a in args))
