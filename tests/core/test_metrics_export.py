@@ -194,3 +194,28 @@ def test_cli_errors_are_one_line_and_write_nothing(
     assert len(lines) == 1 and message.format(tmp=tmp_path) in lines[0], done.stderr
     assert lines[0].startswith("rollout-shards: ")
     assert not (tmp_path / "tb").exists() and not (tmp_path / "m.jsonl").exists()
+
+
+def test_events_read_back_as_miles_summary_writer_logs_them(root: Path, tmp_path: Path) -> None:
+    """The same stats logged as miles' TensorBoard backend logs a rollout step (torch's
+    SummaryWriter, `add_scalar(key, value, step)` for every key but `rollout/step`) read
+    back exactly as the export does: same tags, steps and values."""
+    from torch.utils.tensorboard import SummaryWriter  # the miles extra, which make installs
+
+    steps = export.root_metrics(root)
+    writer = SummaryWriter(str(tmp_path / "live"))
+    for s in steps:
+        for name, value in s.stats.items():
+            if name != ROLLOUT_STEP:
+                writer.add_scalar(name, value, s.step)
+    writer.close()
+    export.write_tensorboard(steps, tmp_path / "offline")
+    readers = [EventAccumulator(str(tmp_path / run)) for run in ("live", "offline")]
+    for reader in readers:
+        reader.Reload()
+    live, offline = readers
+    assert sorted(offline.Tags()["scalars"]) == sorted(live.Tags()["scalars"])
+    for name in live.Tags()["scalars"]:
+        assert [(e.step, e.value) for e in offline.Scalars(name)] == [
+            (e.step, e.value) for e in live.Scalars(name)
+        ], name
