@@ -274,4 +274,30 @@ def run_parity(args: argparse.Namespace) -> int:
     return 0 if report.identical else 1
 
 
-COMMANDS = {"build": run_build, "validate": run_validate, "parity": run_parity}
+def run_metrics(args: argparse.Namespace) -> int:
+    from pipeline import metrics_export
+
+    if args.tensorboard is None and args.jsonl is None:
+        raise UsageError("metrics: give --tensorboard DIR, --jsonl FILE or both")
+    steps = metrics_export.root_metrics(args.root)
+    written = []
+    if args.tensorboard is not None:
+        written.append(str(metrics_export.write_tensorboard(steps, args.tensorboard)))
+    if args.jsonl == "-":
+        sys.stdout.write(metrics_export.jsonl_text(steps))
+        return 0
+    if args.jsonl is not None:
+        metrics_export.write_jsonl(steps, Path(args.jsonl))
+        written.append(args.jsonl)
+    first, last = steps[0].step, steps[-1].step
+    span = f"step {first}" if len(steps) == 1 else f"{len(steps)} steps ({first}..{last})"
+    print(f"{PROG}: metrics: {span} of {args.root} to {' and '.join(written)}")
+    return 0
+
+
+COMMANDS = {
+    "build": run_build,
+    "validate": run_validate,
+    "parity": run_parity,
+    "metrics": run_metrics,
+}
