@@ -17,7 +17,7 @@ interleaved and repeated (medians reported, the machine is shared):
   plain-pyarrow way to the values the trainer holds.
 
     python bench/loader.py --samples 32768 --mean-tokens 950 --work /tmp/loader-bench \
-        --json bench/results/loader-<date>.json
+        --json bench/results/<date>-loader-read.json
 
 `--no-python` leaves out the two Python-object readers (several times slower: they build
 tens of millions of Python ints and floats).

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from pipeline.errors import StepError, UsageError, Violation
-from pipeline.io.readers import STEP_FOLDER
+from pipeline.io.discovery import STEP_FOLDER
 from pipeline.manifest import Manifest
 from pipeline.transforms.metrics import STEP
 

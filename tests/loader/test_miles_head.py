@@ -7,7 +7,6 @@ micro-batch `get_batch` builds), must be the same, tensors and floats bit for bi
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,7 +105,7 @@ def _embedded_cases() -> dict[str, tuple[Path, dict[str, Any]]]:
 def _both_paths(
     miles: Any, rows: list[dict[str, Any]], chosen: dict[str, Any], out: Path, rollout_id: int
 ) -> None:
-    settings = dataclasses.asdict(load_settings(**chosen))
+    settings = load_settings(**chosen).to_dict()
     args = ms.miles_args(settings)
     refs = ms.rollout_side(miles, args, rows, ms.train_parallel_config(settings))
     actor, seen = ms.trainer(miles, args)
@@ -187,7 +186,7 @@ def test_install_after_ray_took_train_raises_at_the_first_train(miles: Any, tmp_
     rows = [sample(i, reward=float(i)) for i in range(4)]
     write_step(tmp_path / "in", rows)
     build(tmp_path / "in", tmp_path / "out", global_batch_size=2, dp_size=2)
-    settings = dataclasses.asdict(load_settings(global_batch_size=2, dp_size=2))
+    settings = load_settings(global_batch_size=2, dp_size=2).to_dict()
     args = ms.miles_args(settings)
     refs = ms.rollout_side(miles, args, rows, ms.train_parallel_config(settings))
     taken_by_ray = miles.actor.MegatronTrainRayActor.train

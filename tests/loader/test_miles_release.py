@@ -4,7 +4,6 @@ its own so that miles HEAD's modules are not loaded beside it."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -33,7 +32,7 @@ def test_release_before_591_gets_the_dict(tmp_path_factory: pytest.TempPathFacto
     source = ms.release_source(cache)
     write_step(cache / "in", [sample(i, reward=float(i % 2)) for i in range(8)])
     build(cache / "in", cache / "out", global_batch_size=4, dp_size=2)
-    settings = dataclasses.asdict(load_settings(global_batch_size=4, dp_size=2))
+    settings = load_settings(global_batch_size=4, dp_size=2).to_dict()
     with ms.miles_modules(source) as old:
         assert not hasattr(old.data, hook.PAIR_MARKER)
         args = ms.miles_args(settings)

@@ -156,7 +156,8 @@ REBUILDER = """
 import sys, time
 from pathlib import Path
 from typing import Any
-from pipeline.io.readers import find_sources, group_steps
+from pipeline.io.discovery import find_sources
+from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
 from pipeline.step.build import build_step
 out, stop, count = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
@@ -203,7 +204,10 @@ def test_rebuilds_racing_hundreds_of_reads_never_mix(
         [sys.executable, "-c", REBUILDER, str(out), str(stop), str(count)], env=env
     )
     try:
+        started = time.monotonic() + 300
         while not count.exists():
+            assert rebuilder.poll() is None, "the rebuilding process ended"
+            assert time.monotonic() < started, "the rebuilding process built nothing"
             time.sleep(0.05)
         last, switches, reads = None, 0, 0
         deadline = time.monotonic() + 120
