@@ -10,27 +10,35 @@ TORCH ?= torch==2.13.0
 # Dagster reads its roots from the environment; INPUT and OUTPUT fill them in when unset.
 ROLLOUT_SHARDS_INPUT ?= $(INPUT)
 ROLLOUT_SHARDS_OUTPUT ?= $(OUTPUT)
-DAGSTER_HOME := $(CURDIR)/.dagster_home
+# One Dagster home per pair of roots, so the partitions and runs of one input root never
+# show with another's: .dagster_home/<input>--<output>, the paths made into one name.
+ROOTS_NAME := $(subst /,_,$(patsubst /%,%,$(abspath $(ROLLOUT_SHARDS_INPUT))--$(abspath $(ROLLOUT_SHARDS_OUTPUT))))
+DAGSTER_HOME := $(CURDIR)/.dagster_home/$(ROOTS_NAME)
 UI_PORT ?= 3000
 # pytest workers; each takes whole test files, so a module's fixtures (a Ray head, dagster dev) start once.
 TEST_WORKERS ?= 2
+FORCE ?=
 DAGSTER_ENV = DAGSTER_HOME=$(DAGSTER_HOME) ROLLOUT_SHARDS_INPUT=$(ROLLOUT_SHARDS_INPUT) \
-	ROLLOUT_SHARDS_OUTPUT=$(ROLLOUT_SHARDS_OUTPUT)
+	ROLLOUT_SHARDS_OUTPUT=$(ROLLOUT_SHARDS_OUTPUT) ROLLOUT_SHARDS_FORCE=$(FORCE)
 # dg expects the project's venv to be the active one; say it is, as `source .venv/bin/activate` would.
 DG_ENV = $(DAGSTER_ENV) VIRTUAL_ENV=$(CURDIR)/$(VENV)
 
 .PHONY: run ui test install lint browser data clean
 
 $(BIN)/python:
+	@echo "make: creating $(VENV) (first run only)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
 # An editable install leaves the package's bytecode to be compiled on first import, and
-# where PYTHONDONTWRITEBYTECODE is set (this machine) on every import: 0.03 cpu-s per
-# `rollout-shards` process (docs/performance.md). compileall does what a wheel install does.
+# where PYTHONDONTWRITEBYTECODE is set (this machine) on every import of every
+# `rollout-shards` process. compileall does what a wheel install does.
 $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
+	@echo "make: installing into $(VENV), a few minutes on a first run (1/3: $(TORCH), CPU build)"
 	$(BIN)/pip install --quiet "$(TORCH)"
+	@echo "make: installing (2/3: rollout-shards with its extras: Dagster, Ray, test tools)"
 	$(BIN)/pip install --quiet -e ".[dev,dagster,miles,ray,k8s]"
+	@echo "make: installing (3/3: compiling the package's bytecode)"
 	$(BIN)/python -m compileall -q pipeline loader
 	touch $@
 

@@ -18,7 +18,8 @@ A 64-sample step (floor and build, `--small-samples`) gives the fixed cost per p
 Then one build of a ~250M-token step (time and peak RSS), and the Dagster path: one
 partition materialized in process (`dg.materialize` of the three assets) against the CLI
 on the same step. Peak RSS and CPU time are each child's own (`os.wait4`). The table goes
-between the markers of docs/performance.md, the raw figures to <work>/results.json.
+between the markers of docs/performance.md, the raw figures to <work>/results.json; a run
+worth keeping goes to bench/results/<date>.json (bench/results/README.md).
 
 The module imports only the standard library at the top: it is also the program of the
 floor and Dagster children (`bench/run.py _floor ...`), whose start-up it must not slow.

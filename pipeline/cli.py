@@ -11,6 +11,7 @@ and never imports Dagster.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 import typing
@@ -74,8 +75,16 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             )
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version(PROG)
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "unknown (not installed)"
+
+
 def parser() -> argparse.ArgumentParser:
     root = _Parser(prog=PROG, description="Validated training shards from RL rollout tables.")
+    root.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = root.add_subparsers(dest="command", required=True, parser_class=_Parser)
     build = commands.add_parser("build", help="write training shards for every step found")
     build.add_argument("inputs", nargs="+", metavar="INPUT")

@@ -1,6 +1,21 @@
-"""Column names of the contract (CONTRACT.md sections 1 and 2), in one place."""
+"""Every column of the contract (CONTRACT.md sections 1 and 2), declared once in `COLUMNS`.
+
+One row per column: its name, its type in a rollout sample table (`input`), its type in a
+rank file (`shard`), whether it is optional, what it holds, and the key the trainer gets it
+under. The input schema, the rules' column model, the shard schema, the dataset card and the
+Dagster column schema are derived from the rows; a test ties the loader's keys
+(`loader/rollout_shards_loader`, which imports nothing of this package) to them.
+
+A column is **optional** when a step's input may lack it (absent, or null on its rows). An
+optional column with a shard type is written as is: every rank file of every step carries
+it, null where the step lacks it, and a step's manifest lists it in `present_columns` when
+the step has it. Adding one takes its row here, its key in the loader (when the trainer gets
+it) and its rows in docs/contract.md; tests/core/test_columns.py names whichever is missing.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import polars as pl
 
@@ -26,36 +41,6 @@ TRAIN_METADATA = "train_metadata"
 PROMPT = "prompt"
 METADATA = "metadata"
 
-# Provenance added on ingest, never written to shards.
-SOURCE_FILE = "_file"
-SOURCE_ROW = "_row"
-
-INPUT_SCHEMA: dict[str, pl.DataType] = {
-    STEP: pl.Int64(),
-    GROUP_INDEX: pl.Int64(),
-    INDEX: pl.Int64(),
-    LEAF: pl.Int32(),
-    ROLLOUT_ID: pl.Int64(),
-    SESSION_VERSION: pl.String(),
-    STATUS: pl.String(),
-    TOKENS: pl.List(pl.Int32()),
-    RESPONSE_LENGTH: pl.Int32(),
-    LOSS_MASK: pl.List(pl.Int8()),
-    REMOVE_SAMPLE: pl.Boolean(),
-    ROLLOUT_LOG_PROBS: pl.List(pl.Float32()),
-    TEACHER_LOG_PROBS: pl.List(pl.Float32()),
-    WEIGHT_VERSIONS: pl.List(pl.String()),
-    RAW_REWARD: pl.Float64(),
-    ROUND_NUMBER: pl.Int64(),
-    TRAIN_METADATA: pl.String(),
-    PROMPT: pl.String(),
-    METADATA: pl.String(),
-}
-# `reward` is float64 or a struct of float64; it is typed on read (see io.conform).
-REQUIRED_COLUMNS = (INDEX, STATUS, TOKENS, RESPONSE_LENGTH, REWARD)
-STATUSES = ("pending", "completed", "truncated", "aborted", "failed")
-SESSION_VERSIONS = ("v1", "v2")
-
 # Output: training shards.
 BATCH_POSITION = "batch_position"
 TRAIN_STEP = "train_step"
@@ -70,92 +55,250 @@ ROLLOUT_IDS = "rollout_ids"
 ROLLOUT_MASK_SUMS = "rollout_mask_sums"
 RANK = "rank"
 
-SHARD_COLUMNS = (
-    BATCH_POSITION,
-    TRAIN_STEP,
-    MICRO_BATCH,
-    TOKENS,
-    RESPONSE_LENGTHS,
-    TOTAL_LENGTHS,
-    LOSS_MASKS,
-    REWARDS,
-    RAW_REWARD,
-    TRUNCATED,
-    SAMPLE_INDICES,
-    ROLLOUT_IDS,
-    ROLLOUT_MASK_SUMS,
+STATUSES = ("pending", "completed", "truncated", "aborted", "failed")
+SESSION_VERSIONS = ("v1", "v2")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the contract.
+
+    `input` is its type in a rollout sample table (None: not read from the input); `shard`
+    its type in a rank file (None: not written), under `shard_name` when that differs from
+    `name`. An input column that is not `optional` is in every file, unless it is `filled`
+    (a step's loader fills it: the step from the path, leaves numbered, remove_sample
+    false), and never null. `isin` and `ge` bound its values, `struct` lets it also be a
+    struct of its type (read through `reward_key`). An optional column that is written
+    must be set on every row of a step or on none, unless `all_or_none` is False.
+    `trainer_key`: the key the loader hands the shard column to the trainer under (None:
+    the trainer never gets it).
+    """
+
+    name: str
+    description: str
+    input: pl.DataType | None = None
+    shard: pl.DataType | None = None
+    optional: bool = False
+    trainer_key: str | None = None
+    shard_name: str | None = None
+    filled: bool = False
+    all_or_none: bool = True
+    struct: bool = False
+    isin: tuple[str, ...] | None = None
+    ge: int | None = None
+
+    @property
+    def written_as(self) -> str:
+        """The column's name in a rank file."""
+        return self.shard_name or self.name
+
+
+# Table order is the input columns' order (the order the rules report in) and, among the
+# written columns, the rank files' order: the required ones, then the optional ones, then
+# the partition columns `step` and `rank` (PARTITION_COLUMNS) last. A name may have two
+# rows, one read and one written (`raw_reward`), when the written column is not a copy.
+COLUMNS: tuple[Column, ...] = (
+    Column(
+        BATCH_POSITION,
+        "position in the step's trimmed, flattened batch (miles' partition entries)",
+        shard=pl.Int64(),
+    ),
+    Column(
+        TRAIN_STEP,
+        "optimizer step within the rollout step that trains this row, 0-based; "
+        "null when the trainer never trains it",
+        shard=pl.Int32(),
+    ),
+    Column(
+        MICRO_BATCH,
+        "micro-batch within this rank and train step; null without a schedule",
+        shard=pl.Int32(),
+    ),
+    Column(
+        STEP,
+        "rollout step (miles' rollout_id of RolloutManager)",
+        input=pl.Int64(),
+        shard=pl.Int64(),
+        filled=True,
+    ),
+    Column(GROUP_INDEX, "prompt group (Sample.group_index)", input=pl.Int64(), optional=True),
+    Column(INDEX, "Sample.index", input=pl.Int64()),
+    Column(LEAF, "position among the generate call's leaves", input=pl.Int32(), filled=True, ge=0),
+    Column(ROLLOUT_ID, "Sample.rollout_id", input=pl.Int64(), optional=True),
+    Column(
+        SESSION_VERSION,
+        "session server version",
+        input=pl.String(),
+        optional=True,
+        isin=SESSION_VERSIONS,
+    ),
+    Column(STATUS, "Sample.status", input=pl.String(), isin=STATUSES),
+    Column(
+        TOKENS,
+        "prompt + response token ids",
+        input=pl.List(pl.Int32()),
+        shard=pl.List(pl.Int32()),
+        trainer_key=TOKENS,
+    ),
+    Column(RESPONSE_LENGTH, "response tokens at the end of tokens", input=pl.Int32(), ge=0),
+    Column(
+        RESPONSE_LENGTHS,
+        "response tokens at the end of tokens",
+        shard=pl.Int32(),
+        trainer_key=RESPONSE_LENGTHS,
+    ),
+    Column(TOTAL_LENGTHS, "len(tokens)", shard=pl.Int32(), trainer_key=TOTAL_LENGTHS),
+    Column(LOSS_MASK, "loss mask of the response tokens", input=pl.List(pl.Int8()), optional=True),
+    Column(
+        LOSS_MASKS,
+        "per response token: 1 trains it, 0 does not (remove_sample zeroes it)",
+        shard=pl.List(pl.Int8()),
+        trainer_key=LOSS_MASKS,
+    ),
+    Column(REWARD, "the reward", input=pl.Float64(), struct=True),
+    Column(
+        REWARDS,
+        "normalized reward (GRPO-style, float32 arithmetic as miles) or the raw reward",
+        shard=pl.Float64(),
+        trainer_key=REWARDS,
+    ),
+    Column(
+        RAW_REWARD,
+        "the reward before normalization (the raw_reward input column when set)",
+        shard=pl.Float64(),
+        trainer_key=RAW_REWARD,
+    ),
+    Column(
+        TRUNCATED,
+        "1 when the sample's status is truncated",
+        shard=pl.Int8(),
+        trainer_key=TRUNCATED,
+    ),
+    Column(
+        SAMPLE_INDICES,
+        "Sample.index (shared by the leaves of one generate call)",
+        shard=pl.Int64(),
+        trainer_key=SAMPLE_INDICES,
+    ),
+    Column(
+        ROLLOUT_IDS,
+        "rollout_id, else index: the rollout the loss counts once",
+        shard=pl.Int64(),
+        trainer_key=ROLLOUT_IDS,
+    ),
+    Column(
+        ROLLOUT_MASK_SUMS,
+        "loss-mask total over every row of the batch with the same rollout_ids",
+        shard=pl.Int64(),
+        trainer_key=ROLLOUT_MASK_SUMS,
+    ),
+    Column(
+        REMOVE_SAMPLE,
+        "true zeroes the loss mask",
+        input=pl.Boolean(),
+        filled=True,
+    ),
+    Column(
+        ROLLOUT_LOG_PROBS,
+        "log probs of the response tokens at rollout; null when the step has none",
+        input=pl.List(pl.Float32()),
+        shard=pl.List(pl.Float32()),
+        optional=True,
+        trainer_key=ROLLOUT_LOG_PROBS,
+    ),
+    Column(
+        TEACHER_LOG_PROBS,
+        "teacher log probs of the response tokens; null when the step has none",
+        input=pl.List(pl.Float32()),
+        shard=pl.List(pl.Float32()),
+        optional=True,
+        trainer_key=TEACHER_LOG_PROBS,
+    ),
+    Column(
+        WEIGHT_VERSIONS,
+        "policy weight versions that produced the response; null when the step has none",
+        input=pl.List(pl.String()),
+        shard=pl.List(pl.String()),
+        optional=True,
+        trainer_key=WEIGHT_VERSIONS,
+        # miles gives a sample without weight versions an empty list
+        all_or_none=False,
+    ),
+    Column(
+        RAW_REWARD,
+        "overrides the raw reward written to shards",
+        input=pl.Float64(),
+        optional=True,
+    ),
+    Column(
+        ROUND_NUMBER,
+        "rollout-buffer round; null when the step has none",
+        input=pl.Int64(),
+        shard=pl.Int64(),
+        optional=True,
+        trainer_key=ROUND_NUMBER,
+    ),
+    Column(
+        TRAIN_METADATA,
+        "train_metadata (a JSON object); null when the step has none",
+        input=pl.String(),
+        shard=pl.String(),
+        optional=True,
+        shard_name=METADATA,
+    ),
+    Column(PROMPT, "the prompt, kept in the quarantine table", input=pl.String(), optional=True),
+    Column(
+        METADATA, "sample metadata, kept in the quarantine table", input=pl.String(), optional=True
+    ),
+    Column(RANK, "data-parallel rank whose file holds the row", shard=pl.Int32()),
 )
 
-# Optional shard columns: in every rank file of every step, typed as the contract, null
-# where the step lacks them; the manifest's `present_columns` lists those a step really has.
-OPTIONAL_SHARD_COLUMNS = (
-    ROLLOUT_LOG_PROBS,
-    TEACHER_LOG_PROBS,
-    WEIGHT_VERSIONS,
-    ROUND_NUMBER,
-    METADATA,
-)
-# The input column each optional shard column is copied from.
-OPTIONAL_SHARD_SOURCES = {
-    ROLLOUT_LOG_PROBS: ROLLOUT_LOG_PROBS,
-    TEACHER_LOG_PROBS: TEACHER_LOG_PROBS,
-    WEIGHT_VERSIONS: WEIGHT_VERSIONS,
-    ROUND_NUMBER: ROUND_NUMBER,
-    METADATA: TRAIN_METADATA,
+# The hive-style keys of a rank file's path (`step=<N>/rank=<R>.parquet`), its last columns.
+PARTITION_COLUMNS = (STEP, RANK)
+
+INPUT_COLUMNS = tuple(col for col in COLUMNS if col.input is not None)
+_WRITTEN = tuple(col for col in COLUMNS if col.shard is not None)
+
+# Each input column's contract type, but `reward`'s, which is typed on read from what the
+# file holds (float64, or a struct of float64) by the readers' type conformance.
+INPUT_SCHEMA: dict[str, pl.DataType] = {
+    col.name: col.input for col in INPUT_COLUMNS if col.input is not None and not col.struct
 }
+# The columns every input file must have.
+REQUIRED_COLUMNS = tuple(col.name for col in INPUT_COLUMNS if not (col.optional or col.filled))
+# Optional input columns set on every row of a step or on none (SEMANTICS section 4).
+ALL_OR_NONE = tuple(
+    col.name for col in INPUT_COLUMNS if col.optional and col.all_or_none and col.shard is not None
+)
+# The shard columns every step has (the partition columns aside), in file order.
+SHARD_COLUMNS = tuple(
+    col.written_as
+    for col in _WRITTEN
+    if not col.optional and col.written_as not in PARTITION_COLUMNS
+)
+# Optional shard columns, each copied from its input column: in every rank file of every
+# step, typed as the contract, null where the step lacks them.
+OPTIONAL_SHARD_COLUMNS = tuple(col.written_as for col in _WRITTEN if col.optional)
+# The input column each optional shard column is copied from.
+OPTIONAL_SHARD_SOURCES = {col.written_as: col.name for col in _WRITTEN if col.optional}
 # Every column of a rank file, in file order: the output root reads as one dataset.
-DATASET_COLUMNS = (*SHARD_COLUMNS, *OPTIONAL_SHARD_COLUMNS, STEP, RANK)
+DATASET_COLUMNS = (*SHARD_COLUMNS, *OPTIONAL_SHARD_COLUMNS, *PARTITION_COLUMNS)
+_BY_SHARD_NAME = {col.written_as: col for col in _WRITTEN}
 DATASET_SCHEMA: dict[str, pl.DataType] = {
-    BATCH_POSITION: pl.Int64(),
-    TRAIN_STEP: pl.Int32(),
-    MICRO_BATCH: pl.Int32(),
-    TOKENS: pl.List(pl.Int32()),
-    RESPONSE_LENGTHS: pl.Int32(),
-    TOTAL_LENGTHS: pl.Int32(),
-    LOSS_MASKS: pl.List(pl.Int8()),
-    REWARDS: pl.Float64(),
-    RAW_REWARD: pl.Float64(),
-    TRUNCATED: pl.Int8(),
-    SAMPLE_INDICES: pl.Int64(),
-    ROLLOUT_IDS: pl.Int64(),
-    ROLLOUT_MASK_SUMS: pl.Int64(),
-    ROLLOUT_LOG_PROBS: pl.List(pl.Float32()),
-    TEACHER_LOG_PROBS: pl.List(pl.Float32()),
-    WEIGHT_VERSIONS: pl.List(pl.String()),
-    ROUND_NUMBER: pl.Int64(),
-    METADATA: pl.String(),
-    STEP: pl.Int64(),
-    RANK: pl.Int32(),
+    name: dtype for name in DATASET_COLUMNS if (dtype := _BY_SHARD_NAME[name].shard) is not None
 }
 # What each rank-file column holds: the `training_shards` column schema in the UI and the
 # dataset card of the output root show these.
-DATASET_DESCRIPTIONS: dict[str, str] = {
-    BATCH_POSITION: "position in the step's trimmed, flattened batch (miles' partition entries)",
-    TRAIN_STEP: "optimizer step within the rollout step that trains this row, 0-based; "
-    "null when the trainer never trains it",
-    MICRO_BATCH: "micro-batch within this rank and train step; null without a schedule",
-    TOKENS: "prompt + response token ids",
-    RESPONSE_LENGTHS: "response tokens at the end of tokens",
-    TOTAL_LENGTHS: "len(tokens)",
-    LOSS_MASKS: "per response token: 1 trains it, 0 does not (remove_sample zeroes it)",
-    REWARDS: "normalized reward (GRPO-style, float32 arithmetic as miles) or the raw reward",
-    RAW_REWARD: "the reward before normalization (the raw_reward input column when set)",
-    TRUNCATED: "1 when the sample's status is truncated",
-    SAMPLE_INDICES: "Sample.index (shared by the leaves of one generate call)",
-    ROLLOUT_IDS: "rollout_id, else index: the rollout the loss counts once",
-    ROLLOUT_MASK_SUMS: "loss-mask total over every row of the batch with the same rollout_ids",
-    ROLLOUT_LOG_PROBS: "log probs of the response tokens at rollout; null when the step has none",
-    TEACHER_LOG_PROBS: "teacher log probs of the response tokens; null when the step has none",
-    WEIGHT_VERSIONS: "policy weight versions that produced the response; null when the step "
-    "has none",
-    ROUND_NUMBER: "rollout-buffer round; null when the step has none",
-    METADATA: "train_metadata (a JSON object); null when the step has none",
-    STEP: "rollout step (miles' rollout_id of RolloutManager)",
-    RANK: "data-parallel rank whose file holds the row",
-}
+DATASET_DESCRIPTIONS = {name: _BY_SHARD_NAME[name].description for name in DATASET_COLUMNS}
+# The rank-file columns the loader hands the trainer, and the key of each.
+TRAINER_KEYS = {name: key for name in DATASET_COLUMNS if (key := _BY_SHARD_NAME[name].trainer_key)}
 
 # A trajectory: the rows of one step sharing `index` (one generate call's leaves).
 TRAJECTORY = (STEP, INDEX)
+
+# Provenance added on ingest, never written to shards.
+SOURCE_FILE = "_file"
+SOURCE_ROW = "_row"
 
 # Internal columns: computed while a step is processed, never written to shards.
 # row bookkeeping of transforms/samples.py

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -21,24 +22,52 @@ from pipeline.io.load import group_steps
 from pipeline.io.writer import clean_stale, step_folder
 from pipeline.manifest import Manifest
 from pipeline.progress import Progress
-from pipeline.settings import Settings, data_settings_files, load_settings, setting_types
-from pipeline.step.build import STAGE_NAMES, alarm_lines, build_step, summary_line
+from pipeline.settings import (
+    RowSettings,
+    Settings,
+    data_settings_files,
+    make_row_settings,
+    make_settings,
+    setting_types,
+    setting_values,
+)
+from pipeline.step.build import STAGE_NAMES, build_step, summary_line, warning_lines
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
-from pipeline.step.plan import plan_batch, untrained_warning
+from pipeline.step.plan import plan_batch
 
 PROG = "rollout-shards"
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+# validate without a global batch size: what it checks, and what would check the rest.
+ROWS_ONLY = (
+    "no global_batch_size given (--global-batch-size, --config, or rollout-shards.yaml in "
+    "the input root): the row and file rules are checked; give --global-batch-size "
+    "(and --dp-size and the other batch settings) to check trimming, the batch layout and "
+    "the ranks too"
+)
+
+
+def _setting_values(args: argparse.Namespace) -> dict[str, Any]:
     names = set(setting_types())
     overrides = {k: v for k, v in vars(args).items() if k in names}
-    return load_settings(args.config, data_settings_files(args.inputs), **overrides)
+    return setting_values(args.config, data_settings_files(args.inputs), **overrides)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return make_settings(_setting_values(args))
+
+
+def _inputs_exist(inputs: Sequence[str]) -> None:
+    """A missing input is the first thing to say (before any setting it would need)."""
+    for raw in inputs:
+        if not os.path.lexists(raw):
+            raise UsageError(f"input {raw} does not exist")
 
 
 def _steps(
     inputs: Sequence[str],
-    settings: Settings,
+    settings: Settings | RowSettings,
     session_version: str | None = None,
     skipped: list[Path] | None = None,
 ) -> dict[int, list[SourceFile]]:
@@ -61,7 +90,8 @@ def print_violations(command: str, violations: list[Violation]) -> None:
 
 
 def _warn(command: str, manifest: Manifest) -> None:
-    if (warning := untrained_warning(manifest)) is not None:
+    """A step's warnings (alarming rollout metrics, untrained rows), on stderr."""
+    for warning in warning_lines(manifest):
         print(f"{PROG}: {command}: {warning}", file=sys.stderr)
 
 
@@ -105,8 +135,9 @@ def _build_one(
                 "the same inputs and settings (--force rebuilds it)"
             )
             return True
+        # checked again under the step's lock: another build may publish it meanwhile
         manifest = build_step(
-            step, sources, settings, args.out, force=True, reporter=progress, skipped=skipped
+            step, sources, settings, args.out, args.force, reporter=progress, skipped=skipped
         )
     except StepError as exc:
         progress.step_done()
@@ -120,8 +151,6 @@ def _build_one(
         return False
     progress.step_done()
     print(printable(summary_line(manifest, step_folder(args.out, step))))
-    for line in alarm_lines(manifest):
-        print(line)
     _warn("build", manifest)
     return True
 
@@ -138,6 +167,7 @@ def skipped_files(skipped: Sequence[Path], step: int) -> list[str]:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    _inputs_exist(args.inputs)
     settings = _settings(args)
     check_out(args.out, args.inputs)
     clean_stale(args.out)
@@ -152,44 +182,54 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    _inputs_exist(args.inputs)
+    values = _setting_values(args)
+    settings: Settings | RowSettings
+    if "global_batch_size" in values:
+        settings = make_settings(values)
+    else:
+        settings = make_row_settings(values)
+        print(f"{PROG}: note: {ROWS_ONLY}", file=sys.stderr)
     report: list[dict[str, Any]] = []
     steps = _steps(args.inputs, settings, args.session_version)
     # JSON output is for machines: no progress lines mixed into it.
-    progress = Progress(len(steps), STAGE_NAMES[:2], quiet=args.format == "json")
+    stages = STAGE_NAMES[:2] if isinstance(settings, Settings) else STAGE_NAMES[:1]
+    progress = Progress(len(steps), stages, quiet=args.format == "json")
     for step, sources in steps.items():
         try:
             progress.begin(step, STAGE_NAMES[0])
             samples = load_samples(step, sources, settings)
             progress.end(step, STAGE_NAMES[0], f"{samples.ingested} rows read")
-            progress.begin(step, STAGE_NAMES[1])
-            batch = plan_batch(samples, settings)
+            if isinstance(settings, Settings):
+                progress.begin(step, STAGE_NAMES[1])
+                counts = plan_batch(samples, settings).meta
+                _warn("validate", counts)
         except StepError as exc:
             progress.step_done()
             report.append({"step": step, "valid": False, "violations": exc.violations})
             continue
         progress.step_done()
-        _warn("validate", batch.meta)
-        report.append(
-            {
-                "step": step,
-                "valid": True,
-                "violations": [],
-                "counts": batch.meta.counts.to_dict(),
-            }
-        )
+        entry: dict[str, Any] = {"step": step, "valid": True, "violations": []}
+        if isinstance(settings, Settings):
+            entry["counts"] = counts.counts.to_dict()
+        else:
+            quarantined = samples.quarantine.height if samples.quarantine is not None else 0
+            entry["counts"] = {"ingested": samples.ingested, "quarantined": quarantined}
+        report.append(entry)
     if args.format == "json":
         for entry in report:
             entry["violations"] = [v.__dict__ for v in entry["violations"]]
         print(json.dumps(_strict_json(report), indent=2, allow_nan=False))
     else:
         for entry in report:
-            if entry["valid"]:
-                n = entry["counts"]
-                step = entry["step"]
+            if not entry["valid"]:
+                print_violations("validate", entry["violations"])
+                continue
+            n, step = entry["counts"], entry["step"]
+            if "written" in n:
                 print(f"step {step}: valid, {n['ingested']} rows, {n['written']} would be written")
             else:
-                print_violations("validate", entry["violations"])
+                print(f"step {step}: rows valid, {n['ingested']} rows (batch not checked)")
     return 0 if all(entry["valid"] for entry in report) else 1
 
 

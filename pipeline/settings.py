@@ -2,212 +2,186 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
-import math
+import operator
 import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.errors import UsageError
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 Estimator = Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
 NORMALIZING_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
 
+# A count: an integer of at least 1, never a bool, a float or a text.
+Count = Annotated[int, Field(strict=True, ge=1)]
 
-def _setting(description: str, default: Any = dataclasses.MISSING, ge: int | None = None) -> Any:
-    return dataclasses.field(default=default, metadata={"description": description, "ge": ge})
 
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
+class Settings(BaseModel):
     """Effective settings of one build; shared by the CLI, the Dagster run config and tests.
 
     Checked when made: each value against its field's type (integers strictly, booleans
-    and texts as pydantic's lax mode reads them, which the settings used before), then
-    the settings against each other. `make_settings` words every problem as one line."""
+    and texts in pydantic's lax mode: "yes" is true), then the settings against each other.
+    `make_settings` words every problem as one line."""
 
-    global_batch_size: int = _setting(
-        "Samples per optimizer step (rollouts per step for compact batches).", ge=1
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    global_batch_size: Count = Field(
+        description="Samples per optimizer step (rollouts per step for compact batches)."
     )
-    dp_size: int = _setting("Data-parallel ranks, one shard file each.", 1, ge=1)
-    use_dynamic_global_batch_size: bool = _setting("One optimizer step per rollout step.", False)
-    disable_rollout_trim_samples: bool = _setting("Keep every sample.", False)
-    advantage_estimator: Estimator = _setting("Advantage estimator.", "grpo")
-    rewards_normalization: bool = _setting(
-        "Normalize rewards per prompt group (--disable-rewards-normalization).", True
+    dp_size: Count = Field(1, description="Data-parallel ranks, one shard file each.")
+    use_dynamic_global_batch_size: bool = Field(
+        False, description="One optimizer step per rollout step."
     )
-    grpo_std_normalization: bool = _setting(
-        "Divide by the group std (--disable-grpo-std-normalization).", True
+    disable_rollout_trim_samples: bool = Field(False, description="Keep every sample.")
+    advantage_estimator: Estimator = Field("grpo", description="Advantage estimator.")
+    rewards_normalization: bool = Field(
+        True, description="Normalize rewards per prompt group (--disable-rewards-normalization)."
     )
-    reward_key: str | None = _setting("Field of a struct `reward`.", None)
-    n_samples_per_prompt: int | None = _setting(
-        "Fixed-fanout reward groups when `group_index` is missing.", None, ge=1
+    grpo_std_normalization: bool = Field(
+        True, description="Divide by the group std (--disable-grpo-std-normalization)."
     )
-    rollout_batch_size: int | None = _setting(
-        "Prompts per rollout step, with n_samples_per_prompt.", None, ge=1
+    reward_key: str | None = Field(None, description="Field of a struct `reward`.")
+    n_samples_per_prompt: Count | None = Field(
+        None, description="Fixed-fanout reward groups when `group_index` is missing."
     )
-    balance_data: bool = _setting("Balance tokens across ranks.", False)
-    micro_batch_size: int | None = _setting("Fixed micro-batch size.", None, ge=1)
-    use_dynamic_batch_size: bool = _setting("Token-budget micro-batches.", False)
-    max_tokens_per_gpu: int | None = _setting("Token budget per micro-batch and GPU.", None, ge=1)
-    cp_size: int | None = _setting(
-        "Context parallel size; setting it turns on the rollout-side schedule.", None, ge=1
+    rollout_batch_size: Count | None = Field(
+        None, description="Prompts per rollout step, with n_samples_per_prompt."
     )
-    vpp_size: int | None = _setting("Virtual pipeline stages (null means 1).", None, ge=1)
-    microbatch_group_size_per_vp_stage: int | None = _setting(
-        "Micro-batch group per virtual pipeline stage.", None, ge=1
+    balance_data: bool = Field(False, description="Balance tokens across ranks.")
+    micro_batch_size: Count | None = Field(None, description="Fixed micro-batch size.")
+    use_dynamic_batch_size: bool = Field(False, description="Token-budget micro-batches.")
+    max_tokens_per_gpu: Count | None = Field(
+        None, description="Token budget per micro-batch and GPU."
     )
-    allow_partial_train_step: bool = _setting(
-        "One smaller final train step instead of dropping trailing rollouts.", False
+    cp_size: Count | None = Field(
+        None, description="Context parallel size; setting it turns on the rollout-side schedule."
     )
-    on_invalid: Literal["fail", "quarantine"] = _setting(
-        "`fail`: write nothing for an invalid step; `quarantine`: set invalid trajectories aside.",
+    vpp_size: Count | None = Field(None, description="Virtual pipeline stages (null means 1).")
+    microbatch_group_size_per_vp_stage: Count | None = Field(
+        None, description="Micro-batch group per virtual pipeline stage."
+    )
+    allow_partial_train_step: bool = Field(
+        False, description="One smaller final train step instead of dropping trailing rollouts."
+    )
+    on_invalid: Literal["fail", "quarantine"] = Field(
         "fail",
+        description="`fail`: write nothing for an invalid step; "
+        "`quarantine`: set invalid trajectories aside.",
     )
-    rollout_id_policy: Literal["strict", "repair"] = _setting(
-        "`repair` fixes legacy rollout ids (before miles PR #2536) and counts them.", "strict"
+    rollout_id_policy: Literal["strict", "repair"] = Field(
+        "strict",
+        description="`repair` fixes legacy rollout ids (before miles PR #2536) and counts them.",
     )
-    require_success_marker: bool = _setting(
-        "Read a step folder only once its producer wrote step=<N>/_SUCCESS.", False
+    require_success_marker: bool = Field(
+        False, description="Read a step folder only once its producer wrote step=<N>/_SUCCESS."
     )
 
-    def __post_init__(self) -> None:
-        parsed, problems = _parse_fields(vars(self))
-        if problems:
-            raise SettingsError(problems)
-        for name, value in parsed.items():  # "yes" read as true, and the like
-            object.__setattr__(self, name, value)
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
         if (problem := _inconsistency(self)) is not None:
-            raise SettingsError([problem])
+            raise SettingsError(problem)
+        return self
 
     @property
     def normalizes_rewards(self) -> bool:
-        return self.rewards_normalization and self.advantage_estimator in NORMALIZING_ESTIMATORS
+        return normalizes(self.advantage_estimator, self.rewards_normalization)
 
     @property
     def uses_schedule(self) -> bool:
         return self.cp_size is not None
 
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with `changes`, checked as the settings are when made."""
+        return Settings.model_validate({**self.to_dict(), **changes})
+
     def to_dict(self) -> dict[str, Any]:
         """Every setting by name, as JSON values (the manifest's `settings`)."""
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
     def to_json(self) -> str:
         """The settings as compact JSON, as the rerun digests hash them."""
         return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
 
 
+def normalizes(estimator: str, rewards_normalization: bool) -> bool:
+    """Whether rewards are normalized per prompt group (miles' estimators that do)."""
+    return rewards_normalization and estimator in NORMALIZING_ESTIMATORS
+
+
+# The settings the row and file rules read; the rest shape the batch (trim, layout, ranks).
+ROW_SETTINGS = (
+    "advantage_estimator",
+    "rewards_normalization",
+    "reward_key",
+    "on_invalid",
+    "rollout_id_policy",
+    "require_success_marker",
+)
+
+
+def _field_of_settings(name: str) -> Any:
+    """A field of `Settings` (its default and description), for a model sharing it."""
+    return Settings.model_fields[name]
+
+
+class RowSettings(BaseModel):
+    """The settings of `Settings` that reading and validating rows needs (`validate` without
+    a global batch size checks the rows alone); the fields are `Settings`' own."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    advantage_estimator: Estimator = _field_of_settings("advantage_estimator")
+    rewards_normalization: bool = _field_of_settings("rewards_normalization")
+    reward_key: str | None = _field_of_settings("reward_key")
+    on_invalid: Literal["fail", "quarantine"] = _field_of_settings("on_invalid")
+    rollout_id_policy: Literal["strict", "repair"] = _field_of_settings("rollout_id_policy")
+    require_success_marker: bool = _field_of_settings("require_success_marker")
+
+    @property
+    def normalizes_rewards(self) -> bool:
+        return normalizes(self.advantage_estimator, self.rewards_normalization)
+
+
 class SettingsError(ValueError):
-    """Settings that cannot be; `problems` as `make_settings` prints them."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("; ".join(problems))
-        self.problems = problems
+    """Well-typed settings that cannot go together."""
 
 
-@functools.cache
+def _plain(kind: Any) -> Any:
+    """A field's type without its constraints: `int | None` of `Count | None`."""
+    if typing.get_origin(kind) is Annotated:
+        return typing.get_args(kind)[0]
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        plain = [_plain(arg) for arg in typing.get_args(kind)]
+        return functools.reduce(operator.or_, plain)
+    return kind
+
+
 def setting_types() -> dict[str, Any]:
-    """Each setting's type, resolved (the annotations are text under `__future__`)."""
-    return typing.get_type_hints(Settings)
+    """Each setting's type (`int | None` for an optional count)."""
+    return {name: _plain(f.annotation) for name, f in Settings.model_fields.items()}
 
 
 def setting_fields() -> list[tuple[str, Any, str]]:
     """(name, type, description) of every setting, in the contract's order."""
-    types = setting_types()
-    return [
-        (f.name, types[f.name], f.metadata["description"]) for f in dataclasses.fields(Settings)
-    ]
-
-
-_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
-_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
-_NOT_BOOL = "Input should be a valid boolean"
-_UNREAD_BOOL = "Input should be a valid boolean, unable to interpret input"
-
-
-def _as_bool(value: Any) -> tuple[Any, str | None]:
-    if isinstance(value, bool):
-        return value, None
-    if isinstance(value, bytes):
-        value = value.decode(errors="replace")
-    if isinstance(value, str):
-        text = value.lower()
-        return (text in _TRUE, None) if text in _TRUE | _FALSE else (None, _UNREAD_BOOL)
-    if isinstance(value, int):
-        if abs(value) >= 2**63:
-            return None, _NOT_BOOL
-        return (bool(value), None) if value in (0, 1) else (None, _UNREAD_BOOL)
-    if isinstance(value, float):
-        if value in (0.0, 1.0):
-            return bool(value), None
-        return None, _UNREAD_BOOL if math.isfinite(value) and value.is_integer() else _NOT_BOOL
-    return None, _NOT_BOOL
-
-
-def _as_str(value: Any) -> tuple[Any, str | None]:
-    if isinstance(value, str):
-        return value, None
-    if isinstance(value, bytes):
-        try:
-            return value.decode(), None
-        except UnicodeDecodeError:
-            return (
-                None,
-                "Input should be a valid string, unable to parse raw data as a unicode string",
-            )
-    return None, "Input should be a valid string"
+    kinds = setting_types()
+    return [(name, kinds[name], f.description or "") for name, f in Settings.model_fields.items()]
 
 
 def non_null(kind: Any) -> Any:
     """A setting's type without null: `int` of `int | None`, `bool` of `bool`."""
+    if typing.get_origin(kind) not in (typing.Union, types.UnionType):
+        return kind
     args = [a for a in typing.get_args(kind) if a is not type(None)]
-    return args[0] if isinstance(kind, types.UnionType) and args else kind
-
-
-def _parse(value: Any, kind: Any, ge: int | None) -> tuple[Any, str | None]:
-    """`value` read as `kind`, or why it cannot be (in pydantic's words)."""
-    if (base := non_null(kind)) is not kind:
-        if value is None:
-            return None, None
-        kind = base
-    if typing.get_origin(kind) is Literal:
-        choices = typing.get_args(kind)
-        if isinstance(value, str) and value in choices:
-            return value, None
-        quoted = [repr(choice) for choice in choices]
-        return None, f"Input should be {', '.join(quoted[:-1])} or {quoted[-1]}"
-    if kind is bool:
-        return _as_bool(value)
-    if kind is str:
-        return _as_str(value)
-    if type(value) is not int:  # strict: no bool, float or text for an integer
-        return None, "Input should be a valid integer"
-    if ge is not None and value < ge:
-        return None, f"Input should be greater than or equal to {ge}"
-    return value, None
-
-
-def _parse_fields(values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The given settings read as their types, and a `name: problem` for each one that is
-    missing, of the wrong type or unknown, in field order, unknown names last."""
-    types = setting_types()
-    parsed, problems = {}, []
-    for f in dataclasses.fields(Settings):
-        if f.name not in values:
-            if f.default is dataclasses.MISSING:
-                problems.append(f"{f.name}: Field required")
-            continue
-        value, problem = _parse(values[f.name], types[f.name], f.metadata["ge"])
-        if problem is None:
-            parsed[f.name] = value
-        else:
-            problems.append(f"{f.name}: {problem}")
-    problems += [f"{name}: Extra inputs are not permitted" for name in values if name not in types]
-    return parsed, problems
+    return args[0] if len(args) == 1 else kind
 
 
 def _inconsistency(s: Settings) -> str | None:
@@ -249,32 +223,44 @@ def read_config(path: str | Path | None) -> dict[str, Any]:
         raise UsageError(f"cannot read config {path}: {exc.strerror}") from exc
     except UnicodeDecodeError:
         raise UsageError(f"config {path} is not a text (UTF-8) YAML file") from None
-    import yaml  # only a step with a config file pays for the import
+    from pydantic import TypeAdapter
+
+    from pipeline.yaml_config import ConfigError, load_mapping
 
     try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        # PyYAML's message spans lines (a caret under the spot): one line for the user.
-        reason = " ".join(str(exc).split())
-        raise UsageError(f"config {path} is not valid YAML: {reason}") from exc
-    if not isinstance(data, dict):
-        raise UsageError(f"config {path} must be a mapping of setting names to values")
-    for flag, setting in ((v, k) for k, v in DISABLE_FLAGS.items()):
-        if flag in data:
-            data[setting] = not data.pop(flag)
+        data = load_mapping(text)
+    except ConfigError as exc:
+        raise UsageError(f"config {path}{exc}") from None
+    for setting, flag in DISABLE_FLAGS.items():
+        if flag not in data:
+            continue
+        if setting in data:
+            raise UsageError(f"config {path} sets both {setting} and {flag}: keep one")
+        try:
+            data[setting] = not TypeAdapter(bool).validate_python(data.pop(flag))
+        except ValidationError as exc:
+            raise UsageError(f"invalid settings: {flag}: {exc.errors()[0]['msg']}") from None
     return data
 
 
 def make_settings(values: Mapping[str, Any]) -> Settings:
     """Settings from plain values (files, flags, run config); a usage error names every
     problem: missing, unknown or mistyped settings first, else the first inconsistency."""
-    parsed, problems = _parse_fields(values)
-    if problems:
-        raise UsageError(f"invalid settings: {'; '.join(problems)}")
     try:
-        return Settings(**parsed)
-    except SettingsError as exc:
-        raise UsageError(f"invalid settings: {exc}") from None
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        problems = [_problem(error) for error in exc.errors()]
+        raise UsageError(f"invalid settings: {'; '.join(problems)}") from None
+
+
+def _problem(error: ErrorDetails) -> str:
+    """One of pydantic's errors as `name: what is wrong`, or the inconsistency as worded."""
+    from pipeline.yaml_config import setting_name
+
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, SettingsError):
+        return str(cause)
+    return f"{'.'.join(map(setting_name, error['loc']))}: {error['msg']}"
 
 
 # An input root may carry the settings its data was written for; they rank below
@@ -282,18 +268,45 @@ def make_settings(values: Mapping[str, Any]) -> Settings:
 DATA_SETTINGS = "rollout-shards.yaml"
 
 
-def data_settings_files(inputs: list[str | Path]) -> list[Path]:
-    return [Path(p) / DATA_SETTINGS for p in inputs if (Path(p) / DATA_SETTINGS).is_file()]
+def data_settings_files(inputs: Sequence[str | Path]) -> list[Path]:
+    """The settings file of each input's root: an input root holds it; a step file or
+    folder given alone finds the one of the root it sits in (`root/step=<N>.parquet`,
+    `root/step=<N>/part.jsonl`)."""
+    found: list[Path] = []
+    for raw in inputs:
+        path = Path(raw)
+        root = path if path.is_dir() else path.parent
+        if root.name.lower().startswith("step=") and not (root / DATA_SETTINGS).is_file():
+            root = root.parent
+        if (root / DATA_SETTINGS).is_file() and root / DATA_SETTINGS not in found:
+            found.append(root / DATA_SETTINGS)
+    return found
 
 
-def load_settings(
+def setting_values(
     config: str | Path | None = None, data_configs: Sequence[Path] = (), **overrides: Any
-) -> Settings:
-    """Defaults, then settings beside the data, then the YAML file, then explicit
-    overrides (flags or run config)."""
+) -> dict[str, Any]:
+    """The settings given: beside the data, then the YAML file, then explicit overrides
+    (flags or run config), each above the one before."""
     values: dict[str, Any] = {}
     for path in data_configs:
         values.update(read_config(path))
     values.update(read_config(config))
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return make_settings(values)
+    return values
+
+
+def load_settings(
+    config: str | Path | None = None, data_configs: Sequence[Path] = (), **overrides: Any
+) -> Settings:
+    """Defaults below the settings given (`setting_values`), checked."""
+    return make_settings(setting_values(config, data_configs, **overrides))
+
+
+def make_row_settings(values: Mapping[str, Any]) -> RowSettings:
+    """The row settings among `values` (the others are not checked here)."""
+    try:
+        return RowSettings.model_validate(values)
+    except ValidationError as exc:
+        problems = [_problem(error) for error in exc.errors()]
+        raise UsageError(f"invalid settings: {'; '.join(problems)}") from None

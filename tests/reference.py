@@ -373,7 +373,8 @@ def split_by_dp(shard_rows: list[Row], dp_size: int) -> list[list[Row]]:
 def step_through_ranks(ranks: list[list[Row]], global_batch_size: int, dp_size: int) -> int:
     """miles' get_data_iterator without the schedule: each rank takes its rows
     global_batch_size // dp_size at a time, one optimizer step per whole chunk; a row in
-    no whole chunk keeps train_step None. Ranks must agree on the step count. Returns the
+    no whole chunk keeps train_step None. Ranks must agree on the step count, and run at
+    least one step (a trainer that trains nothing on a step is refused). Returns the
     number of untrained rows."""
     per_step = global_batch_size // dp_size
     if any(not rows for rows in ranks):
@@ -391,6 +392,8 @@ def step_through_ranks(ranks: list[list[Row]], global_batch_size: int, dp_size: 
                 untrained += 1
     if len(set(step_counts)) > 1:
         raise ValueError(f"ranks would run different numbers of steps: {step_counts}")
+    if step_counts[0] == 0:
+        raise ValueError("the trainer would run no optimizer step")
     return untrained
 
 

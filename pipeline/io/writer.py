@@ -9,9 +9,10 @@ name, is deleted. A reader therefore sees the old step or the new one, never a m
 SIGKILL at any moment leaves at most a dot-prefixed folder, which the next build on the
 same host deletes once the process that made it is gone (`clean_stale`).
 
-Concurrent builds of one step take no lock: each writes its own staging folder and the
-last swap wins. Both folders were complete, and the same inputs and settings give the
-same bytes, so the survivor is a whole, correct step either way. Where renameat2 is
+Builds of one step hold its lock (`step_lock`) from the freshness check to the commit, so
+they publish in the order they read their inputs. A step's set-aside rows go to
+`<root>/_quarantine/step=<N>.parquet`, renamed into place just before the step folder is
+swapped in, and removed after it when a rebuild sets none aside. Where renameat2 is
 missing (not Linux) the old folder is first renamed aside to `.old-step=<N>-...`, which
 opens a moment with no `step=<N>`: a reader then finds the step missing, never partial.
 """
@@ -20,13 +21,15 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import hashlib
 import os
 import re
 import shutil
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +39,18 @@ from pipeline.errors import StepError, Violation
 from pipeline.io.checksums import sha256_of
 from pipeline.manifest import OutputFile
 
+# The file of set-aside rows in staging folders. A committed step's quarantine lives outside
+# the rank-file tree (`quarantine_path`), so a reader of the whole output root sees only
+# training rows: pyarrow, Ray and Spark skip folders whose name starts with `_`.
 QUARANTINE = "quarantine.parquet"
-# Rank files are written once and read whole by a trainer (docs/performance.md has the
-# figures). zstd level 1 costs about a third more CPU to write than lz4 but makes token
-# files a fifth smaller, and level 3 would double the writing time for 1% less. Groups of
-# 1024 rows let a reader decode a rank file's groups in parallel (twice as fast on two
-# cores as one 4096-row group) at no cost in size or writing time. Min/max statistics
-# serve no reader that reads every row.
+QUARANTINE_FOLDER = "_quarantine"
+# Per-step lock files: builds of one step publish one after another (`step_lock`).
+LOCK_FOLDER = ".locks"
+# Rank files are written once and read whole by a trainer. zstd level 1 costs more CPU to
+# write than lz4 but makes token files markedly smaller, where higher levels cost far more
+# time for little. Groups of 1024 rows let a reader decode a rank file's groups in parallel
+# at no cost in size or writing time. Min/max statistics serve no reader that reads every
+# row.
 PARQUET_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
     "compression_level": 1,
@@ -63,6 +71,60 @@ def step_folder(out_root: Path, step: int) -> Path:
 
 def rank_file(rank: int) -> str:
     return f"rank={rank}.parquet"
+
+
+def quarantine_path(out_root: Path, step: int) -> Path:
+    """Where a committed step's set-aside rows are: `<root>/_quarantine/step=<N>.parquet`."""
+    return out_root / QUARANTINE_FOLDER / f"step={step}.parquet"
+
+
+def quarantine_output(step: int) -> str:
+    """The quarantine's path as the manifest lists it, relative to the step folder."""
+    return f"../{QUARANTINE_FOLDER}/step={step}.parquet"
+
+
+@contextmanager
+def step_lock(out_root: Path, step: int) -> Iterator[None]:
+    """Hold the lock of one step of an output root while a build decides whether the step
+    is current, reads its inputs and publishes it. Builds of one step therefore publish in
+    the order they read their inputs: the last one published read the newest inputs, and a
+    slow build of older inputs never replaces a newer step. The lock is `flock` on a file
+    under `<root>/.locks/`: the kernel frees it when the process dies; it serializes builds
+    on one host (and on file systems whose `flock` reaches every host). An output root
+    that a failed build created holds nothing afterwards and is removed."""
+    created = not out_root.exists()
+    folder = out_root / LOCK_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(folder / f"step={step}.lock", "a+b") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    except BaseException:
+        if created:
+            _remove_if_only_locks(out_root)
+        raise
+
+
+def _remove_if_only_locks(out_root: Path) -> None:
+    """Remove an output root that holds nothing but its lock files (racing builds that
+    wrote something in it meanwhile keep it)."""
+    try:
+        if {entry.name for entry in out_root.iterdir()} != {LOCK_FOLDER}:
+            return
+        for lock in (out_root / LOCK_FOLDER).iterdir():
+            lock.unlink()
+        (out_root / LOCK_FOLDER).rmdir()
+        out_root.rmdir()
+    except OSError:
+        pass
+
+
+def fsync_folder(path: Path) -> None:
+    """Make a rename into `path` durable."""
+    _fsync(path)
 
 
 def _fsync(path: Path) -> None:
@@ -198,9 +260,8 @@ def write_staged(frame: pl.DataFrame, path: Path, **options: Any) -> None:
 def write_parquet(frame: pl.DataFrame, path: Path) -> None:
     """Write `frame` to `path` with the shards' Parquet options; `seal` makes it durable
     and gives its digest. Polars writes the file itself, without the GIL. Encoding into a
-    Python buffer instead hands every chunk through the GIL and grows the buffer by
-    reallocation: at 32k samples the write stage took 0.54-0.62 s that way against
-    0.36-0.40 s (docs/performance.md)."""
+    Python buffer instead would hand every chunk through the GIL and grow the buffer by
+    reallocation."""
     write_staged(frame, path, **PARQUET_OPTIONS)
 
 

@@ -146,15 +146,16 @@ def no_rows_quarantined(
     context: dg.AssetCheckExecutionContext, rollout_storage: RolloutStorage
 ) -> dg.AssetCheckResult:
     """Warns when `on_invalid: quarantine` set trajectories aside: how many rows, and why.
-    The shards are usable; the quarantined rows are in `quarantine.parquet`."""
+    The shards are usable; the quarantined rows are in `_quarantine/step=<N>.parquet`."""
     folder, manifest = _manifest(context, rollout_storage)
     if manifest is None:
         return _no_manifest(folder)
     quarantined = manifest.counts.quarantined
     reasons: list[tuple[str, int]] = []
-    if quarantined and (folder / writer.QUARANTINE).is_file():
+    set_aside = writer.quarantine_path(folder.parent, manifest.step)
+    if quarantined and set_aside.is_file():
         reasons = (
-            pl.read_parquet(folder / writer.QUARANTINE, columns=[REASON])
+            pl.read_parquet(set_aside, columns=[REASON])
             .group_by(REASON)
             .len()
             .sort("len", descending=True)

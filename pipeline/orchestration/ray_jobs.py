@@ -3,8 +3,8 @@
 Ray documents these calls (docs.ray.io, "Ray Jobs REST API"); its own
 `ray.job_submission.JobSubmissionClient` wraps them. Making them with the standard library
 keeps Ray out of the Dagster process: importing `ray.job_submission` and making a client
-took 0.35-0.41 cpu-s per run here and dagster-ray 0.13-0.15 more, on every run of a backfill
-and every step of the Ray backend (docs/backends.md).
+(and dagster-ray) would cost every run of a backfill and every step of the Ray backend
+their import time (docs/backends.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """`make run`: register every step under the input root and materialize each through Dagster.
 
-Runs execute in this process on the Dagster instance of `DAGSTER_HOME` (the Makefile points
-it at `.dagster_home/`), so they appear in `make ui` afterwards.
+Runs execute in this process on the Dagster instance of `DAGSTER_HOME` (the Makefile gives
+each pair of roots a home of its own under `.dagster_home/`), so they appear in `make ui`
+afterwards. Steps whose shards are current are skipped, as `rollout-shards build` does.
 """
 
 from __future__ import annotations
@@ -18,8 +19,14 @@ from pipeline.io.discovery import SourceFile
 from pipeline.orchestration.jobs import rollout_step_job
 from pipeline.orchestration.partitions import partition_key, rollout_steps
 from pipeline.orchestration.resources import RolloutStorage
-from pipeline.step.build import alarm_lines, summary_line
-from pipeline.step.freshness import read_manifest
+from pipeline.settings import Settings
+from pipeline.step.build import summary_line, warning_lines
+from pipeline.step.freshness import current_manifest, read_manifest
+
+INPUT_ROOT_TAG = "rollout_shards/input_root"
+OUTPUT_ROOT_TAG = "rollout_shards/output_root"
+# `make run FORCE=1`: rebuild steps that are current, as `rollout-shards build --force` does.
+FORCE_ENV = "ROLLOUT_SHARDS_FORCE"
 
 # The instance keeps every event (stack traces too) for the UI; the terminal gets the
 # CLI's lines for a failed step and where its logs are, so only critical events print.
@@ -37,8 +44,33 @@ def _summary(step: int, storage: RolloutStorage, seconds: float) -> str:
     manifest = read_manifest(storage.output_path, step)
     if manifest is None:
         return f"step {step}: materialized, but {storage.step_folder(step)} has no manifest"
-    line = f"{summary_line(manifest, storage.step_folder(step))} ({seconds:.1f}s)"
-    return "\n".join([line, *alarm_lines(manifest)])
+    for warning in warning_lines(manifest):
+        print(f"{PROG}: build: {warning}", file=sys.stderr)
+    return f"{summary_line(manifest, storage.step_folder(step))} ({seconds:.1f}s)"
+
+
+def root_tags(storage: RolloutStorage) -> dict[str, str]:
+    """The roots a run built from and into, as run tags: runs of different roots that share
+    one Dagster home stay apart in the UI's run list (filter by tag)."""
+    return {
+        INPUT_ROOT_TAG: str(storage.input_path.resolve()),
+        OUTPUT_ROOT_TAG: str(storage.output_path.resolve()),
+    }
+
+
+def _settings(storage: RolloutStorage) -> Settings | None:
+    """The run's settings, or None when they do not load: each step's run then fails with
+    the cause, as it would from the UI."""
+    try:
+        return storage.settings()
+    except UsageError:
+        return None
+
+
+def _current(
+    storage: RolloutStorage, step: int, sources: list[SourceFile], settings: Settings
+) -> bool:
+    return current_manifest(step, sources, settings, storage.output_path) is not None
 
 
 def _failure(result: dg.ExecuteInProcessResult) -> list[str]:
@@ -71,14 +103,23 @@ def _materialize_all(
     registered = set(instance.get_dynamic_partitions(rollout_steps.name))
     instance.add_dynamic_partitions(rollout_steps.name, [k for k in keys if k not in registered])
     job = defs.resolve_job_def(rollout_step_job.name)
+    settings = _settings(storage)
+    force = os.environ.get(FORCE_ENV, "") not in ("", "0")
     failed = 0
     for step, key in zip(steps, keys, strict=True):
+        if settings is not None and not force and _current(storage, step, steps[step], settings):
+            print(
+                f"step {step}: up to date, skipped: {storage.step_folder(step)} was built from "
+                "the same inputs and settings (make run FORCE=1 rebuilds it)"
+            )
+            continue
         started = time.perf_counter()
         result = job.execute_in_process(
             run_config=QUIET,
             partition_key=key,
             instance=instance,
             resources={"rollout_storage": storage},
+            tags=root_tags(storage),
             raise_on_error=False,
         )
         if result.success:
@@ -106,7 +147,8 @@ def main() -> int:
         failed = _materialize_all(instance, storage, steps)
     print(
         f"shards of {len(steps) - failed} of {len(steps)} steps under {storage.output_path}/ "
-        "(one step=<N>/ folder per step, manifest.json in each)"
+        "(one step=<N>/ folder per step, manifest.json in each; "
+        f"Dagster runs in {os.environ.get('DAGSTER_HOME') or 'an ephemeral instance'})"
     )
     return 1 if failed else 0
 

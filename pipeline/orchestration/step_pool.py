@@ -3,9 +3,8 @@
 The multi-asset's `pool=` makes Dagster claim one slot of `STEP_POOL` before the step
 starts. On SQLite storage (`dagster dev`, a DAGSTER_HOME without storage config) that claim
 is a count, then a write, then a select of a free slot row, then an update, each in its own
-statement: runs that claim at the same moment can all get through. Four processes claiming
-a pool of 2 at one instant got 3 slots in 1 of 31 trials on this machine, and in CI a 4-step
-backfill ran 3 pods at once.
+statement: runs that claim at the same moment can all get through (seen: more runs holding
+slots than the pool's limit, and a backfill running more pods than it allowed).
 
 So the step also takes one of `limit` lock files under the instance's root with `flock`,
 which the kernel grants atomically and frees when the process dies, before its session

@@ -20,6 +20,12 @@ from pipeline.schemas.rules import ROWS, SIBLINGS, TABLE, Model
 from pipeline.transforms import samples as s
 
 MAX_ROWS_SHOWN = 5
+# Legacy data written before miles PR #2536 breaks these; the repair policy fixes it.
+ROLLOUT_ID_RULES = ("rollout_id_only_on_v2_multi_leaf",)
+REPAIR_HINT = (
+    "for data written before it, --rollout-id-policy repair clears the ids of v1 rows and "
+    "v2 singletons and gives v2 leaves without one a sibling's id, else their index"
+)
 # Removing invalid trajectories can expose a new failure (the all-or-none rules count
 # rows); a few rounds always settle it, the cap only guards against a rule that never does.
 MAX_ROUNDS = 4
@@ -131,6 +137,11 @@ def _summarise(
         reason = f"{rule}: {message}"
         if rule == "rollout_shares_reward":
             message = _rollout_reward_message(light, positions)
+        elif rule == "step_matches_path":
+            held = rows.get_column(c.STEP).unique(maintain_order=True).head(3).to_list()
+            message = f"{message}: the step column holds {held}, the path says step {step}"
+        elif rule in ROLLOUT_ID_RULES:
+            message = f"{message}; {REPAIR_HINT}"
         elif rows.height == 0:
             message = f"{message} (got {group.get_column('failure_case').head(3).to_list()})"
         violation = Violation(

@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
-from pipeline.step.plan import plan_batch
+from pipeline.step.plan import plan_batch, untrained_warning
 from pipeline.step.write import write_shards
 from pipeline.transforms import metrics
 
@@ -54,10 +55,23 @@ def build_step(
 ) -> Manifest:
     """The whole build of one step; returns its manifest. A step folder that is current
     (`current_manifest`) is kept as it is unless `force`; any other is replaced whole.
-    `skipped` names look-alike files the readers passed over, kept in the manifest."""
-    if not force and (manifest := current_manifest(step, sources, settings, out_root)):
-        return manifest
-    report = reporter or _Silent()
+    `skipped` names look-alike files the readers passed over, kept in the manifest. Builds
+    of one step run one at a time (`writer.step_lock`), so the last published read the
+    newest inputs."""
+    with writer.step_lock(out_root, step):
+        if not force and (manifest := current_manifest(step, sources, settings, out_root)):
+            return manifest
+        return _build(step, sources, settings, out_root, reporter or _Silent(), skipped)
+
+
+def _build(
+    step: int,
+    sources: Sequence[SourceFile],
+    settings: Settings,
+    out_root: Path,
+    report: StageReporter,
+    skipped: Sequence[str],
+) -> Manifest:
     read, plan, write = STAGE_NAMES
 
     report.begin(step, read)
@@ -76,17 +90,31 @@ def build_step(
 
 
 def summary_line(manifest: Manifest, folder: Path) -> str:
-    """One line per built step, as the CLI and `make run` print it. A batch is compact
-    when some row has a rollout id (session-v2 multi-leaf trajectories): it is kept in
-    whole rollouts, not trimmed by row count."""
+    """One line per built step, as the CLI and `make run` print it. Untrained rows are
+    written but fall past each rank's last whole optimizer step (SEMANTICS 6.1); repaired
+    rows (shown when any) had their rollout id cleared or stamped. A batch is compact when
+    some row has a rollout id (session-v2 multi-leaf trajectories): it is kept in whole
+    rollouts, not trimmed by row count."""
     n = manifest.counts
     kind = "compact" if manifest.is_compact else "not compact"
+    repaired = f"{n.repaired} repaired, " if n.repaired else ""
     return (
         f"step {manifest.step}: {n.ingested} rows in, {n.quarantined} quarantined, "
         f"{n.trimmed} trimmed, {n.dropped} dropped, {n.written} written to "
-        f"{manifest.dp_size} ranks, {manifest.num_train_steps} train steps, "
-        f"{kind} -> {folder}"
+        f"{_count(manifest.dp_size, 'rank')}, {n.untrained} untrained, {repaired}"
+        f"{_count(manifest.num_train_steps, 'train step')}, {kind} -> {folder}"
     )
+
+
+def _count(number: int, thing: str) -> str:
+    return f"{number} {thing}" + ("" if number == 1 else "s")
+
+
+def warning_lines(manifest: Manifest) -> list[str]:
+    """Every warning of a built step: its alarming rollout metrics and its untrained rows
+    (the CLI and `make run` print them on stderr)."""
+    untrained = untrained_warning(manifest)
+    return alarm_lines(manifest) + ([untrained] if untrained else [])
 
 
 def alarm_lines(manifest: Manifest) -> list[str]:

@@ -32,17 +32,21 @@ def read_manifest(out_root: Path, step: int) -> Manifest | None:
 
 
 def _folder_matches(manifest: Manifest, folder: Path, hash_outputs: bool) -> bool:
-    """The folder holds exactly the files the manifest lists (one per rank, the quarantine
-    when counted), its counts add up, and with `hash_outputs` every file's sha256 matches."""
-    expected = {writer.rank_file(rank) for rank in range(manifest.dp_size)}
-    if manifest.counts.quarantined:
-        expected.add(writer.QUARANTINE)
+    """The folder holds exactly the rank files the manifest lists, the root's quarantine
+    file is there exactly when rows were set aside, its counts add up, and with
+    `hash_outputs` every file's sha256 matches."""
+    ranks = {writer.rank_file(rank) for rank in range(manifest.dp_size)}
+    quarantine = writer.quarantine_output(manifest.step)
+    expected = ranks | ({quarantine} if manifest.counts.quarantined else set())
     listed = {output.path for output in manifest.outputs}
     try:
         present = {entry.name for entry in folder.iterdir()} - {MANIFEST}
     except OSError:
         return False
-    if listed != expected or present != expected or not manifest.counts.add_up():
+    quarantined = (folder / quarantine).is_file()
+    if listed != expected or present != ranks or not manifest.counts.add_up():
+        return False
+    if quarantined != bool(manifest.counts.quarantined):
         return False
     if not hash_outputs:
         return True

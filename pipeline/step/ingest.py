@@ -15,7 +15,7 @@ from pipeline.errors import StepError
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import load_step
 from pipeline.schemas.validate import validate_step
-from pipeline.settings import Settings
+from pipeline.settings import RowSettings, Settings
 from pipeline.step.tables import SampleTable
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
 
@@ -55,7 +55,9 @@ def quarantine_table(loaded: pl.DataFrame, failing: pl.DataFrame) -> pl.DataFram
     )
 
 
-def load_samples(step: int, sources: Sequence[SourceFile], settings: Settings) -> SampleTable:
+def load_samples(
+    step: int, sources: Sequence[SourceFile], settings: Settings | RowSettings
+) -> SampleTable:
     """Read a step, repair legacy ids if asked, validate. With `on_invalid: fail` any broken
     rule fails the step; with `quarantine` the trajectories holding a failing row are set
     aside whole and the rest goes on. Problems that name no rows (an unreadable file, a

@@ -5,8 +5,6 @@ The `train_batch` asset; the list columns stay in batch order until `write` gath
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import polars as pl
 
 from pipeline import columns as c
@@ -101,12 +99,23 @@ def _rows_named(light: pl.DataFrame, positions: pl.Series) -> Violation:
 def _refuse_what_cannot_train(
     light: pl.DataFrame, layout: Layout, settings: Settings, step: int
 ) -> list[int]:
-    """SEMANTICS 6.1: refuse a layout on which the trainer would hang (ranks running
-    different numbers of steps) or crash (untrained rows under use_dynamic_batch_size);
-    return the ranks holding rows it never trains."""
+    """SEMANTICS 6.1: refuse a layout on which the trainer would train nothing (no whole
+    optimizer step), hang (ranks running different numbers of steps) or crash (untrained
+    rows under use_dynamic_batch_size); return the ranks holding rows it never trains."""
     ranks = layout.rank.gather(layout.untrained).unique().sort().to_list()
     local = settings.global_batch_size // settings.dp_size
     sizes = rank_sizes(layout.rank, settings.dp_size)
+    if not layout.num_rollouts:
+        violation = _rows_named(light, layout.order.gather(layout.untrained))
+        violation.rule = "no_train_steps"
+        violation.step = step
+        violation.message = (
+            f"the trainer would run 0 optimizer steps on this step: its {len(layout.order)} "
+            f"rows fill no rank's first step of global_batch_size={settings.global_batch_size}"
+            f" // dp_size={settings.dp_size} = {local} rows per rank (rank sizes {sizes}); "
+            "lower global_batch_size, or set cp_size for the rollout-side schedule"
+        )
+        raise StepError([violation])
     if len(set(layout.steps_per_rank)) > 1:
         # the rows past the fewest steps any rank runs: where the ranks part ways
         local_row = rows_within_ranks(layout.rank, settings.dp_size)
@@ -170,7 +179,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     light = light_shard_columns(light.head(trim.kept)).with_columns(raw_reward(frame.schema))
     light, equal_groups = with_rewards(light, trim.kept, settings)
     light_df = light.collect()
-    effective = replace(settings, global_batch_size=trim.global_batch_size)
+    effective = settings.replace(global_batch_size=trim.global_batch_size)
     layout = batch_layout(light_df, effective)
     _check_every_rank_has_rows(layout.rank, settings.dp_size, step)
     untrained_ranks = _refuse_what_cannot_train(light_df, layout, effective, step)

@@ -21,6 +21,7 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.errors import UsageError
+from pipeline.io import writer
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
 from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, staging
@@ -181,8 +182,16 @@ def run_stages(
     as it is done. What one stage hands the next stays in memory; an output is staged only
     when the next stage is not selected (it will run on its own, later), and a staged copy
     that this run supersedes without staging is removed, so a later stage run on its own
-    never reads a stale one. A stage whose input is not produced here reads it from staging."""
+    never reads a stale one. A stage whose input is not produced here reads it from staging.
+    The run holds the step's lock (`writer.step_lock`), as a CLI build does."""
     stages = selected_stages(names)
+    with writer.step_lock(roots.output_root, step):
+        yield from _run_selected(stages, roots, step, settings)
+
+
+def _run_selected(
+    stages: list[str], roots: StepRoots, step: int, settings: Settings | None
+) -> Iterator[tuple[str, StageReport]]:
     samples: tuple[SampleTable, Settings] | None = None
     batch: TrainBatch | None = None
     for position, name in enumerate(stages):

@@ -22,9 +22,7 @@ RANK_FILES = "step=*/rank=*.parquet"
 # already spreads one file's encoding over the cores it can use.
 RANK_WRITERS = 2
 # Threads that seal written rank files (sha256 from the page cache, fsync, footer). With
-# one, the files written last waited for each other after the writers were done; with two,
-# builds took 0.943x the time at 32k non-compact (faster in 18 of 24 rounds), 0.98x at 8k
-# (18 of 30) and 0.99x at 32k compact (10 of 20), against one (bench/ab.py).
+# one, the files written last waited for each other after the writers were done.
 SEALERS = 2
 
 
@@ -54,15 +52,16 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
             for name, rows, tokens, sealing in pool.map(write_rank, range(dp)):
                 digest, footers[name] = sealing.result()
                 outputs.append(writer.file_record(staged / name, name, rows, tokens, digest))
+        quarantined = None
         if batch.quarantine is not None and batch.quarantine.height:
-            quarantine = batch.quarantine
-            writer.write_parquet(quarantine, staged / writer.QUARANTINE)
+            quarantined = staged / writer.QUARANTINE
+            writer.write_parquet(batch.quarantine, quarantined)
             outputs.append(
                 writer.file_record(
-                    staged / writer.QUARANTINE,
-                    writer.QUARANTINE,
-                    quarantine.height,
-                    sha256=writer.seal(staged / writer.QUARANTINE),
+                    quarantined,
+                    writer.quarantine_output(batch.step),
+                    batch.quarantine.height,
+                    sha256=writer.seal(quarantined),
                 )
             )
         manifest.outputs = outputs
@@ -79,12 +78,20 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
                 ]
             )
         manifest.write(staged / MANIFEST)
+        if quarantined is not None:
+            # out of the staged folder and into place, just before the folder is swapped in
+            published = writer.quarantine_path(out_root, batch.step)
+            published.parent.mkdir(exist_ok=True)
+            quarantined.rename(published)
+            writer.fsync_folder(published.parent)
 
     # The card first: a step is published whole with its card, or (the card failed, say on
     # a full disk) not at all, and a failure always means nothing of the step was written.
     out_root.mkdir(parents=True, exist_ok=True)
     writer.write_text_atomically(out_root / DATASET_CARD, dataset_card())
     writer.replace_folder(writer.step_folder(out_root, batch.step), fill)
+    if not manifest.counts.quarantined:
+        writer.quarantine_path(out_root, batch.step).unlink(missing_ok=True)
     return manifest
 
 
@@ -103,6 +110,11 @@ def dataset_card() -> str:
         for name, dtype in c.DATASET_SCHEMA.items()
     )
     return f"""---
+pretty_name: Training shards (rollout-shards)
+license: other
+tags:
+- reinforcement-learning
+- rollouts
 configs:
 - config_name: default
   data_files:
@@ -116,7 +128,8 @@ data-parallel rank, rows in the order the rank trains on them, and `step=<N>/man
 (written last: a step without one is incomplete and is not a committed step). Every rank file
 has the columns below; an optional column a step lacks is null there, and the step's
 `manifest.json` lists those it has in `present_columns`. The step's rollout metrics are in its
-manifest's `stats`.
+manifest's `stats`. The license is that of the rollouts the shards were built from
+(`license: other` until their owner says which; this card is written anew by every build).
 
 | column | type | meaning |
 |---|---|---|

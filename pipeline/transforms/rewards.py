@@ -36,8 +36,8 @@ def normalized_rollout_rewards(rollouts: pl.DataFrame, use_std: bool) -> pl.Data
 
     `rollouts` lists each group's rollouts together, in order of first appearance; the
     group means and stds are torch's bits (transforms.torch_float). Groups being runs of
-    rows, each group's size, least and greatest reward are taken per run and gathered back
-    (no window over the groups: 32k rollouts in 8 ms instead of 11-16)."""
+    rows, each group's size, least and greatest reward are taken per run and gathered back,
+    without a window over the groups."""
     runs = rollouts.get_column(GROUP).rle().struct.field("len")
     group = rollouts.get_column(GROUP).rle_id()
     rewards = rollouts.get_column(ROLLOUT_REWARD)
@@ -99,8 +99,8 @@ def with_rewards(light: pl.LazyFrame, n_rows: int, settings: Settings) -> tuple[
         GROUP, c.ROLLOUT_KEY, pl.col(c.REWARD_VALUE).cast(pl.Float32).alias(ROLLOUT_REWARD)
     ).collect()
     if _rollouts_are_runs(keys):
-        # no grouping by rollout, no sort, no join back: the plan at 32k took 47-56 ms
-        # instead of 92-97 (docs/performance.md)
+        # each rollout is the first row of its run: no grouping by rollout, no sort and
+        # no join back
         run = keys.select(pl.struct(GROUP, c.ROLLOUT_KEY).rle_id()).to_series()
         normalized = normalized_rollout_rewards(keys.filter(run.is_first_distinct()), use_std)
         rewards = normalized.get_column(c.REWARDS).cast(pl.Float64).gather(run)

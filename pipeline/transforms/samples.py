@@ -26,9 +26,6 @@ from pipeline.columns import (
 )
 from pipeline.errors import StepError, Violation
 
-# Optional columns that must be set on every row or on none (SEMANTICS section 4).
-ALL_OR_NONE = (c.ROLLOUT_LOG_PROBS, c.TEACHER_LOG_PROBS, c.ROUND_NUMBER, c.TRAIN_METADATA)
-
 
 def reward_value(schema: pl.Schema, reward_key: str | None, step: int) -> pl.Expr:
     """The scalar raw reward (SEMANTICS 5.1): the reward, or its field `reward_key`."""
@@ -132,7 +129,7 @@ def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.Laz
         _log_prob_sums_finite(schema).alias(LOG_PROBS_FINITE),
         *(
             (pl.col(name).is_not_null() if name in schema else pl.lit(False)).alias(f"_has_{name}")
-            for name in ALL_OR_NONE
+            for name in c.ALL_OR_NONE
         ),
         reward_value(schema, reward_key, step).alias(REWARD_VALUE),
         _or_null(schema, c.RAW_REWARD, pl.Float64()).alias(c.RAW_REWARD),

@@ -29,8 +29,9 @@ def light_shard_columns(light: pl.LazyFrame) -> pl.LazyFrame:
 
 def _filled(value: int) -> pl.Expr:
     """A list of response_length `value`s per row: the response part of the row's tokens
-    (validation holds response_length within len(tokens)) with every element replaced,
-    three times quicker than `repeat_by` (0.008 s against 0.025 s for 16k rows)."""
+    (validation holds response_length within len(tokens)) with every element replaced:
+    the lists keep the layout of the tokens' tails instead of being built one by one with
+    `repeat_by`."""
     response = pl.col(c.TOKENS).list.tail(pl.col(c.RESPONSE_LENGTH))
     return response.list.eval(pl.lit(value, dtype=pl.Int8))
 

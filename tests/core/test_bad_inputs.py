@@ -172,7 +172,8 @@ def _check_written(folder: Path, spec: dict[str, Any], stdout: str) -> None:
     skipped = [str(folder / "input" / name) for name in outcome.get("skipped_files", [])]
     assert manifest["skipped_files"] == skipped
     assert f"{n['quarantined']} quarantined" in stdout
-    quarantine = step / "quarantine.parquet"
+    quarantine = step.parent / "_quarantine" / f"{step.name}.parquet"
+    assert not (step / "quarantine.parquet").exists()
     if not outcome["quarantine"]:
         assert not quarantine.exists()
         return
@@ -182,7 +183,8 @@ def _check_written(folder: Path, spec: dict[str, Any], stdout: str) -> None:
     assert table.columns[-3:] == ["source_file", "source_row", "reason"]
     written = (folder / "input").rglob("*.parquet")
     assert set().union(*(pl.read_parquet_schema(p) for p in written)) <= set(table.columns)
-    assert {"quarantine.parquet", "rank=0.parquet"} <= {o["path"] for o in manifest["outputs"]}
+    outputs = {o["path"] for o in manifest["outputs"]}
+    assert {f"../_quarantine/{step.name}.parquet", "rank=0.parquet"} <= outputs
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -228,7 +230,7 @@ def test_accepted_json_values_are_kept_as_json_text(corpus: dict[str, tuple[Path
 
 def test_a_quarantined_value_keeps_its_file_and_row(corpus: dict[str, tuple[Path, Result]]) -> None:
     folder, _ = corpus["quarantine_a_value_of_the_wrong_type"]
-    table = pl.read_parquet(folder / "out" / f"step={STEP}" / "quarantine.parquet")
+    table = pl.read_parquet(folder / "out" / "_quarantine" / f"step={STEP}.parquet")
     assert table.select("source_file", "source_row", "reward").rows() == [
         (str(folder / "input" / f"step={STEP}.jsonl"), 5, None)
     ]

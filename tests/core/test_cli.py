@@ -30,7 +30,7 @@ def digests(root: Path) -> dict[str, str]:
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.parent.name != ".locks"
     }
 
 
@@ -39,7 +39,7 @@ def test_build_embedded_data_writes_every_step(tmp_path: Path) -> None:
     result = cli("build", DATA, "--out", out, "--global-batch-size", "8", "--dp-size", "2")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
-    assert sorted(p.name for p in out.iterdir()) == [
+    assert sorted(p.name for p in out.iterdir() if p.name != ".locks") == [
         "README.md",
         "step=1",
         "step=2",
@@ -205,7 +205,7 @@ def test_step_folder_of_several_files_keeps_file_then_row_order(tmp_path: Path) 
 def test_untrained_rows_warn_once_per_step_from_build_and_validate(tmp_path: Path) -> None:
     from tests.conftest import sample, write_step
 
-    write_step(tmp_path / "in", [sample(i) for i in range(10)])
+    write_step(tmp_path / "in", [sample(i, reward=float(i % 2)) for i in range(10)])
     flags = ["--global-batch-size", "4", "--dp-size", "2", "--disable-rollout-trim-samples"]
     for command, extra in (("build", ["--out", tmp_path / "out"]), ("validate", [])):
         run = cli(command, tmp_path / "in", *extra, *flags)
@@ -216,11 +216,98 @@ def test_untrained_rows_warn_once_per_step_from_build_and_validate(tmp_path: Pat
             "trained (past each rank's last whole step of global_batch_size // dp_size rows); "
             "the rollout-side schedule (cp_size) or trimming would train them"
         ]
+    assert run.stdout.splitlines()[-1].startswith("step 1: ")
+    built = cli("build", tmp_path / "in", "--out", tmp_path / "again", *flags)
+    assert built.stdout.splitlines()[-1] == (
+        "step 1: 10 rows in, 0 quarantined, 0 trimmed, 0 dropped, 10 written to 2 ranks, "
+        f"2 untrained, 2 train steps, not compact -> {tmp_path / 'again' / 'step=1'}"
+    )
     manifest = json.loads((tmp_path / "out" / "step=1" / "manifest.json").read_text())
     assert manifest["counts"]["untrained"] == 2
+
+
+def test_a_step_the_trainer_would_not_train_at_all_is_refused(tmp_path: Path) -> None:
+    from tests.conftest import sample, write_step
+
+    write_step(tmp_path / "in", [sample(i, reward=float(i % 2)) for i in range(3)])
+    flags = ["--global-batch-size", "8", "--dp-size", "2", "--disable-rollout-trim-samples"]
+    for command, extra in (("build", ["--out", tmp_path / "out"]), ("validate", [])):
+        run = cli(command, tmp_path / "in", *extra, *flags)
+        assert run.returncode == 1
+        assert run.stderr.startswith(
+            f"rollout-shards: {command}: step 1: rule no_train_steps: the trainer would run 0 "
+            "optimizer steps on this step: its 3 rows fill no rank's first step of "
+            "global_batch_size=8 // dp_size=2 = 4 rows per rank"
+        ), run.stderr
+        assert run.stderr.count("\n") == 1
+    assert not (tmp_path / "out" / "step=1").exists()
+
+
+def test_warnings_go_to_stderr_with_the_prefix_and_the_summary_counts_in_singular(
+    tmp_path: Path,
+) -> None:
+    from tests.conftest import sample, write_step
+
+    write_step(tmp_path / "in", [sample(i, reward=1.0) for i in range(2)])
+    run = cli("build", tmp_path / "in", "--out", tmp_path / "out", "--global-batch-size", "2")
+    assert run.returncode == 0, run.stderr
+    assert "warning:" not in run.stdout
+    assert (
+        "rollout-shards: build: step 1: warning: 100% of prompt groups have zero reward std"
+        in run.stderr
+    )
+    assert ", 2 written to 1 rank, 0 untrained, 1 train step, not compact -> " in run.stdout
+
+
+def test_version() -> None:
+    run = cli("--version")
+    assert run.returncode == 0
+    assert run.stdout.startswith("rollout-shards ")
+    assert run.stdout.split()[1][0].isdigit()
 
 
 def test_global_batch_size_not_divisible_by_dp_size_exits_2(tmp_path: Path) -> None:
     run = cli("validate", DATA, "--global-batch-size", "5", "--dp-size", "2")
     assert run.returncode == 2
     assert "global_batch_size=5 must be divisible by dp_size=2" in run.stderr
+
+
+def test_validate_checks_rows_without_settings_and_names_what_would_check_the_rest(
+    tmp_path: Path,
+) -> None:
+    from tests.conftest import sample, write_step
+
+    write_step(tmp_path / "in", [sample(i) for i in range(3)] + [sample(0)])  # a repeated row
+    run = cli("validate", tmp_path / "in")
+    assert run.returncode == 1
+    lines = run.stderr.splitlines()
+    assert lines[0].startswith("rollout-shards: note: no global_batch_size given")
+    assert "give --global-batch-size" in lines[0]
+    assert "rule multi_leaf_only_in_v2" in run.stderr or "rule unique_leaf" in run.stderr
+    assert "Field required" not in run.stderr
+
+    write_step(tmp_path / "ok", [sample(i) for i in range(3)])
+    run = cli("validate", tmp_path / "ok")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == "step 1: rows valid, 3 rows (batch not checked)"
+
+
+def test_validate_of_a_step_file_finds_the_settings_of_its_root() -> None:
+    run = cli("validate", DATA / "step=1.parquet")
+    assert run.returncode == 0, run.stderr
+    assert "note: no global_batch_size" not in run.stderr
+    assert run.stdout.splitlines()[-1] == "step 1: valid, 16 rows, 16 would be written"
+    folder = cli("validate", DATA / "step=3")
+    assert folder.returncode == 0, folder.stderr
+    assert "would be written" in folder.stdout
+
+
+def test_a_missing_input_is_named_first(tmp_path: Path) -> None:
+    for command in ("validate", "build"):
+        extra = ["--out", str(tmp_path / "out")] if command == "build" else []
+        run = cli(command, tmp_path / "nowhere", *extra)
+        assert run.returncode == 2
+        assert (
+            run.stderr
+            == f"rollout-shards: usage error: input {tmp_path / 'nowhere'} does not exist\n"
+        )

@@ -41,7 +41,7 @@ def _two_steps(tmp_path: Path) -> tuple[Path, dict[int, dict]]:
 
 def test_scan_parquet_reads_every_committed_step(tmp_path: Path) -> None:
     out, manifests = _two_steps(tmp_path)
-    assert (out / "step=2" / "quarantine.parquet").is_file()
+    assert (out / "_quarantine" / "step=2.parquet").is_file()
     frame = pl.scan_parquet(out / "step=*" / "rank=*.parquet").collect()
     assert list(frame.schema.items()) == list(c.DATASET_SCHEMA.items())
     got = frame.group_by(c.STEP, c.RANK).len().sort(c.STEP, c.RANK).rows()
@@ -85,7 +85,57 @@ def test_dataset_card_names_the_rank_files_and_every_column(tmp_path: Path) -> N
     front = yaml.safe_load(text.split("---\n")[1])
     files = [{"split": "train", "path": "step=*/rank=*.parquet"}]
     assert front["configs"] == [{"config_name": "default", "data_files": files}]
+    assert front["pretty_name"] == "Training shards (rollout-shards)"
+    assert front["license"] == "other"
     for name in c.DATASET_COLUMNS:
         assert f"| `{name}` |" in text
     # rewritten by a rename: no temporary file is left beside it
     assert sorted(p.name for p in out.iterdir() if p.is_file()) == [DATASET_CARD]
+
+
+RANK_ROWS_SEEN_BY_RAY = """
+import logging, sys
+import ray
+ray.init(num_cpus=1, include_dashboard=False, logging_level=logging.ERROR,
+         log_to_driver=False)
+dataset = ray.data.read_parquet(sys.argv[1])
+print(dataset.count(), sorted(dataset.schema().names))
+"""
+
+
+def _written(manifests: dict[int, dict]) -> int:
+    return sum(m["counts"]["written"] for m in manifests.values())
+
+
+def test_the_whole_root_read_by_common_readers_is_the_rank_rows(tmp_path: Path) -> None:
+    """pyarrow's dataset, Ray Data, Hugging Face datasets and a Polars glob over the output
+    root see exactly the rank files' rows with one type per column: the quarantine (under
+    `_quarantine/`), staging and leftover folders (dot-prefixed) are not training data."""
+    import subprocess
+    import sys
+
+    import pyarrow.dataset as ds
+
+    out, manifests = _two_steps(tmp_path)
+    assert manifests[2]["counts"]["quarantined"] > 0
+    columns = sorted(c.DATASET_COLUMNS)
+
+    table = ds.dataset(out, format="parquet", exclude_invalid_files=True).to_table()
+    assert (table.num_rows, sorted(table.column_names)) == (_written(manifests), columns)
+    assert str(table.schema.field(c.STEP).type) == "int64"
+    hive = ds.partitioning(flavor="hive", schema=table.schema.empty_table().select([c.STEP]).schema)
+    partitioned = ds.dataset(out, format="parquet", exclude_invalid_files=True, partitioning=hive)
+    assert partitioned.to_table().num_rows == _written(manifests)
+
+    frame = pl.scan_parquet(out / "step=*" / "rank=*.parquet", hive_partitioning=True).collect()
+    assert frame.height == _written(manifests)
+    assert frame.schema[c.STEP] == pl.Int64
+
+    ray = subprocess.run(
+        [sys.executable, "-c", RANK_ROWS_SEEN_BY_RAY, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert ray.returncode == 0, ray.stderr[-2000:]
+    assert ray.stdout.strip().splitlines()[-1] == f"{_written(manifests)} {columns}"

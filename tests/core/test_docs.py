@@ -3,6 +3,7 @@ every `docs/*.md` it links to."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -166,3 +167,132 @@ def test_the_checks_find_what_is_missing(tmp_path: Path) -> None:
     ]
     assert missing_modules(text, tmp_path) == ["pipeline.absent"]
     assert broken_doc_links(text, tmp_path) == ["docs/semantics.md", "docs/training.md"]
+
+
+# docs/performance.md: a guide to the benchmarks, its dated runs kept in bench/results/.
+PERFORMANCE = REPO / "docs" / "performance.md"
+RESULTS = REPO / "bench" / "results"
+RUN_MARKERS = ("<!-- bench/run.py: begin -->", "<!-- bench/run.py: end -->")
+HEADING = re.compile(r"^#{1,6} (.+)$", re.MULTILINE)
+DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+BENCH_SCRIPT = re.compile(r"(?:bench/(\w+)\.py|-m bench\.(\w+))")
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def broken_anchors(text: str, source: Path) -> list[str]:
+    """Links `file.md#section` (relative to `source`) whose file has no such heading."""
+    broken = []
+    for target in LINK.findall(text):
+        path, _, section = target.partition("#")
+        if not section or "://" in path or not path.endswith(".md"):
+            continue
+        doc = (source.parent / path).resolve()
+        headings = {anchor(h) for h in HEADING.findall(doc.read_text())} if doc.is_file() else set()
+        if section not in headings:
+            broken.append(target)
+    return broken
+
+
+def missing_names(text: str, repo: Path) -> list[str]:
+    """Dotted names of the package in backticks that are neither a module nor a name a
+    module defines at its top level (`pipeline.process.tune_process`)."""
+    missing = []
+    for dotted in named_modules(text):
+        parts = dotted.split(".")
+        module, attribute = repo.joinpath(*parts[:-1]).with_suffix(".py"), parts[-1]
+        defined = module.is_file() and re.search(
+            rf"^(?:def |class )?{attribute}\b", module.read_text(), re.MULTILINE
+        )
+        if not (missing_modules(f"`{dotted}`", repo) == [] or defined):
+            missing.append(dotted)
+    return missing
+
+
+def test_the_performance_guide_is_short_and_holds_no_diary() -> None:
+    text = PERFORMANCE.read_text()
+    assert len(text.splitlines()) <= 200
+    dated = [h for h in HEADING.findall(text) if DATE.search(h)]
+    assert dated == []
+
+
+def test_the_performance_guide_names_what_exists() -> None:
+    text = PERFORMANCE.read_text()
+    assert missing_paths(text, REPO) == []
+    assert missing_names(text, REPO) == []
+    scripts = {a or b for a, b in BENCH_SCRIPT.findall(text)}
+    assert {"run", "ab", "backends", "loader", "bench_schedule"} <= scripts
+    assert [s for s in scripts if not (REPO / "bench" / f"{s}.py").is_file()] == []
+
+
+def test_bench_run_finds_its_markers_in_the_performance_guide() -> None:
+    text = PERFORMANCE.read_text()
+    begin, end = RUN_MARKERS
+    assert text.count(begin) == 1 and text.count(end) == 1
+    assert text.index(begin) < text.index(end)
+
+
+def test_links_to_sections_of_the_docs_resolve() -> None:
+    sources = [README, *sorted((REPO / "docs").glob("*.md"))]
+    assert {str(s.name): broken_anchors(s.read_text(), s) for s in sources} == {
+        str(s.name): [] for s in sources
+    }
+
+
+def test_the_dated_runs_are_records_of_runs() -> None:
+    files = sorted(RESULTS.glob("*.json"))
+    assert files
+    for file in files:
+        record = json.loads(file.read_text())
+        day = DATE.match(file.stem)
+        assert day, file.name  # <date>.json, or <date>-<what>.json for one measurement
+        if file.stem != day.group():
+            assert {"what", "command"} & record.keys(), file.name
+            continue
+        assert record["date"] == file.stem
+        for run in record["runs"]:
+            assert {"time", "commit", "command", "load", "figures"} <= run.keys()
+            assert re.fullmatch(r"\d{2}:\d{2}", run["time"])
+
+
+def test_the_anchor_check_finds_a_missing_section(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("# A\n\n## The shards' Parquet options\n")
+    text = "[x](a.md#the-shards-parquet-options) [y](a.md#gone) [z](b.md#any) [w](a.md)"
+    assert broken_anchors(text, tmp_path / "README.md") == ["a.md#gone", "b.md#any"]
+
+
+def test_the_name_check_finds_what_is_not_defined(tmp_path: Path) -> None:
+    (tmp_path / "pipeline" / "io").mkdir(parents=True)
+    (tmp_path / "pipeline" / "io" / "writer.py").write_text("OPTIONS = {}\ndef seal(): ...\n")
+    text = "`pipeline.io.writer`, `pipeline.io.writer.OPTIONS`, `pipeline.io.writer.seal`, "
+    text += "`pipeline.io.writer.gone`, `pipeline.io.nothing.X`"
+    assert missing_names(text, tmp_path) == ["pipeline.io.writer.gone", "pipeline.io.nothing.X"]
+
+
+def _contract_settings() -> list[tuple[str, str]]:
+    """(name, default) of each setting in the contract's settings table, in its order."""
+    section = (REPO / "docs" / "contract.md").read_text().partition("\n## 3. Settings\n")[2]
+    table = [line for line in section.split("\n## ")[0].splitlines() if line.startswith("| `")]
+    rows = []
+    for line in table:
+        names, defaults = (cell.strip() for cell in line.strip("|").split("|")[:2])
+        found = INLINE_CODE.findall(names)
+        values = [d.strip().strip("`") for d in defaults.split(",")]
+        rows += zip(found, values * len(found) if len(values) == 1 else values, strict=True)
+    return rows
+
+
+def test_the_contract_lists_every_setting_with_its_default() -> None:
+    from pipeline.settings import Settings
+
+    def shown(value: object) -> str:
+        return "null" if value is None else str(value).lower()
+
+    expected = [
+        (name, "required" if field.is_required() else shown(field.default))
+        for name, field in Settings.model_fields.items()
+    ]
+    assert _contract_settings() == expected

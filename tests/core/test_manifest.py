@@ -1,5 +1,5 @@
-"""The manifest is a checked dataclass: it reads back what it wrote, and a manifest of
-another shape reads as none (the step is rebuilt), as pydantic's strict models did."""
+"""The manifest is a strict pydantic model: it reads back what it wrote, and a manifest of
+another shape reads as none (the step is rebuilt)."""
 
 from __future__ import annotations
 
@@ -90,3 +90,16 @@ def test_numbers_widen_as_in_json_and_nothing_else_is_converted(tmp_path: Path) 
         manifest().replace(step=np.int64(3))
     with pytest.raises(ShapeError):
         OutputFile(path="rank=0.parquet", sha256="x", rows=np.int32(2))
+
+
+def test_the_json_keeps_its_bytes() -> None:
+    """Field order, two-space indent, floats as JSON floats: a folder built before the
+    manifest became a pydantic model is still current."""
+    text = manifest().replace(stats={"rollout/raw_reward": 1}).to_json()
+    assert text.startswith(
+        '{\n  "step": 3,\n  "settings": {\n    "global_batch_size": 4,\n    "dp_size": 2\n  },\n'
+        '  "inputs": [\n    {\n      "path": "in/step=3.parquet",\n'
+    )
+    assert '"stats": {\n    "rollout/raw_reward": 1.0\n  },' in text
+    assert text.endswith('  "dropped_raw_reward": [\n    null,\n    1.5\n  ]\n}\n')
+    assert list(json.loads(text)) == list(Manifest.model_fields)

@@ -21,7 +21,7 @@ SIBLING = "sibling of an invalid leaf: "
 
 
 def quarantine_of(out: Path, step: int = 1) -> pl.DataFrame:
-    return pl.read_parquet(out / f"step={step}" / "quarantine.parquet")
+    return pl.read_parquet(out / "_quarantine" / f"step={step}.parquet")
 
 
 def manifest_of(out: Path, step: int = 1) -> dict[str, Any]:
@@ -50,7 +50,9 @@ def test_a_whole_trajectory_goes_to_quarantine(rows_dir: Path, tmp_path: Path) -
         "untrained": 0,
     }
     assert manifest["is_compact"] is False
-    assert {"path": "quarantine.parquet", "rows": 3}.items() <= manifest["outputs"][-1].items()
+    assert {"path": "../_quarantine/step=1.parquet", "rows": 3}.items() <= manifest["outputs"][
+        -1
+    ].items()
     shard = pl.read_parquet(tmp_path / "out" / "step=1" / "rank=0.parquet")
     assert shard.get_column("sample_indices").to_list() == [0, 1, 2, 3]
 
@@ -130,7 +132,7 @@ def test_a_valid_step_has_no_quarantine(rows_dir: Path, tmp_path: Path) -> None:
     write_step(rows_dir, [sample(i) for i in range(4)])
     manifest = build(rows_dir, tmp_path / "out", **Q)
     assert manifest["counts"]["quarantined"] == 0
-    assert not (tmp_path / "out" / "step=1" / "quarantine.parquet").exists()
+    assert not (tmp_path / "out" / "_quarantine" / "step=1.parquet").exists()
     assert [o["path"] for o in manifest["outputs"]] == ["rank=0.parquet"]
 
 

@@ -1,85 +1,247 @@
-"""The settings are checked without pydantic, in pydantic's words: a differential test
-against a pydantic model built from the same fields (pydantic comes with Dagster)."""
+"""The settings model (pydantic), how `make_settings` words its problems, and the strict
+reading of a settings YAML file."""
 
 from __future__ import annotations
 
-import dataclasses
+import math
+from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import ValidationError
 
 from pipeline.errors import UsageError
-from pipeline.settings import Settings, _parse_fields, make_settings, setting_fields
+from pipeline.settings import (
+    Settings,
+    load_settings,
+    make_settings,
+    non_null,
+    read_config,
+    setting_fields,
+    setting_types,
+)
+from pipeline.yaml_config import MAX_DEPTH, ConfigError, load_mapping
 
 
-def _pydantic_model() -> type[BaseModel]:
-    """The settings as a pydantic model, as they were declared before: integers strict
-    with their lower bound, everything else in pydantic's lax mode, no unknown names."""
-    fields: dict[str, Any] = {}
-    for f in dataclasses.fields(Settings):
-        kind = next(t for name, t, _ in setting_fields() if name == f.name)
-        default = ... if f.default is dataclasses.MISSING else f.default
-        ge = f.metadata["ge"]
-        fields[f.name] = (kind, Field(default, ge=ge, strict=True) if ge else Field(default))
-    config = ConfigDict(extra="forbid", frozen=True)
-    model: type[BaseModel] = create_model("PydanticSettings", __config__=config, **fields)
-    return model
-
-
-PYDANTIC = _pydantic_model()
-CANDIDATES: list[Any] = [
-    8, 1, 0, -3, 2**70, True, False, 8.0, 1.0, 0.0, 0.5, 2.0, float("nan"), "8", "yes", "No",
-    "TRUE", " on", "", "maybe", "grpo", "ppo", "quarantine", "repair", "v2", b"yes", b"key",
-    None, [], {}, [1],
-]  # fmt: skip
-
-
-def _pydantic(values: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
-    try:
-        return PYDANTIC(**values).model_dump(), []
-    except ValidationError as exc:
-        return None, [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-
-
-@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(Settings)])
-def test_each_setting_reads_every_value_as_pydantic_did(name: str) -> None:
-    for value in CANDIDATES:
-        values = {"global_batch_size": 8, name: value}
-        dumped, expected = _pydantic(values)
-        parsed, problems = _parse_fields(values)
-        assert problems == expected, (name, value)
-        if dumped is not None:
-            assert {k: dumped[k] for k in parsed} == parsed, (name, value)
-            assert [type(dumped[k]) for k in parsed] == [type(v) for v in parsed.values()]
-
-
-def test_missing_and_unknown_settings_are_worded_as_pydantic_did() -> None:
-    for values in [{}, {"dp_size": "x", "gbs": 1}, {"global_batch_size": 4, "Dp_size": 2}]:
-        assert _parse_fields(values)[1] == _pydantic(values)[1], values
+def problems(values: dict[str, Any]) -> str:
+    with pytest.raises(UsageError) as excinfo:
+        make_settings(values)
+    return str(excinfo.value).removeprefix("invalid settings: ")
 
 
 def test_make_settings_names_every_problem_then_the_inconsistency() -> None:
-    with pytest.raises(UsageError) as excinfo:
-        make_settings({"dp_size": "8", "balance_data": "maybe", "foo": 1})
-    assert str(excinfo.value) == (
-        "invalid settings: global_batch_size: Field required; dp_size: Input should be a "
-        "valid integer; balance_data: Input should be a valid boolean, unable to interpret "
-        "input; foo: Extra inputs are not permitted"
+    assert problems({"dp_size": "8", "balance_data": "maybe", "foo": 1}) == (
+        "global_batch_size: Field required; dp_size: Input should be a valid integer; "
+        "balance_data: Input should be a valid boolean, unable to interpret input; "
+        "foo: Extra inputs are not permitted"
     )
-    with pytest.raises(UsageError) as excinfo:
-        make_settings({"global_batch_size": 6, "dp_size": 4})
-    assert str(excinfo.value).startswith(
-        "invalid settings: global_batch_size=6 must be divisible by dp_size=4"
+    assert problems({"global_batch_size": 6, "dp_size": 4}).startswith(
+        "global_batch_size=6 must be divisible by dp_size=4"
     )
-    assert make_settings({"global_batch_size": 8, "balance_data": "yes"}).balance_data is True
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (0, "Input should be greater than or equal to 1"),
+        (True, "Input should be a valid integer"),  # integers are strict
+        (8.0, "Input should be a valid integer"),
+        ("8", "Input should be a valid integer"),
+        (None, "Input should be a valid integer"),
+        ([8], "Input should be a valid integer"),
+    ],
+)
+def test_counts_are_strict_integers(value: Any, problem: str) -> None:
+    assert problems({"global_batch_size": value}) == f"global_batch_size: {problem}"
+
+
+@pytest.mark.parametrize(
+    ("value", "read"),
+    [("yes", True), ("No", False), ("TRUE", True), ("off", False), (1, True), (0, False)],
+)
+def test_booleans_are_read_as_pydantic_reads_them(value: Any, read: bool) -> None:
+    assert make_settings({"global_batch_size": 8, "balance_data": value}).balance_data is read
+
+
+def test_choices_and_texts() -> None:
+    assert problems({"global_batch_size": 8, "advantage_estimator": "dpo"}) == (
+        "advantage_estimator: Input should be 'grpo', 'gspo', 'reinforce_plus_plus', "
+        "'reinforce_plus_plus_baseline' or 'ppo'"
+    )
+    assert problems({"global_batch_size": 8, "reward_key": 3}) == (
+        "reward_key: Input should be a valid string"
+    )
+    assert make_settings({"global_batch_size": 8, "reward_key": "score"}).reward_key == "score"
+
+
+def test_each_inconsistency_is_refused() -> None:
+    base: dict[str, Any] = {"global_batch_size": 8}
+    for changes, start in [
+        ({"use_dynamic_global_batch_size": True, "disable_rollout_trim_samples": True}, "use_"),
+        ({"use_dynamic_batch_size": True}, "use_dynamic_batch_size needs max_tokens_per_gpu"),
+        ({"cp_size": 2}, "cp_size turns on the rollout-side schedule"),
+        ({"vpp_size": 2}, "vpp_size > 1 needs microbatch_group_size_per_vp_stage"),
+    ]:
+        assert problems(base | changes).startswith(start), changes
 
 
 def test_settings_are_frozen_and_checked_when_replaced() -> None:
     settings = Settings(global_batch_size=8, dp_size=2)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(ValidationError):
         settings.dp_size = 4  # type: ignore[misc]
-    assert dataclasses.replace(settings, global_batch_size=4).global_batch_size == 4
+    assert settings.replace(global_batch_size=4).global_batch_size == 4
     with pytest.raises(ValueError, match="must be divisible"):
-        dataclasses.replace(settings, global_batch_size=3)
+        settings.replace(global_batch_size=3)
     assert settings.to_json().startswith('{"global_batch_size":8,"dp_size":2,')
+    assert list(settings.to_dict()) == [name for name, _, _ in setting_fields()]
+
+
+def test_setting_fields_give_what_the_flags_and_run_config_need() -> None:
+    fields = {name: (kind, text) for name, kind, text in setting_fields()}
+    assert non_null(fields["micro_batch_size"][0]) is int
+    assert non_null(fields["balance_data"][0]) is bool
+    assert fields["dp_size"][1] == "Data-parallel ranks, one shard file each."
+    assert all(text for _, text in fields.values())
+    assert set(setting_types()) == set(fields)
+
+
+def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def refused(text: str) -> str:
+    with pytest.raises(ConfigError) as excinfo:
+        load_mapping(text)
+    return str(excinfo.value)
+
+
+def test_a_key_given_twice_is_refused_naming_it() -> None:
+    assert refused("global_batch_size: 8\ndp_size: 2\nglobal_batch_size: 4\n") == (
+        " gives setting global_batch_size twice, on lines 1 and 3: keep one"
+    )
+    assert "the key 'b' is given twice" in refused("reward_key: {b: 1, b: 2}\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "older", "newer"),
+    [
+        ("1:04", "64", "the text '1:04'"),  # base 60 in YAML 1.1
+        ("010", "8", "10"),  # octal in YAML 1.1
+        ("-010", "-8", "-10"),
+        ("1_000", "1000", "the text '1_000'"),
+        ("0b11", "3", "the text '0b11'"),
+        ("0o17", "the text '0o17'", "15"),
+        ("1e3", "the text '1e3'", "1000.0"),
+        ("08", "the text '08'", "8"),
+        ("1:30.5", "90.5", "the text '1:30.5'"),
+    ],
+)
+def test_a_value_yaml_1_1_reads_otherwise_is_refused(text: str, older: str, newer: str) -> None:
+    assert refused(f"global_batch_size: {text}\n") == (
+        f", setting global_batch_size: {text!r} reads as {older} in YAML 1.1 and as {newer} "
+        "in YAML 1.2: write the value you mean, or quote a text"
+    )
+
+
+def test_values_both_versions_agree_on_are_read() -> None:
+    text = "a: 8\nb: -3\nc: 0x1F\nd: 1.5\ne: .inf\nf: ~\ng: true\nh: yes\ni: '010'\nj: 007\n"
+    read = load_mapping(text)
+    assert read == {
+        "a": 8, "b": -3, "c": 31, "d": 1.5, "e": math.inf, "f": None, "g": True, "h": "yes",
+        "i": "010", "j": 7,
+    }  # fmt: skip
+    assert load_mapping("") == {} and load_mapping("# nothing\n") == {}
+
+
+def test_integers_beyond_int64_are_refused_without_reading_their_digits() -> None:
+    message = refused("global_batch_size: " + "9" * 5000 + "\n")
+    assert message.startswith(", setting global_batch_size: the integer '99999")
+    assert message.endswith("(5000 chars)' is beyond int64")
+    assert "beyond int64" in refused(f"dp_size: {2**63}\n")
+    assert load_mapping(f"dp_size: {-(2**63)}\n") == {"dp_size": -(2**63)}
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["[" * 50_000 + "]" * 50_000, "{a: " * 50_000 + "1" + "}" * 50_000],
+)
+def test_deep_nesting_is_refused_naming_the_setting(value: str) -> None:
+    assert refused(f"dp_size: {value}\n") == (
+        f", setting dp_size: nested more than {MAX_DEPTH} levels deep"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("- 8\n", " must be a mapping of setting names to values"),
+        ("8\n", " must be a mapping of setting names to values"),
+        ("a: 1\n---\nb: 2\n", " holds more than one YAML document"),
+        ("1: 2\n", " has the key 1 on line 1: a setting name is a text"),
+        ("a: !!python/object:os.system x\n", ", setting a: the tag "),
+        ("a: *nowhere\n", ", setting a: the alias *nowhere is not defined"),
+        ("a: [\n", " is not valid YAML: "),
+    ],
+)
+def test_other_shapes_are_refused(text: str, message: str) -> None:
+    assert refused(text).startswith(message)
+
+
+def test_read_config_turns_a_refusal_into_one_usage_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "dp_size: 2\ndp_size: 4\n")
+    with pytest.raises(UsageError) as excinfo:
+        read_config(path)
+    assert str(excinfo.value) == (
+        f"config {path} gives setting dp_size twice, on lines 1 and 2: keep one"
+    )
+    assert "\n" not in str(excinfo.value)
+
+
+def test_disable_flags_in_a_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "global_batch_size: 8\ndisable_rewards_normalization: true\n")
+    assert load_settings(path).rewards_normalization is False
+    path = write(tmp_path, "global_batch_size: 8\ndisable_grpo_std_normalization: 'false'\n")
+    assert load_settings(path).grpo_std_normalization is True  # the text read as a boolean
+    path = write(tmp_path, "disable_rewards_normalization: maybe\n")
+    with pytest.raises(UsageError, match="disable_rewards_normalization: Input should be a valid"):
+        read_config(path)
+    path = write(tmp_path, "rewards_normalization: true\ndisable_rewards_normalization: true\n")
+    with pytest.raises(UsageError, match="sets both rewards_normalization and disable_"):
+        read_config(path)
+
+
+def test_settings_rank_defaults_data_file_config_then_flags(tmp_path: Path) -> None:
+    data = write(tmp_path, "global_batch_size: 4\ndp_size: 2\nbalance_data: true\n", "d.yaml")
+    config = write(tmp_path, "dp_size: 4\n")
+    settings = load_settings(config, [data], global_batch_size=8, reward_key=None)
+    assert (settings.global_batch_size, settings.dp_size, settings.balance_data) == (8, 4, True)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a: !!python/object/apply:os.getcwd []\n",
+        "a: !!python/object:x {b: 1}\n",
+        "a: !custom 1\n",
+        "!!python/object:x {a: 1}\n",
+    ],
+)
+def test_tags_are_refused_on_values_and_collections(text: str) -> None:
+    assert "is not read: write a plain value" in refused(text)
+    assert load_mapping("a: !!str 010\nb: !!seq [1]\nc: !!map {d: 1}\n") == {
+        "a": "010",
+        "b": [1],
+        "c": {"d": 1},
+    }
+
+
+def test_a_name_with_a_newline_stays_on_one_line(tmp_path: Path) -> None:
+    assert problems({"global_batch_size": 8, "dp\nsize": 2}) == (
+        "'dp\\nsize': Extra inputs are not permitted"
+    )
+    path = write(tmp_path, '"a\\nb": 1\n"a\\nb": 2\n')
+    with pytest.raises(UsageError) as excinfo:
+        read_config(path)
+    assert "\n" not in str(excinfo.value) and "setting 'a\\nb' twice" in str(excinfo.value)

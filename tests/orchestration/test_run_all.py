@@ -69,3 +69,32 @@ def test_run_all_without_settings_starts_with_the_cause(
     assert all(" logs: run " in line and "dagster_home" in line for line in lines[1::2])
     assert "shards of 0 of 4 steps" in captured.out
     assert not roots.output.exists() or not list(roots.output.glob("step=*"))
+
+
+def test_a_second_run_skips_current_steps_and_force_rebuilds_them(
+    roots: Roots, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert run_all.main() == 0
+    capsys.readouterr()
+    manifest = roots.output / "step=2" / "manifest.json"
+    written = manifest.stat().st_mtime_ns
+
+    assert run_all.main() == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[1] for line in out[:4]] == ["up to date, skipped"] * 4
+    assert manifest.stat().st_mtime_ns == written
+
+    monkeypatch.setenv(run_all.FORCE_ENV, "1")
+    assert run_all.main() == 0
+    out = capsys.readouterr().out.splitlines()
+    assert all(" rows in, " in line for line in out[:4])
+    assert manifest.stat().st_mtime_ns != written
+
+
+def test_runs_are_tagged_with_their_roots(roots: Roots) -> None:
+    assert run_all.main() == 0
+    runs = dg.DagsterInstance.get().get_runs()
+    assert len(runs) == 4
+    for run in runs:
+        assert run.tags[run_all.INPUT_ROOT_TAG] == str(roots.input.resolve())
+        assert run.tags[run_all.OUTPUT_ROOT_TAG] == str(roots.output.resolve())

@@ -1365,6 +1365,97 @@ def round_two_cases() -> list[Case]:
     ]
 
 
+# --- Settings YAML read strictly (issue 31 item 7) -------------------------------------
+# A self-contained block: each case's settings file, beside the data or given with
+# --config, is refused as one usage line (exit 2) naming the setting, before any step is
+# read; the text is the line after the file's path.
+
+
+def yaml_config_cases() -> list[Case]:
+    data = {f"step={STEP}.parquet": parquet(base())}
+    beside = "rollout-shards.yaml"
+
+    def refused(name: str, what: str, text: str, line: str, config: bool = False) -> Case:
+        if config:  # given with --config, outside the input root
+            files = {"config": {"settings.yaml": text.encode()}}
+            return usage(
+                name,
+                what,
+                f"settings.yaml{line}",
+                ["--config", "{case}/settings.yaml"],
+                files=data,
+                outside=files["config"],
+            )
+        return usage(name, what, f"{beside}{line}", [], files={**data, beside: text.encode()})
+
+    def reads_otherwise(setting: str, text: str, older: str, newer: str) -> str:
+        return (
+            f", setting {setting}: {text!r} reads as {older} in YAML 1.1 and as {newer} in "
+            "YAML 1.2: write the value you mean, or quote a text"
+        )
+
+    return [
+        refused(
+            "yaml_setting_given_twice",
+            "dp_size twice in the settings beside the data (the last one used to win)",
+            "dp_size: 2\nglobal_batch_size: 4\ndp_size: 4\n",
+            " gives setting dp_size twice, on lines 1 and 3: keep one",
+        ),
+        refused(
+            "yaml_setting_given_twice_in_config",
+            "global_batch_size twice in a --config file",
+            "global_batch_size: 4\nglobal_batch_size: 8\n",
+            " gives setting global_batch_size twice, on lines 1 and 2: keep one",
+            config=True,
+        ),
+        refused(
+            "yaml_base_60_number",
+            "global_batch_size: 1:04 (YAML 1.1 reads 64)",
+            "global_batch_size: 1:04\n",
+            reads_otherwise("global_batch_size", "1:04", "64", "the text '1:04'"),
+        ),
+        refused(
+            "yaml_leading_zero_octal",
+            "dp_size: 010 (YAML 1.1 reads 8, YAML 1.2 reads 10)",
+            "dp_size: 010\n",
+            reads_otherwise("dp_size", "010", "8", "10"),
+        ),
+        refused(
+            "yaml_digits_grouped",
+            "micro_batch_size: 1_000 (YAML 1.1 reads 1000, YAML 1.2 a text)",
+            "micro_batch_size: 1_000\n",
+            reads_otherwise("micro_batch_size", "1_000", "1000", "the text '1_000'"),
+        ),
+        refused(
+            "yaml_5000_digit_integer",
+            "global_batch_size of 5000 digits (Python refuses to read it: a traceback)",
+            "global_batch_size: " + "9" * 5000 + "\n",
+            ", setting global_batch_size: the integer "
+            f"'{'9' * 20}...{'9' * 8} (5000 chars)' is beyond int64",
+            config=True,
+        ),
+        refused(
+            "yaml_nested_50000_deep",
+            "dp_size nested 50,000 lists deep (PyYAML's composer recursed into a traceback)",
+            "dp_size: " + "[" * 50_000 + "]" * 50_000 + "\n",
+            ", setting dp_size: nested more than 32 levels deep",
+        ),
+        refused(
+            "yaml_python_tag",
+            "a !!python/object tag on a setting",
+            "reward_key: !!python/object/apply:os.getcwd []\n",
+            ", setting reward_key: the tag tag:yaml.org,2002:python/object/apply:os.getcwd "
+            "is not read: write a plain value",
+        ),
+        refused(
+            "yaml_setting_and_its_disable_flag",
+            "rewards_normalization and disable_rewards_normalization both given",
+            "rewards_normalization: true\ndisable_rewards_normalization: true\n",
+            " sets both rewards_normalization and disable_rewards_normalization: keep one",
+        ),
+    ]
+
+
 def arrow_table(rows: list[Row], columns: dict[str, pa.Array]) -> pa.Table:
     """The valid rows as Arrow, with `columns` replaced or added."""
     table = frame(rows).to_arrow()
@@ -1855,6 +1946,7 @@ def cases() -> list[Case]:
         *accepted_cases(),
         *quarantine_cases(),
         *round_two_cases(),
+        *yaml_config_cases(),
         *round_three_cases(),
     ]
 
