@@ -5,17 +5,31 @@ interleaved and repeated (medians reported, the machine is shared):
 
 - `loader`: `read_rank(folder, r)` for every rank, the trainer's Python dicts;
 - `loader as_numpy`: `read_rank(folder, r, as_numpy=True)`, numpy arrays (flat values and
-  offsets for ragged columns);
+  offsets for ragged columns), every file it reads checked against the manifest (sha256,
+  rows), as by default;
+  once per process and file (this process reads every rank, so each file is hashed once);
+- `loader as_numpy, a process per rank`: the same, forgetting the verified files before
+  each rank, as a trainer whose ranks are processes of their own pays (every rank hashes
+  every rank file it reads: its own, and the others for the batch-wide `raw_reward`);
+- `loader as_numpy unverified`: the same with `verify=False` (no sha256 or row counts);
 - `read_table`: `pyarrow.parquet.read_table` of every rank file (Arrow, no Python objects);
 - `read_table+to_pylist`: the same tables turned into Python lists column by column, the
   plain-pyarrow way to the values the trainer holds.
 
-    python bench/loader.py --samples 32768 --mean-tokens 950 --work /tmp/loader-bench
+    python bench/loader.py --samples 32768 --mean-tokens 950 --work /tmp/loader-bench \
+        --json bench/results/loader-<date>.json
+
+`--no-python` leaves out the two Python-object readers (several times slower: they build
+tens of millions of Python ints and floats).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -27,6 +41,7 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "loader"))
 
+import rollout_shards_loader._read as reader  # noqa: E402
 from rollout_shards_loader import read_rank  # noqa: E402
 
 
@@ -84,17 +99,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dp", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--no-python", action="store_true")
+    parser.add_argument("--json", type=Path, help="write the run here")
     args = parser.parse_args(argv)
     folder = prepare(args.work, args.samples, args.mean_tokens, args.dp)
     paths = sorted(folder.glob("rank=*.parquet"))
 
     def loader() -> None:
+        reader._VERIFIED.clear()
         for rank in range(len(paths)):
             read_rank(folder, rank)
 
     def loader_numpy() -> None:
+        reader._VERIFIED.clear()
         for rank in range(len(paths)):
             read_rank(folder, rank, as_numpy=True)
+
+    def loader_numpy_per_process() -> None:
+        for rank in range(len(paths)):
+            reader._VERIFIED.clear()
+            read_rank(folder, rank, as_numpy=True)
+
+    def loader_numpy_unverified() -> None:
+        for rank in range(len(paths)):
+            read_rank(folder, rank, as_numpy=True, verify=False)
 
     def read_table() -> None:
         for path in paths:
@@ -107,27 +135,45 @@ def main(argv: list[str] | None = None) -> int:
                 column.to_pylist()
 
     runs = {
-        "loader": loader,
         "loader as_numpy": loader_numpy,
+        "loader as_numpy, a process per rank": loader_numpy_per_process,
+        "loader as_numpy unverified": loader_numpy_unverified,
         "read_table": read_table,
-        "read_table+to_pylist": read_table_to_pylist,
     }
+    if not args.no_python:
+        runs |= {"loader": loader, "read_table+to_pylist": read_table_to_pylist}
+    load_before = os.getloadavg()
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.repeats):
         for name, fn in runs.items():  # interleaved: load changes hit every method alike
             times[name].append(time_once(fn))
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     rows = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
-    print(f"{rows} rows in {len(paths)} rank files, median of {args.repeats} interleaved runs:")
-    for name, median in medians.items():
-        print(f"  {name:22s} {median:7.3f} s  ({median / medians['loader']:.2f}x the loader)")
+    size = sum(p.stat().st_size for p in paths)
+    base = medians["read_table"]
     print(
-        f"loader / read_table = {medians['loader'] / medians['read_table']:.2f}x; "
-        f"loader as_numpy / read_table = "
-        f"{medians['loader as_numpy'] / medians['read_table']:.2f}x; "
-        f"loader / read_table+to_pylist = "
-        f"{medians['loader'] / medians['read_table+to_pylist']:.2f}x"
+        f"{rows} rows in {len(paths)} rank files ({size / 2**20:.0f} MiB), median of "
+        f"{args.repeats} interleaved runs:"
     )
+    for name, median in medians.items():
+        print(f"  {name:36s} {median:7.3f} s  ({median / base:.2f}x read_table)")
+    if args.json:
+        record = {
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": f"{platform.machine()} {os.cpu_count()} cpus, shared",
+            "load_average_before_after": [load_before[0], os.getloadavg()[0]],
+            "samples": args.samples,
+            "mean_tokens": args.mean_tokens,
+            "dp": args.dp,
+            "rows": rows,
+            "rank_file_bytes": size,
+            "repeats": args.repeats,
+            "seconds": times,
+            "median_seconds": medians,
+            "ratio_to_read_table": {name: m / base for name, m in medians.items()},
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 

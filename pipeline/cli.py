@@ -111,6 +111,12 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("left", metavar="A", help="output root, step folder or input")
     compare.add_argument("right", metavar="B", help="the same kind as A")
     compare.add_argument("--format", choices=("text", "json"), default="text")
+    metrics = commands.add_parser(
+        "metrics", help="export every committed step's rollout metrics (docs/metrics.md)"
+    )
+    metrics.add_argument("root", type=Path, metavar="ROOT", help="output root of build")
+    metrics.add_argument("--tensorboard", type=Path, metavar="DIR", help="event file folder")
+    metrics.add_argument("--jsonl", metavar="FILE", help="JSON Lines file, - for stdout")
     return root
 
 

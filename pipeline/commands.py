@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import numbers
 import os
 import re
 import sys
 from collections.abc import Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,34 @@ def _steps(
     if not steps and not incomplete:
         raise UsageError(f"no rollout tables found under {', '.join(inputs)}")
     return steps
+
+
+def strict_json(value: Any) -> str:
+    """JSON that strict parsers accept: a non-finite number (a NaN index named in a
+    violation, say) is the string "nan", "inf" or "-inf"; a Decimal is its text, which
+    keeps every digit; any other value JSON has no type for is its text too."""
+    return json.dumps(_jsonable(value), indent=2, allow_nan=False)
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, str | bool):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return number if math.isfinite(number) else _non_finite(number)
+    if isinstance(value, Decimal):
+        return str(value) if value.is_finite() else _non_finite(float(value))
+    if isinstance(value, dict):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(item) for item in value]
+    return str(value)
+
+
+def _non_finite(value: float) -> str:
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
 def print_violations(command: str, violations: list[Violation]) -> None:
@@ -219,7 +249,7 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.format == "json":
         for entry in report:
             entry["violations"] = [v.__dict__ for v in entry["violations"]]
-        print(json.dumps(_strict_json(report), indent=2, allow_nan=False))
+        print(strict_json(report))
     else:
         for entry in report:
             if not entry["valid"]:
@@ -233,29 +263,41 @@ def run_validate(args: argparse.Namespace) -> int:
     return 0 if all(entry["valid"] for entry in report) else 1
 
 
-def _strict_json(value: Any) -> Any:
-    """`value` as strict JSON can hold it: the (index, leaf) values a violation names are
-    as the file stored them, and may be NaN, an infinity or a Decimal (shown as text)."""
-    if isinstance(value, dict):
-        return {key: _strict_json(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_strict_json(item) for item in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
-
-
 def run_parity(args: argparse.Namespace) -> int:
-    from pipeline.parity import parity
+    from pipeline.parity.payloads import parity
 
     report = parity(args.left, args.right)
     if args.format == "json":
-        print(json.dumps(report.to_json(), indent=2))
+        print(strict_json(report.to_json()))
     else:
         print(report.text())
     return 0 if report.identical else 1
 
 
-COMMANDS = {"build": run_build, "validate": run_validate, "parity": run_parity}
+def run_metrics(args: argparse.Namespace) -> int:
+    from pipeline import metrics_export
+
+    if args.tensorboard is None and args.jsonl is None:
+        raise UsageError("metrics: give --tensorboard DIR, --jsonl FILE or both")
+    steps = metrics_export.root_metrics(args.root)
+    written = []
+    if args.tensorboard is not None:
+        written.append(str(metrics_export.write_tensorboard(steps, args.tensorboard)))
+    if args.jsonl == "-":
+        sys.stdout.write(metrics_export.jsonl_text(steps))
+        return 0
+    if args.jsonl is not None:
+        metrics_export.write_jsonl(steps, Path(args.jsonl))
+        written.append(args.jsonl)
+    first, last = steps[0].step, steps[-1].step
+    span = f"step {first}" if len(steps) == 1 else f"{len(steps)} steps ({first}..{last})"
+    print(f"{PROG}: metrics: {span} of {args.root} to {' and '.join(written)}")
+    return 0
+
+
+COMMANDS = {
+    "build": run_build,
+    "validate": run_validate,
+    "parity": run_parity,
+    "metrics": run_metrics,
+}

@@ -4,7 +4,7 @@
 `process_rollout_data` for that rank; `read_manifest(step_folder)` the step's manifest.
 """
 
-from rollout_shards_loader._read import Ragged, read_manifest, read_rank
+from rollout_shards_loader._read import Ragged, ShardVerificationError, read_manifest, read_rank
 
-__all__ = ["Ragged", "read_manifest", "read_rank"]
+__all__ = ["Ragged", "ShardVerificationError", "read_manifest", "read_rank"]
 __version__ = "0.1.0"

@@ -4,11 +4,26 @@ miles builds the rank dict in `_package_shards` (per-row keys gathered by the ra
 partition, batch-wide keys copied whole) and completes it in `process_rollout_data_shard`
 (`partition` popped, `total_lengths` reordered into the rank's rows). A rank file holds
 its rows in that order already; this module turns its columns into the same Python lists.
+
+What it reads is the step's: the step folder is opened once and every file is opened
+relative to that open folder (a symlink is refused), so a rebuild that swaps the folder
+(pipeline/io/writer.py replaces it whole by one rename) cannot mix two builds into one
+read: the files come from the folder that was opened, or are gone (the old folder deleted
+under the reader), and then the read starts over on the new folder. Each file read is
+checked against the manifest (sha256 of its bytes, its row count), and the manifest
+against the folder's step.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import os
+import re
+import stat
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -17,6 +32,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 MANIFEST = "manifest.json"
+STEP_NAME = re.compile(r"^step=(\d+)$")
+# Reads started over when the step folder was replaced under the reader; each rebuild
+# that lands during one read costs one.
+ATTEMPTS = 8
+# Threads hashing a read's files while pyarrow decodes them.
+HASHERS = 2
+# A file hashed without being read whole is read in pieces of this size.
+HASH_CHUNK = 1 << 20
 
 # Per-row keys in the order miles' `_package_shards` gathers them (those the shards carry).
 ROW_KEYS = (
@@ -39,6 +62,16 @@ OPTIONAL = ("round_number", "rollout_log_probs", "teacher_log_probs", "weight_ve
 NOT_HANDED = ("batch_position", "train_step", "micro_batch", "metadata", "step", "rank")
 
 
+class ShardVerificationError(ValueError):
+    """A file of a step folder is not what the step's manifest says it wrote: another
+    build's or a changed file, a manifest of another step, or a path that leaves the
+    folder. The message names the file."""
+
+
+class _Replaced(Exception):
+    """The step folder was replaced while it was read: read it again."""
+
+
 def read_manifest(step_folder: str | Path) -> dict[str, Any]:
     """The step's `manifest.json` as a dict; FileNotFoundError when the folder has none
     (a step folder without one is incomplete)."""
@@ -48,19 +81,238 @@ def read_manifest(step_folder: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def _rank_path(step_folder: Path, rank: int) -> Path:
-    return step_folder / f"rank={rank}.parquet"
+class _Folder:
+    """A step folder held open: files are opened relative to it, never through a link."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        self.identity = _identity(os.fstat(self.fd))
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def replaced(self) -> bool:
+        """Whether the folder's path now names another folder (or none)."""
+        try:
+            return _identity(os.stat(self.path)) != self.identity
+        except FileNotFoundError:
+            return True
+
+    def open(self, name: str) -> tuple[int, os.stat_result]:
+        """An open descriptor of the file `name` of this folder and its status; a symlink,
+        a non-regular file or a name with a path in it is refused, a file gone because
+        the folder was replaced means `_Replaced`."""
+        path = self.path / name
+        if "/" in name or name in (".", ".."):
+            raise ShardVerificationError(f"{path}: a name outside the step folder")
+        try:
+            # O_NONBLOCK: a FIFO in the folder must not hang the reader (no effect on files)
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+            fd = os.open(name, flags, dir_fd=self.fd)
+        except FileNotFoundError:
+            if self.replaced():
+                raise _Replaced from None
+            missing = "no such file in the step folder"
+            raise FileNotFoundError(errno.ENOENT, missing, str(path)) from None
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise ShardVerificationError(
+                    f"{path}: a symbolic link; a step folder's files must be its own"
+                ) from None
+            raise
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            raise ShardVerificationError(f"{path}: not a regular file")
+        return fd, info
+
+    def read(self, name: str) -> bytearray:
+        """The whole file `name` of this folder (see `open`)."""
+        fd, info = self.open(name)
+        with os.fdopen(fd, "rb", buffering=0) as handle:
+            return _read_all(handle, info.st_size, self.path / name)
 
 
-def _present(manifest: dict[str, Any], paths: list[Path]) -> set[str]:
+def _read_all(handle: Any, size: int, path: Path) -> bytearray:
+    data = bytearray(size)
+    view, done = memoryview(data), 0
+    while done < size:
+        got = handle.readinto(view[done:])
+        if not got:
+            break
+        done += got
+    if done != size or handle.read(1):
+        raise ShardVerificationError(f"{path}: changed size while it was read")
+    return data
+
+
+# Files whose bytes this process hashed and found to be the manifest's, by device, inode,
+# size and modification and change times: a step folder's files are never written in
+# place (a rebuild writes new files), and changing a file's bytes changes its ctime, so a
+# file with the same identity still holds the verified bytes.
+_VERIFIED: dict[tuple[int, int, int, int, int], str] = {}
+_VERIFIED_MAX = 4096
+
+
+def _file_key(info: os.stat_result) -> tuple[int, int, int, int, int]:
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
+def _identity(info: os.stat_result) -> tuple[int, int]:
+    return info.st_dev, info.st_ino
+
+
+def _rank_name(rank: int) -> str:
+    return f"rank={rank}.parquet"
+
+
+def _check_step(folder: Path, manifest: dict[str, Any]) -> None:
+    match = STEP_NAME.match(folder.name)
+    if match and int(manifest.get("step", -1)) != int(match.group(1)):
+        raise ShardVerificationError(
+            f"{folder / MANIFEST}: the manifest of step {manifest.get('step')}, in the folder "
+            f"of step {match.group(1)}"
+        )
+
+
+def _record(folder: _Folder, manifest: dict[str, Any], name: str) -> dict[str, Any]:
+    for output in manifest.get("outputs", []):
+        if output.get("path") == name:
+            return output
+    raise ShardVerificationError(f"{folder.path / name}: not among the files the manifest lists")
+
+
+class _Checks:
+    """The sha256 checks of one read, hashed on threads while the files are decoded (both
+    release the GIL); `wait` raises for the first file that is not the manifest's."""
+
+    def __init__(self, folder: _Folder) -> None:
+        self.folder = folder
+        self.pool: ThreadPoolExecutor | None = None
+        self.pending: list[tuple[Future[str] | None, Path, str, tuple[int, ...], int | None]] = []
+
+    def submit(self, data: bytearray | int, path: Path, sha256: str, key: tuple[int, ...]) -> None:
+        """Hash `data`: the bytes read, or an open file descriptor whose file must still
+        have the identity `key` (so the same bytes) once its columns have been read."""
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=HASHERS)
+        fd = data if isinstance(data, int) else None
+        self.pending.append((self.pool.submit(_sha256, data), path, sha256, key, fd))
+
+    def unchanged(self, fd: int, path: Path, key: tuple[int, ...]) -> None:
+        """A file verified before: it must still have the identity `key` once read."""
+        self.pending.append((None, path, "", key, fd))
+
+    def wait(self) -> None:
+        try:
+            for future, path, sha256, key, fd in self.pending:
+                if future is not None and future.result() != sha256:
+                    if self.folder.replaced():
+                        raise _Replaced
+                    raise _not_the_manifests(path, sha256)
+                if fd is not None and _file_key(os.fstat(fd)) != key:
+                    # deleting the file (a rebuild retiring the folder) changes it too
+                    if self.folder.replaced():
+                        raise _Replaced
+                    raise ShardVerificationError(f"{path}: changed while it was read")
+                if future is None:
+                    continue
+                if len(_VERIFIED) >= _VERIFIED_MAX:
+                    _VERIFIED.pop(next(iter(_VERIFIED)))
+                _VERIFIED[key] = sha256  # type: ignore[index]
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+
+def _not_the_manifests(path: Path, sha256: str) -> ShardVerificationError:
+    return ShardVerificationError(
+        f"{path}: its sha256 is not the manifest's ({sha256[:12]}...): the file is not the "
+        "one this step's build wrote"
+    )
+
+
+def _sha256(data: bytearray | int) -> str:
+    if not isinstance(data, int):
+        return hashlib.sha256(data).hexdigest()
+    digest, offset = hashlib.sha256(), 0
+    while chunk := os.pread(data, HASH_CHUNK, offset):  # pread: the reader's offset stays
+        digest.update(chunk)
+        offset += len(chunk)
+    return digest.hexdigest()
+
+
+def _open_rank_file(
+    folder: _Folder,
+    manifest: dict[str, Any],
+    name: str,
+    whole: bool,
+    verify: bool,
+    checks: _Checks,
+) -> tuple[pq.ParquetFile, Any]:
+    """The rank file `name` as a ParquetFile, and the handle to close after reading it
+    (`whole`: the file's bytes instead),
+    its row count checked against the manifest and its sha256 handed to `checks` (once
+    per process and file). `whole`: the reader needs most of the file, so it is read into
+    memory at once and those bytes are hashed."""
+    record = _record(folder, manifest, name)
+    path = folder.path / name
+    fd, info = folder.open(name)
+    key = _file_key(info)
+    known = not verify or _VERIFIED.get(key) == record["sha256"]
+    handle = os.fdopen(fd, "rb", buffering=0 if whole else -1)
+    try:
+        if whole:
+            data = _read_all(handle, info.st_size, path)
+            if known and verify and _file_key(os.fstat(fd)) != key:
+                if folder.replaced():
+                    raise _Replaced
+                raise ShardVerificationError(f"{path}: changed while it was read")
+            handle.close()
+            if not known:
+                checks.submit(data, path, record["sha256"], key)
+            # the bytes read stay the source: `read_table` on them decodes row groups in
+            # parallel, where `ParquetFile.read` does not
+            keep = pa.py_buffer(data)
+            parquet = pq.ParquetFile(pa.BufferReader(keep))
+        else:
+            try:
+                parquet, keep = pq.ParquetFile(handle), handle
+            except Exception:
+                if verify and _sha256(fd) != record["sha256"]:
+                    if folder.replaced():
+                        raise _Replaced from None
+                    raise _not_the_manifests(path, record["sha256"]) from None
+                raise
+        if verify and parquet.metadata.num_rows != record["rows"]:
+            raise ShardVerificationError(
+                f"{path}: {parquet.metadata.num_rows} rows, the manifest says {record['rows']}"
+            )
+    except BaseException:
+        handle.close()
+        raise
+    if not whole and not known:
+        # a few columns of it are read: hashed from the file beside that read, not copied
+        checks.submit(fd, path, record["sha256"], key)
+    elif not whole and verify:
+        checks.unchanged(fd, path, key)
+    return parquet, keep
+
+
+def _present(manifest: dict[str, Any], files: list[pq.ParquetFile]) -> set[str]:
     """The optional columns of this batch: the manifest's `present_columns` when it lists
     them (every step then has every column, null where absent), else the files' columns."""
     listed = manifest.get("present_columns")
     if listed is not None:
         return set(listed) & set(OPTIONAL)
     names: set[str] = set()
-    for path in paths:
-        names.update(pq.read_schema(path).names)
+    for parquet in files:
+        names.update(parquet.schema_arrow.names)
     return names & set(OPTIONAL)
 
 
@@ -126,18 +378,18 @@ def _lists(column: pa.ChunkedArray, null_empty: bool = False) -> list[Any]:
 
 
 def _batch_raw_reward(
-    manifest: dict[str, Any], paths: list[Path], rank: int, table: pa.Table, as_numpy: bool
+    manifest: dict[str, Any],
+    files: list[pq.ParquetFile],
+    rank: int,
+    table: pa.Table,
+    as_numpy: bool,
 ) -> Any:
     """`raw_reward` of the whole trimmed batch in batch order: every rank's rows, and the
     rows the rollout-side schedule dropped (recorded in the manifest)."""
     positions = [np.asarray(manifest.get("dropped_positions", []), dtype=np.int64)]
     columns: list[pa.ChunkedArray] = []
-    for other, path in enumerate(paths):
-        part = (
-            table
-            if other == rank
-            else pq.read_table(path, columns=["batch_position", "raw_reward"])
-        )
+    for other, parquet in enumerate(files):
+        part = table if other == rank else parquet.read(columns=["batch_position", "raw_reward"])
         positions.append(_scalar_array(part.column("batch_position")).astype(np.int64))
         columns.append(part.column("raw_reward"))
     flat_positions = np.concatenate(positions)
@@ -177,6 +429,8 @@ def read_rank(
     dp_size: int | None = None,
     global_batch_size: int | None = None,
     as_numpy: bool = False,
+    with_train_step: bool = False,
+    verify: bool = True,
 ) -> dict[str, Any]:
     """Rank `rank`'s rollout data exactly as miles' trainer holds it after
     `process_rollout_data`: the same keys, values and Python types.
@@ -189,29 +443,115 @@ def read_rank(
     probs, `weight_versions`) a `Ragged(values, offsets, valid)`, row i being
     `values[offsets[i]:offsets[i + 1]]`. The batch-wide ints and lists
     (`dynamic_global_batch_size`, the schedule's keys) stay Python.
+
+    `with_train_step=True` adds the key `train_step` (not miles'): per row, the optimizer
+    step of this rollout step that trains it, None for a row never trained (as numpy, an
+    int32 masked array, masked where None).
+
+    Every file read is checked against the manifest (`verify=False` skips the sha256 and
+    row counts, not the rest): a mismatch, a manifest of another step or a file that is a
+    symbolic link raises ShardVerificationError naming the file. A rebuild of the step
+    during the read makes it start over on the new folder (up to ATTEMPTS times), so the
+    dict is always one build's.
     """
     folder = Path(step_folder)
-    manifest = read_manifest(folder)
-    settings = manifest["settings"]
-    step_dp = int(settings["dp_size"])
-    step_gbs = int(settings["global_batch_size"])
-    if dp_size is not None and dp_size != step_dp:
-        raise ValueError(f"dp_size={dp_size} but the step {folder} was built for dp_size={step_dp}")
-    if global_batch_size is not None and global_batch_size != step_gbs:
-        raise ValueError(
-            f"global_batch_size={global_batch_size} but the step {folder} was built for "
-            f"global_batch_size={step_gbs}"
-        )
-    if not 0 <= rank < step_dp:
-        raise ValueError(f"rank={rank} is outside the step's dp_size={step_dp} ranks")
-    paths = [_rank_path(folder, r) for r in range(step_dp)]
-    present = _present(manifest, paths)
+    for attempt in range(ATTEMPTS):
+        try:
+            return _read_rank_once(
+                folder, rank, dp_size, global_batch_size, as_numpy, with_train_step, verify
+            )
+        except _Replaced:
+            time.sleep(0.002 * (attempt + 1))
+    raise RuntimeError(
+        f"{folder}: replaced by other builds {ATTEMPTS} times while it was read; try again"
+    )
+
+
+def _read_rank_once(
+    path: Path,
+    rank: int,
+    dp_size: int | None,
+    global_batch_size: int | None,
+    as_numpy: bool,
+    with_train_step: bool,
+    verify: bool,
+) -> dict[str, Any]:
+    try:
+        folder = _Folder(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such step folder") from None
+    try:
+        try:
+            raw = folder.read(MANIFEST)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"{path / MANIFEST}: no manifest, so {path} is not a complete step"
+            ) from None
+        try:
+            manifest = json.loads(bytes(raw))
+        except ValueError:
+            raise ShardVerificationError(f"{path / MANIFEST}: not a JSON manifest") from None
+        try:
+            step_dp = int(manifest["settings"]["dp_size"])
+            step_gbs = int(manifest["settings"]["global_batch_size"])
+        except (KeyError, TypeError, ValueError):
+            raise ShardVerificationError(
+                f"{path / MANIFEST}: not a rollout-shards manifest (no settings.dp_size and "
+                "settings.global_batch_size)"
+            ) from None
+        _check_step(path, manifest)
+        if dp_size is not None and dp_size != step_dp:
+            raise ValueError(
+                f"dp_size={dp_size} but the step {path} was built for dp_size={step_dp}"
+            )
+        if global_batch_size is not None and global_batch_size != step_gbs:
+            raise ValueError(
+                f"global_batch_size={global_batch_size} but the step {path} was built for "
+                f"global_batch_size={step_gbs}"
+            )
+        if not 0 <= rank < step_dp:
+            raise ValueError(f"rank={rank} is outside the step's dp_size={step_dp} ranks")
+        files, handles, checks = [], [], _Checks(folder)
+        try:
+            try:
+                for r in range(step_dp):
+                    parquet, handle = _open_rank_file(
+                        folder, manifest, _rank_name(r), r == rank, verify, checks
+                    )
+                    files.append(parquet)
+                    handles.append(handle)
+                data = _rank_dict(manifest, files, rank, handles[rank], as_numpy, with_train_step)
+            except Exception:
+                checks.wait()  # a file that is not the manifest's is the error to report
+                raise
+            checks.wait()
+            return data
+        finally:
+            checks.close()
+            for handle in handles:
+                if not isinstance(handle, pa.Buffer):
+                    handle.close()
+    finally:
+        folder.close()
+
+
+def _rank_dict(
+    manifest: dict[str, Any],
+    files: list[pq.ParquetFile],
+    rank: int,
+    own: pa.Buffer,
+    as_numpy: bool,
+    with_train_step: bool,
+) -> dict[str, Any]:
+    present = _present(manifest, files)
     scheduled = manifest.get("num_microbatches") is not None
     wanted = [k for k in ROW_KEYS if k not in OPTIONAL or k in present]
     extra = ["batch_position", "raw_reward", "total_lengths"]
     if scheduled:
         extra += ["train_step", "micro_batch"]
-    table = pq.read_table(paths[rank], columns=[*wanted, *extra])
+    elif with_train_step:
+        extra.append("train_step")
+    table = pq.read_table(pa.BufferReader(own), columns=[*wanted, *extra])
 
     data: dict[str, Any] = {}
     for key in wanted:
@@ -223,7 +563,7 @@ def read_rank(
             data[key] = _lists(column, null_empty=key == "weight_versions")
         else:
             data[key] = _scalars(column)
-    data["raw_reward"] = _batch_raw_reward(manifest, paths, rank, table, as_numpy)
+    data["raw_reward"] = _batch_raw_reward(manifest, files, rank, table, as_numpy)
     total = table.column("total_lengths")
     data["total_lengths"] = _scalar_array(total) if as_numpy else _scalars(total)
     dynamic = manifest.get("dynamic_global_batch_size")
@@ -233,4 +573,14 @@ def read_rank(
         data["num_microbatches"] = list(manifest["num_microbatches"])
         data["micro_batch_indices"] = _micro_batch_indices(table)
         data["num_rollouts"] = list(manifest["num_rollouts"])
+    if with_train_step:
+        data["train_step"] = _train_steps(table.column("train_step"), as_numpy)
     return data
+
+
+def _train_steps(column: pa.ChunkedArray, as_numpy: bool) -> Any:
+    if not as_numpy:
+        return column.to_pylist()
+    array = column.combine_chunks()
+    values = array.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    return np.ma.MaskedArray(values, mask=array.is_null().to_numpy(zero_copy_only=False))

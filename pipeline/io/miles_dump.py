@@ -1,17 +1,10 @@
-"""Import miles' own rollout dumps (`--dump-details D` -> `D/rollout_data/<step>.pt`).
+"""Import miles' own rollout dumps: one row per sample, with CONTRACT section 1 columns.
 
 miles writes each file with `torch.save(dict(rollout_id=<step>, metadata=<trim metadata>,
 samples=[Sample.to_dict(), ...]))` (radixark/miles `miles/ray/rollout/debug_data.py`,
-`save_debug_rollout_data`; slime writes the same minus `metadata`). Evaluation rollouts go
-to `eval_<step>.pt` next to them, and `D/dashboard_columns/` mirrors a few columns as
-Parquet; neither is training data.
-
-Loading never runs code from the file and does not need torch: the zip archive is opened
-with `zipfile` and its pickle read by a restricted `pickle.Unpickler` that allows what
-`torch.load(weights_only=True)` allows for this data (tensors, rebuilt as numpy arrays from
-the archive's storages; numeric numpy arrays and scalars, since routing-replay dumps carry
-`rollout_routed_experts` as int32 arrays; `OrderedDict`; plain builtins). Anything else is
-refused. torch is not used even when installed, so shards do not depend on it.
+`save_debug_rollout_data`; slime writes the same minus `metadata`). Finding the files is
+`pipeline.io.dump_files`; unpickling them safely is `pipeline.io.dump_pickle`; this module
+maps the samples to columns.
 
 The session version is not stored. v2 leaves carry `metadata["leaf"]` (a descriptor
 `{node_id, parent, path_node_ids, response_id}`, miles `session/v2/assembly.py`); the
@@ -19,395 +12,82 @@ single v1 sample gets the session server's TITO bookkeeping merged into its meta
 (`accumulated_token_ids`, `max_trim_tokens`, `tito_session_mismatch`;
 `generate_hub/agentic_tool_call.py`). Those v1 keys differ across miles versions and
 forks, so `session_version=` is the reliable way to label a dump.
+
+The unpickled values are Python objects the file chose: before any reaches Polars (which
+recurses into nested values without a limit) or `json`, its shape is checked, cycles are
+refused, and what the columns would hold is charged to a budget bounded by the file's size
+(a pickle can reference one list from every sample).
 """
 
 from __future__ import annotations
 
 import json
-import pickle
-import re
-import zipfile
+import reprlib
 from collections.abc import Iterable
+from itertools import chain
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import polars as pl
 
 from pipeline import columns as c
 from pipeline.errors import StepError, UsageError, step_error
+from pipeline.io.dump_files import find_miles_dumps, is_miles_dump, named_step
+from pipeline.io.dump_pickle import (
+    VALUES_PER_BYTE,
+    Budget,
+    TooBig,
+    first_sentence,
+    load_payload,
+)
 
-ROLLOUT_DATA = "rollout_data"
-DUMP_SUFFIX = ".pt"
+__all__ = ["find_miles_dumps", "is_miles_dump", "read_miles_dump"]
+
 V1_SESSION_KEYS = ("accumulated_token_ids", "max_trim_tokens", "tito_session_mismatch")
 LEAF_KEY = "leaf"
 LEGACY_WEIGHT_VERSIONS_KEY = "legacy_weight_versions"
-
-# `--save-debug-rollout-data` is a template, so besides `<step>.pt` accept a prefix
-# ending in `_`, `-` or `=` (`rollout_12.pt`); eval dumps put `eval_` before the step.
-_EVAL_STEM = re.compile(r"^(?:.*[_=-])?eval_(\d+)$")
-_STEP_STEM = re.compile(r"^(?:.*[_=-])?(\d+)$")
 
 ALWAYS_PRESENT = frozenset(
     (c.STEP, c.INDEX, c.LEAF, c.STATUS, c.TOKENS, c.RESPONSE_LENGTH, c.REWARD, c.REMOVE_SAMPLE)
 )
 
+_NONE = type(None)
+_LISTS = (list, tuple)
+# Values Polars takes without looking inside; numpy scalars are leaves too.
+_LEAVES = frozenset((int, float, bool, str, _NONE))
+_NUMBERS = frozenset((int, float, bool, _NONE))
 
-def _eval_step(path: Path) -> int | None:
-    match = _EVAL_STEM.match(path.stem)
-    return int(match.group(1)) if match else None
-
-
-def _named_step(path: Path) -> int | None:
-    match = _STEP_STEM.match(path.stem)
-    return int(match.group(1)) if match and _eval_step(path) is None else None
-
-
-def _dump_files(folder: Path) -> list[Path]:
-    return sorted(
-        (
-            p
-            for p in folder.iterdir()
-            if p.is_file() and p.suffix == DUMP_SUFFIX and not p.name.startswith(".")
-        ),
-        key=lambda p: p.name,
-    )
+_PREVIEW = reprlib.Repr()
+_PREVIEW.maxlevel = 3
+_PREVIEW.maxlist = _PREVIEW.maxtuple = 8
+_PREVIEW.maxdict = _PREVIEW.maxset = _PREVIEW.maxfrozenset = 4
+_PREVIEW.maxstring = _PREVIEW.maxother = 60
 
 
-def is_miles_dump(path: Path) -> bool:
-    """A `.pt` file, a `rollout_data` folder, or a `--dump-details` folder with dumps."""
-    path = Path(path)
-    if path.is_file():
-        return path.suffix == DUMP_SUFFIX
-    if not path.is_dir():
-        return False
-    if path.name == ROLLOUT_DATA:
-        return True
-    rollout_data = path / ROLLOUT_DATA
-    return rollout_data.is_dir() and bool(_dump_files(rollout_data))
+class _Malformed(Exception):
+    """A sample's field that cannot become its column."""
 
 
-def find_miles_dumps(path: Path) -> tuple[dict[int, Path], list[str]]:
-    """Step -> dump file under a `--dump-details` folder, a `rollout_data` folder or one file.
-
-    Returns the steps in ascending order and notes on what was skipped (eval dumps, files
-    not named for a step, sibling folders of `rollout_data`).
-    """
-    path = Path(path)
-    notes: list[str] = []
-    if path.is_file():
-        if path.suffix != DUMP_SUFFIX:
-            raise UsageError(f"input {path} is not a miles dump (expected <step>{DUMP_SUFFIX})")
-        candidates = [path]
-    elif path.is_dir():
-        folder = path
-        if path.name != ROLLOUT_DATA and (path / ROLLOUT_DATA).is_dir():
-            folder = path / ROLLOUT_DATA
-            ignored = sorted(
-                p.name + "/" for p in path.iterdir() if p.is_dir() and p.name != ROLLOUT_DATA
-            )
-            if ignored:
-                notes.append(
-                    f"ignored {', '.join(ignored)} in {path} (only {ROLLOUT_DATA}/ is read)"
-                )
-        candidates = _dump_files(folder)
-        if not candidates:
-            notes.append(f"no <step>{DUMP_SUFFIX} files in {folder}")
-    else:
-        raise UsageError(f"input {path} does not exist")
-
-    found: dict[int, Path] = {}
-    for file in candidates:
-        if _eval_step(file) is not None:
-            notes.append(f"skipped eval dump {file.name}")
-            continue
-        step = _named_step(file)
-        if step is None:
-            if file == path:
-                raise UsageError(
-                    f"cannot tell the step of {file}: miles names dumps <step>{DUMP_SUFFIX}"
-                )
-            notes.append(f"skipped {file.name}: not named <step>{DUMP_SUFFIX}")
-            continue
-        if step in found:
-            raise step_error(
-                "duplicate_step",
-                f"{found[step]} and {file} are both dumps of step {step}; keep one",
-                step=step,
-            )
-        found[step] = file
-    return dict(sorted(found.items())), notes
+def _preview(value: Any) -> str:
+    """A short repr that stops at nesting and cycles."""
+    text = _PREVIEW.repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
-class _Refused(Exception):
-    """The file asks for something outside the allowlist; nothing from it has run."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.name = name
-
-
-class _Unreadable(Exception):
-    """The file is not a torch.save archive this reader understands."""
-
-
-# torch.save writes pickle protocol 2, so the builtins come as `__builtin__` names.
-_BUILTIN_MODULES = ("builtins", "__builtin__")
-_BUILTINS = {"set": set, "frozenset": frozenset, "complex": complex, "bytearray": bytearray}
-_NUMERIC_KINDS = frozenset("biufc")  # bool, int, uint, float, complex
-
-# torch's typed storage classes -> numpy dtype (without byte order).
-_STORAGE_DTYPES = {
-    "DoubleStorage": "f8",
-    "FloatStorage": "f4",
-    "HalfStorage": "f2",
-    "BFloat16Storage": "bf16",
-    "LongStorage": "i8",
-    "IntStorage": "i4",
-    "ShortStorage": "i2",
-    "CharStorage": "i1",
-    "ByteStorage": "u1",
-    "BoolStorage": "?",
-    "ComplexFloatStorage": "c8",
-    "ComplexDoubleStorage": "c16",
-}
-
-_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
-LEGACY_FORMAT = (
-    "written in torch's legacy (pre-1.6, non-zip) torch.save format, which is read only "
-    "with torch; re-save it with a current torch.save"
-)
-
-
-class _StorageType:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-def _encode(text: str, encoding: str = "latin1") -> bytes:
-    """`_codecs.encode` as protocol 2 uses it for bytes, and only that."""
-    if encoding != "latin1" or not isinstance(text, str):
-        raise _Refused(f"_codecs.encode with {encoding!r}")
-    return text.encode("latin1")
-
-
-def _checked_dtype(dtype: Any) -> Any:
+def _is_leaf(kind: type, numeric: bool = False) -> bool:
+    """A value Polars takes without looking inside. Where a number belongs a bool is not
+    one: Polars would read True as 1."""
+    if kind in _LEAVES:
+        return not (numeric and kind is bool)
     import numpy as np
 
-    dtype = np.dtype(dtype)
-    if dtype.kind not in _NUMERIC_KINDS or dtype.hasobject or dtype.fields:
-        raise _Refused(f"numpy arrays of dtype {dtype} (only numeric arrays are read)")
-    return dtype
+    if issubclass(kind, np.bool_):
+        return not numeric
+    return issubclass(kind, np.number)
 
 
-def _numpy_dtype(*args: Any) -> Any:
-    import numpy as np
-
-    return _checked_dtype(np.dtype(*args))
-
-
-def _numpy_reconstruct(cls: Any, shape: Any, dtype_code: Any) -> Any:
-    import numpy as np
-
-    if cls is not np.ndarray:
-        raise _Refused(f"numpy _reconstruct of {cls!r}")
-    return np.ndarray.__new__(np.ndarray, shape, dtype_code)
-
-
-def _numpy_scalar(dtype: Any, data: Any = None) -> Any:
-    import numpy as np
-
-    dtype = _checked_dtype(dtype)
-    if not isinstance(data, bytes) or len(data) != dtype.itemsize:
-        raise _Unreadable(f"a numpy {dtype} scalar without its {dtype.itemsize} bytes")
-    return np.frombuffer(data, dtype=dtype)[0]
-
-
-def _numpy_globals() -> dict[tuple[str, str], Any]:
-    import numpy as np
-
-    found: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray}
-    found[("numpy", "dtype")] = _numpy_dtype
-    # numpy 2 writes `numpy._core`, numpy 1.x `numpy.core`.
-    for module in ("numpy._core.multiarray", "numpy.core.multiarray"):
-        found[(module, "_reconstruct")] = _numpy_reconstruct
-        found[(module, "scalar")] = _numpy_scalar
-    for code in "?bhilqBHILQefdgFDG":
-        kind = type(np.dtype(code))
-        found[("numpy.dtypes", kind.__name__)] = kind
-    return found
-
-
-class _DumpUnpickler(pickle.Unpickler):
-    """Rebuilds only plain values, tensors (as numpy arrays) and numeric numpy arrays."""
-
-    def __init__(self, file: Any, storages: Any = None, byteorder: Literal["<", ">"] = "<") -> None:
-        super().__init__(file)
-        self._storages = storages
-        self._byteorder = byteorder
-        self._loaded: dict[str, Any] = {}
-        self._numpy = _numpy_globals()
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module in _BUILTIN_MODULES and name in _BUILTINS:
-            return _BUILTINS[name]
-        if (module, name) == ("collections", "OrderedDict"):
-            from collections import OrderedDict
-
-            return OrderedDict
-        if (module, name) == ("_codecs", "encode"):
-            return _encode
-        if self._storages is not None:
-            if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
-                return self._rebuild_tensor
-            if module == "torch" and name in _STORAGE_DTYPES:
-                return _StorageType(name)
-        if (module, name) in self._numpy:
-            return self._numpy[(module, name)]
-        raise _Refused(f"{module}.{name}")
-
-    def persistent_load(self, pid: Any) -> Any:
-        if self._storages is None:
-            raise _Refused("a persistent id (a tensor storage outside a torch.save archive)")
-        if (
-            not isinstance(pid, tuple)
-            or len(pid) < 5
-            or pid[0] != "storage"
-            or not isinstance(pid[1], _StorageType)
-        ):
-            raise _Refused(f"storage {pid!r:.80}")
-        storage_type, key, numel = pid[1], str(pid[2]), pid[4]
-        if key not in self._loaded:
-            self._loaded[key] = self._storage(storage_type.name, key, numel)
-        return self._loaded[key]
-
-    def _storage(self, storage_name: str, key: str, numel: Any) -> Any:
-        import numpy as np
-
-        try:
-            data = self._storages(key)
-        except KeyError:
-            raise _Unreadable(f"storage data/{key} is missing from the archive") from None
-        code = _STORAGE_DTYPES[storage_name]
-        if code == "bf16":  # numpy has no bfloat16: widen to float32, which holds it exactly
-            raw = np.frombuffer(data, dtype=np.dtype(self._byteorder + "u2"))
-            array = (raw.astype(np.uint32) << 16).view(np.float32)
-        else:
-            array = np.frombuffer(data, dtype=np.dtype(code).newbyteorder(self._byteorder))
-        if not isinstance(numel, int) or array.size != numel:
-            raise _Unreadable(f"storage data/{key} holds {array.size} elements, not {numel}")
-        return array
-
-    def _rebuild_tensor(
-        self, storage: Any, offset: Any, size: Any, stride: Any, *_rest: Any
-    ) -> Any:
-        import numpy as np
-
-        shape, steps = tuple(size), tuple(stride)
-        if (
-            not isinstance(storage, np.ndarray)
-            or not isinstance(offset, int)
-            or len(shape) != len(steps)
-            or not all(isinstance(n, int) and n >= 0 for n in shape + steps + (offset,))
-        ):
-            raise _Unreadable("a tensor with malformed rebuild arguments")
-        if 0 in shape:
-            return np.empty(shape, dtype=storage.dtype.newbyteorder("="))
-        last = offset + sum((n - 1) * s for n, s in zip(shape, steps, strict=True))
-        if last >= storage.size:
-            raise _Unreadable("a tensor reaching past the end of its storage")
-        view = np.lib.stride_tricks.as_strided(
-            storage[offset:],
-            shape=shape,
-            strides=tuple(s * storage.itemsize for s in steps),
-            writeable=False,
-        )
-        return np.array(view, dtype=storage.dtype.newbyteorder("="))
-
-
-def _check_arrays(value: Any) -> None:
-    """numpy's own `__setstate__` may have set a non-numeric dtype: refuse those too."""
-    import numpy as np
-
-    stack, seen = [value], set()
-    while stack:
-        item = stack.pop()
-        if id(item) in seen:  # a pickle may hold a list that contains itself
-            continue
-        seen.add(id(item))
-        if isinstance(item, np.ndarray):
-            _checked_dtype(item.dtype)
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple, set, frozenset)):
-            stack.extend(item)
-
-
-def _read_torch_save(path: Path) -> Any:
-    """A torch.save file read with the standard library and numpy; tensors become arrays."""
-    with open(path, "rb") as file:
-        head = file.read(4)
-    if head == b"PK\x03\x04":
-        with zipfile.ZipFile(path) as archive:
-            pickles = [n for n in archive.namelist() if n.endswith("/data.pkl")]
-            if len(pickles) != 1:
-                raise _Unreadable("a zip file without one <archive>/data.pkl")
-            prefix = pickles[0].removesuffix("data.pkl")
-            names = set(archive.namelist())
-            order = "little"
-            if prefix + "byteorder" in names:
-                order = archive.read(prefix + "byteorder").decode("ascii", "replace").strip()
-            if order not in ("little", "big"):
-                raise _Unreadable(f"unknown byte order {order!r:.20}")
-            with archive.open(pickles[0]) as data:
-                unpickler = _DumpUnpickler(
-                    data,
-                    storages=lambda key: archive.read(f"{prefix}data/{key}"),
-                    byteorder="<" if order == "little" else ">",
-                )
-                value = unpickler.load()
-    else:
-        with open(path, "rb") as file:
-            value = _DumpUnpickler(file).load()
-            if type(value) is int and value == _LEGACY_MAGIC:
-                raise _Unreadable(LEGACY_FORMAT)
-        raise _Unreadable("a plain pickle, not a torch.save file")
-    _check_arrays(value)
-    return value
-
-
-def _load_payload(path: Path) -> Any:
-    """Never runs code from the file: only allowlisted names are looked up (see
-    `_DumpUnpickler`), and torch is not needed, so shards do not depend on it."""
-    try:
-        return _read_torch_save(path)
-    except _Refused as refused:
-        raise step_error(
-            "unsafe_pickle",
-            f"{path}: refused to unpickle: it needs {refused.name}; a miles dump holds only "
-            "plain values, tensors and numeric numpy arrays, and loading anything else "
-            "could run code from the file",
-        ) from None
-    except _Unreadable as exc:
-        raise step_error(
-            "unreadable_file", f"{path}: not a readable torch.save file: {exc}"
-        ) from None
-    except Exception as exc:  # a damaged file fails in many ways
-        raise _unreadable(path, exc) from None
-
-
-def _unreadable(path: Path, exc: BaseException) -> StepError:
-    return step_error(
-        "unreadable_file",
-        f"{path}: not a readable torch.save file, truncated or corrupt? ({_first_line(exc)})",
-    )
-
-
-def _first_line(exc: BaseException) -> str:
-    """The exception's first sentence: torch appends paragraphs of advice."""
-    text = str(exc).strip()
-    first = text.splitlines()[0].split(". ")[0].rstrip(".") if text else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+def _what_belongs(numeric: bool) -> str:
+    return "a number" if numeric else "a single value"
 
 
 def _plain(value: Any) -> Any:
@@ -415,6 +95,25 @@ def _plain(value: Any) -> Any:
     if value is not None and not isinstance(value, (str, bytes)) and hasattr(value, "tolist"):
         return value.tolist()
     return value
+
+
+class _Plain:
+    """`_plain` for the samples' fields: an array shared by many samples becomes one list
+    (the pickle stored it once), and the values it makes are charged to the budget."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self.made: dict[int, Any] = {}
+
+    def __call__(self, value: Any) -> Any:
+        if value is None or isinstance(value, (str, bytes)) or not hasattr(value, "tolist"):
+            return value
+        made = self.made.get(id(value))
+        if made is None:
+            size = getattr(value, "size", 1)
+            self.budget.charge(size if isinstance(size, int) else 1, "an array's values")
+            made = self.made[id(value)] = value.tolist()
+        return made
 
 
 def _json_default(value: Any) -> Any:
@@ -427,12 +126,100 @@ def _json_default(value: Any) -> Any:
     return repr(value)
 
 
-def _json(value: Any) -> str | None:
+class _Sizes:
+    """How many values a field expands to once written out, with the sizes of shared
+    containers remembered, so that a pickle referencing one list from many places is
+    measured without being walked again; a container inside itself is a cycle."""
+
+    _OPEN = -1
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self.sizes: dict[int, int] = {}
+
+    @staticmethod
+    def _children(node: Any) -> Iterable[Any]:
+        if isinstance(node, dict):
+            return chain(node.keys(), node.values())
+        return node  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _leaf_size(value: Any) -> int:
+        if isinstance(value, str | bytes | bytearray):
+            return len(value) + 1
+        size = getattr(value, "size", None)
+        return size + 1 if isinstance(size, int) else 1
+
+    @staticmethod
+    def _container(value: Any) -> bool:
+        return isinstance(value, list | tuple | dict | set | frozenset)
+
+    def size(self, root: Any, what: str) -> int:
+        if not self._container(root):
+            return self._leaf_size(root)
+        stack: list[tuple[Any, bool]] = [(root, False)]
+        while stack:
+            node, done = stack.pop()
+            key = id(node)
+            if done:
+                total = 1 + sum(
+                    self.sizes[id(child)] if self._container(child) else self._leaf_size(child)
+                    for child in self._children(node)
+                )
+                if total > self.budget.left:
+                    self.budget.charge(total, what)
+                self.sizes[key] = total
+                continue
+            if key in self.sizes:
+                continue
+            if type(node) in _LISTS and set(map(type, node)) <= _NUMBERS:
+                self.sizes[key] = 1 + len(node)
+                continue
+            self.sizes[key] = self._OPEN
+            stack.append((node, True))
+            for child in self._children(node):
+                if self._container(child):
+                    state = self.sizes.get(id(child))
+                    if state == self._OPEN:
+                        raise _Malformed("refers to itself (a cycle)")
+                    if state is None:
+                        stack.append((child, False))
+        return self.sizes[id(root)]
+
+
+def _json(value: Any, sizes: _Sizes, what: str) -> str | None:
     if value is None:
         return None
     if isinstance(value, str):
         return value
-    return json.dumps(value, default=_json_default, ensure_ascii=False)
+    sizes.budget.charge(sizes.size(value, what), what)
+    try:
+        return json.dumps(value, default=_json_default, ensure_ascii=False)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise _Malformed(f"is not JSON text ({first_sentence(exc)})") from None
+
+
+def _json_field(
+    samples: list[dict[str, Any]], key: str, sizes: _Sizes, path: Path
+) -> list[str | None]:
+    values = []
+    for position, sample in enumerate(samples):
+        value = sample.get(key)
+        try:
+            values.append(_json(value, sizes, f"field {key} of sample {position}"))
+        except _Malformed as exc:
+            raise _field_error(path, key, None, position, value, str(exc)) from None
+    return values
+
+
+def _field_error(
+    path: Path, name: str, dtype: pl.DataType | None, position: int, value: Any, reason: str
+) -> StepError:
+    fits = f" does not fit {dtype}" if dtype is not None else ""
+    return step_error(
+        "malformed_dump",
+        f"{path}: field {name}{fits} on sample {position} ({_preview(value)}): {reason}",
+    )
 
 
 def _status(value: Any) -> Any:
@@ -442,28 +229,44 @@ def _status(value: Any) -> Any:
     return text.removeprefix("status.")
 
 
-def _flag(value: Any) -> Any:
-    if value is None:
-        return False
-    value = _plain(value)
-    return bool(value) if isinstance(value, int) else value
+def _flag(value: Any, plain: _Plain) -> Any:
+    """miles' `remove_sample` is a bool (False when absent); anything else is refused by
+    its Boolean column, never read as true or false."""
+    return False if value is None else plain(value)
 
 
-def _weight_versions(sample: dict[str, Any]) -> list[str]:
+def _weight_versions(samples: list[dict[str, Any]], path: Path, plain: _Plain) -> list[list[str]]:
     """Versions in call order: legacy dumps hold strings, current ones per-call span lists."""
-    raw = (
-        _plain(sample.get(c.WEIGHT_VERSIONS))
-        or _plain(sample.get(LEGACY_WEIGHT_VERSIONS_KEY))
-        or []
-    )
-    versions: list[str] = []
-    for call in raw:
-        spans = call if isinstance(call, list) else [call]
-        for span in spans:
-            version = span.get("version") if isinstance(span, dict) else span
-            if version is not None:
-                versions.append(str(version))
-    return versions
+    budget = plain.budget
+    found: list[list[str]] = []
+    for position, sample in enumerate(samples):
+        raw = plain(sample.get(c.WEIGHT_VERSIONS))
+        if raw is None or (type(raw) in _LISTS and not raw):
+            legacy = plain(sample.get(LEGACY_WEIGHT_VERSIONS_KEY))
+            raw = raw if legacy is None else legacy
+        if raw is None:
+            found.append([])
+            continue
+        if type(raw) not in _LISTS:
+            reason = f"a {type(raw).__name__} where a list of versions belongs"
+            raise _field_error(path, c.WEIGHT_VERSIONS, None, position, raw, reason)
+        budget.charge(len(raw), f"field {c.WEIGHT_VERSIONS} of sample {position}")
+        versions: list[str] = []
+        for call in raw:
+            spans = call if type(call) in _LISTS else (call,)
+            budget.charge(len(spans), f"field {c.WEIGHT_VERSIONS} of sample {position}")
+            for span in spans:
+                version = span.get("version") if isinstance(span, dict) else span
+                if version is None:
+                    continue
+                if type(version) is not str:
+                    kind = type(version).__name__
+                    reason = f"version {_preview(version)} is a {kind}, not a string"
+                    raise _field_error(path, c.WEIGHT_VERSIONS, None, position, raw, reason)
+                budget.charge(len(version), f"field {c.WEIGHT_VERSIONS} of sample {position}")
+                versions.append(version)
+        found.append(versions)
+    return found
 
 
 def _session_version(metadata: dict[str, Any]) -> str | None:
@@ -474,7 +277,7 @@ def _session_version(metadata: dict[str, Any]) -> str | None:
     return None
 
 
-def _reward_values(rewards: list[Any], path: Path) -> tuple[list[Any], pl.DataType]:
+def _reward_values(rewards: list[Any], path: Path, plain: _Plain) -> tuple[list[Any], pl.DataType]:
     """Scalars as float64; dicts as a struct of their numeric fields."""
     dicts = [i for i, r in enumerate(rewards) if isinstance(r, dict)]
     if not dicts:
@@ -485,7 +288,7 @@ def _reward_values(rewards: list[Any], path: Path) -> tuple[list[Any], pl.DataTy
             "malformed_dump",
             f"{path}: reward is a dict on sample {dicts[0]} but a number on sample {scalars[0]}",
         )
-    named = [None if r is None else {str(k): _plain(v) for k, v in r.items()} for r in rewards]
+    named = [None if r is None else {str(k): plain(v) for k, v in r.items()} for r in rewards]
     keys = list(dict.fromkeys(key for r in named if r is not None for key in r))
     # Text fields (a parsed answer, a judge's note) cannot be float64: keep the numeric ones.
     numeric = [
@@ -499,15 +302,60 @@ def _reward_values(rewards: list[Any], path: Path) -> tuple[list[Any], pl.DataTy
     return values, pl.Struct({key: pl.Float64() for key in numeric})
 
 
-def _series(name: str, values: list[Any], dtype: pl.DataType, path: Path) -> pl.Series:
+def _list_problem(values: list[Any], numeric: bool) -> tuple[int, str] | None:
+    """The first sample whose value is not a flat list (Polars would recurse into it)."""
+    if set(map(type, values)) <= {list, tuple, _NONE}:
+        inner = set(map(type, chain.from_iterable(filter(None, values))))
+        if all(_is_leaf(kind, numeric) for kind in inner):
+            return None
+    for position, value in enumerate(values):
+        if value is None:
+            continue
+        if type(value) not in _LISTS:
+            return position, f"a {type(value).__name__} where a list belongs"
+        for at, element in enumerate(value):
+            if element is value:
+                return position, f"element {at} is the list itself (a cycle)"
+            if not _is_leaf(type(element), numeric):
+                kind = type(element).__name__
+                return position, f"element {at} is a {kind}, not {_what_belongs(numeric)}"
+    return None
+
+
+def _scalar_problem(values: list[Any], numeric: bool) -> tuple[int, str] | None:
+    if all(_is_leaf(kind, numeric) for kind in set(map(type, values))):
+        return None
+    for position, value in enumerate(values):
+        if not _is_leaf(type(value), numeric):
+            kind = type(value).__name__
+            return position, f"a {kind} where {_what_belongs(numeric)} belongs"
+    return None
+
+
+def _series(
+    name: str, values: list[Any], dtype: pl.DataType, path: Path, budget: Budget
+) -> pl.Series:
+    if isinstance(dtype, pl.List):
+        problem = _list_problem(values, dtype.inner.is_numeric())
+        if problem is None:
+            budget.charge(sum(map(len, filter(None, values))), f"field {name}")
+    elif isinstance(dtype, pl.Struct):
+        problem = None  # built by `_reward_values` from numbers only
+    else:
+        problem = _scalar_problem(values, dtype.is_numeric())
+        if problem is None and isinstance(dtype, pl.String):
+            budget.charge(sum(len(v) for v in values if type(v) is str), f"field {name}")
+    if problem is not None:
+        position, reason = problem
+        raise _field_error(path, name, dtype, position, values[position], reason)
     try:
         return pl.Series(name, values, dtype=dtype, strict=True)
     except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError) as exc:
         bad = next((i for i, v in enumerate(values) if not _fits(name, v, dtype)), None)
-        where = f" on sample {bad} ({values[bad]!r:.80})" if bad is not None else ""
+        where = f" on sample {bad} ({_preview(values[bad])})" if bad is not None else ""
         raise step_error(
             "malformed_dump",
-            f"{path}: field {name} does not fit {dtype}{where}: {_first_line(exc)}",
+            f"{path}: field {name} does not fit {dtype}{where}: {first_sentence(exc)}",
         ) from None
 
 
@@ -520,7 +368,7 @@ def _fits(name: str, value: Any, dtype: pl.DataType) -> bool:
 
 
 def _payload_step(payload: dict[str, Any], path: Path) -> int:
-    named = _named_step(path)
+    named = named_step(path)
     raw = _plain(payload.get("rollout_id"))
     if raw is None:
         if named is None:
@@ -529,7 +377,9 @@ def _payload_step(payload: dict[str, Any], path: Path) -> int:
             )
         return named
     if isinstance(raw, bool) or not isinstance(raw, int):
-        raise step_error("malformed_dump", f"{path}: rollout_id {raw!r} is not a step number")
+        raise step_error(
+            "malformed_dump", f"{path}: rollout_id {_preview(raw)} is not a step number"
+        )
     if named is not None and named != raw:
         raise step_error(
             "step_mismatch",
@@ -539,8 +389,8 @@ def _payload_step(payload: dict[str, Any], path: Path) -> int:
     return raw
 
 
-def _field(samples: Iterable[dict[str, Any]], key: str) -> list[Any]:
-    return [_plain(sample.get(key)) for sample in samples]
+def _field(samples: Iterable[dict[str, Any]], key: str, plain: _Plain) -> list[Any]:
+    return [plain(sample.get(key)) for sample in samples]
 
 
 def read_miles_dump(path: Path, session_version: str | None = None) -> pl.DataFrame:
@@ -553,7 +403,7 @@ def read_miles_dump(path: Path, session_version: str | None = None) -> pl.DataFr
     if session_version not in (None, "v1", "v2"):
         raise UsageError(f"session_version must be v1 or v2, not {session_version!r}")
     path = Path(path)
-    payload = _load_payload(path)
+    payload = load_payload(path)
     if not isinstance(payload, dict) or not isinstance(payload.get("samples"), list):
         raise step_error(
             "malformed_dump", f"{path}: expected a dict with a 'samples' list (a miles dump)"
@@ -573,11 +423,19 @@ def read_miles_dump(path: Path, session_version: str | None = None) -> pl.DataFr
         for violation in error.violations:
             violation.step = step
         raise
+    except TooBig as exc:
+        raise step_error("malformed_dump", f"{path}: {exc}", step=step) from None
+    except RecursionError:
+        raise step_error(
+            "malformed_dump", f"{path}: a sample holds a value nested too deeply", step=step
+        ) from None
 
 
 def _samples_frame(
     samples: list[dict[str, Any]], step: int, path: Path, session_version: str | None
 ) -> pl.DataFrame:
+    budget = Budget(path.stat().st_size, VALUES_PER_BYTE, "values")
+    plain = _Plain(budget)
     metadata = [sample.get(c.METADATA) or {} for sample in samples]
     for position, meta in enumerate(metadata):
         if not isinstance(meta, dict):
@@ -588,13 +446,13 @@ def _samples_frame(
     leaves: list[int] = []
     seen: dict[Any, int] = {}
     for position, (sample, meta) in enumerate(zip(samples, metadata, strict=True)):
-        index = _plain(sample.get(c.INDEX))
+        index = plain(sample.get(c.INDEX))
         # An index that is not a number (a list, a dict) is refused by the index column
         # below; here it only must not count as a leaf of another sample.
         key = index if isinstance(index, (int, float, str, type(None))) else ("sample", position)
         order = seen.get(key, 0)
         seen[key] = order + 1
-        leaf = _plain(meta.get(LEAF_KEY))
+        leaf = plain(meta.get(LEAF_KEY))
         # Real v2 leaves carry a descriptor dict; only a bare number is a position.
         leaves.append(leaf if isinstance(leaf, int) and not isinstance(leaf, bool) else order)
 
@@ -603,37 +461,38 @@ def _samples_frame(
         if session_version is not None
         else [_session_version(meta) for meta in metadata]
     )
-    weight_versions = [_weight_versions(s) for s in samples]
-    rewards, reward_dtype = _reward_values(_field(samples, c.REWARD), path)
+    weight_versions = _weight_versions(samples, path, plain)
+    rewards, reward_dtype = _reward_values(_field(samples, c.REWARD, plain), path, plain)
+    sizes = _Sizes(budget)
 
     columns: list[tuple[str, list[Any], pl.DataType]] = [
         (c.STEP, [step] * len(samples), pl.Int64()),
-        (c.GROUP_INDEX, _field(samples, c.GROUP_INDEX), pl.Int64()),
-        (c.INDEX, _field(samples, c.INDEX), pl.Int64()),
+        (c.GROUP_INDEX, _field(samples, c.GROUP_INDEX, plain), pl.Int64()),
+        (c.INDEX, _field(samples, c.INDEX, plain), pl.Int64()),
         (c.LEAF, leaves, pl.Int32()),
-        (c.ROLLOUT_ID, _field(samples, c.ROLLOUT_ID), pl.Int64()),
+        (c.ROLLOUT_ID, _field(samples, c.ROLLOUT_ID, plain), pl.Int64()),
         (c.SESSION_VERSION, versions, pl.String()),
         (c.STATUS, [_status(s.get(c.STATUS)) for s in samples], pl.String()),
-        (c.TOKENS, _field(samples, c.TOKENS), pl.List(pl.Int32())),
-        (c.RESPONSE_LENGTH, _field(samples, c.RESPONSE_LENGTH), pl.Int32()),
-        (c.LOSS_MASK, _field(samples, c.LOSS_MASK), pl.List(pl.Int8())),
+        (c.TOKENS, _field(samples, c.TOKENS, plain), pl.List(pl.Int32())),
+        (c.RESPONSE_LENGTH, _field(samples, c.RESPONSE_LENGTH, plain), pl.Int32()),
+        (c.LOSS_MASK, _field(samples, c.LOSS_MASK, plain), pl.List(pl.Int8())),
         (c.REWARD, rewards, reward_dtype),
-        (c.REMOVE_SAMPLE, [_flag(s.get(c.REMOVE_SAMPLE)) for s in samples], pl.Boolean()),
-        (c.ROLLOUT_LOG_PROBS, _field(samples, c.ROLLOUT_LOG_PROBS), pl.List(pl.Float32())),
-        (c.TEACHER_LOG_PROBS, _field(samples, c.TEACHER_LOG_PROBS), pl.List(pl.Float32())),
+        (c.REMOVE_SAMPLE, [_flag(s.get(c.REMOVE_SAMPLE), plain) for s in samples], pl.Boolean()),
+        (c.ROLLOUT_LOG_PROBS, _field(samples, c.ROLLOUT_LOG_PROBS, plain), pl.List(pl.Float32())),
+        (c.TEACHER_LOG_PROBS, _field(samples, c.TEACHER_LOG_PROBS, plain), pl.List(pl.Float32())),
         (
             c.WEIGHT_VERSIONS,
             weight_versions if any(weight_versions) else [None] * len(samples),
             pl.List(pl.String()),
         ),
-        (c.RAW_REWARD, [_plain(m.get(c.RAW_REWARD)) for m in metadata], pl.Float64()),
-        (c.ROUND_NUMBER, [_plain(m.get(c.ROUND_NUMBER)) for m in metadata], pl.Int64()),
-        (c.TRAIN_METADATA, [_json(s.get(c.TRAIN_METADATA)) for s in samples], pl.String()),
-        (c.PROMPT, [_json(s.get(c.PROMPT)) for s in samples], pl.String()),
-        (c.METADATA, [_json(s.get(c.METADATA)) for s in samples], pl.String()),
+        (c.RAW_REWARD, [plain(m.get(c.RAW_REWARD)) for m in metadata], pl.Float64()),
+        (c.ROUND_NUMBER, [plain(m.get(c.ROUND_NUMBER)) for m in metadata], pl.Int64()),
+        (c.TRAIN_METADATA, _json_field(samples, c.TRAIN_METADATA, sizes, path), pl.String()),
+        (c.PROMPT, _json_field(samples, c.PROMPT, sizes, path), pl.String()),
+        (c.METADATA, _json_field(samples, c.METADATA, sizes, path), pl.String()),
     ]
     series = [
-        _series(name, values, dtype, path)
+        _series(name, values, dtype, path, budget)
         for name, values, dtype in columns
         if name in ALWAYS_PRESENT or any(v is not None for v in values)
     ]

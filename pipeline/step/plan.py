@@ -196,7 +196,13 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
         untrained=len(layout.untrained),
     )
     reward = s.reward_value(frame.schema, settings.reward_key, step)
-    stats = rollout_metrics(frame.lazy(), reward, settings.advantage_estimator)
+    stats = rollout_metrics(
+        head.lazy(),
+        reward,
+        settings.advantage_estimator,
+        n_samples_per_prompt=settings.n_samples_per_prompt,
+        step=step,
+    )
     stats |= layout_metrics(rows.scalars.lazy(), settings.dp_size, counts)
     meta = Manifest(
         step=step,

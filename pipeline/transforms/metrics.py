@@ -1,12 +1,14 @@
-"""A step's rollout metrics under the names miles logs them (CONTRACT 7, docs/metrics.md).
+"""A step's rollout metrics under the names miles logs them (CONTRACT 6, docs/metrics.md).
 
-miles' rollout manager logs them over the samples of a rollout step before the trim
-(`miles/ray/rollout/metrics.py`, `_compute_metrics_from_samples`); here they are computed
-over the step's valid ingested rows, in batch order. Ours: `zero_std_ratio`,
-`rank_tokens/max_over_mean` and `untrained_ratio`.
+miles' rollout manager logs them over the samples of a rollout step after the trim
+(`miles/ray/rollout/metrics.py`, `log_rollout_data`, called on the data
+`postprocess_rollout_data` returns); here they are computed over the step's trimmed batch,
+in batch order. Ours: `zero_std_ratio`, `rank_tokens/max_over_mean` and `untrained_ratio`.
 """
 
 from __future__ import annotations
+
+import math
 
 import polars as pl
 
@@ -22,6 +24,14 @@ ALL_ZERO_PERCENTAGE = "rollout/zero_std/all_zero_percentage"
 ALL_ONE_PERCENTAGE = "rollout/zero_std/all_one_percentage"
 WEIGHT_VERSION = "rollout/weight_version/"
 MIXED_VERSION_RATIO = "rollout/weight_version/mixed_version_ratio"
+NUM_TRAINING_SAMPLES = "rollout/num_training_samples"
+EPISODE_RAW_REWARD = "rollout/episode_raw_reward"
+EPISODE_RESPONSE_LENGTH = "rollout/episode_response_length/"
+EPISODE_TOTAL_RESPONSE_LENGTH_MEAN = "rollout/episode_total_response_length/mean"
+PASSRATE = "passrate/"
+# The x-axis miles logs every rollout metric against (`compute_rollout_step`: the rollout
+# id, which is the step).
+STEP = "rollout/step"
 ZERO_STD_RATIO = "zero_std_ratio"
 RANK_TOKENS_MAX_OVER_MEAN = "rank_tokens/max_over_mean"
 UNTRAINED_RATIO = "untrained_ratio"
@@ -37,6 +47,14 @@ _HAS_VERSIONS = "_has_weight_versions"
 _FIRST = "_first_reward"
 _ZERO_STD = "_zero_std"
 _TOKENS = "_rank_tokens"
+_REMOVED = "_removed"
+_RESPONSE = "_response_length"
+_ID = "_rollout_key_id"
+_EPISODE_EFFECTIVE = "_episode_effective_length"
+_EPISODE_TOTAL = "_episode_total_length"
+_EPISODE_REWARD = "_episode_raw_reward"
+_SIZE = "_group_size"
+_CORRECT = "_num_correct"
 
 
 def _statistics(frame: pl.DataFrame, column: str, prefix: str) -> dict[str, float]:
@@ -68,6 +86,17 @@ def sample_columns(samples: pl.LazyFrame, reward: pl.Expr) -> pl.LazyFrame:
     else:
         oldest = pl.lit(None, dtype=pl.Int64)
         mixed = has_versions = pl.lit(False)
+    removed = (
+        pl.col(c.REMOVE_SAMPLE).fill_null(False) if c.REMOVE_SAMPLE in schema else pl.lit(False)
+    )
+    # miles' `_get_rollout_key` is (group_index, rollout_id) when the rollout id is set, else
+    # (group_index, index), the two kinds kept apart; `index` is never null, and a rollout
+    # key (rollout_id, else index) belongs to one trajectory (rollout_key_unique_per_
+    # trajectory), so the rollout key and group_index alone tell the same rollouts apart.
+    if c.ROLLOUT_ID in schema:
+        ident = pl.coalesce(pl.col(c.ROLLOUT_ID), pl.col(c.INDEX))
+    else:
+        ident = pl.col(c.INDEX)
     return samples.select(
         pl.coalesce(mask_sum.cast(pl.Int64), pl.col(c.RESPONSE_LENGTH).cast(pl.Int64)).alias(
             _EFFECTIVE_LENGTH
@@ -79,6 +108,9 @@ def sample_columns(samples: pl.LazyFrame, reward: pl.Expr) -> pl.LazyFrame:
         oldest.alias(_OLDEST),
         mixed.alias(_MIXED),
         has_versions.alias(_HAS_VERSIONS),
+        removed.alias(_REMOVED),
+        pl.col(c.RESPONSE_LENGTH).cast(pl.Int64).alias(_RESPONSE),
+        ident.cast(pl.Int64).alias(_ID),
     )
 
 
@@ -106,14 +138,83 @@ def _zero_std(values: pl.DataFrame) -> dict[str, float]:
     return stats
 
 
+def _episode_metrics(values: pl.DataFrame) -> dict[str, float]:
+    """miles' `_compute_training_sample_metrics` and `_compute_episode_response_length_metrics`
+    (PRs #2710, #2765, #2778): rows grouped by rollout key in order of first appearance; per
+    rollout the raw rewards' mean (Python's `sum / len`), the effective lengths summed (0 for a
+    `remove_sample` row) and the response lengths summed. The input carries no adapter, so
+    every row is of one adapter's rollouts (#2778 scopes keys by adapter)."""
+    episodes = values.group_by(c.GROUP_INDEX, _ID, maintain_order=True).agg(
+        pl.when(pl.col(_REMOVED))
+        .then(0)
+        .otherwise(pl.col(_EFFECTIVE_LENGTH))
+        .sum()
+        .alias(_EPISODE_EFFECTIVE),
+        pl.col(_RESPONSE).sum().alias(_EPISODE_TOTAL),
+        # a sequential sum, as Python's sum() over the rollout's rewards
+        (pl.col(_RAW).cum_sum().last() / pl.len()).alias(_EPISODE_REWARD),
+    )
+    stats = {NUM_TRAINING_SAMPLES: float(values.height)}
+    stats |= _statistics(episodes, _EPISODE_EFFECTIVE, EPISODE_RESPONSE_LENGTH)
+    scalars = episodes.select(
+        pl.col(_EPISODE_TOTAL).mean().alias(EPISODE_TOTAL_RESPONSE_LENGTH_MEAN),
+        (pl.col(_EPISODE_REWARD).cum_sum().last() / pl.len()).alias(EPISODE_RAW_REWARD),
+    )
+    return stats | {name: float(value) for name, value in scalars.row(0, named=True).items()}
+
+
+def pass_at_k(size: pl.Expr, correct: pl.Expr, k: int) -> pl.Expr:
+    """miles' `_estimate_pass_at_k` of one group: 1 - C(n - c, k) / C(n, k), as the product
+    of 1 - k / j over j from n - c + 1 to n; 1.0 when fewer than k samples fail."""
+    product = (
+        pl.int_ranges(size - correct + 1, size + 1)
+        .list.eval(1.0 - k / pl.element())
+        .list.eval(pl.element().product())
+        .list.first()
+    )
+    return pl.when(size - correct < k).then(1.0).otherwise(1.0 - product)
+
+
+def _passrate(values: pl.DataFrame, group_size: int | None) -> dict[str, float]:
+    """miles' `_compute_passrate_from_samples` (`passrate/pass@k`, k the powers of two up to
+    `n_samples_per_prompt`): prompt groups by `group_index` (null being one group) with
+    exactly `n_samples_per_prompt` rows, a row correct when its reward is 1; the mean over
+    those groups of each group's unbiased pass@k estimate. None when the group size is 1 or
+    unset, or when no group is complete."""
+    if group_size is None or group_size <= 1:
+        return {}
+    groups = (
+        values.group_by(c.GROUP_INDEX, maintain_order=True)
+        .agg(
+            pl.len().alias(_SIZE),
+            (pl.col(_REWARD) == 1).sum().alias(_CORRECT),
+        )
+        .filter(pl.col(_SIZE) == group_size)
+    )
+    if groups.height == 0:
+        return {}
+    ks = [2**i for i in range(int(math.log2(group_size)) + 1)]
+    means = groups.select(
+        pass_at_k(pl.col(_SIZE), pl.col(_CORRECT), k).mean().alias(f"{PASSRATE}pass@{k}")
+        for k in ks
+    )
+    return {name: float(value) for name, value in means.row(0, named=True).items()}
+
+
 def rollout_metrics(
-    samples: pl.LazyFrame, reward: pl.Expr, advantage_estimator: str
+    samples: pl.LazyFrame,
+    reward: pl.Expr,
+    advantage_estimator: str,
+    *,
+    n_samples_per_prompt: int | None = None,
+    step: int | None = None,
 ) -> dict[str, float]:
-    """miles' rollout metrics of a step's valid rows (docs/metrics.md)."""
+    """miles' rollout metrics of a step's trimmed batch (docs/metrics.md)."""
     values = sample_columns(samples, reward).collect()
     if values.height == 0:
         return {}
-    stats = _statistics(values, _EFFECTIVE_LENGTH, RESPONSE_LEN)
+    stats = _episode_metrics(values)
+    stats |= _statistics(values, _EFFECTIVE_LENGTH, RESPONSE_LEN)
     if advantage_estimator != "ppo":  # miles: only for GRPO-like estimators
         stats |= _zero_std(values)
     scalars = values.select(
@@ -129,6 +230,9 @@ def rollout_metrics(
     # ("w3" style versions mix as well as numbers do).
     if values.get_column(_HAS_VERSIONS).any():
         stats[MIXED_VERSION_RATIO] = float(values.get_column(_MIXED).sum()) / values.height
+    stats |= _passrate(values, n_samples_per_prompt)
+    if step is not None:
+        stats[STEP] = float(step)
     return stats
 
 

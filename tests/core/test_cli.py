@@ -38,7 +38,13 @@ def test_build_embedded_data_writes_every_step(tmp_path: Path) -> None:
     out = tmp_path / "shards"
     result = cli("build", DATA, "--out", out, "--global-batch-size", "8", "--dp-size", "2")
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
+    # 1 of the 8 rows each of steps 2 and 4 trains on is truncated (their trimmed batches,
+    # over which miles logs rollout/truncated_ratio): the alarm, and nothing else
+    assert [line.partition(": warning: ")[::2] for line in result.stderr.splitlines()] == [
+        (f"rollout-shards: build: step {step}", "12% of samples were truncated "
+         "(rollout/truncated_ratio); a longer rollout max response length keeps them whole")
+        for step in (2, 4)
+    ]  # fmt: skip
     assert sorted(p.name for p in out.iterdir() if p.name != ".locks") == [
         "README.md",
         "step=1",

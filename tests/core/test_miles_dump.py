@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import struct
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -537,3 +539,280 @@ def test_reading_does_not_need_torch(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setitem(sys.modules, "torch", None)
 
     assert read_miles_dump(path).equals(expected)
+
+
+# --- reading: what a file may make the reader build (issue 31 item 5) -------------
+
+PLACEHOLDER = "RAW-PICKLE-OPCODES"
+
+
+def _text(value: str) -> bytes:
+    data = value.encode()
+    return b"X" + struct.pack("<I", len(data)) + data
+
+
+def _int(value: int) -> bytes:
+    if 0 <= value < 2**31:
+        return b"J" + struct.pack("<i", value)
+    return b"\x8a\x08" + value.to_bytes(8, "little", signed=True)
+
+
+def _tuple(values: tuple[int, ...]) -> bytes:
+    return b"(" + b"".join(map(_int, values)) + b"t"
+
+
+def raw_dump(
+    path: Path, opcodes: bytes, storages: dict[str, bytes] | None = None, **fields: Any
+) -> Path:
+    """A torch.save-style archive whose sample 0 holds, in the field named by the value
+    PLACEHOLDER in `fields`, whatever the pickle `opcodes` build (written by hand, as a
+    hostile file would be)."""
+    samples = [sample_dict(index=0, **fields), sample_dict(index=1)]
+    pickled = pickle.dumps({"rollout_id": 0, "samples": samples}, protocol=2)
+    assert pickled.count(_text(PLACEHOLDER)) == 1
+    pickled = pickled.replace(_text(PLACEHOLDER), opcodes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/data.pkl", pickled)
+        archive.writestr("archive/byteorder", "little")
+        for key, data in (storages or {}).items():
+            archive.writestr(f"archive/data/{key}", data)
+    return path
+
+
+def tensor_opcodes(shape: tuple[int, ...], stride: tuple[int, ...], numel: int = 1) -> bytes:
+    """torch._utils._rebuild_tensor_v2 on storage `0` (int64), as torch.save pickles it."""
+    storage = b"(" + _text("storage") + b"ctorch\nLongStorage\n" + _text("0")
+    storage += _text("cpu") + _int(numel) + b"tQ"
+    return (
+        b"ctorch._utils\n_rebuild_tensor_v2\n("
+        + storage
+        + _int(0)
+        + _tuple(shape)
+        + _tuple(stride)
+        + b"\x89ccollections\nOrderedDict\n)RtR"
+    )
+
+
+def malformed(path: Path) -> str:
+    with pytest.raises(StepError) as error:
+        read_miles_dump(path)
+    violation = error.value.violations[0]
+    assert violation.rule == "malformed_dump", violation.line()
+    assert str(path) in violation.message
+    assert "\n" not in violation.line()
+    return violation.message
+
+
+ARRAY_OF_4E8 = {
+    "reconstruct": b"cnumpy._core.multiarray\n_reconstruct\n(cnumpy\nndarray\n"
+    + _tuple((400_000_000,))
+    + _text("f8")
+    + b"tR",
+    "ndarray": b"cnumpy\nndarray\n(" + _tuple((400_000_000,)) + _text("f8") + b"tR",
+}
+
+
+@pytest.mark.parametrize("how", sorted(ARRAY_OF_4E8))
+def test_an_array_larger_than_the_file_allows_is_refused(tmp_path: Path, how: str) -> None:
+    path = raw_dump(tmp_path / "0.pt", ARRAY_OF_4E8[how], metadata={"x": PLACEHOLDER})
+
+    assert path.stat().st_size < 2000
+    message = malformed(path)
+    assert "an array of shape (400000000,) takes it beyond the 1,048,576 bytes of arrays" in message
+
+
+def test_a_zero_stride_tensor_is_refused_before_it_is_copied(tmp_path: Path) -> None:
+    expanded = torch.zeros(1, dtype=torch.int64).expand(400_000_000)
+    path = write_dump(tmp_path / "0.pt", 0, [sample_dict(rollout_routed_experts=expanded)])
+
+    assert path.stat().st_size < 4000
+    assert "a tensor of shape (400000000,) takes it beyond" in malformed(path)
+
+
+def test_a_hand_made_zero_stride_tensor_is_refused(tmp_path: Path) -> None:
+    opcodes = tensor_opcodes((1000, 1000, 1000), (0, 0, 0))
+    path = raw_dump(tmp_path / "0.pt", opcodes, {"0": struct.pack("<q", 7)}, tokens=PLACEHOLDER)
+
+    assert "a tensor of shape (1000, 1000, 1000) takes it beyond" in malformed(path)
+
+
+def test_a_small_expanded_tensor_is_read(tmp_path: Path) -> None:
+    tokens = torch.tensor([7], dtype=torch.int64).expand(5)
+    path = write_dump(tmp_path / "0.pt", 0, [sample_dict(tokens=tokens)])
+
+    assert read_miles_dump(path)["tokens"].to_list() == [[7, 7, 7, 7, 7]]
+
+
+def test_bytearray_of_a_size_is_refused(tmp_path: Path) -> None:
+    opcodes = b"c__builtin__\nbytearray\n(" + _int(4_000_000_000) + b"tR"
+    path = raw_dump(tmp_path / "0.pt", opcodes, metadata={"x": PLACEHOLDER})
+
+    with pytest.raises(StepError) as error:
+        read_miles_dump(path)
+    assert error.value.violations[0].rule == "unsafe_pickle"
+    assert "bytearray of int" in error.value.violations[0].message
+
+
+def test_a_length_no_file_holds_is_one_line(tmp_path: Path) -> None:
+    opcodes = b"\x8e" + (2**62).to_bytes(8, "little")  # BINBYTES8 beyond any address space
+    path = raw_dump(tmp_path / "0.pt", opcodes, metadata={"x": PLACEHOLDER})
+
+    assert "asks for more memory than a dump of" in malformed(path)
+
+
+def test_self_referencing_metadata_is_refused(tmp_path: Path) -> None:
+    loop: dict[str, Any] = {"source": "gsm8k"}
+    loop["self"] = loop
+    samples = [sample_dict(index=0), sample_dict(index=1, metadata=loop)]
+    path = write_dump(tmp_path / "0.pt", 0, samples)
+
+    message = malformed(path)
+    assert "field metadata on sample 1 (" in message
+    assert message.endswith("refers to itself (a cycle)")
+
+
+def test_a_list_holding_itself_never_reaches_polars(tmp_path: Path) -> None:
+    loop: list[Any] = [1, 2]
+    loop.append(loop)
+    path = write_dump(tmp_path / "0.pt", 0, [sample_dict(index=0, tokens=loop)])
+
+    message = malformed(path)
+    preview = "([1, 2, [1, 2, [1, 2, [...]]]])"
+    assert f"field tokens does not fit List(Int32) on sample 0 {preview}" in message
+    assert message.endswith("element 2 is the list itself (a cycle)")
+
+
+@pytest.mark.parametrize("field", ["index", "status", "response_length"])
+def test_a_nested_value_in_a_scalar_field_never_reaches_polars(tmp_path: Path, field: str) -> None:
+    nested: list[Any] = [1]
+    for _ in range(200):
+        nested = [nested]
+    path = write_dump(tmp_path / "0.pt", 0, [sample_dict(index=0), sample_dict(**{field: nested})])
+
+    message = malformed(path)
+    assert f"field {field} does not fit" in message
+    belongs = "a single value" if field == "status" else "a number"
+    assert message.endswith(f"on sample 1 ([[[[...]]]]): a list where {belongs} belongs")
+
+
+def test_a_structure_shared_to_expand_beyond_the_file_is_refused(tmp_path: Path) -> None:
+    shared: list[Any] = list(range(10))
+    for _ in range(64):  # 2**64 copies of ten numbers once written out as JSON
+        shared = [shared, shared]
+    path = write_dump(tmp_path / "0.pt", 0, [sample_dict(metadata={"x": shared})])
+
+    assert path.stat().st_size < 4000
+    assert "field metadata of sample 0 takes it beyond the 1,048,576 values" in malformed(path)
+
+
+def test_one_token_list_shared_by_every_sample_is_refused(tmp_path: Path) -> None:
+    tokens = [3] * 100_000
+    samples = [sample_dict(index=i, tokens=tokens) for i in range(64)]
+    path = write_dump(tmp_path / "0.pt", 0, samples)
+
+    assert "field tokens takes it beyond the 1,048,576 values" in malformed(path)
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (5, "(5): a int where a list of versions belongs"),
+        ([1, 2], "([1, 2]): version 1 is a int, not a string"),
+        ([[{"version": 3.0}]], "version 3.0 is a float, not a string"),
+    ],
+)
+def test_weight_versions_are_strings_never_converted(
+    tmp_path: Path, value: Any, reason: str
+) -> None:
+    samples = [
+        sample_dict(index=0, weight_versions=["1"]),
+        sample_dict(index=1, weight_versions=value),
+    ]
+    path = write_dump(tmp_path / "0.pt", 0, samples)
+
+    message = malformed(path)
+    assert "field weight_versions on sample 1 " in message
+    assert reason in message
+
+
+@pytest.mark.parametrize("value", [2, 1, 0, "true", 1.0])
+def test_remove_sample_is_a_bool_never_converted(tmp_path: Path, value: Any) -> None:
+    samples = [sample_dict(index=0), sample_dict(index=1, remove_sample=value)]
+    path = write_dump(tmp_path / "0.pt", 0, samples)
+
+    message = malformed(path)
+    assert f"field remove_sample does not fit Boolean on sample 1 ({value!r})" in message
+
+
+def test_a_bool_tensor_remove_sample_is_read(tmp_path: Path) -> None:
+    samples = [sample_dict(index=0, remove_sample=torch.tensor(True)), sample_dict(index=1)]
+    frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, samples))
+
+    assert frame["remove_sample"].to_list() == [True, False]
+
+
+def test_one_tensor_shared_by_every_sample_is_refused(tmp_path: Path) -> None:
+    tokens = torch.arange(100_000, dtype=torch.int64)  # stored once, referenced 64 times
+    samples = [sample_dict(index=i, tokens=tokens) for i in range(64)]
+    path = write_dump(tmp_path / "0.pt", 0, samples)
+
+    assert path.stat().st_size < 1_000_000
+    assert "field tokens takes it beyond the 3," in malformed(path)
+
+
+def test_a_tensor_shared_by_samples_within_the_bound_is_read(tmp_path: Path) -> None:
+    tokens = torch.arange(5, dtype=torch.int64)
+    samples = [sample_dict(index=i, tokens=tokens) for i in range(8)]
+    frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, samples))
+
+    assert frame["tokens"].to_list() == [[0, 1, 2, 3, 4]] * 8
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"reward": True}, "field reward does not fit Float64 on sample 1 (True): a bool where"),
+        (
+            {"tokens": [1, True]},
+            "(Int32) on sample 1 ([1, True]): element 1 is a bool, not a number",
+        ),
+        ({"rollout_log_probs": [np.bool_(True)]}, "element 0 is a bool, not a number"),
+    ],
+)
+def test_a_bool_where_a_number_belongs_is_refused(
+    tmp_path: Path, fields: dict[str, Any], reason: str
+) -> None:
+    path = write_dump(tmp_path / "0.pt", 0, [sample_dict(index=0), sample_dict(index=1, **fields)])
+
+    assert reason in malformed(path)
+
+
+def test_a_compressed_storage_is_never_inflated_past_the_file(tmp_path: Path) -> None:
+    numel = 6_250_000  # 50 MB of int64 zeros, a few dozen KB once deflated
+    stored = raw_dump(
+        tmp_path / "stored.pt", tensor_opcodes((numel,), (1,), numel), tokens=PLACEHOLDER
+    )
+    path = tmp_path / "0.pt"
+    with zipfile.ZipFile(stored) as source, zipfile.ZipFile(path, "w") as archive:
+        for name in source.namelist():
+            archive.writestr(name, source.read(name), zipfile.ZIP_DEFLATED)
+        archive.writestr("archive/data/0", bytes(8 * numel), zipfile.ZIP_DEFLATED)
+
+    assert path.stat().st_size < 200_000
+    assert "archive member archive/data/0 unpacks to 50,000,000 bytes, more than the" in (
+        malformed(path)
+    )
+
+
+def test_a_dump_of_large_bfloat16_tensors_is_read(tmp_path: Path) -> None:
+    # The costliest real case: read, widened to float32 and copied, 5 bytes per byte of file.
+    log_probs = torch.linspace(-1, 0, 1_000_000, dtype=torch.bfloat16)
+    tokens = torch.zeros(1_000_000, dtype=torch.int32)
+    sample = sample_dict(tokens=tokens, response_length=1_000_000, rollout_log_probs=log_probs)
+    path = write_dump(tmp_path / "0.pt", 0, [sample])
+
+    frame = read_miles_dump(path)
+
+    assert path.stat().st_size > 6_000_000
+    assert frame["rollout_log_probs"].to_list()[0] == log_probs.float().tolist()

@@ -16,7 +16,7 @@ import pytest
 
 from pipeline import columns as c
 from pipeline.cli import main
-from pipeline.parity import compare_frames
+from pipeline.parity.compare import compare_frames
 from tests.conftest import REPO, build, sample, write_step
 
 SETTINGS = {"global_batch_size": 4, "dp_size": 2, "rewards_normalization": False}
@@ -328,3 +328,97 @@ def test_matches_a_naive_comparison() -> None:
         left_keys, right_keys = {r["k"] for r in left}, {r["k"] for r in right}
         assert one_sided["only_left"] == len(left_keys - right_keys)
         assert one_sided["only_right"] == len(right_keys - left_keys)
+
+
+# --- stray names and manifests: one line, never a traceback (issue 31 item 8) -------
+
+
+def run_parity(*args: str | Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    status = main(["parity", *map(str, args)])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("rank=0 (copy).parquet", "not a shard name"),
+        ("rank=01.parquet", "not a shard name"),
+        ("rank=3000000000.parquet", "a rank beyond int32"),
+    ],
+)
+def test_a_file_named_like_a_shard_but_not_one_is_one_line(
+    builds: tuple[Path, Path], capsys: pytest.CaptureFixture[str], name: str, why: str
+) -> None:
+    left, right = builds
+    stray = right / "step=1" / name
+    stray.write_bytes((right / "step=1" / "rank=0.parquet").read_bytes())
+
+    status, out, err = run_parity(left, right, capsys=capsys)
+
+    assert status == 1
+    assert out == ""
+    assert err == (
+        f"rollout-shards: parity: step 1: {stray}: rule unexpected_shard: {why}: a build "
+        "writes rank=<K>.parquet with K from 0 to 2147483647; move the file out of the step "
+        "folder to compare the build\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("step", "shown"),
+    [("1e400", "inf"), ("1.0", "1.0"), ('"1"', '"1"'), ("9" * 30, "9" * 30), ("true", "True")],
+)
+def test_a_manifest_step_that_is_not_an_int64_is_one_line(
+    builds: tuple[Path, Path], capsys: pytest.CaptureFixture[str], step: str, shown: str
+) -> None:
+    left, right = builds
+    manifest = right / "step=1" / "manifest.json"
+    text = manifest.read_text()
+    assert text.count('"step": 1,') == 1
+    manifest.write_text(text.replace('"step": 1,', f'"step": {step},'))
+
+    status, out, err = run_parity(left, right, capsys=capsys)
+
+    assert status == 1
+    assert out == ""
+    assert err == (
+        f"rollout-shards: parity: {manifest}: rule unreadable_file: not a step manifest: its "
+        f"step {shown} is not an int64 step number\n"
+    )
+
+
+def test_a_manifest_that_is_not_json_is_one_line(
+    builds: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    left, right = builds
+    manifest = right / "step=1" / "manifest.json"
+    manifest.write_bytes(b"\xff\xfe not json")
+
+    status, _, err = run_parity(left, right, capsys=capsys)
+
+    assert status == 1
+    assert err.count("\n") == 1
+    assert err.startswith(f"rollout-shards: parity: {manifest}: rule unreadable_file: ")
+    assert "not a step manifest (UnicodeDecodeError" in err
+
+
+def test_json_report_is_strict_json_with_non_finite_values_as_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    left, right = rows(), rows()
+    left[2]["reward"] = float("nan")
+    right[2]["reward"] = float("inf")
+    write_step(tmp_path / "left", left)
+    write_step(tmp_path / "right", right)
+
+    status = main(["parity", str(tmp_path / "left"), str(tmp_path / "right"), "--format", "json"])
+    out = capsys.readouterr().out
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"bare {constant} in the JSON output")
+
+    report = json.loads(out, parse_constant=refuse)
+    assert status == 1
+    (reward,) = [column for column in report["columns"] if column["column"] == "reward"]
+    assert (reward["examples"][0]["left"], reward["examples"][0]["right"]) == ("nan", "inf")

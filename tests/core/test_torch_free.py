@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from pipeline.errors import StepError
-from pipeline.io.miles_dump import _load_payload, read_miles_dump
+from pipeline.io.dump_pickle import load_payload as _load_payload
+from pipeline.io.miles_dump import read_miles_dump
 from tests.core.test_cli import REPO, digests
 from tests.core.test_miles_dump import sample_dict, write_dump
 

@@ -36,3 +36,19 @@ def test_batches_pad_ragged_rows_in_training_order(tmp_path: Path) -> None:
     ]
     assert first["rewards"].dtype == torch.float32
     assert first["response_lengths"].tolist() == [1, 3, 5]
+
+
+def test_untrained_rows_are_skipped(tmp_path: Path) -> None:
+    # 11 rows, trim off, G 4, dp 1: steps 0 and 1 train rows 0-7, rows 8-10 never train
+    rows = [sample(i, response_length=1 + i % 3, reward=float(i)) for i in range(11)]
+    write_step(tmp_path / "in", rows)
+    build(
+        tmp_path / "in",
+        tmp_path / "out",
+        global_batch_size=4,
+        disable_rollout_trim_samples=True,
+    )
+    batches = list(example.rank_loader(tmp_path / "out" / "step=1", rank=0, batch_size=4))
+    assert [b["train_step"].tolist() for b in batches] == [[0] * 4, [1] * 4]
+    lengths = [b["response_lengths"].tolist() for b in batches]
+    assert lengths == [[1 + i % 3 for i in range(4)], [1 + i % 3 for i in range(4, 8)]]

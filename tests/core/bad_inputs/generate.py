@@ -1961,6 +1961,169 @@ def round_three_cases() -> list[Case]:
     ]
 
 
+# --- miles dumps that would exhaust memory or crash (issue 31 item 5) --------------
+
+DUMP_FILE = f"rollout_data/{STEP}.pt"
+DUMP_PLACEHOLDER = "RAW-PICKLE-OPCODES"
+
+
+def _pickled_text(value: str) -> bytes:
+    data = value.encode()
+    return b"X" + len(data).to_bytes(4, "little") + data
+
+
+def _pickled_int(value: int) -> bytes:
+    return b"\x8a\x08" + value.to_bytes(8, "little", signed=True)  # LONG1
+
+
+def _pickled_tuple(values: tuple[int, ...]) -> bytes:
+    return b"(" + b"".join(map(_pickled_int, values)) + b"t"
+
+
+def spliced_dump(samples: list[Row], opcodes: bytes, storages: dict[str, bytes]) -> bytes:
+    """`miles_dump(samples)` with the one value DUMP_PLACEHOLDER replaced by what the
+    pickle `opcodes` build: written by hand, as a hostile file would be."""
+    data = miles_dump(samples)
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        pickled = archive.read("archive/data.pkl")
+    assert pickled.count(_pickled_text(DUMP_PLACEHOLDER)) == 1
+    pickled = pickled.replace(_pickled_text(DUMP_PLACEHOLDER), opcodes)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        entries = [
+            ("archive/data.pkl", pickled),
+            ("archive/byteorder", b"little"),
+            ("archive/version", b"3\n"),
+            *((f"archive/data/{key}", value) for key, value in storages.items()),
+        ]
+        for name, entry in entries:
+            archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), entry)
+    return buffer.getvalue()
+
+
+def dump_with(position: int, **fields: Any) -> list[Row]:
+    """The valid step's samples with `fields` replaced on sample `position`."""
+    samples = [miles_sample(i) for i in range(8)]
+    samples[position].update(fields)
+    return samples
+
+
+def dump_case(name: str, what: str, data: bytes, text: str, rule: str = "malformed_dump") -> Case:
+    return Case(name, what, {DUMP_FILE: data}, 1, [error(rule, [], [DUMP_FILE], text)])
+
+
+def dump_bound_cases() -> list[Case]:
+    """What a dump may make the reader build is bounded by its own size; cycles, nesting
+    and values of the wrong type are one malformed_dump line each, never a crash."""
+    array = _pickled_tuple((400_000_000,)) + _pickled_text("f8") + b"tR"
+    reconstruct = b"cnumpy._core.multiarray\n_reconstruct\n(cnumpy\nndarray\n" + array
+    ndarray = b"cnumpy\nndarray\n(" + array
+    storage = b"(" + _pickled_text("storage") + b"ctorch\nLongStorage\n"
+    storage += _pickled_text("0") + _pickled_text("cpu") + _pickled_int(1) + b"tQ"
+    zero_stride = (
+        b"ctorch._utils\n_rebuild_tensor_v2\n("
+        + storage
+        + _pickled_int(0)
+        + _pickled_tuple((400_000_000,))
+        + _pickled_tuple((0,))
+        + b"\x89ccollections\nOrderedDict\n)RtR"
+    )
+    beyond = "takes it beyond the 1,048,576 bytes of arrays a dump of"
+    loop: dict[str, Any] = {"source": "gsm8k"}
+    loop["self"] = loop
+    tokens: list[Any] = [11, 12, 13, 14, 15]
+    tokens.append(tokens)
+    shared: list[Any] = list(range(10))
+    for _ in range(64):
+        shared = [shared, shared]
+    depth = 100_000
+    nested = b"]" * depth + b"a" * (depth - 1)
+    placeholder = {"metadata": {"x": DUMP_PLACEHOLDER}}
+    return [
+        dump_case(
+            "dump_array_beyond_its_size",
+            "a 1 KB dump whose pickle asks numpy's _reconstruct for 4e8 float64 (3.2 GB)",
+            spliced_dump(dump_with(3, **placeholder), reconstruct, {}),
+            f"an array of shape (400000000,) {beyond}",
+        ),
+        dump_case(
+            "dump_ndarray_called_beyond_its_size",
+            "a dump whose pickle calls numpy.ndarray((400000000,), 'f8')",
+            spliced_dump(dump_with(3, **placeholder), ndarray, {}),
+            f"an array of shape (400000000,) {beyond}",
+        ),
+        dump_case(
+            "dump_zero_stride_tensor",
+            "a tensor of 4e8 elements with stride 0 over a one-element storage",
+            spliced_dump(
+                dump_with(3, tokens=DUMP_PLACEHOLDER), zero_stride, {"0": (7).to_bytes(8, "little")}
+            ),
+            f"a tensor of shape (400000000,) {beyond}",
+        ),
+        dump_case(
+            "dump_declared_length_beyond_memory",
+            "a BINBYTES8 opcode declaring 2**62 bytes",
+            spliced_dump(dump_with(3, **placeholder), b"\x8e" + (2**62).to_bytes(8, "little"), {}),
+            "asks for more memory than a dump of",
+        ),
+        dump_case(
+            "dump_bytearray_of_a_size",
+            "a pickle calling bytearray(4000000000)",
+            spliced_dump(
+                dump_with(3, **placeholder),
+                b"c__builtin__\nbytearray\n(" + _pickled_int(4_000_000_000) + b"tR",
+                {},
+            ),
+            "refused to unpickle: it needs bytearray of int",
+            rule="unsafe_pickle",
+        ),
+        dump_case(
+            "dump_self_referencing_metadata",
+            "sample 3's metadata holds itself (json said: Circular reference detected)",
+            miles_dump(dump_with(3, metadata=loop)),
+            "field metadata on sample 3 ({'self': {'self': {'self': {...}, 'source': 'gsm8k'}, "
+            "'source': 'gsm8k'}, 'so...): refers to itself (a cycle)",
+        ),
+        dump_case(
+            "dump_self_containing_tokens",
+            "sample 3's tokens list holds itself (Polars recursed into it and crashed)",
+            miles_dump(dump_with(3, tokens=tokens)),
+            "field tokens does not fit List(Int32) on sample 3 ([11, 12, 13, 14, 15, [11, 12, "
+            "13, 14, 15, [11, 12, 13, 14, 15, [...]]]]): element 5 is the list itself (a cycle)",
+        ),
+        dump_case(
+            "dump_deeply_nested_metadata",
+            "sample 3's metadata nested 100,000 lists deep",
+            spliced_dump(dump_with(3, **placeholder), nested, {}),
+            "field metadata on sample 3 ({'x': [[[...]]]}): is not JSON text (RecursionError",
+        ),
+        dump_case(
+            "dump_shared_structure_expanding",
+            "sample 0's metadata: 64 levels of pairs of one list, 2**64 copies as JSON",
+            miles_dump(dump_with(0, metadata={"x": shared})),
+            "field metadata of sample 0 takes it beyond the 1,048,576 values a dump of",
+        ),
+        dump_case(
+            "dump_numeric_weight_versions",
+            "weight_versions 5 on sample 2 (a TypeError before)",
+            miles_dump(dump_with(2, weight_versions=5)),
+            "field weight_versions on sample 2 (5): a int where a list of versions belongs",
+        ),
+        dump_case(
+            "dump_weight_versions_of_numbers",
+            "weight_versions [1, 2] on sample 2 (read as the strings '1', '2' before)",
+            miles_dump(dump_with(2, weight_versions=[1, 2])),
+            "field weight_versions on sample 2 ([1, 2]): version 1 is a int, not a string",
+        ),
+        dump_case(
+            "dump_remove_sample_two",
+            "remove_sample 2 on sample 4 (read as true before)",
+            miles_dump(dump_with(4, remove_sample=2)),
+            "field remove_sample does not fit Boolean on sample 4 (2): TypeError",
+        ),
+    ]
+
+
 def cases() -> list[Case]:
     return [
         *column_cases(),
@@ -1971,6 +2134,7 @@ def cases() -> list[Case]:
         *round_two_cases(),
         *yaml_config_cases(),
         *round_three_cases(),
+        *dump_bound_cases(),
     ]
 
 

@@ -1,0 +1,481 @@
+"""miles' own trainer code on CPU, as a test fixture: its source, its modules imported with
+the third-party packages it needs stubbed, and its rollout-side conversion run on rows.
+
+Nothing of miles is in this repository. Its source comes from, in order: `MILES_SOURCE`
+(a folder holding `miles/`, or a git directory whose HEAD is used), else the mirror that
+the `fetch` tool leaves at `/work/.mirror/radixark+miles/repo` (miles HEAD); the release
+on PyPI (`miles-rl`, an older miles whose `process_rollout_data` returns the rank dict)
+comes from `pip download`.
+
+Imports made by miles' own modules resolve to real packages for the standard library,
+torch, numpy and miles itself, and to permissive stand-ins for everything else (Ray,
+Megatron, SGLang, transformers, ...), whose attributes are classes that can be called,
+subclassed, used as decorators (returning what they decorate) or looked into further.
+CUDA calls are pointed at the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import importlib
+import importlib.abc
+import importlib.machinery
+import inspect
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import types
+import zipfile
+from argparse import Namespace
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+MIRROR = Path("/work/.mirror/radixark+miles/repo")
+SOURCE_ENV = "MILES_SOURCE"
+RELEASE = "miles-rl==0.0.2"
+REAL = {"miles", "torch", "numpy", "typing_extensions", "pyarrow", "rollout_shards_loader"}
+
+
+def head_source(cache: Path) -> Path:
+    """A folder holding miles HEAD's `miles/` package."""
+    given = os.environ.get(SOURCE_ENV)
+    origin = Path(given) if given else MIRROR
+    if (origin / "miles" / "__init__.py").is_file():
+        return origin
+    if not (origin / "HEAD").is_file():
+        raise FileNotFoundError(
+            f"no miles source: set {SOURCE_ENV} to a checkout of radixark/miles (or its git "
+            f"directory); {origin} holds neither"
+        )
+    out = cache / "miles-head"
+    if not (out / "miles" / "__init__.py").is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", f"--git-dir={origin}", "archive", "HEAD", "miles"],
+            check=True,
+            capture_output=True,
+        ).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(out, filter="data")
+    return out
+
+
+def release_source(cache: Path) -> Path:
+    """A folder holding the `miles/` package of the PyPI release (`pip download`)."""
+    out = cache / "miles-release"
+    if (out / "miles" / "__init__.py").is_file():
+        return out
+    wheels = cache / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", RELEASE, "-d", str(wheels)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = wheels.glob("miles_rl-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(out, [n for n in archive.namelist() if n.startswith("miles/")])
+    return out
+
+
+# --- stand-ins for third-party packages ------------------------------------------------
+
+
+def _decorated(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return (
+        len(args) == 1 and not kwargs and (inspect.isfunction(args[0]) or inspect.isclass(args[0]))
+    )
+
+
+class _StubMeta(type):
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return stub_class(f"{cls.__name__}.{name}")
+
+    def __getitem__(cls, item: Any) -> Any:
+        return cls
+
+    def __iter__(cls) -> Iterator[Any]:
+        return iter(())
+
+    def __or__(cls, other: Any) -> Any:
+        return cls
+
+    def __ror__(cls, other: Any) -> Any:
+        return cls
+
+
+class _Stub(metaclass=_StubMeta):
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # a decorator (`@ray.remote`, `@torch_memory_saver.x`): hand back what it decorates
+        if _decorated(args, kwargs):
+            return args[0]
+        return super().__new__(cls)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return stub_class(f"{type(self).__name__}.{name}")()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _decorated(args, kwargs):
+            return args[0]
+        return type(self)()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+
+def stub_class(name: str) -> type:
+    return _StubMeta(name, (_Stub,), {})
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        value = stub_class(f"{self.__name__}.{name}")
+        setattr(self, name, value)
+        return value
+
+
+class _StubLoader(importlib.abc.Loader):
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = _StubModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+def _imported_by_miles() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not name.startswith(("importlib", "_frozen_importlib")) and name != __name__:
+            return (
+                name == "miles"
+                or name.startswith("miles.")
+                or isinstance(sys.modules.get(name), _StubModule)
+            )
+        frame = frame.f_back
+    return False
+
+
+class _StubFinder(importlib.abc.MetaPathFinder):
+    """Stands in for every non-standard package that miles' modules import."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
+        top = fullname.partition(".")[0]
+        if top in REAL or top in sys.stdlib_module_names:
+            return None
+        parent = sys.modules.get(fullname.rpartition(".")[0])
+        if not (isinstance(parent, _StubModule) or _imported_by_miles()):
+            return None
+        self.names.add(fullname)
+        return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
+
+
+def _no_compile(model: Any = None, **options: Any) -> Any:
+    return model if model is not None else (lambda function: function)
+
+
+@contextlib.contextmanager
+def miles_modules(source: Path) -> Iterator[types.SimpleNamespace]:
+    """miles' trainer-side modules from `source`, imported with stand-ins; everything
+    imported (and CUDA pointed at the CPU) is undone on exit."""
+    import torch
+
+    before = set(sys.modules)
+    finder = _StubFinder()
+    sys.meta_path.insert(0, finder)
+    sys.path.insert(0, str(source))
+    saved = (torch.cuda.current_device, torch.Tensor.cuda, torch.cuda.synchronize, torch.compile)
+    # miles compiles a few kernels when imported; compiling is no part of the data path
+    torch.compile = _no_compile  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
+    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    try:
+        names = {
+            "actor": "miles.backends.megatron_utils.actor",
+            "data": "miles.backends.training_utils.data",
+            "utils_data": "miles.utils.data",
+            "types": "miles.utils.types",
+        }
+        optional = {
+            "conversion": "miles.ray.rollout.train_data_conversion",
+            "postprocess": "miles.ray.rollout.rollout_data_conversion",
+            "object_store": "miles.utils.object_store",
+            "loss": "miles.backends.training_utils.loss",
+        }
+        loaded = {key: importlib.import_module(name) for key, name in names.items()}
+        for key, name in optional.items():
+            if (source / Path(*name.split("."))).with_suffix(".py").is_file():
+                loaded[key] = importlib.import_module(name)
+        yield types.SimpleNamespace(**loaded)
+    finally:
+        torch.cuda.current_device, torch.Tensor.cuda, torch.cuda.synchronize, torch.compile = saved
+        sys.meta_path.remove(finder)
+        sys.path.remove(str(source))
+        for name in set(sys.modules) - before:
+            del sys.modules[name]
+
+
+# --- miles' own path: rows -> Samples -> the rollout side's shards -> the trainer -------
+
+
+class Args(Namespace):
+    """miles' parsed arguments: the values given, None for every other flag (an unset
+    optional flag), as the code paths exercised here read them."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
+TRAINER_ARGS: dict[str, Any] = {
+    "qkv_format": "thd",
+    "debug_rollout_only": True,
+    "offload_train": False,
+    "enable_witness": False,
+    "delay_split_train_data_by_dp": False,
+    "kl_coef": 0.0,
+    "use_kl_loss": False,
+    "use_rollout_logprobs": False,
+    "normalize_advantages": False,
+    "use_opd": False,
+    "skip_actor_forward_only": False,
+    "compress_ratios": None,
+    "data_pad_size_multiplier": 1,
+    "gamma": 1.0,
+    "lambd": 1.0,
+    "multi_lora": False,
+}
+
+
+def miles_args(settings: dict[str, Any], **overrides: Any) -> Args:
+    """The project's settings (every field, as `load_settings` fills them) as miles' args;
+    an unset fan-out matches no batch size (miles then takes one reward group)."""
+    values = {**TRAINER_ARGS, **settings, **overrides}
+    values["n_samples_per_prompt"] = settings.get("n_samples_per_prompt") or 1
+    values["rollout_batch_size"] = settings.get("rollout_batch_size") or 0
+    values["micro_batch_size"] = settings.get("micro_batch_size") or 1  # miles' default
+    return Args(**values)
+
+
+def train_parallel_config(settings: dict[str, Any]) -> dict[str, Any]:
+    """What the trainer advertises to the rollout side; the schedule keys only when the
+    step is scheduled there (the project's `cp_size` set)."""
+    config: dict[str, Any] = {"dp_size": settings["dp_size"]}
+    if settings.get("cp_size") is not None:
+        config["cp_size"] = settings["cp_size"]
+        config["vpp_size"] = settings.get("vpp_size")
+        config["microbatch_group_size_per_vp_stage"] = settings.get(
+            "microbatch_group_size_per_vp_stage"
+        )
+    return config
+
+
+def samples(m: types.SimpleNamespace, rows: list[dict[str, Any]]) -> list[Any]:
+    """Input rows as miles' `Sample`s, each field where miles keeps it."""
+    sample_type = m.types.Sample
+    out = []
+    for row in rows:
+        metadata = {}
+        if row.get("raw_reward") is not None:
+            metadata["raw_reward"] = row["raw_reward"]
+        if row.get("round_number") is not None:
+            metadata["round_number"] = row["round_number"]
+        train_metadata = row.get("train_metadata")
+        out.append(
+            sample_type(
+                group_index=row.get("group_index"),
+                index=row.get("index"),
+                rollout_id=row.get("rollout_id"),
+                tokens=list(row["tokens"]),
+                response_length=row["response_length"],
+                reward=_float_reward(row["reward"]),
+                loss_mask=None if row.get("loss_mask") is None else list(row["loss_mask"]),
+                weight_versions=list(row.get("weight_versions") or []),
+                rollout_log_probs=row.get("rollout_log_probs"),
+                teacher_log_probs=row.get("teacher_log_probs"),
+                remove_sample=bool(row.get("remove_sample") or False),
+                status=sample_type.Status(row["status"]),
+                metadata=metadata,
+                train_metadata=None if train_metadata is None else json.loads(train_metadata),
+            )
+        )
+    return out
+
+
+def _float_reward(reward: Any) -> Any:
+    """The contract's reward is float64 (or a struct of float64): an int written by a test
+    builder reaches the shards as that float, and reaches miles as one too."""
+    if isinstance(reward, dict):
+        return {k: _float_reward(v) for k, v in reward.items()}
+    return float(reward) if isinstance(reward, int) else reward
+
+
+def memory_store(m: types.SimpleNamespace) -> Any:
+    """miles' object store interface over a dict; `get` hands out a deep copy, as
+    `ray.get` hands out a deserialized one."""
+    base = m.object_store.BaseObjectStore
+
+    class MemoryStore(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            self.values: dict[int, Any] = {}
+
+        def put(self, value: Any, value_spec: Any = None) -> Any:
+            key = len(self.values)
+            self.values[key] = copy.deepcopy(value)
+            return m.object_store.Box(key)
+
+        def get(self, ref: Any) -> Any:
+            value = copy.deepcopy(self.values[ref.inner])
+            return m.object_store.ObjectStoreGetResult(value=value, release_fn=lambda v: None)
+
+        def remove(self, ref: Any) -> None:
+            self.values.pop(ref.inner, None)
+
+    return MemoryStore()
+
+
+def rollout_side(
+    m: types.SimpleNamespace, args: Args, rows: list[dict[str, Any]], config: dict[str, Any]
+) -> Any:
+    """miles' rollout manager from samples to the per-rank refs `train()` receives:
+    `postprocess_rollout_data`, `convert_samples_to_train_data`, `split_train_data_by_dp`."""
+    m.object_store._INSTANCE = memory_store(m)
+    if not any(isinstance(row["reward"], dict) for row in rows):
+        # the project reads `reward_key` in struct rewards only; miles would index a float
+        args = Args(**{**vars(args), "reward_key": None})
+    data, metadata = m.postprocess.postprocess_rollout_data(args, samples(m, rows), config)
+    train_data = m.conversion.convert_samples_to_train_data(
+        args,
+        data,
+        metadata=metadata,
+        custom_convert_samples_to_train_data_func=None,
+        custom_reward_post_process_func=None,
+    )
+    return m.conversion.split_train_data_by_dp(args, train_data, config)
+
+
+def set_rank(m: types.SimpleNamespace, rank: int, settings: dict[str, Any]) -> None:
+    """miles' parallel state for data-parallel rank `rank` (no process groups: one
+    process plays each rank in turn)."""
+    parallel = sys.modules["miles.backends.training_utils.parallel"]
+    info = getattr(parallel, "GroupInfo", None)
+    if info is None:
+        info = sys.modules["miles.utils.ft_utils.process_group_utils"].GroupInfo
+    dp = settings["dp_size"]
+    one = info(rank=0, size=1, group=None)
+    cp = settings.get("cp_size") or 1
+    values = {
+        "intra_dp": info(rank=rank, size=dp, group=None),
+        "intra_dp_cp": info(rank=rank, size=dp * cp, group=None),
+        "cp": info(rank=0, size=cp, group=None),
+        "tp": one,
+        "pp": one,
+        "ep": one,
+        "etp": one,
+        "indep_dp": one,
+        "vpp_size": settings.get("vpp_size") or 1,
+        "microbatch_group_size_per_vp_stage": settings.get("microbatch_group_size_per_vp_stage"),
+    }
+    fields = {f.name for f in dataclasses.fields(parallel.ParallelState)}
+    parallel.set_parallel_state(
+        parallel.ParallelState(**{k: v for k, v in values.items() if k in fields})
+    )
+
+
+def trainer(m: types.SimpleNamespace, args: Args) -> tuple[Any, list[dict[str, Any]]]:
+    """A `MegatronTrainRayActor` as `init()` leaves it for `--debug-rollout-only`, and the
+    list its `train()` appends each rollout dict to (where it logs it)."""
+    actor = object.__new__(m.actor.MegatronTrainRayActor)
+    actor.args = args
+    actor.role = "actor"
+    actor._asleep = False
+    actor._heartbeat = types.SimpleNamespace(bump=lambda: None)
+    seen: list[dict[str, Any]] = []
+    m.actor.log_rollout_data = lambda rollout_id, args, rollout_data: seen.append(rollout_data)
+    return actor, seen
+
+
+def micro_batches(
+    m: types.SimpleNamespace, args: Args, rollout_data: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """What the trainer computes from a rank's dict: advantages and returns (miles'
+    `compute_advantages_and_returns`, with per-token log probs and values made from the
+    tokens in place of a model's forward pass), then every micro-batch `get_batch` builds
+    from `get_data_iterator`'s schedule."""
+    import torch
+
+    data = dict(rollout_data)
+    data["log_probs"] = [
+        -0.001 * t[-r:].to(torch.float32) if r else torch.zeros(0)
+        for t, r in zip(data["tokens"], data["response_lengths"], strict=True)
+    ]
+    data["values"] = [x * 0.5 for x in data["log_probs"]]
+    m.loss.compute_advantages_and_returns(args, data)
+    iterators, num_microbatches = m.data.get_data_iterator(args, None, data)
+    keys = [
+        k
+        for k in (
+            "tokens",
+            "loss_masks",
+            "total_lengths",
+            "response_lengths",
+            "rewards",
+            "advantages",
+            "returns",
+            "rollout_log_probs",
+            "rollout_mask_sums",
+            "rollout_ids",
+            "sample_indices",
+        )
+        if k in data
+    ]
+    out: list[dict[str, Any]] = [{"num_microbatches": list(num_microbatches)}]
+    for _ in range(sum(num_microbatches)):
+        out.append(m.data.get_batch(iterators[0], keys, pad_multiplier=128, qkv_format="thd"))
+    return out
+
+
+def comparable(value: Any) -> Any:
+    """A value with tensors as (dtype, shape, values), floats by their bits, types kept."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), tuple(value.shape), comparable(value.tolist()))
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, float):
+        return ("float", value.hex())
+    if isinstance(value, int):
+        return ("int", value)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [comparable(v) for v in value])
+    if isinstance(value, dict):
+        return ("dict", [(k, comparable(v)) for k, v in value.items()])
+    return (type(value).__name__, repr(value))

@@ -1,0 +1,217 @@
+"""rollout_shards_loader.miles against miles' own code (tests/loader/miles_support.py):
+miles HEAD's rollout side turns the rows into per-rank refs, its `MegatronTrainRayActor.train()`
+(with `--debug-rollout-only`) takes them, and the same `train()` with the hook installed
+reads the built step folder instead. The dicts `train()` holds, and everything the trainer
+derives from them (advantages and returns, `get_data_iterator`'s schedule, every
+micro-batch `get_batch` builds), must be the same, tensors and floats bit for bit."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rollout_shards_loader import miles as hook
+from rollout_shards_loader import read_rank
+
+from pipeline.settings import load_settings
+from tests.conftest import REPO, build, sample, write_step
+from tests.loader import miles_support as ms
+from tests.loader.test_read_rank import WORKED, _read_rows, _rows_with_extras
+
+
+@pytest.fixture(scope="module")
+def miles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    source = ms.head_source(tmp_path_factory.mktemp("miles"))
+    with ms.miles_modules(source) as modules:
+        yield modules
+
+
+@pytest.fixture(autouse=True)
+def no_hook() -> Iterator[None]:
+    yield
+    hook.uninstall()
+
+
+def _scheduled_rows() -> list[dict[str, Any]]:
+    ids = [0, 0, 1, 1, 2, 2, 4, 3, 3, 4]
+    return [
+        sample(
+            rid,
+            ids[:position].count(rid),
+            session_version="v2",
+            rollout_id=rid,
+            reward=float(rid),
+            response_length=1 + position % 3,
+        )
+        for position, rid in enumerate(ids)
+    ]
+
+
+CASES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
+    **WORKED,
+    "balanced": (
+        [sample(i, response_length=n, reward=float(n)) for i, n in enumerate([9, 1, 8, 2, 7, 3])]
+        + [sample(6, response_length=6, reward=6.0), sample(7, response_length=4, reward=4.0)],
+        {"global_batch_size": 4, "dp_size": 2, "balance_data": True},
+    ),
+    "scheduled_dynamic_micro_batches": (
+        _scheduled_rows(),
+        {
+            "global_batch_size": 2,
+            "dp_size": 2,
+            "cp_size": 1,
+            "use_dynamic_batch_size": True,
+            "max_tokens_per_gpu": 8,
+        },
+    ),
+    "scheduled_static_balanced": (
+        _scheduled_rows(),
+        {
+            "global_batch_size": 2,
+            "dp_size": 2,
+            "cp_size": 1,
+            "micro_batch_size": 1,
+            "balance_data": True,
+        },
+    ),
+    "trainer_dynamic_micro_batches": (
+        [sample(i, response_length=1 + i % 4, reward=float(i % 2)) for i in range(8)],
+        {
+            "global_batch_size": 4,
+            "dp_size": 2,
+            "use_dynamic_batch_size": True,
+            "max_tokens_per_gpu": 9,
+        },
+    ),
+    "two_steps_per_rank_extras": (
+        _rows_with_extras(16),
+        {"global_batch_size": 4, "dp_size": 2, "micro_batch_size": 2},
+    ),
+}
+
+
+def _embedded_cases() -> dict[str, tuple[Path, dict[str, Any]]]:
+    data = REPO / "data" / "rollouts"
+    return {
+        source.name: (source, {"global_batch_size": 8, "dp_size": 2, "reward_key": "score"})
+        for source in sorted(data.iterdir())
+        if source.name.startswith("step=")
+    }
+
+
+def _both_paths(
+    miles: Any, rows: list[dict[str, Any]], chosen: dict[str, Any], out: Path, rollout_id: int
+) -> None:
+    settings = dataclasses.asdict(load_settings(**chosen))
+    args = ms.miles_args(settings)
+    refs = ms.rollout_side(miles, args, rows, ms.train_parallel_config(settings))
+    actor, seen = ms.trainer(miles, args)
+    dp = settings["dp_size"]
+    for rank in range(dp):  # miles' own path: train() on the rollout side's refs
+        ms.set_rank(miles, rank, settings)
+        actor.train(rollout_id, refs)
+    hook.install(out)
+    for rank in range(dp):  # the hook: the same train() reads the step folder
+        ms.set_rank(miles, rank, settings)
+        actor.train(rollout_id, refs)
+    assert len(seen) == 2 * dp
+    for rank in range(dp):
+        own, shards = seen[rank], seen[dp + rank]
+        assert list(shards) == list(own)
+        for key in own:
+            assert ms.comparable(shards[key]) == ms.comparable(own[key]), (rank, key)
+        ms.set_rank(miles, rank, settings)
+        own_batches = ms.micro_batches(miles, args, own)
+        shard_batches = ms.micro_batches(miles, args, shards)
+        assert len(own_batches) > 1  # at least one micro-batch trained
+        assert ms.comparable(shard_batches) == ms.comparable(own_batches), rank
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hook_feeds_train_what_miles_own_conversion_does(
+    miles: Any, case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows, chosen = CASES[case]
+    monkeypatch.setattr(miles.data, "GeneralPGUtil", _NoAllReduce)
+    write_step(tmp_path / "in", rows, step=3)
+    build(tmp_path / "in", tmp_path / "out", **chosen)
+    _both_paths(miles, rows, chosen, tmp_path / "out", rollout_id=3)
+
+
+@pytest.mark.parametrize("name", sorted(_embedded_cases()))
+def test_embedded_data_steps(miles: Any, name: str, tmp_path: Path) -> None:
+    source, chosen = _embedded_cases()[name]
+    step = int(name.split("=")[1].split(".")[0])
+    (tmp_path / "in").mkdir()
+    (shutil.copytree if source.is_dir() else shutil.copy)(source, tmp_path / "in" / source.name)
+    build(tmp_path / "in", tmp_path / "out", **chosen)
+    _both_paths(miles, _read_rows(source), chosen, tmp_path / "out", rollout_id=step)
+
+
+class _NoAllReduce:
+    """One process plays every rank, so the DP-wide max of the micro-batch counts is each
+    rank's own (the same on both paths)."""
+
+    @staticmethod
+    def create(group: Any) -> Any:
+        return _NoAllReduce()
+
+    def all_reduce(self, tensor: Any, group: Any, op: Any = None) -> None:
+        return None
+
+
+def test_head_gets_the_pair_and_enters_its_handle(miles: Any, tmp_path: Path) -> None:
+    write_step(tmp_path / "in", [sample(i, reward=float(i)) for i in range(4)])
+    build(tmp_path / "in", tmp_path / "out", global_batch_size=2, dp_size=2)
+    hook.install(tmp_path / "out")
+    token = hook._ROLLOUT_ID.set(1)
+    try:
+        data, handle = miles.data.process_rollout_data(
+            ms.Args(global_batch_size=2), None, 1, 2, witness_info=None
+        )
+    finally:
+        hook._ROLLOUT_ID.reset(token)
+    assert isinstance(handle, miles.object_store.ObjectStoreGetResult)
+    with handle as value:
+        assert value is data
+    assert data == read_rank(tmp_path / "out" / "step=1", 1)
+
+
+def test_install_after_ray_took_train_raises_at_the_first_train(miles: Any, tmp_path: Path) -> None:
+    """Ray keeps the method it found when it loaded the class: one taken before `install`
+    must not train on the rollout side's batch."""
+    rows = [sample(i, reward=float(i)) for i in range(4)]
+    write_step(tmp_path / "in", rows)
+    build(tmp_path / "in", tmp_path / "out", global_batch_size=2, dp_size=2)
+    settings = dataclasses.asdict(load_settings(global_batch_size=2, dp_size=2))
+    args = ms.miles_args(settings)
+    refs = ms.rollout_side(miles, args, rows, ms.train_parallel_config(settings))
+    taken_by_ray = miles.actor.MegatronTrainRayActor.train
+    hook.install(tmp_path / "out")
+    actor, seen = ms.trainer(miles, args)
+    ms.set_rank(miles, 0, settings)
+    with pytest.raises(hook.LateInstallError, match="worker_process_setup_hook"):
+        taken_by_ray(actor, 1, refs)
+    assert seen == []
+    actor.train(1, refs)  # the class's own, wrapped, reads the step
+    assert seen[0]["sample_indices"] == [0, 2]
+
+
+def test_runtime_env_runs_the_setup_hook(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    env = hook.runtime_env(tmp_path, {"env_vars": {"A": "1"}})
+    assert env == {
+        "env_vars": {"A": "1", hook.ROOT_ENV: str(tmp_path)},
+        "worker_process_setup_hook": "rollout_shards_loader.miles.setup_hook",
+    }
+    with pytest.raises(ValueError, match="already has a worker_process_setup_hook"):
+        hook.runtime_env(tmp_path, {"worker_process_setup_hook": "x.y"})
+    monkeypatch.delenv(hook.ROOT_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=hook.ROOT_ENV):
+        hook.setup_hook()
+    monkeypatch.setenv(hook.ROOT_ENV, str(tmp_path))
+    hook.setup_hook()
+    assert hook._Finder.root == tmp_path

@@ -1,0 +1,223 @@
+"""read_rank reads what the step's build wrote, or raises one error naming the file:
+tampered, foreign, miscounted, symlinked and misplaced files, manifests of another step;
+a rebuild racing hundreds of reads never yields a mix of two builds."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import rollout_shards_loader._read as reader
+from rollout_shards_loader import ShardVerificationError, read_rank
+
+from tests.conftest import REPO, build, sample, write_step
+from tests.loader.loader_support import bits
+
+
+def _step(tmp_path: Path, name: str = "out", reward: float = 1.0, n: int = 8) -> Path:
+    rows = [
+        sample(i, reward=reward * (i % 3), group_index=i // 4, response_length=1 + i % 50)
+        for i in range(n)
+    ]
+    write_step(tmp_path / f"in-{name}", rows)
+    build(tmp_path / f"in-{name}", tmp_path / name, global_batch_size=4, dp_size=2)
+    return tmp_path / name / "step=1"
+
+
+def test_a_changed_rank_file_is_named(tmp_path: Path) -> None:
+    folder = _step(tmp_path)
+    read_rank(folder, 0)  # verified once: this process knows the file by its identity
+    path = folder / "rank=1.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table, path, compression="snappy")  # same rows, other bytes
+    with pytest.raises(ShardVerificationError, match=r"rank=1\.parquet: its sha256"):
+        read_rank(folder, 0)  # rank 0 reads rank 1's raw_reward: it is checked too
+    assert read_rank(folder, 0, verify=False)["sample_indices"] == [0, 2, 4, 6]
+
+
+def test_a_rank_file_of_another_build_is_named(tmp_path: Path) -> None:
+    folder = _step(tmp_path)
+    other = _step(tmp_path, "other", reward=2.0)
+    shutil.copy(other / "rank=0.parquet", folder / "rank=0.parquet")
+    with pytest.raises(ShardVerificationError, match=r"step=1/rank=0\.parquet: its sha256"):
+        read_rank(folder, 1)
+
+
+def test_a_row_count_other_than_the_manifests(tmp_path: Path) -> None:
+    folder = _step(tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["outputs"][0]["rows"] += 1
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(
+        ShardVerificationError, match=r"rank=0\.parquet: 4 rows, the manifest says 5"
+    ):
+        read_rank(folder, 0)
+
+
+def test_a_manifest_of_another_step(tmp_path: Path) -> None:
+    folder = _step(tmp_path)
+    moved = folder.with_name("step=5")
+    folder.rename(moved)
+    with pytest.raises(
+        ShardVerificationError, match=r"manifest of step 1, in the folder of step 5"
+    ):
+        read_rank(moved, 0)
+    (tmp_path / "out" / "step=7").symlink_to(moved)
+    with pytest.raises(ShardVerificationError, match="in the folder of step 7"):
+        read_rank(tmp_path / "out" / "step=7", 0)
+
+
+def test_a_symlinked_rank_file_is_refused(tmp_path: Path) -> None:
+    folder = _step(tmp_path)
+    outside = tmp_path / "elsewhere.parquet"
+    shutil.move(folder / "rank=1.parquet", outside)
+    (folder / "rank=1.parquet").symlink_to(outside)  # the same bytes, outside the folder
+    for verify in (True, False):
+        with pytest.raises(ShardVerificationError, match=r"rank=1\.parquet: a symbolic link"):
+            read_rank(folder, 0, verify=verify)
+
+
+def test_a_symlinked_manifest_is_refused(tmp_path: Path) -> None:
+    folder = _step(tmp_path)
+    outside = tmp_path / "manifest.json"
+    shutil.move(folder / "manifest.json", outside)
+    (folder / "manifest.json").symlink_to(outside)
+    with pytest.raises(ShardVerificationError, match=r"step=1/manifest\.json: a symbolic link"):
+        read_rank(folder, 0)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_file_that_is_not_parquet_is_named(tmp_path: Path, rank: int) -> None:
+    """Garbage in rank 1's file: named as not the manifest's, whether the reader reads it
+    whole (rank 1) or for two columns (rank 0)."""
+    folder = _step(tmp_path)
+    (folder / "rank=1.parquet").write_bytes(b"not parquet" * 100)
+    with pytest.raises(ShardVerificationError, match=r"rank=1\.parquet: its sha256"):
+        read_rank(folder, rank)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_rank_file_that_is_no_file_is_named(tmp_path: Path, kind: str) -> None:
+    folder = _step(tmp_path)
+    (folder / "rank=1.parquet").unlink()
+    if kind == "fifo":  # opening a FIFO for reading would wait for a writer
+        os.mkfifo(folder / "rank=1.parquet")
+    else:
+        (folder / "rank=1.parquet").mkdir()
+    with pytest.raises(ShardVerificationError, match=r"rank=1\.parquet: not a regular file"):
+        read_rank(folder, 0)
+
+
+def test_a_manifest_of_another_shape_is_named(tmp_path: Path) -> None:
+    folder = _step(tmp_path)
+    (folder / "manifest.json").write_text(json.dumps({"step": 1}))
+    with pytest.raises(ShardVerificationError, match="manifest.json: not a rollout-shards"):
+        read_rank(folder, 0)
+    (folder / "manifest.json").write_text("{")
+    with pytest.raises(ShardVerificationError, match="manifest.json: not a JSON manifest"):
+        read_rank(folder, 0)
+
+
+def test_a_missing_rank_file_and_a_missing_step(tmp_path: Path) -> None:
+    folder = _step(tmp_path)
+    (folder / "rank=1.parquet").unlink()
+    with pytest.raises(FileNotFoundError, match=r"step=1/rank=1\.parquet"):
+        read_rank(folder, 1)
+    with pytest.raises(FileNotFoundError, match="no such step folder"):
+        read_rank(tmp_path / "out" / "step=9", 0)
+
+
+def test_train_step_on_request(tmp_path: Path) -> None:
+    # 11 rows, trim off, G 4, dp 1: steps 0 and 1 train 8 rows, 3 are never trained
+    rows = [sample(i, reward=float(i)) for i in range(11)]
+    write_step(tmp_path / "in", rows)
+    build(tmp_path / "in", tmp_path / "out", global_batch_size=4, disable_rollout_trim_samples=True)
+    folder = tmp_path / "out" / "step=1"
+    plain = read_rank(folder, 0)
+    assert "train_step" not in plain
+    got = read_rank(folder, 0, with_train_step=True)
+    assert got["train_step"] == [0] * 4 + [1] * 4 + [None] * 3
+    assert {k: v for k, v in got.items() if k != "train_step"} == plain
+    numpy = read_rank(folder, 0, as_numpy=True, with_train_step=True)["train_step"]
+    assert isinstance(numpy, np.ma.MaskedArray) and numpy.dtype == np.int32
+    assert numpy.tolist() == got["train_step"]
+
+
+REBUILDER = """
+import sys, time
+from pathlib import Path
+from typing import Any
+from pipeline.io.readers import find_sources, group_steps
+from pipeline.settings import load_settings
+from pipeline.step.build import build_step
+out, stop, count = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+config = load_settings(global_batch_size=4, dp_size=2)
+builds = 0
+while not stop.exists():
+    for name in ("in-a", "in-b"):
+        ((step, sources),) = group_steps(find_sources([out.parent / name])).items()
+        build_step(step, sources, config, out)
+        builds += 1
+        count.write_text(str(builds))
+"""
+
+
+def test_rebuilds_racing_hundreds_of_reads_never_mix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One process rebuilds the step over and over from two different inputs while this
+    one reads it: every read is wholly one build's, also the reads during which the
+    folder was swapped (counted, and awaited: at least three)."""
+    raced = []
+    once = reader._read_rank_once
+
+    def counted(*args: Any) -> Any:
+        try:
+            return once(*args)
+        except reader._Replaced:
+            raced.append(1)
+            raise
+
+    monkeypatch.setattr(reader, "_read_rank_once", counted)
+    folder_a = _step(tmp_path, "a", reward=1.0, n=400)
+    folder_b = _step(tmp_path, "b", reward=-3.0, n=400)
+    wants = [
+        {json.dumps(bits(read_rank(f, rank))): f.parent.name for f in (folder_a, folder_b)}
+        for rank in range(2)
+    ]
+    assert all(len(w) == 2 for w in wants)
+    out = tmp_path / "raced"
+    shutil.copytree(folder_a.parent, out)
+    stop, count = tmp_path / "stop", tmp_path / "count"
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    rebuilder = subprocess.Popen(
+        [sys.executable, "-c", REBUILDER, str(out), str(stop), str(count)], env=env
+    )
+    try:
+        while not count.exists():
+            time.sleep(0.05)
+        last, switches, reads = None, 0, 0
+        deadline = time.monotonic() + 120
+        while reads < 400 or switches < 10 or len(raced) < 3:
+            rank = reads % 2
+            got = json.dumps(bits(read_rank(out / "step=1", rank)))
+            assert got in wants[rank], f"read {reads} mixes two builds"
+            build = wants[rank][got]
+            switches += last is not None and build != last
+            last, reads = build, reads + 1
+            assert time.monotonic() < deadline, f"{len(raced)} races in {reads} reads"
+        builds = int(count.read_text() or 0)
+    finally:
+        stop.touch()
+        rebuilder.wait(timeout=120)
+    assert rebuilder.returncode == 0
+    assert builds >= 4  # the step was replaced again and again during the reads
