@@ -92,7 +92,7 @@ def _tables_under(folder: Path, skipped: list[Path]) -> list[Path]:
         if p.is_dir() and STEP_FOLDER.match(p.name):
             raise _ambiguous(step, folder, p, "both name a step, one inside the other")
         inner = _step_of(p)
-        if inner is not None and inner != step and (_is_table(p) or _look_alike(p)):
+        if inner is not None and inner != step and _is_table(p):
             raise _ambiguous(step, folder, p, f"name steps {step} and {inner}")
         if _is_table(p):
             tables.append(p)

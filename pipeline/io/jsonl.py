@@ -186,25 +186,38 @@ def _not_text_pattern() -> str:
 NOT_TEXT = _not_text_pattern()
 
 
-def _object_keys(schema: pl.Schema) -> list[str]:
-    """The keys that appear at most once per line in a file without repeated keys: the
-    top-level ones and those of objects not inside an array (the `role` of every chat
-    message in a `prompt` list repeats, and is not counted)."""
-    keys: list[str] = []
-    pending: list[tuple[str, PolarsDataType]] = list(schema.items())
-    while pending:
-        name, dtype = pending.pop()
-        keys.append(json.dumps(name))
-        if isinstance(dtype, pl.Struct):
-            pending += [(field.name, field.dtype) for field in dtype.fields]
-    return keys
+def _values_under(value: pl.Expr, dtype: PolarsDataType) -> pl.Expr | None:
+    """Per row, how many keys of the objects inside `value` (at any depth, in arrays
+    too) hold a value that is not null; None when `dtype` holds no object."""
+    if isinstance(dtype, pl.Struct):
+        parts: list[pl.Expr] = []
+        for field in dtype.fields:
+            held = value.struct.field(field.name)
+            parts.append(held.is_not_null().cast(pl.UInt32))
+            if (inner := _values_under(held, field.dtype)) is not None:
+                parts.append(inner)
+        return pl.sum_horizontal(parts).fill_null(0) if parts else None
+    if isinstance(dtype, pl.List | pl.Array):
+        inner = _values_under(pl.element(), dtype.inner)
+        return None if inner is None else value.list.eval(inner).list.sum().fill_null(0)
+    return None
+
+
+def _keys_read(frame: pl.DataFrame) -> pl.Series:
+    """Per row, how many keys with a value that is not null Polars read, at any depth."""
+    parts: list[pl.Expr] = []
+    for name, dtype in frame.schema.items():
+        parts.append(pl.col(name).is_not_null().cast(pl.UInt32))
+        if (inner := _values_under(pl.col(name), dtype)) is not None:
+            parts.append(inner)
+    return frame.select(pl.sum_horizontal(parts).cast(pl.Int64)).to_series()
 
 
 def _suspect(data: bytes, frame: pl.DataFrame) -> bool:
     """Whether Polars' reading may have coerced a value or dropped one: a typed column
-    that Polars read as another kind (strings or booleans where numbers belong), a line
-    giving a key twice (Polars keeps one of them), or a key written with escapes (which
-    the scan for repeated keys cannot compare). Such files take the per-line path."""
+    that Polars read as another kind (strings or booleans where numbers belong), a text
+    column's key followed by a number, or a line giving a key twice at any depth (Polars
+    keeps one of them). Such files take the per-line path."""
     for name, dtype in frame.schema.items():
         want = JSON_TARGETS.get(name)
         if want is None or (name == c.REWARD and isinstance(dtype, pl.Struct)):
@@ -216,13 +229,15 @@ def _suspect(data: bytes, frame: pl.DataFrame) -> bool:
         if kind not in ("null", want):
             return True
     lines = pl.Series(data.decode("utf-8", "replace").split("\n"))
-    if lines.str.contains(NOT_TEXT).any():
+    lines = lines.filter(lines.str.strip_chars() != "")
+    if lines.str.contains(NOT_TEXT).any() or lines.len() != frame.height:
         return True
-    keys = lines.str.extract_all(KEY_TOKEN).list.eval(pl.element().str.replace(r"\s*:$", ""))
-    watched = _object_keys(frame.schema)
-    repeated = keys.list.eval(pl.element().filter(pl.element().is_in(watched)))
-    escaped = keys.list.eval(pl.element().str.contains("\\", literal=True).any()).list.first()
-    return bool(((repeated.list.len() != repeated.list.n_unique()) | escaped).any())
+    # A key given twice in one object leaves Polars one value: a line then holds more
+    # keys with a value than Polars read. A key-like text inside a string only costs the
+    # per-line path, which counts exactly.
+    # null is the one JSON value that starts with an n
+    written = lines.str.count_matches(KEY_TOKEN + r"\s*[^n\s]")
+    return bool((written.cast(pl.Int64) != _keys_read(frame)).any())
 
 
 def read_jsonl(data: bytes) -> pl.DataFrame:
@@ -237,4 +252,19 @@ def read_jsonl(data: bytes) -> pl.DataFrame:
             return frame
     except pl.exceptions.PolarsError:
         pass
-    return pl.from_dicts(_json_objects(data), infer_schema_length=None)
+    records = _json_objects(data)
+    try:
+        return pl.from_dicts(records, infer_schema_length=None)
+    except (pl.exceptions.PolarsError, TypeError, ValueError):
+        # An array or object that no Polars type holds (`[1, {"a": 2}]`) in a column kept
+        # as JSON text: kept as the text Python writes for it, rather than refused.
+        return pl.from_dicts([_as_text(record) for record in records], infer_schema_length=None)
+
+
+def _as_text(record: dict[str, Any]) -> dict[str, Any]:
+    return {
+        key: json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        if key in JSON_TEXT_COLUMNS and isinstance(value, dict | list)
+        else value
+        for key, value in record.items()
+    }

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import polars as pl
 import pytest
 
 from pipeline.errors import StepError
+from pipeline.io import jsonl
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps, load_step
 from tests.conftest import sample, table, write_step
@@ -64,3 +66,53 @@ def test_types_are_conformed_to_the_contract(tmp_path: Path) -> None:
     assert frame.schema["response_length"] == pl.Int32
     assert frame.schema["leaf"] == pl.Int32
     assert frame.schema["reward"] == pl.Float64
+
+
+def _jsonl(rows: list[dict], replace: dict[int, tuple[str, str]] | None = None) -> bytes:
+    lines = [json.dumps(row) for row in rows]
+    for k, (old, new) in (replace or {}).items():
+        lines[k] = lines[k].replace(old, new)
+    return "".join(line + "\n" for line in lines).encode()
+
+
+CHAT = [{"role": "user", "content": "hi", "name": None}, {"role": "assistant", "content": "ok"}]
+
+
+def test_a_clean_json_lines_file_stays_on_polars_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chat prompts, nested objects, nulls and keys with escapes repeat no key: no line is
+    parsed again in Python."""
+    rows = [
+        sample(i, prompt=CHAT, metadata={"a": {"b": [{"c": None, "d": i}]}, 'k"q': 1})
+        for i in range(4)
+    ]
+
+    def per_line(data: bytes) -> list[dict]:
+        raise AssertionError("a clean file took the per-line path")
+
+    monkeypatch.setattr(jsonl, "_json_objects", per_line)
+    frame = jsonl.read_jsonl(_jsonl(rows))
+    assert frame.height == 4
+
+
+def test_a_key_given_twice_inside_an_array_is_that_row_s_duplicate_key(tmp_path: Path) -> None:
+    rows = [sample(i, prompt=CHAT) for i in range(4)]
+    path = tmp_path / "step=1.jsonl"
+    path.write_bytes(_jsonl(rows, {2: ('"role": "user"', '"role": "user", "role": "system"')}))
+    loaded = load_step(1, group_steps(find_sources([tmp_path]))[1])
+    (violation,) = loaded.type_violations
+    assert violation.rule == "duplicate_key"
+    assert violation.rows == [(2, 0)]
+    assert violation.message == (
+        "key role inside prompt must appear once in each JSON object, but it is given twice "
+        "at file row 3"
+    )
+
+
+def test_an_array_no_polars_type_holds_is_kept_as_its_json_text(tmp_path: Path) -> None:
+    """`[1, {"d": 2}]` in metadata: Polars would turn the 1 into null; it is kept as text."""
+    rows = [sample(i, metadata={"a": [1, {"d": 2}]}) for i in range(4)]
+    (tmp_path / "step=1.jsonl").write_bytes(_jsonl(rows))
+    frame = load_step(1, group_steps(find_sources([tmp_path]))[1]).frame
+    assert frame.get_column("metadata").to_list() == ['{"a":[1,{"d":2}]}'] * 4

@@ -1760,6 +1760,29 @@ def round_three_cases() -> list[Case]:
             ],
         ),
         Case(
+            "json_duplicate_key_in_a_chat_message",
+            "a chat prompt whose first message gives role twice on line 7",
+            {
+                json_file: json_lines(
+                    [dict(r, prompt=[{"role": "user", "content": "hi"}]) for r in rows],
+                    {
+                        6: json.dumps(
+                            dict(sample(6), prompt=[{"role": "user", "content": "hi"}])
+                        ).replace('"role": "user"', '"role": "user", "role": "system"')
+                    },
+                )
+            },
+            1,
+            [
+                error(
+                    "duplicate_key",
+                    [(6, 0)],
+                    [json_file],
+                    "key role inside prompt must appear once in each JSON object",
+                )
+            ],
+        ),
+        Case(
             "json_duplicate_extra_key",
             "a column the contract does not know given twice on line 7",
             {
