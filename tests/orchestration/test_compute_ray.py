@@ -1,9 +1,9 @@
 """The Ray path end to end against a local Ray head bound to 127.0.0.1.
 
-Part of `make test` (the `ray` extra is installed there): starting a head takes about a
-minute and several hundred MB. A step's stages run as one Ray job submitted through the head's
-Jobs REST API (`pipeline.orchestration.ray_jobs`); logs and metadata come back in the job's
-log.
+Part of `make test` (the `ray` extra is installed there): the head (`ray_head` in
+conftest.py) starts once per test session, in tens of seconds and several hundred MB. A
+step's stages run as one Ray job submitted through the head's Jobs REST API
+(`pipeline.orchestration.ray_jobs`); logs and metadata come back in the job's log.
 """
 
 from __future__ import annotations
@@ -11,20 +11,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
 import pytest
-import requests
 from dagster_support import (
     STAND_IN,
     Roots,
@@ -50,99 +42,12 @@ pytestmark = [
     # Ray's own deprecation in JobSubmissionClient, which only the tests use.
     pytest.mark.filterwarnings("ignore:ssl=None is deprecated"),
 ]
-HEAD_START_S = 120
-# The head's own shutdown takes half a minute; nothing of it is needed after the tests.
-STOP_GRACE_S = 5
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_for_dashboard(url: str, head: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + HEAD_START_S
-    while time.monotonic() < deadline:
-        if head.poll() is not None:
-            pytest.fail(f"ray head exited {head.returncode}: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/api/version", timeout=2) as response:
-                json.load(response)
-            return
-        except OSError:
-            time.sleep(1)
-    pytest.fail(f"ray dashboard did not answer in {HEAD_START_S}s: {log.read_text()[-2000:]}")
-
-
-def _wait_for_job_agent(url: str, log: Path) -> None:
-    """The dashboard answers before its job agent does ("No available agent to submit
-    job", or a dropped connection while the agent starts): submit a no-op job until one is
-    taken, and let it finish."""
-    client = JobSubmissionClient(url)
-    deadline = time.monotonic() + HEAD_START_S
-    while time.monotonic() < deadline:
-        try:
-            job = client.submit_job(entrypoint="true", submission_id=f"warm-up-{time.time_ns()}")
-        except (RuntimeError, requests.RequestException):
-            time.sleep(1)
-            continue
-        while not client.get_job_status(job).is_terminal():
-            time.sleep(0.2)
-        return
-    pytest.fail(f"ray job agent did not start in {HEAD_START_S}s: {log.read_text()[-2000:]}")
-
-
-@pytest.fixture(scope="module")
-def ray_dashboard() -> Iterator[str]:
-    """A one-node Ray cluster on 127.0.0.1, shared by this module's tests (a head takes
-    tens of seconds to start); stopped through its own process group."""
-    # Ray puts sockets under its temp dir, and their paths must stay short.
-    temp = Path(tempfile.mkdtemp(prefix="rs-ray-", dir="/tmp"))
-    gcs_port, dashboard_port = _free_port(), _free_port()
-    # Ray turns 127.0.0.1 into the machine's address unless it is told the cluster is one
-    # machine; this keeps every Ray process on the loopback interface.
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-    command = [
-        str(Path(sys.executable).with_name("ray")),
-        *("start", "--head", "--block", "--disable-usage-stats", "--num-cpus=1"),
-        "--node-ip-address=127.0.0.1",
-        f"--port={gcs_port}",
-        "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={dashboard_port}",
-        "--include-dashboard=true",
-        f"--temp-dir={temp}",
-        # Ray's agents listen on fixed default ports: free ones let two heads (two test
-        # sessions on one machine) start side by side.
-        *(
-            f"--{name}={_free_port()}"
-            for name in (
-                "dashboard-agent-listen-port",
-                "dashboard-agent-grpc-port",
-                "metrics-export-port",
-                "runtime-env-agent-port",
-                "ray-client-server-port",
-            )
-        ),
-    ]
-    log = temp / "head.log"
-    with log.open("wb") as out:
-        head = subprocess.Popen(
-            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{dashboard_port}"
-    try:
-        _wait_for_dashboard(url, head, log)
-        _wait_for_job_agent(url, log)
-        yield url
-    finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
-        shutil.rmtree(temp, ignore_errors=True)
+def _client(url: str) -> JobSubmissionClient:
+    """Ray's own client, with the token the test's environment holds (if any)."""
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    return JobSubmissionClient(url, headers={"Authorization": f"Bearer {token}"} if token else None)
 
 
 @pytest.fixture
@@ -212,7 +117,7 @@ def test_a_backfill_runs_its_steps_as_concurrent_ray_jobs(
         assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in instance.get_runs())
     jobs = [
         job
-        for job in JobSubmissionClient(ray_dashboard).list_jobs()
+        for job in _client(ray_dashboard).list_jobs()
         if (job.submission_id or "").startswith("rollout-shards-step")
         and (job.start_time or 0) >= since_ms
     ]
@@ -275,7 +180,7 @@ def test_an_interrupted_run_stops_its_ray_job(
 
     (line,) = [line for line in stderr.splitlines() if "interrupted: stopping Ray job" in line]
     job_id = re.search(r"stopping Ray job (\S+)", line).group(1)  # type: ignore[union-attr]
-    client = JobSubmissionClient(ray_dashboard)
+    client = _client(ray_dashboard)
     deadline = time.monotonic() + 60
     while not client.get_job_status(job_id).is_terminal() and time.monotonic() < deadline:
         time.sleep(0.2)
