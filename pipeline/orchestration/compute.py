@@ -3,7 +3,8 @@
 The selected assets of a step (usually all three) run in one session: in process, or one
 Pipes worker that runs every selected stage and reports each asset. `compute` picks one of
 - `in_process` (default): the stages run in the Dagster step's own process;
-- `subprocess`: `python -m pipeline.orchestration.pipes_worker` on this machine, in a Pipes
+- `subprocess`: `python .../pipeline/orchestration/pipes_worker.py` on this machine (this
+  process's own copy of the worker, by its path), in a Pipes
   session of its own (`dg.open_pipes_session`) that hands each asset to Dagster as the worker
   reports it;
 - `ray`: the same worker as one Ray job, submitted and watched through the head's Ray Jobs
@@ -42,7 +43,7 @@ from pydantic import Field
 
 from pipeline.errors import UsageError
 from pipeline.orchestration.partitions import step_of
-from pipeline.orchestration.pipes_worker import reported_failure, worker_extras
+from pipeline.orchestration.pipes_worker import WORKER_FILE, reported_failure, worker_extras
 from pipeline.orchestration.ray_jobs import SUCCEEDED, RayJobs, RayJobsError, dashboard_url
 from pipeline.orchestration.ray_logs import RAY_ADDRESS_KEY, RAY_JOB_ID_KEY, RayJobLogReader
 from pipeline.orchestration.reporting import dagster_metadata
@@ -55,6 +56,11 @@ K8S_IMAGE_ENV = "ROLLOUT_SHARDS_K8S_IMAGE"
 K8S_NAMESPACE_ENV = "ROLLOUT_SHARDS_K8S_NAMESPACE"
 WORKER_MODULE = "pipeline.orchestration.pipes_worker"
 WORKER_COMMAND = ["python", "-m", WORKER_MODULE]
+# Isolated (-I): the cluster's installed package, whatever the job's working_dir puts on
+# $PYTHONPATH or in its working directory (a `pipeline/` folder of its own). -I also drops
+# the PYTHONUNBUFFERED that Ray sets, and the Pipes messages must reach the job's log as
+# they are written: -u.
+RAY_ENTRYPOINT = f"python -I -u -m {WORKER_MODULE}"
 # How often the subprocess session looks for results the worker reported, and how long an
 # interrupted worker gets to stop after SIGINT before it is killed.
 RESULT_POLL_SECONDS = 0.02
@@ -84,7 +90,9 @@ class RayCompute(dg.Config):
         None, description="Ray dashboard address (http://head:8265); unset: $RAY_ADDRESS."
     )
     entrypoint: str = Field(
-        " ".join(WORKER_COMMAND), description="Command of the Ray job, run on the cluster."
+        RAY_ENTRYPOINT,
+        description="Command of the Ray job, run on the cluster (the default finds the "
+        "installed rollout-shards, ignoring $PYTHONPATH and the working directory).",
     )
     runtime_env: dict[str, Any] | None = Field(
         None, description="Ray runtime_env of the job (pip, working_dir, env_vars, ...)."
@@ -93,6 +101,14 @@ class RayCompute(dg.Config):
     memory: int | None = Field(None, description="Memory in bytes reserved for the entrypoint.")
     poll_interval: float = Field(
         0.1, description="Seconds between job status polls and between job log reads."
+    )
+    headers: dict[str, str] = Field(
+        {},
+        description="Extra HTTP headers of every call to the dashboard (a proxy's, or an "
+        "Authorization of its own instead of Ray's token).",
+    )
+    ca_bundle: str | None = Field(
+        None, description="PEM file or folder of certificates to trust for an https dashboard."
     )
 
 
@@ -169,7 +185,7 @@ class StepCompute(dg.ConfigurableResource):
         submission) besides context and extras; fresh each time, as the Ray session adds the
         Pipes variables to the runtime_env it is given."""
         if self.compute == Compute.subprocess:
-            return {"command": [self.python or sys.executable, "-m", WORKER_MODULE]}
+            return {"command": [self.python or sys.executable, WORKER_FILE]}
         if self.compute == Compute.ray:
             params: dict[str, Any] = {"entrypoint": self.ray.entrypoint}
             if self.ray.runtime_env is not None:
@@ -276,7 +292,11 @@ class StepCompute(dg.ConfigurableResource):
         as the job's log reports it (read about once a second, then whole once the job has
         ended); returns the worker's custom messages. A step abandoned before the job ended
         (an interrupted run) stops the job."""
-        jobs = RayJobs(dashboard_url(self.ray.address))
+        jobs = RayJobs(
+            dashboard_url(self.ray.address),
+            headers=dict(self.ray.headers),
+            ca_bundle=self.ray.ca_bundle,
+        )
         reader = RayJobLogReader(jobs)
         submission = self.run_arguments()["submit_job_params"]
         submission_id = f"rollout-shards-step{step}-{uuid.uuid4().hex[:10]}"

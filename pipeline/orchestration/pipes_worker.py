@@ -1,8 +1,13 @@
 """The Dagster Pipes worker: the selected stages of one step, outside the orchestrator.
 
-`python -m pipeline.orchestration.pipes_worker`, launched by the Pipes session of the
-subprocess or the Ray backend, or by `dagster_k8s.PipesK8sClient` (see
-`pipeline.orchestration.compute`).
+Launched by the Pipes session of the subprocess or the Ray backend, or by
+`dagster_k8s.PipesK8sClient` (see `pipeline.orchestration.compute`), in one of two ways that
+a `pipeline/` folder in the working directory or on $PYTHONPATH (Ray puts a job's
+`working_dir` first on it) cannot shadow: by this file's absolute path
+(`python /.../pipeline/orchestration/pipes_worker.py`, the subprocess backend's), which puts
+the folder holding this `pipeline` package first on `sys.path`; or isolated
+(`python -I -u -m pipeline.orchestration.pipes_worker`, the Ray default), which finds the
+installed package and ignores the working directory and $PYTHONPATH.
 It needs only dagster-pipes and the core, not Dagster: the extras name the stages (the
 selected assets, usually all three), the step, the roots and the effective settings. The
 stages run in this one session, handing the batch on in memory; logs and one
@@ -16,18 +21,28 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
-from dagster_pipes import open_dagster_pipes
+if __name__ == "__main__" and not __package__:
+    # Run by its path: Python put this file's folder first on sys.path. The folder holding
+    # this `pipeline` package takes its place, ahead of $PYTHONPATH and the working
+    # directory, so the imports below are of this package and not of a job's own folder.
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from pipeline.cli import exit_now
-from pipeline.errors import StepError, UsageError, Violation, os_violation
-from pipeline.settings import Settings, make_settings
-from pipeline.step.roots import StepRoots
-from pipeline.step.stages import run_stages
+from dagster_pipes import open_dagster_pipes  # noqa: E402
+
+from pipeline.cli import exit_now  # noqa: E402
+from pipeline.errors import StepError, UsageError, Violation, os_violation  # noqa: E402
+from pipeline.settings import Settings, make_settings  # noqa: E402
+from pipeline.step.roots import StepRoots  # noqa: E402
+from pipeline.step.stages import run_stages  # noqa: E402
 
 FAILURE = "rollout_shards_failure"
+# The worker as a file, for `python WORKER_FILE` (see the module's docstring).
+WORKER_FILE = str(Path(__file__).resolve())
 
 
 def worker_extras(

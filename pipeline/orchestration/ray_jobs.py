@@ -2,19 +2,27 @@
 
 Ray documents these calls (docs.ray.io, "Ray Jobs REST API"); its own
 `ray.job_submission.JobSubmissionClient` wraps them. Making them with the standard library
-keeps Ray out of the Dagster process: importing `ray.job_submission` and making a client
-took 0.35-0.41 cpu-s per run here and dagster-ray 0.13-0.15 more, on every run of a backfill
-and every step of the Ray backend (docs/backends.md).
+keeps Ray out of the Dagster process (Ray's imports and client cost CPU on every run of a
+backfill, docs/backends.md).
+
+A head started with `RAY_AUTH_MODE=token` answers 401 to a request without Ray's token.
+The token is found and sent as Ray's client does it (Ray 2.60, `AuthenticationTokenLoader`
+and `get_auth_headers_if_auth_enabled`): only when `RAY_AUTH_MODE` is `token` here too;
+then from `RAY_AUTH_TOKEN`, else the file `RAY_AUTH_TOKEN_PATH` names, else
+`~/.ray/auth_token`, stripped; sent as `Authorization: Bearer <token>` unless the extra
+headers carry an Authorization of their own.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UsageError
@@ -24,6 +32,11 @@ ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 SUCCEEDED = "SUCCEEDED"
 TERMINAL = frozenset({SUCCEEDED, "FAILED", "STOPPED"})
 REQUEST_TIMEOUT_S = 30.0
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+TOKEN_ENV = "RAY_AUTH_TOKEN"
+TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+DEFAULT_TOKEN_FILE = Path(".ray") / "auth_token"  # under the home folder
+TOKEN_SOURCES = f"${TOKEN_ENV}, the file ${TOKEN_PATH_ENV} names, or ~/{DEFAULT_TOKEN_FILE}"
 
 
 class RayJobsError(Exception):
@@ -46,6 +59,72 @@ def dashboard_url(address: str | None) -> str:
     return value.rstrip("/")
 
 
+def ray_token() -> str | None:
+    """Ray's token, looked up as Ray's own client does; None unless $RAY_AUTH_MODE is token."""
+    if os.environ.get(AUTH_MODE_ENV, "").strip().lower() != "token":
+        return None
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if token:
+        return token
+    named = os.environ.get(TOKEN_PATH_ENV)
+    path = Path(named) if named else Path.home() / DEFAULT_TOKEN_FILE
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"compute ray: cannot read Ray's token from {path}: {error}") from None
+    if token:
+        return token
+    if named:
+        raise UsageError(f"compute ray: ${TOKEN_PATH_ENV} names {path}, which holds no token")
+    raise UsageError(
+        f"compute ray: ${AUTH_MODE_ENV} is token but there is no token: set {TOKEN_SOURCES}"
+    )
+
+
+def request_headers(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The headers of every call: JSON, Ray's token if the mode asks for it, then `extra`
+    (which may carry its own Authorization, as with a proxy in front of the head)."""
+    headers = {"Content-Type": "application/json"}
+    extra = extra or {}
+    token = None if _has_authorization(extra) else ray_token()
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    return {**headers, **extra}
+
+
+def _has_authorization(headers: dict[str, str]) -> bool:
+    return any(name.lower() == "authorization" for name in headers)
+
+
+def tls_context(ca_bundle: str | None) -> ssl.SSLContext | None:
+    """Certificates to trust for an https dashboard: a PEM file or a folder of them (None:
+    the system's)."""
+    if ca_bundle is None:
+        return None
+    path = Path(ca_bundle)
+    if path.is_dir():
+        return ssl.create_default_context(capath=str(path))
+    if path.is_file():
+        try:
+            return ssl.create_default_context(cafile=str(path))
+        except ssl.SSLError as error:
+            raise UsageError(
+                f"compute ray: ray.ca_bundle {path} holds no certificate: {error}"
+            ) from None
+    raise UsageError(f"compute ray: ray.ca_bundle {path} does not exist")
+
+
+def _refusal_hint(code: int, sent_token: bool) -> str:
+    """What to do about a refusal for want of Ray's token (401) or for a wrong one (403)."""
+    if code == 401 and not sent_token:
+        return f" (the head asks for Ray's token: set {AUTH_MODE_ENV}=token and {TOKEN_SOURCES})"
+    if code == 403 and sent_token:
+        return f" (the token sent is not the head's: check {TOKEN_SOURCES})"
+    return ""
+
+
 @dataclass(frozen=True)
 class JobState:
     status: str  # PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED
@@ -59,9 +138,17 @@ class JobState:
 class RayJobs:
     """Submit, watch, read and stop the jobs of one Ray cluster through its dashboard."""
 
-    def __init__(self, url: str, timeout: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout: float = REQUEST_TIMEOUT_S,
+        headers: dict[str, str] | None = None,
+        ca_bundle: str | None = None,
+    ) -> None:
         self.url = url
         self.timeout = timeout
+        self._headers = request_headers(headers)
+        self._tls = tls_context(ca_bundle)
 
     def submit(self, params: dict[str, Any]) -> str:
         """Submit a job (`entrypoint`, `submission_id`, `runtime_env`, `metadata`,
@@ -99,14 +186,13 @@ class RayJobs:
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(
-            self.url + path,
-            data=data,
-            method=method,
-            headers={"Content-Type": "application/json"},
+            self.url + path, data=data, method=method, headers=self._headers
         )
         what = f"{method} {path}"
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with urllib.request.urlopen(
+                request, timeout=self.timeout, context=self._tls
+            ) as response:
                 return json.load(response)
         except urllib.error.HTTPError as error:
             # The body is Ray's message, or a traceback whose last line is the message.
@@ -114,6 +200,7 @@ class RayJobs:
             detail = lines[-1].strip() if lines else str(error.reason)
             raise RayJobsError(
                 f"the Ray dashboard at {self.url} refused {what}: HTTP {error.code} {detail}"
+                + _refusal_hint(error.code, _has_authorization(self._headers))
             ) from None
         except OSError as error:  # URLError, timeouts, resets
             reason = getattr(error, "reason", error)

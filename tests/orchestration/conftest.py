@@ -31,15 +31,16 @@ def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
 
 @pytest.fixture(scope="session")
 def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
-    """One token-auth Ray head for the whole test session, shared by the pytest workers (a
-    head takes tens of seconds to start, minutes on a busy machine)."""
+    """One Ray head for the whole test session, shared by the pytest workers (a head takes
+    tens of seconds to start, minutes on a busy machine). It asks for Ray's token
+    (`RAY_AUTH_MODE=token`), so every Ray test goes through the jobs client's token."""
     # Imported here: Ray is a second of imports that only the Ray tests need.
     from ray_head import shared_head
 
     base = tmp_path_factory.getbasetemp()
     # Under xdist each worker has its own base temp; their parent is the session's.
     folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    with shared_head(folder) as head:
+    with shared_head(folder, auth=True) as head:
         yield head
 
 

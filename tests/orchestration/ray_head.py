@@ -99,9 +99,9 @@ def _wait_for_dashboard(head: RayHead, process: subprocess.Popen[bytes], deadlin
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise HeadStartError(f"ray head exited {process.returncode}: {_log_tail(head)}")
+        request = urllib.request.Request(f"{head.url}/api/version", headers=head.headers())
         try:
-            # /api/version needs no token: it answers as soon as the dashboard is up.
-            with urllib.request.urlopen(f"{head.url}/api/version", timeout=2) as response:
+            with urllib.request.urlopen(request, timeout=2) as response:
                 json.load(response)
             return
         except OSError:

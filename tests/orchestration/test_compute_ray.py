@@ -30,10 +30,13 @@ from dagster_support import (
     stand_in_run,
 )
 from ray.job_submission import JobSubmissionClient
+from ray_head import RayHead
 from test_backfill import _backfill
 
-from pipeline.orchestration.compute import Compute, RayCompute, StepCompute
+from pipeline.orchestration.compute import RAY_ENTRYPOINT, Compute, RayCompute, StepCompute
 from pipeline.orchestration.partitions import rollout_steps
+from pipeline.orchestration.pipes_worker import WORKER_FILE
+from pipeline.orchestration.ray_jobs import RayJobs, RayJobsError
 from pipeline.orchestration.step_pool import STEP_POOL
 
 pytestmark = [
@@ -197,3 +200,89 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _finished(jobs: RayJobs, submission_id: str) -> str:
+    deadline = time.monotonic() + 120
+    while not (state := jobs.state(submission_id)).terminal and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return state.status
+
+
+def test_the_jobs_client_sends_rays_token_from_where_ray_looks(
+    ray_head: RayHead, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    url = ray_head.url
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    job = {"entrypoint": "true"}
+
+    # No credentials: the head refuses, in one line that says what to set.
+    with pytest.raises(RayJobsError) as refused:
+        RayJobs(url).submit(job)
+    assert str(refused.value) == (
+        f"the Ray dashboard at {url} refused POST /api/jobs/: HTTP 401 Unauthorized: Missing "
+        "authentication token (the head asks for Ray's token: set RAY_AUTH_MODE=token and "
+        "$RAY_AUTH_TOKEN, the file $RAY_AUTH_TOKEN_PATH names, or ~/.ray/auth_token)"
+    )
+    # The token from each place Ray's client looks, in its order, is let in.
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text(f"{ray_head.token}\n")
+    from_home = RayJobs(url).submit(job)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / ".ray" / "auth_token"))
+    (tmp_path / ".ray" / "auth_token").write_text("not the head's")
+    with pytest.raises(RayJobsError, match="HTTP 403 Forbidden: Invalid authentication token"):
+        RayJobs(url).state(from_home)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", ray_head.token)
+    assert _finished(RayJobs(url), from_home) == "SUCCEEDED"
+
+
+def test_extra_headers_of_the_settings_reach_the_head(
+    ray_dashboard: str, roots: Roots, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A step built with the token only in `ray.headers` (as a proxy's Authorization would be).
+    token = os.environ["RAY_AUTH_TOKEN"]
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    ray = RayCompute(
+        address=ray_dashboard,
+        entrypoint=f"{sys.executable} {WORKER_FILE}",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    with dg.instance_for_test() as instance:
+        result = materialize(
+            instance, "00000001", compute=StepCompute(compute=Compute.ray, ray=ray)
+        )
+
+    assert result.success
+    assert (roots.output / "step=1" / "manifest.json").is_file()
+
+
+def test_a_working_dir_with_a_pipeline_folder_does_not_shadow_the_worker(
+    ray_dashboard: str, roots: Roots, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    (project / "pipeline").mkdir(parents=True)
+    (project / "pipeline" / "__init__.py").write_text("raise ImportError('the job's own')\n")
+    runtime_env: dict[str, object] = {"working_dir": str(project)}
+    # Uploaded as `ray job submit --working-dir` does; Ray then runs the job in that folder
+    # with it first on $PYTHONPATH.
+    _client(ray_dashboard)._upload_working_dir_if_needed(runtime_env)
+
+    def build(key: str, entrypoint: str) -> dg.ExecuteInProcessResult:
+        ray = RayCompute(address=ray_dashboard, entrypoint=entrypoint, runtime_env=runtime_env)
+        with dg.instance_for_test() as instance:
+            return materialize(instance, key, compute=StepCompute(compute=Compute.ray, ray=ray))
+
+    # The worker by its path (what the subprocess backend runs), and isolated (the Ray default,
+    # here with this interpreter for `python`): both find rollout-shards' own package.
+    assert build("00000001", f"{sys.executable} {WORKER_FILE}").success
+    assert build("00000002", RAY_ENTRYPOINT.replace("python", sys.executable, 1)).success
+    for step in (1, 2):
+        assert (roots.output / f"step={step}" / "manifest.json").is_file()
+    # The module run plainly imports the working_dir's `pipeline` and the job fails.
+    shadowed = build("00000003", f"{sys.executable} -m pipeline.orchestration.pipes_worker")
+    assert not shadowed.success
+    assert not (roots.output / "step=3").exists()
