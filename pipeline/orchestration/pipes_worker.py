@@ -19,9 +19,12 @@ process, after the assets whose stages did finish.
 
 from __future__ import annotations
 
+import argparse
+import gc
 import os
 import socket
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -32,15 +35,25 @@ if __name__ == "__main__" and not __package__:
     # directory, so the imports below are of this package and not of a job's own folder.
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from dagster_pipes import open_dagster_pipes  # noqa: E402
+from dagster_pipes import (  # noqa: E402
+    PipesContext,
+    PipesDefaultContextLoader,
+    PipesDefaultMessageWriter,
+    PipesMappingParamsLoader,
+    PipesParamsLoader,
+    open_dagster_pipes,
+)
 
 from pipeline.cli import exit_now  # noqa: E402
 from pipeline.errors import StepError, UsageError, Violation, os_violation  # noqa: E402
+from pipeline.orchestration.ray_jobs import WarmQueue  # noqa: E402
 from pipeline.settings import Settings, make_settings  # noqa: E402
 from pipeline.step.roots import StepRoots  # noqa: E402
 from pipeline.step.stages import run_stages  # noqa: E402
 
 FAILURE = "rollout_shards_failure"
+# How often a warm worker looks for the next step.
+SERVE_POLL_S = 0.02
 # The worker as a file, for `python WORKER_FILE` (see the module's docstring).
 WORKER_FILE = str(Path(__file__).resolve())
 
@@ -78,8 +91,18 @@ def reported_failure(messages: list[Any]) -> StepError | UsageError | None:
     return None
 
 
-def main() -> int:
-    with open_dagster_pipes() as pipes:
+def run_session(params_loader: PipesParamsLoader | None = None) -> None:
+    """One step's Pipes session: its stages, their reports, a failure as a custom message.
+    `params_loader` is a warm worker's for each step it takes; `open_dagster_pipes` would
+    hand back the process's first (closed) context, so each step gets a context of its own."""
+    if params_loader is None:
+        session = open_dagster_pipes()
+    else:
+        session = PipesContext(
+            params_loader, PipesDefaultContextLoader(), PipesDefaultMessageWriter()
+        )
+        PipesContext.set(session)
+    with session as pipes:
         stages = list(pipes.get_extra("stages"))
         step = int(pipes.get_extra("step"))
         roots = StepRoots.from_json(pipes.get_extra("roots"))
@@ -98,6 +121,42 @@ def main() -> int:
             error = StepError([os_violation(exc, roots.output, step)])
             pipes.log.error(str(error))
             pipes.report_custom_message(failure_message(error))
+
+
+def serve(folder: Path, job: str, idle_s: float) -> int:
+    """A warm worker (`compute: ray` with `ray.warm_worker_s`): build the steps of the queue
+    in `folder` one at a time, each in a Pipes session of its own, until no step has come for
+    `idle_s` seconds. The interpreter, its imports and the Ray job around it are paid once
+    for every step it builds."""
+    queue = WarmQueue(folder)
+    idle_since = time.monotonic()
+    while True:
+        claimed = queue.claim(job)
+        if claimed is None:
+            if time.monotonic() - idle_since > idle_s:
+                return 0
+            time.sleep(SERVE_POLL_S)
+            continue
+        request, env = claimed
+        print(f"{job}: step request {request}", flush=True)
+        try:
+            run_session(PipesMappingParamsLoader(env))
+        finally:
+            queue.done(request, job)
+            # The step's frames are garbage now; the next step should not start beside them.
+            gc.collect()
+        idle_since = time.monotonic()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="The Dagster Pipes worker of rollout-shards.")
+    parser.add_argument("--serve", type=Path, help="queue folder of a warm worker")
+    parser.add_argument("--job", help="the warm worker's Ray submission id")
+    parser.add_argument("--idle", type=float, default=0.0, help="seconds to wait for a step")
+    args = parser.parse_args(argv)
+    if args.serve is not None:
+        return serve(args.serve, args.job, args.idle)
+    run_session()
     return 0
 
 

@@ -15,12 +15,15 @@ headers carry an Authorization of their own.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,3 +218,101 @@ class RayJobs:
 
 def _quoted(submission_id: str) -> str:
     return urllib.parse.quote(submission_id, safe="")
+
+
+class WarmQueue:
+    """Steps waiting for a warm Ray job: one JSON file per step in a folder that the Dagster
+    side and the Ray workers both see (under the output root, which both must mount).
+
+    `queue/<request>.json` holds the Pipes bootstrap variables of one step's session; a warm
+    job claims it by renaming it to `taken/<request>.<job id>.json` (a rename is atomic, so
+    two jobs never take the same step) and moves it to `done/` when the step is done, where
+    the Dagster side, which may see the step only then, reads the job and removes it. The
+    step's Pipes messages go to `messages/<request>.jsonl`. `jobs.json`, under `jobs.lock`, lists
+    the warm jobs the Dagster side has started.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.queue = folder / "queue"
+        self.taken = folder / "taken"
+        self.done_ = folder / "done"
+        self.messages = folder / "messages"
+
+    def create(self) -> None:
+        for path in (self.queue, self.taken, self.done_, self.messages):
+            path.mkdir(parents=True, exist_ok=True)
+
+    def enqueue(self, request: str, env: dict[str, str]) -> None:
+        partial = self.queue / f".{request}.partial"
+        partial.write_text(json.dumps(env))
+        partial.rename(self.queue / f"{request}.json")
+
+    def withdraw(self, request: str) -> bool:
+        """Take a step out of the queue; False if a job has taken it already."""
+        try:
+            (self.queue / f"{request}.json").unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def taker(self, request: str) -> str | None:
+        """The job that has taken the step (or built it), if one has."""
+        for folder in (self.taken, self.done_):
+            found = next(folder.glob(f"{request}.*.json"), None)
+            if found is not None:
+                return found.name.split(".")[1]
+        return None
+
+    def claim(self, job: str) -> tuple[str, dict[str, str]] | None:
+        """The oldest waiting step, taken for `job`: its request id and bootstrap variables."""
+        waiting = sorted(self.queue.glob("*.json"), key=_modified)
+        for path in waiting:
+            request = path.stem
+            taken = self.taken / f"{request}.{job}.json"
+            try:
+                path.rename(taken)
+            except FileNotFoundError:  # another job took it, or its run withdrew it
+                continue
+            return request, json.loads(taken.read_text())
+        return None
+
+    def done(self, request: str, job: str) -> None:
+        name = f"{request}.{job}.json"
+        (self.taken / name).rename(self.done_ / name)
+
+    def forget(self, request: str) -> None:
+        """Remove what is left of a step that Dagster has finished with."""
+        for folder in (self.queue, self.taken, self.done_):
+            for path in folder.glob(f"{request}*.json"):
+                path.unlink(missing_ok=True)
+
+    def waiting(self) -> int:
+        return sum(1 for _ in self.queue.glob("*.json"))
+
+    def busy(self, jobs: set[str]) -> int:
+        """How many of `jobs` are building a step now."""
+        return sum(1 for path in self.taken.glob("*.json") if path.name.split(".")[1] in jobs)
+
+    def message_file(self, request: str) -> Path:
+        return self.messages / f"{request}.jsonl"
+
+    @contextmanager
+    def started_jobs(self) -> Iterator[list[str]]:
+        """The warm jobs started so far, under an exclusive lock; what the caller leaves in
+        the list is written back."""
+        with (self.folder / "jobs.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            listed = self.folder / "jobs.json"
+            jobs = json.loads(listed.read_text()) if listed.exists() else []
+            yield jobs
+            partial = self.folder / ".jobs.json.partial"
+            partial.write_text(json.dumps(jobs))
+            partial.rename(listed)
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return float("inf")

@@ -286,3 +286,58 @@ def test_a_working_dir_with_a_pipeline_folder_does_not_shadow_the_worker(
     shadowed = build("00000003", f"{sys.executable} -m pipeline.orchestration.pipes_worker")
     assert not shadowed.success
     assert not (roots.output / "step=3").exists()
+
+
+def test_a_warm_ray_job_builds_every_step_of_a_backfill(
+    ray_dashboard: str, roots: Roots, tmp_path: Path
+) -> None:
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    since_ms = time.time_ns() // 1_000_000
+    keys = ["00000001", "00000002", "00000003"]
+    ray = {
+        "address": ray_dashboard,
+        "entrypoint": f"{sys.executable} {WORKER_FILE}",
+        "warm_worker_s": 3.0,
+    }
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
+        instance.add_dynamic_partitions(rollout_steps.name, keys)
+        instance.event_log_storage.set_concurrency_slots(STEP_POOL, len(keys))
+
+        _backfill(
+            home,
+            tmp_path,
+            keys,
+            "ray",
+            {"step_compute": {"config": {"compute": "ray", "ray": ray}}},
+        )
+
+        runs = instance.get_runs()
+        assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs)
+        job_ids = {
+            record.asset_materialization.metadata["Ray Job ID"].value  # type: ignore[union-attr]
+            for run in runs
+            for record in instance.all_logs(
+                run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+            )
+        }
+    # One Ray job built the three steps, then ended on its own once no step came.
+    (job_id,) = job_ids
+    assert job_id.startswith("rollout-shards-warm-")
+    client = _client(ray_dashboard)
+    ours = [
+        job.submission_id
+        for job in client.list_jobs()
+        if (job.submission_id or "").startswith("rollout-shards-")
+        and (job.start_time or 0) >= since_ms
+    ]
+    assert ours == [job_id]
+    deadline = time.monotonic() + 60
+    while not client.get_job_status(job_id).is_terminal() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert client.get_job_status(job_id).value == "SUCCEEDED"
+    for key in keys:
+        assert (roots.output / f"step={int(key)}" / "manifest.json").is_file()
+    # Nothing is left queued, taken or unread.
+    (queue,) = (roots.output / ".ray-workers").iterdir()
+    assert [p for p in queue.rglob("*") if p.is_file() and p.parent != queue] == []

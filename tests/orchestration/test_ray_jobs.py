@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from pipeline.errors import UsageError
-from pipeline.orchestration.ray_jobs import RayJobs, RayJobsError, request_headers
+from pipeline.orchestration.ray_jobs import RayJobs, RayJobsError, WarmQueue, request_headers
 
 # path -> (status, body) the stand-in answers; requests it got, as (method, path, body),
 # and the headers of each.
@@ -242,3 +242,29 @@ def test_an_https_dashboard_is_trusted_through_the_ca_bundle(
         assert "CERTIFICATE_VERIFY_FAILED" in _error(lambda: RayJobs(url).state("s-1"))
     with pytest.raises(UsageError, match=r"ray.ca_bundle .*absent.pem does not exist"):
         RayJobs("https://head:8265", ca_bundle=str(tmp_path / "absent.pem"))
+
+
+def test_a_warm_queue_hands_each_step_to_one_job(tmp_path: Path) -> None:
+    queue = WarmQueue(tmp_path / "pool")
+    queue.create()
+    queue.enqueue("a", {"DAGSTER_PIPES_CONTEXT": "ctx-a"})
+    queue.enqueue("b", {"DAGSTER_PIPES_CONTEXT": "ctx-b"})
+    assert queue.waiting() == 2 and queue.taker("a") is None
+
+    assert queue.claim("job1") == ("a", {"DAGSTER_PIPES_CONTEXT": "ctx-a"})
+    assert queue.claim("job2") == ("b", {"DAGSTER_PIPES_CONTEXT": "ctx-b"})
+    assert queue.claim("job3") is None
+    assert (queue.taker("a"), queue.taker("b")) == ("job1", "job2")
+    assert queue.busy({"job1"}) == 1 and queue.busy({"job1", "job2"}) == 2
+    # A step already taken cannot be withdrawn; its job stays known once it is done.
+    assert not queue.withdraw("a")
+    queue.done("a", "job1")
+    assert queue.taker("a") == "job1" and queue.busy({"job1"}) == 0
+    queue.forget("a")
+    assert queue.taker("a") is None
+    queue.enqueue("c", {})
+    assert queue.withdraw("c") and queue.claim("job1") is None
+    with queue.started_jobs() as started:
+        started.append("job1")
+    with queue.started_jobs() as started:
+        assert started == ["job1"]
