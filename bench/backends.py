@@ -265,9 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         config = {"global_batch_size": 256, "dp_size": 2}
         lines += measure_step(f"{args.samples}-sample step", big, "00000000", config, args)
         shutil.rmtree(big, ignore_errors=True)
-    backends = [
-        b for b in ("in_process", "ray", "ray_warm") if b == "in_process" or args.ray_address
-    ]
+    backends = ["in_process", *(args.ray_backfills if args.ray_address else [])]
     walls: dict[str, list[float]] = {backend: [] for backend in backends}
     identical: dict[str, bool] = dict.fromkeys(backends, True)
     for _ in range(args.repeats):
