@@ -9,7 +9,9 @@ Pipes worker that runs every selected stage and reports each asset. `compute` pi
   reports it;
 - `ray`: the same worker as one Ray job, submitted and watched through the head's Ray Jobs
   REST API (`ray_jobs`), in a Pipes session of its own that, as for `subprocess`, hands
-  each asset to Dagster as the job's log reports it (no Ray in the Dagster process);
+  each asset to Dagster as the job's log reports it (no Ray in the Dagster process); with
+  `ray.warm_worker_s`, a warm Ray job that builds the steps of a backfill one after another
+  instead of a job per step (`ray_jobs.WarmQueue`, docs/scaling-out.md);
 - `k8s`: the same worker in a pod, via `dagster_k8s.PipesK8sClient` (extra `k8s`).
 All four run `pipeline.step.stages.run_stages`, so shards and metadata are the same wherever
 they are built. The Dagster step holds one slot of the concurrency pool `STEP_POOL` while its
@@ -454,6 +456,7 @@ class StepCompute(dg.ConfigurableResource):
             worker: str | None = None
             reported: _Reported | None = None
             checked = -1.0
+            worker_ended = False
             try:
                 while True:
                     closed = session.message_handler.received_closed_message
@@ -474,6 +477,7 @@ class StepCompute(dg.ConfigurableResource):
                         elif (state := jobs.state(worker)).terminal:
                             if session.message_handler.received_closed_message:
                                 continue
+                            worker_ended = True
                             raise dg.Failure(
                                 description=f"step {step}: warm Ray job {worker} ended "
                                 f"{state.status} while building the step; its output is in "
@@ -483,7 +487,7 @@ class StepCompute(dg.ConfigurableResource):
             except RayJobsError as error:
                 raise UsageError(f"step {step}: compute ray: {error}") from None
             finally:
-                if not session.message_handler.received_closed_message:
+                if not session.message_handler.received_closed_message and not worker_ended:
                     if not queue.withdraw(request) and worker is not None:
                         context.log.info(
                             f"[pipes] step {step} interrupted: stopping Ray job {worker}"

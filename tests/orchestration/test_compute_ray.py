@@ -28,6 +28,7 @@ from dagster_support import (
     metadata_of,
     most_at_once,
     stand_in_run,
+    step_failure,
 )
 from ray.job_submission import JobSubmissionClient
 from ray_head import RayHead
@@ -339,5 +340,35 @@ def test_a_warm_ray_job_builds_every_step_of_a_backfill(
     for key in keys:
         assert (roots.output / f"step={int(key)}" / "manifest.json").is_file()
     # Nothing is left queued, taken or unread.
+    (queue,) = (roots.output / ".ray-workers").iterdir()
+    assert [p for p in queue.rglob("*") if p.is_file() and p.parent != queue] == []
+
+
+def test_a_warm_job_that_dies_building_a_step_fails_it_in_one_line(
+    ray_dashboard: str, roots: Roots
+) -> None:
+    # A warm job that takes the step, then exits 3 without a word.
+    dies = (
+        "import sys; from pathlib import Path; "
+        "from pipeline.orchestration.ray_jobs import WarmQueue; a = sys.argv; "
+        'WarmQueue(Path(a[a.index("--serve") + 1])).claim(a[a.index("--job") + 1]); sys.exit(3)'
+    )
+    ray = RayCompute(
+        address=ray_dashboard, entrypoint=f"{sys.executable} -c '{dies}'", warm_worker_s=5.0
+    )
+    compute = StepCompute(compute=Compute.ray, ray=ray)
+    with dg.instance_for_test() as instance:
+        result = materialize(instance, "00000001", compute=compute)
+
+    step_key, failure = step_failure(result)
+    assert step_key == "rollout_samples"
+    assert re.fullmatch(
+        r"step 1: warm Ray job rollout-shards-warm-\w+ ended FAILED while building the step; "
+        r"its output is in the job's logs",
+        failure.description,
+    ), failure.description
+    assert materialized(result) == []
+    # Under the output root only the warm queue, with nothing left queued, taken or unread.
+    assert [p.name for p in roots.output.iterdir()] == [".ray-workers"]
     (queue,) = (roots.output / ".ray-workers").iterdir()
     assert [p for p in queue.rglob("*") if p.is_file() and p.parent != queue] == []
