@@ -130,9 +130,15 @@ def serve(folder: Path, job: str, idle_s: float) -> int:
     for every step it builds."""
     queue = WarmQueue(folder)
     idle_since = time.monotonic()
+    collected = True
     while True:
         claimed = queue.claim(job)
         if claimed is None:
+            if not collected:
+                # Cycles left by the last step, collected while no step waits rather than
+                # before the next one.
+                gc.collect()
+                collected = True
             if time.monotonic() - idle_since > idle_s:
                 return 0
             time.sleep(SERVE_POLL_S)
@@ -143,8 +149,7 @@ def serve(folder: Path, job: str, idle_s: float) -> int:
             run_session(PipesMappingParamsLoader(env))
         finally:
             queue.done(request, job)
-            # The step's frames are garbage now; the next step should not start beside them.
-            gc.collect()
+        collected = False
         idle_since = time.monotonic()
 
 
