@@ -10,14 +10,17 @@ to the worker's first Pipes message (in process: to the first stage's log line),
 from there to the last stage's log line, `tail` from there to the step's success (Ray:
 from the Ray job's end, as Ray records it, since the log lines arrive in batches). Then a
 4-step backfill: four `dagster job execute` runs of the embedded steps launched at once,
-timed from launch to the last exit, `--repeats` times interleaved across backends. Shards
-of every backend are compared byte for byte with the in-process ones. Without
-`--ray-address` the Ray rows are left out.
+timed from launch to the last exit, `--repeats` times interleaved across backends: in
+process, Ray with one job per step, and Ray with a warm job (`ray.warm_worker_s`) that takes
+the backfill's steps as they come. Shards of every backend are compared byte for byte with
+the in-process ones (the backfill's too). Without `--ray-address` the Ray rows are left out;
+`--backfill-only` times the backfill alone; `--json PATH` writes the figures as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import shutil
@@ -166,8 +169,14 @@ def measure_step(
     return lines
 
 
-def backfill(backend: str, args: argparse.Namespace) -> float:
-    """Four runs of the embedded steps launched at once, as the daemon launches a backfill."""
+# A warm job waits this long for the next step: less than one in-process backfill, so a
+# repeat of the Ray backfill starts its own warm job.
+WARM_WORKER_S = 5.0
+
+
+def backfill(backend: str, args: argparse.Namespace) -> tuple[float, dict[str, bytes]]:
+    """Four runs of the embedded steps launched at once, as the daemon launches a backfill;
+    the wall time and every rank file written."""
     import dagster as dg
 
     from pipeline.orchestration.partitions import rollout_steps
@@ -176,12 +185,14 @@ def backfill(backend: str, args: argparse.Namespace) -> float:
     home = work / "home"
     home.mkdir()
     keys = ["00000001", "00000002", "00000003", "00000004"]
-    resources = {"step_compute": {"config": {"compute": backend}}}
-    if backend == "ray":
+    compute = "ray" if backend.startswith("ray") else backend
+    resources: dict[str, Any] = {"step_compute": {"config": {"compute": compute}}}
+    if compute == "ray":
         resources["step_compute"]["config"]["ray"] = {
             "address": args.ray_address,
             "entrypoint": f"{PYTHON} -m pipeline.orchestration.pipes_worker",
             "runtime_env": {"env_vars": {"PYTHONPATH": str(ROOT)}},
+            "warm_worker_s": WARM_WORKER_S if backend == "ray_warm" else 0.0,
         }
     config = work / "run_config.yaml"
     config.write_text(json.dumps({"resources": resources}))
@@ -212,10 +223,14 @@ def backfill(backend: str, args: argparse.Namespace) -> float:
     ]
     codes = [run.wait() for run in runs]
     wall = time.perf_counter() - started
+    shards = {
+        str(path.relative_to(work / "shards")): path.read_bytes()
+        for path in sorted((work / "shards").glob("step=*/rank=*.parquet"))
+    }
     shutil.rmtree(work, ignore_errors=True)
     if any(codes):
         raise SystemExit(f"backfill on {backend}: exit codes {codes}")
-    return wall
+    return wall, shards
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,10 +239,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--samples", type=int, default=32768, help="size of the big step")
     parser.add_argument("--skip-big", action="store_true", help="only the embedded step")
+    parser.add_argument("--backfill-only", action="store_true", help="only the backfill")
+    parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
+    parser.add_argument(
+        "--ray-backfills",
+        nargs="*",
+        default=["ray", "ray_warm"],
+        choices=["ray", "ray_warm"],
+        help="the Ray backfills to time beside the in-process one",
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    lines = measure_step("embedded step 1", EMBEDDED, "00000001", {}, args)
-    if not args.skip_big:
+    load_before = os.getloadavg()
+    lines: list[str] = []
+    if not args.backfill_only:
+        lines += measure_step("embedded step 1", EMBEDDED, "00000001", {}, args)
+    if not args.skip_big and not args.backfill_only:
         big = Path(tempfile.mkdtemp(prefix="rs-big-"))
         subprocess.run(
             [PYTHON, ROOT / "bench" / "generate.py", "--samples", str(args.samples), "--out", big]
@@ -238,18 +265,52 @@ def main(argv: list[str] | None = None) -> int:
         config = {"global_batch_size": 256, "dp_size": 2}
         lines += measure_step(f"{args.samples}-sample step", big, "00000000", config, args)
         shutil.rmtree(big, ignore_errors=True)
-    backends = [b for b in ("in_process", "ray") if b != "ray" or args.ray_address]
+    backends = ["in_process", *(args.ray_backfills if args.ray_address else [])]
     walls: dict[str, list[float]] = {backend: [] for backend in backends}
+    identical: dict[str, bool] = dict.fromkeys(backends, True)
     for _ in range(args.repeats):
+        reference: dict[str, bytes] | None = None
         for backend in backends:
-            walls[backend].append(backfill(backend, args))
+            wall, shards = backfill(backend, args)
+            walls[backend].append(wall)
+            reference = shards if reference is None else reference
+            identical[backend] = identical[backend] and bool(shards) and shards == reference
+    medians = {backend: statistics.median(runs) for backend, runs in walls.items()}
     for backend, runs in walls.items():
         spread = ", ".join(f"{wall:.2f}" for wall in runs)
+        ratio = medians[backend] / medians["in_process"]
         lines.append(
-            f"4-step backfill, {backend}: {statistics.median(runs):.2f} s "
-            f"(median of {len(runs)}, interleaved: {spread})"
+            f"4-step backfill, {backend}: {medians[backend]:.2f} s = {ratio:.2f}x in process "
+            f"(median of {len(runs)}, interleaved: {spread}); shards identical to in process: "
+            f"{identical[backend]}"
         )
     print("\n".join(lines))
+    if args.json is not None:
+        record = {
+            "when": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": " ".join(
+                ["bench/backends.py", *(argv if argv is not None else sys.argv[1:])]
+            ),
+            "machine": {
+                "cpus": os.cpu_count(),
+                "load_average_before": load_before,
+                "load_average_after": os.getloadavg(),
+            },
+            "ray_head": "one node on 127.0.0.1, --num-cpus=1" if args.ray_address else None,
+            "warm_worker_s": WARM_WORKER_S,
+            "backfill_4_steps": {
+                backend: {
+                    "median_s": round(medians[backend], 3),
+                    "runs_s": [round(wall, 3) for wall in walls[backend]],
+                    "ratio_to_in_process": round(medians[backend] / medians["in_process"], 3),
+                    "shards_identical_to_in_process": identical[backend],
+                }
+                for backend in backends
+            },
+            "lines": lines,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 

@@ -3,12 +3,15 @@
 The selected assets of a step (usually all three) run in one session: in process, or one
 Pipes worker that runs every selected stage and reports each asset. `compute` picks one of
 - `in_process` (default): the stages run in the Dagster step's own process;
-- `subprocess`: `python -m pipeline.orchestration.pipes_worker` on this machine, in a Pipes
+- `subprocess`: `python .../pipeline/orchestration/pipes_worker.py` on this machine (this
+  process's own copy of the worker, by its path), in a Pipes
   session of its own (`dg.open_pipes_session`) that hands each asset to Dagster as the worker
   reports it;
 - `ray`: the same worker as one Ray job, submitted and watched through the head's Ray Jobs
   REST API (`ray_jobs`), in a Pipes session of its own that, as for `subprocess`, hands
-  each asset to Dagster as the job's log reports it (no Ray in the Dagster process);
+  each asset to Dagster as the job's log reports it (no Ray in the Dagster process); with
+  `ray.warm_worker_s`, a warm Ray job that builds the steps of a backfill one after another
+  instead of a job per step (`ray_jobs.WarmQueue`, docs/scaling-out.md);
 - `k8s`: the same worker in a pod, via `dagster_k8s.PipesK8sClient` (extra `k8s`).
 All four run `pipeline.step.stages.run_stages`, so shards and metadata are the same wherever
 they are built. The Dagster step holds one slot of the concurrency pool `STEP_POOL` while its
@@ -23,8 +26,11 @@ filesystem mounted at the same path on the workers (`k8s.base_pod_spec` mounts i
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib
+import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -40,8 +46,14 @@ from pydantic import Field
 
 from pipeline.errors import UsageError
 from pipeline.orchestration.partitions import step_of
-from pipeline.orchestration.pipes_worker import reported_failure, worker_extras
-from pipeline.orchestration.ray_jobs import SUCCEEDED, RayJobs, RayJobsError, dashboard_url
+from pipeline.orchestration.pipes_worker import WORKER_FILE, reported_failure, worker_extras
+from pipeline.orchestration.ray_jobs import (
+    SUCCEEDED,
+    RayJobs,
+    RayJobsError,
+    WarmQueue,
+    dashboard_url,
+)
 from pipeline.orchestration.ray_logs import RAY_ADDRESS_KEY, RAY_JOB_ID_KEY, RayJobLogReader
 from pipeline.orchestration.reporting import dagster_metadata
 from pipeline.settings import Settings
@@ -53,10 +65,19 @@ K8S_IMAGE_ENV = "ROLLOUT_SHARDS_K8S_IMAGE"
 K8S_NAMESPACE_ENV = "ROLLOUT_SHARDS_K8S_NAMESPACE"
 WORKER_MODULE = "pipeline.orchestration.pipes_worker"
 WORKER_COMMAND = ["python", "-m", WORKER_MODULE]
+# Isolated (-I): the cluster's installed package, whatever the job's working_dir puts on
+# $PYTHONPATH or in its working directory (a `pipeline/` folder of its own). -I also drops
+# the PYTHONUNBUFFERED that Ray sets, and the Pipes messages must reach the job's log as
+# they are written: -u.
+RAY_ENTRYPOINT = f"python -I -u -m {WORKER_MODULE}"
 # How often the subprocess session looks for results the worker reported, and how long an
 # interrupted worker gets to stop after SIGINT before it is killed.
 RESULT_POLL_SECONDS = 0.02
 TERMINATION_SECONDS = 20.0
+# The warm queues' folder under the output root, and how often a step waiting on a warm job
+# checks that job's state (or starts one).
+WARM_FOLDER = ".ray-workers"
+WARM_CHECK_S = 1.0
 
 # Dagster's own Pipes code calls a preview API and a deprecated one on every launch; the
 # warnings are not about anything this project does.
@@ -82,7 +103,9 @@ class RayCompute(dg.Config):
         None, description="Ray dashboard address (http://head:8265); unset: $RAY_ADDRESS."
     )
     entrypoint: str = Field(
-        " ".join(WORKER_COMMAND), description="Command of the Ray job, run on the cluster."
+        RAY_ENTRYPOINT,
+        description="Command of the Ray job, run on the cluster (the default finds the "
+        "installed rollout-shards, ignoring $PYTHONPATH and the working directory).",
     )
     runtime_env: dict[str, Any] | None = Field(
         None, description="Ray runtime_env of the job (pip, working_dir, env_vars, ...)."
@@ -91,6 +114,22 @@ class RayCompute(dg.Config):
     memory: int | None = Field(None, description="Memory in bytes reserved for the entrypoint.")
     poll_interval: float = Field(
         0.1, description="Seconds between job status polls and between job log reads."
+    )
+    headers: dict[str, str] = Field(
+        {},
+        description="Extra HTTP headers of every call to the dashboard (a proxy's, or an "
+        "Authorization of its own instead of Ray's token).",
+    )
+    ca_bundle: str | None = Field(
+        None, description="PEM file or folder of certificates to trust for an https dashboard."
+    )
+    warm_worker_s: float = Field(
+        0.0,
+        description="Seconds a Ray job waits for the next step after one, taking the steps of "
+        "a backfill as they come (0: one Ray job per step).",
+    )
+    warm_workers: int = Field(
+        1, description="At most this many warm Ray jobs at once (with warm_worker_s)."
     )
 
 
@@ -167,7 +206,7 @@ class StepCompute(dg.ConfigurableResource):
         submission) besides context and extras; fresh each time, as the Ray session adds the
         Pipes variables to the runtime_env it is given."""
         if self.compute == Compute.subprocess:
-            return {"command": [self.python or sys.executable, "-m", WORKER_MODULE]}
+            return {"command": [self.python or sys.executable, WORKER_FILE]}
         if self.compute == Compute.ray:
             params: dict[str, Any] = {"entrypoint": self.ray.entrypoint}
             if self.ray.runtime_env is not None:
@@ -212,6 +251,8 @@ class StepCompute(dg.ConfigurableResource):
         extras = worker_extras(stages, roots, step, settings)
         if self.compute == Compute.subprocess:
             messages = yield from self._subprocess_session(context, step, extras)
+        elif self.compute == Compute.ray and self.ray.warm_worker_s > 0:
+            messages = yield from self._warm_ray_session(context, step, extras, roots)
         elif self.compute == Compute.ray:
             messages = yield from self._ray_session(context, step, extras)
         else:
@@ -274,7 +315,7 @@ class StepCompute(dg.ConfigurableResource):
         as the job's log reports it (read about once a second, then whole once the job has
         ended); returns the worker's custom messages. A step abandoned before the job ended
         (an interrupted run) stops the job."""
-        jobs = RayJobs(dashboard_url(self.ray.address))
+        jobs = self._ray_jobs()
         reader = RayJobLogReader(jobs)
         submission = self.run_arguments()["submit_job_params"]
         submission_id = f"rollout-shards-step{step}-{uuid.uuid4().hex[:10]}"
@@ -342,6 +383,120 @@ class StepCompute(dg.ConfigurableResource):
                 f"not be read to the end ({reader.unread}); what it reported after the last "
                 "read is not recorded, so the step is failed"
             )
+        return list(session.get_custom_messages())
+
+    def _ray_jobs(self) -> RayJobs:
+        return RayJobs(
+            dashboard_url(self.ray.address),
+            headers=dict(self.ray.headers),
+            ca_bundle=self.ray.ca_bundle,
+        )
+
+    def _warm_queue(self, jobs: RayJobs, roots: StepRoots) -> WarmQueue:
+        """The queue of the warm jobs of this cluster and job settings, under the output root."""
+        pool = json.dumps(
+            [jobs.url, self.run_arguments()["submit_job_params"], self.ray.warm_worker_s],
+            sort_keys=True,
+        )
+        key = hashlib.sha256(pool.encode()).hexdigest()[:16]
+        queue = WarmQueue(roots.output_root / WARM_FOLDER / key)
+        queue.create()
+        return queue
+
+    def _start_warm_job(self, jobs: RayJobs, queue: WarmQueue, step: int) -> str | None:
+        """Start a warm job if a step waits and every warm job is busy (up to the limit);
+        returns the new job's id."""
+        with queue.started_jobs() as started:
+            live = [job for job in started if not jobs.state(job).terminal]
+            started[:] = live
+            waiting = queue.waiting()
+            free = len(live) - queue.busy(set(live))
+            if not waiting or free >= waiting or len(live) >= self.ray.warm_workers:
+                return None
+            job = f"rollout-shards-warm-{uuid.uuid4().hex[:10]}"
+            submission = self.run_arguments()["submit_job_params"]
+            submission["entrypoint"] = (
+                f"{submission['entrypoint']} --serve {shlex.quote(str(queue.folder))} "
+                f"--job {job} --idle {self.ray.warm_worker_s}"
+            )
+            submission.update(submission_id=job, metadata={"rollout-shards/warm": str(step)})
+            jobs.submit(submission)
+            started.append(job)
+            return job
+
+    def _warm_ray_session(
+        self,
+        context: dg.AssetExecutionContext,
+        step: int,
+        extras: dict[str, Any],
+        roots: StepRoots,
+    ) -> Generator[dg.MaterializeResult, None, list[Any]]:
+        """The step as a request to a warm Ray job (`ray.warm_worker_s`): queued under the
+        output root, taken by a running warm job or one started for it, its Pipes messages
+        read from a file beside the queue; returns the worker's custom messages. A step
+        abandoned while queued is withdrawn, one abandoned while building stops its job."""
+        jobs = self._ray_jobs()
+        try:
+            queue = self._warm_queue(jobs, roots)
+        except OSError as exc:
+            raise UsageError(
+                f"step {step}: compute ray: cannot make the warm queue: {exc}"
+            ) from exc
+        request = uuid.uuid4().hex
+        with dg.open_pipes_session(
+            context=context,
+            context_injector=dg.PipesEnvContextInjector(),
+            message_reader=dg.PipesFileMessageReader(str(queue.message_file(request))),
+            extras=extras,
+        ) as session:
+            queue.enqueue(request, session.get_bootstrap_env_vars())
+            context.log.info(f"[pipes] step {step} queued for a warm Ray job in {queue.folder}")
+            worker: str | None = None
+            reported: _Reported | None = None
+            checked = -1.0
+            worker_ended = False
+            try:
+                while True:
+                    closed = session.message_handler.received_closed_message
+                    if worker is None and (worker := queue.taker(request)) is not None:
+                        context.log.info(f"[pipes] Ray job {worker} took step {step}.")
+                        job_id = {"Ray Job ID": dg.MetadataValue.text(worker)}
+                        reported = _Reported(session, job_id)
+                    if reported is not None:
+                        yield from reported.new()
+                    if closed:
+                        break
+                    if time.monotonic() - checked >= WARM_CHECK_S:
+                        checked = time.monotonic()
+                        if worker is None:
+                            started = self._start_warm_job(jobs, queue, step)
+                            if started is not None:
+                                context.log.info(f"[pipes] Ray job {started} started.")
+                        elif (state := jobs.state(worker)).terminal:
+                            if session.message_handler.received_closed_message:
+                                continue
+                            worker_ended = True
+                            raise dg.Failure(
+                                description=f"step {step}: warm Ray job {worker} ended "
+                                f"{state.status} while building the step; its output is in "
+                                "the job's logs"
+                            )
+                    time.sleep(self.ray.poll_interval)
+            except RayJobsError as error:
+                raise UsageError(f"step {step}: compute ray: {error}") from None
+            finally:
+                if not session.message_handler.received_closed_message and not worker_ended:
+                    if not queue.withdraw(request) and worker is not None:
+                        context.log.info(
+                            f"[pipes] step {step} interrupted: stopping Ray job {worker}"
+                        )
+                        try:
+                            jobs.stop(worker)
+                        except RayJobsError as error:
+                            context.log.warning(f"[pipes] {error}")
+                queue.forget(request)
+        if reported is not None:
+            yield from reported.new()
         return list(session.get_custom_messages())
 
 

@@ -225,6 +225,16 @@ def _threads_after(script: str, env: dict[str, str]) -> int:
     return int(_printed_after(script, "len(os.listdir('/proc/self/task'))", env))
 
 
+def test_the_programs_load_polars_only_after_their_process_settings() -> None:
+    """The CLI and the Pipes worker set the allocator in `main`: importing them loads no
+    Polars or numpy, whose settings are read once, when they load."""
+    script = (
+        "import sys, pipeline.cli, pipeline.orchestration.pipes_worker\n"
+        "print(sorted(m for m in ('polars', 'numpy') if m in sys.modules))"
+    )
+    assert _printed_lines(script)[-1] == "[]"
+
+
 def test_the_process_settings_keep_openblas_to_one_thread() -> None:
     """numpy's OpenBLAS starts a thread per core when it loads; after the programs' process
     settings it starts none (the package calls no BLAS routine), unless the user asked for

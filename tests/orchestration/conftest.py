@@ -1,13 +1,19 @@
-"""Fixtures of the Dagster-level tests: a throwaway instance and configured roots."""
+"""Fixtures of the Dagster-level tests: a throwaway instance, configured roots, and the
+session's Ray head."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import dagster as dg
 import pytest
 from dagster_support import Roots, configured_roots
+
+if TYPE_CHECKING:
+    from ray_head import RayHead
 
 
 @pytest.fixture
@@ -21,3 +27,28 @@ def instance() -> Iterator[dg.DagsterInstance]:
 def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
     """A copy of data/rollouts as the configured input root, an empty output root."""
     return configured_roots(tmp_path, monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
+    """One Ray head for the whole test session, shared by the pytest workers (a head takes
+    tens of seconds to start, minutes on a busy machine). It asks for Ray's token
+    (`RAY_AUTH_MODE=token`), so every Ray test goes through the jobs client's token."""
+    # Imported here: Ray is a second of imports that only the Ray tests need.
+    from ray_head import shared_head
+
+    base = tmp_path_factory.getbasetemp()
+    # Under xdist each worker has its own base temp; their parent is the session's.
+    folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    with shared_head(folder, auth=True) as head:
+        yield head
+
+
+@pytest.fixture
+def ray_dashboard(ray_head: RayHead, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The session head's dashboard URL, with Ray's token in this test's environment (as a
+    user of a token-auth cluster has it), which runs started by the test inherit."""
+    for name, value in ray_head.environment().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    return ray_head.url

@@ -1,9 +1,9 @@
 """The Ray path end to end against a local Ray head bound to 127.0.0.1.
 
-Part of `make test` (the `ray` extra is installed there): starting a head takes about a
-minute and several hundred MB. A step's stages run as one Ray job submitted through the head's
-Jobs REST API (`pipeline.orchestration.ray_jobs`); logs and metadata come back in the job's
-log.
+Part of `make test` (the `ray` extra is installed there): the head (`ray_head` in
+conftest.py) starts once per test session, in tens of seconds and several hundred MB. A
+step's stages run as one Ray job submitted through the head's Jobs REST API
+(`pipeline.orchestration.ray_jobs`); logs and metadata come back in the job's log.
 """
 
 from __future__ import annotations
@@ -11,20 +11,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
 import pytest
-import requests
 from dagster_support import (
     STAND_IN,
     Roots,
@@ -36,12 +28,16 @@ from dagster_support import (
     metadata_of,
     most_at_once,
     stand_in_run,
+    step_failure,
 )
 from ray.job_submission import JobSubmissionClient
+from ray_head import RayHead
 from test_backfill import _backfill
 
-from pipeline.orchestration.compute import Compute, RayCompute, StepCompute
+from pipeline.orchestration.compute import RAY_ENTRYPOINT, Compute, RayCompute, StepCompute
 from pipeline.orchestration.partitions import rollout_steps
+from pipeline.orchestration.pipes_worker import WORKER_FILE
+from pipeline.orchestration.ray_jobs import RayJobs, RayJobsError
 from pipeline.orchestration.step_pool import STEP_POOL
 
 pytestmark = [
@@ -50,99 +46,12 @@ pytestmark = [
     # Ray's own deprecation in JobSubmissionClient, which only the tests use.
     pytest.mark.filterwarnings("ignore:ssl=None is deprecated"),
 ]
-HEAD_START_S = 120
-# The head's own shutdown takes half a minute; nothing of it is needed after the tests.
-STOP_GRACE_S = 5
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_for_dashboard(url: str, head: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + HEAD_START_S
-    while time.monotonic() < deadline:
-        if head.poll() is not None:
-            pytest.fail(f"ray head exited {head.returncode}: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/api/version", timeout=2) as response:
-                json.load(response)
-            return
-        except OSError:
-            time.sleep(1)
-    pytest.fail(f"ray dashboard did not answer in {HEAD_START_S}s: {log.read_text()[-2000:]}")
-
-
-def _wait_for_job_agent(url: str, log: Path) -> None:
-    """The dashboard answers before its job agent does ("No available agent to submit
-    job", or a dropped connection while the agent starts): submit a no-op job until one is
-    taken, and let it finish."""
-    client = JobSubmissionClient(url)
-    deadline = time.monotonic() + HEAD_START_S
-    while time.monotonic() < deadline:
-        try:
-            job = client.submit_job(entrypoint="true", submission_id=f"warm-up-{time.time_ns()}")
-        except (RuntimeError, requests.RequestException):
-            time.sleep(1)
-            continue
-        while not client.get_job_status(job).is_terminal():
-            time.sleep(0.2)
-        return
-    pytest.fail(f"ray job agent did not start in {HEAD_START_S}s: {log.read_text()[-2000:]}")
-
-
-@pytest.fixture(scope="module")
-def ray_dashboard() -> Iterator[str]:
-    """A one-node Ray cluster on 127.0.0.1, shared by this module's tests (a head takes
-    tens of seconds to start); stopped through its own process group."""
-    # Ray puts sockets under its temp dir, and their paths must stay short.
-    temp = Path(tempfile.mkdtemp(prefix="rs-ray-", dir="/tmp"))
-    gcs_port, dashboard_port = _free_port(), _free_port()
-    # Ray turns 127.0.0.1 into the machine's address unless it is told the cluster is one
-    # machine; this keeps every Ray process on the loopback interface.
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-    command = [
-        str(Path(sys.executable).with_name("ray")),
-        *("start", "--head", "--block", "--disable-usage-stats", "--num-cpus=1"),
-        "--node-ip-address=127.0.0.1",
-        f"--port={gcs_port}",
-        "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={dashboard_port}",
-        "--include-dashboard=true",
-        f"--temp-dir={temp}",
-        # Ray's agents listen on fixed default ports: free ones let two heads (two test
-        # sessions on one machine) start side by side.
-        *(
-            f"--{name}={_free_port()}"
-            for name in (
-                "dashboard-agent-listen-port",
-                "dashboard-agent-grpc-port",
-                "metrics-export-port",
-                "runtime-env-agent-port",
-                "ray-client-server-port",
-            )
-        ),
-    ]
-    log = temp / "head.log"
-    with log.open("wb") as out:
-        head = subprocess.Popen(
-            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{dashboard_port}"
-    try:
-        _wait_for_dashboard(url, head, log)
-        _wait_for_job_agent(url, log)
-        yield url
-    finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
-        shutil.rmtree(temp, ignore_errors=True)
+def _client(url: str) -> JobSubmissionClient:
+    """Ray's own client, with the token the test's environment holds (if any)."""
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    return JobSubmissionClient(url, headers={"Authorization": f"Bearer {token}"} if token else None)
 
 
 @pytest.fixture
@@ -212,7 +121,7 @@ def test_a_backfill_runs_its_steps_as_concurrent_ray_jobs(
         assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in instance.get_runs())
     jobs = [
         job
-        for job in JobSubmissionClient(ray_dashboard).list_jobs()
+        for job in _client(ray_dashboard).list_jobs()
         if (job.submission_id or "").startswith("rollout-shards-step")
         and (job.start_time or 0) >= since_ms
     ]
@@ -275,7 +184,7 @@ def test_an_interrupted_run_stops_its_ray_job(
 
     (line,) = [line for line in stderr.splitlines() if "interrupted: stopping Ray job" in line]
     job_id = re.search(r"stopping Ray job (\S+)", line).group(1)  # type: ignore[union-attr]
-    client = JobSubmissionClient(ray_dashboard)
+    client = _client(ray_dashboard)
     deadline = time.monotonic() + 60
     while not client.get_job_status(job_id).is_terminal() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -292,3 +201,174 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _finished(jobs: RayJobs, submission_id: str) -> str:
+    deadline = time.monotonic() + 120
+    while not (state := jobs.state(submission_id)).terminal and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return state.status
+
+
+def test_the_jobs_client_sends_rays_token_from_where_ray_looks(
+    ray_head: RayHead, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    url = ray_head.url
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    job = {"entrypoint": "true"}
+
+    # No credentials: the head refuses, in one line that says what to set.
+    with pytest.raises(RayJobsError) as refused:
+        RayJobs(url).submit(job)
+    assert str(refused.value) == (
+        f"the Ray dashboard at {url} refused POST /api/jobs/: HTTP 401 Unauthorized: Missing "
+        "authentication token (the head asks for Ray's token: set RAY_AUTH_MODE=token and "
+        "$RAY_AUTH_TOKEN, the file $RAY_AUTH_TOKEN_PATH names, or ~/.ray/auth_token)"
+    )
+    # The token from each place Ray's client looks, in its order, is let in.
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text(f"{ray_head.token}\n")
+    from_home = RayJobs(url).submit(job)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / ".ray" / "auth_token"))
+    (tmp_path / ".ray" / "auth_token").write_text("not the head's")
+    with pytest.raises(RayJobsError, match="HTTP 403 Forbidden: Invalid authentication token"):
+        RayJobs(url).state(from_home)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", ray_head.token)
+    assert _finished(RayJobs(url), from_home) == "SUCCEEDED"
+
+
+def test_extra_headers_of_the_settings_reach_the_head(
+    ray_dashboard: str, roots: Roots, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A step built with the token only in `ray.headers` (as a proxy's Authorization would be).
+    token = os.environ["RAY_AUTH_TOKEN"]
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    ray = RayCompute(
+        address=ray_dashboard,
+        entrypoint=f"{sys.executable} {WORKER_FILE}",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    with dg.instance_for_test() as instance:
+        result = materialize(
+            instance, "00000001", compute=StepCompute(compute=Compute.ray, ray=ray)
+        )
+
+    assert result.success
+    assert (roots.output / "step=1" / "manifest.json").is_file()
+
+
+def test_a_working_dir_with_a_pipeline_folder_does_not_shadow_the_worker(
+    ray_dashboard: str, roots: Roots, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    (project / "pipeline").mkdir(parents=True)
+    (project / "pipeline" / "__init__.py").write_text("raise ImportError('the job's own')\n")
+    runtime_env: dict[str, object] = {"working_dir": str(project)}
+    # Uploaded as `ray job submit --working-dir` does; Ray then runs the job in that folder
+    # with it first on $PYTHONPATH.
+    _client(ray_dashboard)._upload_working_dir_if_needed(runtime_env)
+
+    def build(key: str, entrypoint: str) -> dg.ExecuteInProcessResult:
+        ray = RayCompute(address=ray_dashboard, entrypoint=entrypoint, runtime_env=runtime_env)
+        with dg.instance_for_test() as instance:
+            return materialize(instance, key, compute=StepCompute(compute=Compute.ray, ray=ray))
+
+    # The worker by its path (what the subprocess backend runs), and isolated (the Ray default,
+    # here with this interpreter for `python`): both find rollout-shards' own package.
+    assert build("00000001", f"{sys.executable} {WORKER_FILE}").success
+    assert build("00000002", RAY_ENTRYPOINT.replace("python", sys.executable, 1)).success
+    for step in (1, 2):
+        assert (roots.output / f"step={step}" / "manifest.json").is_file()
+    # The module run plainly imports the working_dir's `pipeline` and the job fails.
+    shadowed = build("00000003", f"{sys.executable} -m pipeline.orchestration.pipes_worker")
+    assert not shadowed.success
+    assert not (roots.output / "step=3").exists()
+
+
+def test_a_warm_ray_job_builds_every_step_of_a_backfill(
+    ray_dashboard: str, roots: Roots, tmp_path: Path
+) -> None:
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    since_ms = time.time_ns() // 1_000_000
+    keys = ["00000001", "00000002", "00000003"]
+    ray = {
+        "address": ray_dashboard,
+        "entrypoint": f"{sys.executable} {WORKER_FILE}",
+        "warm_worker_s": 3.0,
+    }
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
+        instance.add_dynamic_partitions(rollout_steps.name, keys)
+        instance.event_log_storage.set_concurrency_slots(STEP_POOL, len(keys))
+
+        _backfill(
+            home,
+            tmp_path,
+            keys,
+            "ray",
+            {"step_compute": {"config": {"compute": "ray", "ray": ray}}},
+        )
+
+        runs = instance.get_runs()
+        assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs)
+        job_ids = {
+            record.asset_materialization.metadata["Ray Job ID"].value  # type: ignore[union-attr]
+            for run in runs
+            for record in instance.all_logs(
+                run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+            )
+        }
+    # One Ray job built the three steps, then ended on its own once no step came.
+    (job_id,) = job_ids
+    assert job_id.startswith("rollout-shards-warm-")
+    client = _client(ray_dashboard)
+    ours = [
+        job.submission_id
+        for job in client.list_jobs()
+        if (job.submission_id or "").startswith("rollout-shards-")
+        and (job.start_time or 0) >= since_ms
+    ]
+    assert ours == [job_id]
+    deadline = time.monotonic() + 60
+    while not client.get_job_status(job_id).is_terminal() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert client.get_job_status(job_id).value == "SUCCEEDED"
+    for key in keys:
+        assert (roots.output / f"step={int(key)}" / "manifest.json").is_file()
+    # Nothing is left queued, taken or unread.
+    (queue,) = (roots.output / ".ray-workers").iterdir()
+    assert [p for p in queue.rglob("*") if p.is_file() and p.parent != queue] == []
+
+
+def test_a_warm_job_that_dies_building_a_step_fails_it_in_one_line(
+    ray_dashboard: str, roots: Roots
+) -> None:
+    # A warm job that takes the step, then exits 3 without a word.
+    dies = (
+        "import sys; from pathlib import Path; "
+        "from pipeline.orchestration.ray_jobs import WarmQueue; a = sys.argv; "
+        'WarmQueue(Path(a[a.index("--serve") + 1])).claim(a[a.index("--job") + 1]); sys.exit(3)'
+    )
+    ray = RayCompute(
+        address=ray_dashboard, entrypoint=f"{sys.executable} -c '{dies}'", warm_worker_s=5.0
+    )
+    compute = StepCompute(compute=Compute.ray, ray=ray)
+    with dg.instance_for_test() as instance:
+        result = materialize(instance, "00000001", compute=compute)
+
+    step_key, failure = step_failure(result)
+    assert step_key == "rollout_samples"
+    assert re.fullmatch(
+        r"step 1: warm Ray job rollout-shards-warm-\w+ ended FAILED while building the step; "
+        r"its output is in the job's logs",
+        failure.description,
+    ), failure.description
+    assert materialized(result) == []
+    # Under the output root only the warm queue, with nothing left queued, taken or unread.
+    assert [p.name for p in roots.output.iterdir()] == [".ray-workers"]
+    (queue,) = (roots.output / ".ray-workers").iterdir()
+    assert [p for p in queue.rglob("*") if p.is_file() and p.parent != queue] == []

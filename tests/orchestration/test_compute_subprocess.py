@@ -40,7 +40,7 @@ from pipeline.orchestration.compute import (
     RayCompute,
     StepCompute,
 )
-from pipeline.orchestration.pipes_worker import failure_message, reported_failure
+from pipeline.orchestration.pipes_worker import WORKER_FILE, failure_message, reported_failure
 from pipeline.orchestration.ray_jobs import dashboard_url
 from pipeline.orchestration.reporting import FAILURE_TAG
 
@@ -270,9 +270,7 @@ def test_compute_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     compute = StepCompute.from_env()
     assert compute.compute == Compute.subprocess
     assert compute.k8s.image == "registry.example/rollout-shards:0.1.0"
-    assert compute.run_arguments() == {
-        "command": [sys.executable, "-m", "pipeline.orchestration.pipes_worker"]
-    }
+    assert compute.run_arguments() == {"command": [sys.executable, WORKER_FILE]}
 
     monkeypatch.delenv(COMPUTE_ENV)
     assert StepCompute.from_env().compute == Compute.in_process
@@ -309,7 +307,7 @@ def test_the_ray_job_from_run_config() -> None:
     arguments = compute.run_arguments()
     assert arguments == {
         "submit_job_params": {
-            "entrypoint": "python -m pipeline.orchestration.pipes_worker",
+            "entrypoint": "python -I -u -m pipeline.orchestration.pipes_worker",
             "runtime_env": {"env_vars": {"POLARS_MAX_THREADS": "8"}},
             "entrypoint_num_cpus": 8.0,
         }
@@ -408,7 +406,7 @@ def test_in_process_and_subprocess_have_no_pipes_client() -> None:
         SUBPROCESS.client()
     with pytest.raises(UsageError, match="compute ray runs without a Pipes client"):
         StepCompute(compute=Compute.ray).client()
-    assert RayCompute().entrypoint == "python -m pipeline.orchestration.pipes_worker"
+    assert RayCompute().entrypoint == "python -I -u -m pipeline.orchestration.pipes_worker"
 
 
 def test_a_ray_log_that_cannot_be_read_at_the_end_is_reported_not_raised() -> None:
