@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import UsageError
+from pipeline.errors import UsageError, printable
 from pipeline.io import writer
 from pipeline.io.discovery import SourceFile, find_sources
 from pipeline.io.load import group_steps
@@ -44,7 +44,18 @@ class StepRoots:
         return writer.step_folder(self.output_root, step)
 
     def staging_folder(self, asset: str, step: int) -> Path:
-        return self.output_root / STAGING / asset / f"step={step}"
+        """Where `asset` of `step` is staged, inside the output root. A symbolic link on the
+        way (`.staging` or an asset's folder pointing elsewhere) would put staged samples
+        outside the output root: it is refused like any path that escapes it."""
+        folder = self.output_root / STAGING / asset / f"step={step}"
+        for part in (folder.parent.parent, folder.parent, folder):
+            if part.is_symlink():
+                raise UsageError(
+                    f"{printable(str(part))} is a symbolic link to "
+                    f"{printable(str(part.readlink()))}: staged data must stay inside the "
+                    f"output root {printable(str(self.output_root))}; remove the link"
+                )
+        return folder
 
     def to_json(self) -> dict[str, str]:
         return {"input_root": str(self.input_root), "output_root": str(self.output_root)}

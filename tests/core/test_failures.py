@@ -360,3 +360,26 @@ def test_validate_json_is_strict_json_whatever_the_rows_hold(
     report = json.loads(out, parse_constant=refuse)
     assert code == 1
     assert [entry["violations"][0]["rows"][0] for entry in report] == [["0.5", 0], ["nan", 0]]
+
+
+def test_a_staging_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    """`<out>/.staging` (or an asset's folder in it) linked elsewhere would write staged
+    samples outside the output root: refused, and nothing is written through the link."""
+    from pipeline.errors import UsageError
+    from pipeline.step import staging
+    from pipeline.step.roots import StepRoots
+
+    write_step(tmp_path / "in", [sample(i) for i in range(2)])
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    roots = StepRoots(tmp_path / "in", out)
+    (out / ".staging").symlink_to(elsewhere)
+    with pytest.raises(UsageError, match=r"\.staging is a symbolic link to .*elsewhere"):
+        roots.staging_folder("rollout_samples", 1)
+    (out / ".staging").unlink()
+    (out / ".staging").mkdir()
+    (out / ".staging" / "train_batch").symlink_to(elsewhere)
+    with pytest.raises(UsageError, match="train_batch is a symbolic link"):
+        staging.discard(roots, "train_batch", 1)
+    assert list(elsewhere.iterdir()) == []
