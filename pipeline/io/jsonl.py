@@ -10,7 +10,7 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.columns import JSON_RULE, JSON_VALUE
-from pipeline.io.conform import JSON_TEXT_COLUMNS
+from pipeline.io.conform import JSON_TEXT_COLUMNS, dtype_kind
 
 if TYPE_CHECKING:
     from polars._typing import PolarsDataType
@@ -26,17 +26,10 @@ class JsonLinesError(ValueError):
 
 
 def json_kind(dtype: PolarsDataType) -> str:
-    if isinstance(dtype, pl.List | pl.Array):
-        return "list"
-    if isinstance(dtype, pl.Struct):
-        return "struct"
-    if dtype == pl.Boolean:
-        return "bool"
-    if dtype == pl.Null:
-        return "null"
-    if dtype.is_numeric():
-        return "number"
-    return "string" if isinstance(dtype, pl.String | pl.Categorical | pl.Enum) else "other"
+    """The JSON kind Polars inferred a column as: `dtype_kind`'s, with every number one
+    kind (JSON has no integers apart)."""
+    kind = dtype_kind(dtype)
+    return "number" if kind in ("int", "float") or dtype.is_numeric() else kind
 
 
 def _json_kind_of_target(target: PolarsDataType) -> str:

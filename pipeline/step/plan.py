@@ -83,8 +83,11 @@ AVOID_UNTRAINED = (
 )
 
 
-def _rows_named(light: pl.DataFrame, positions: pl.Series) -> Violation:
-    """The (index, leaf) of the first rows at `positions` of the batch."""
+def _refusal(
+    light: pl.DataFrame, positions: pl.Series, rule: str, step: int, message: str
+) -> StepError:
+    """A step refused by `rule`, naming the (index, leaf) of the first rows at `positions`
+    of the batch."""
     shown = light[positions.head(ROWS_NAMED)]
     rows = list(
         zip(
@@ -93,7 +96,7 @@ def _rows_named(light: pl.DataFrame, positions: pl.Series) -> Violation:
             strict=True,
         )
     )
-    return Violation(rule="", message="", rows=rows, n_rows=len(positions))
+    return StepError([Violation(rule, message, step=step, rows=rows, n_rows=len(positions))])
 
 
 def _refuse_what_cannot_train(
@@ -106,45 +109,45 @@ def _refuse_what_cannot_train(
     local = settings.global_batch_size // settings.dp_size
     sizes = rank_sizes(layout.rank, settings.dp_size)
     if not layout.num_rollouts:
-        violation = _rows_named(light, layout.order.gather(layout.untrained))
-        violation.rule = "no_train_steps"
-        violation.step = step
-        violation.message = (
+        raise _refusal(
+            light,
+            layout.order.gather(layout.untrained),
+            "no_train_steps",
+            step,
             f"the trainer would run 0 optimizer steps on this step: its {len(layout.order)} "
             f"rows fill no rank's first step of global_batch_size={settings.global_batch_size}"
             f" // dp_size={settings.dp_size} = {local} rows per rank (rank sizes {sizes}); "
-            "lower global_batch_size, or set cp_size for the rollout-side schedule"
+            "lower global_batch_size, or set cp_size for the rollout-side schedule",
         )
-        raise StepError([violation])
     if len(set(layout.steps_per_rank)) > 1:
         # the rows past the fewest steps any rank runs: where the ranks part ways
         local_row = rows_within_ranks(layout.rank, settings.dp_size)
         excess = (local_row >= min(layout.steps_per_rank) * local).arg_true()
         excess_ranks = layout.rank.gather(excess).unique().sort().to_list()
-        violation = _rows_named(light, layout.order.gather(excess))
-        violation.rule = "ranks_run_different_steps"
-        violation.step = step
-        violation.message = (
+        raise _refusal(
+            light,
+            layout.order.gather(excess),
+            "ranks_run_different_steps",
+            step,
             f"ranks would run different numbers of optimizer steps "
             f"{layout.steps_per_rank} (rank sizes {sizes}, global_batch_size="
             f"{settings.global_batch_size} // dp_size={settings.dp_size} = {local} rows per "
             f"step and rank), so the trainer's collectives would hang on the "
             f"{len(excess)} rows on ranks {excess_ranks} past step "
             f"{min(layout.steps_per_rank)}: {AVOID_UNTRAINED}, "
-            "or change global_batch_size or dp_size"
+            "or change global_batch_size or dp_size",
         )
-        raise StepError([violation])
     if len(layout.untrained) and settings.use_dynamic_batch_size:
-        violation = _rows_named(light, layout.order.gather(layout.untrained))
-        violation.rule = "untrained_rows_with_dynamic_batch_size"
-        violation.step = step
-        violation.message = (
+        raise _refusal(
+            light,
+            layout.order.gather(layout.untrained),
+            "untrained_rows_with_dynamic_batch_size",
+            step,
             f"{len(layout.untrained)} rows on ranks {ranks} fall past the last whole step of "
             f"{local} rows per rank, and with use_dynamic_batch_size the trainer asserts that "
             f"its micro-batches cover every row: {AVOID_UNTRAINED}, "
-            "or turn off use_dynamic_batch_size"
+            "or turn off use_dynamic_batch_size",
         )
-        raise StepError([violation])
     return [int(rank) for rank in ranks]
 
 
