@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -9,7 +10,10 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 import pytest
+from dagster._core.definitions.partitions.context import partition_loading_context
+from dagster._core.loader import LoadingContextForTest
 from dagster_support import (
+    CHECKS,
     EMBEDDED_KEYS,
     Roots,
     break_step_1,
@@ -23,7 +27,7 @@ from dagster_support import (
 from pipeline import cli
 from pipeline import columns as c
 from pipeline.io import writer
-from pipeline.orchestration.partitions import step_of
+from pipeline.orchestration.partitions import rollout_steps, step_of
 from pipeline.orchestration.reporting import FAILURE_TAG
 from tests.conftest import dead_pid
 
@@ -225,6 +229,55 @@ def test_invalid_partition_fails_at_rollout_samples_and_writes_nothing(
     assert f"| response_within_tokens | {roots.input / 'step=1.parquet'} | 2 | 0 |" in rows
     assert "response_within_tokens" in instance.get_run_by_id(result.run_id).tags[FAILURE_TAG]
     assert materialized(result) == []
+
+
+def _check_records(instance: dg.DagsterInstance) -> dict[str, list[tuple[str, str, str]]]:
+    """Every check's executions on record: (partition, run, resolved status), newest first."""
+    loading = LoadingContextForTest(instance)
+    records: dict[str, list[tuple[str, str, str]]] = {}
+    for checks_def in CHECKS:
+        for key in checks_def.check_keys:
+            history = instance.event_log_storage.get_asset_check_execution_history(key, limit=10)
+            records[key.name] = [
+                (r.partition, r.run_id, asyncio.run(r.resolve_status(loading)).value)
+                for r in history
+            ]
+    return records
+
+
+def test_a_refused_step_fails_its_run_and_partition_not_the_checks(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    """Dagster plans every check with the run; a planned check of a failed run would read
+    "execution failed". The refused step leaves no check execution: its run and its
+    partition carry the failure, and the checks say only what they checked."""
+    break_step_1(roots)
+    refused = materialize(instance, "00000001")
+    built = materialize(instance, "00000002")
+
+    assert (refused.success, built.success) == (False, True)
+    assert instance.get_run_by_id(refused.run_id).status == dg.DagsterRunStatus.FAILURE
+    assert _check_records(instance) == {
+        name: [("00000002", built.run_id, "SUCCEEDED")]
+        for name in (*BLOCKING_CHECKS, "every_row_is_trained", "no_rows_quarantined")
+    }
+    with partition_loading_context(dynamic_partitions_store=instance):
+        for checks_def in CHECKS:
+            (key,) = checks_def.check_keys
+            state = instance.event_log_storage.get_asset_check_state([(key, rollout_steps)])[key]
+            statuses = {
+                status.value: sorted(subset.subset_value.get_partition_keys())
+                for status, subset in state.subsets.items()
+                if not subset.is_empty
+            }
+            assert statuses == {"SUCCEEDED": ["00000002"]}, key.name
+    # The partition is failed, not missing: the run that planned it failed.
+    failed = instance.get_run_records(
+        dg.RunsFilter(
+            tags={"dagster/partition": "00000001"}, statuses=[dg.DagsterRunStatus.FAILURE]
+        )
+    )
+    assert [r.dagster_run.run_id for r in failed] == [refused.run_id]
 
 
 def test_settings_the_data_cannot_satisfy_fail_before_writing(
