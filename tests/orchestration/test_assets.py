@@ -29,6 +29,7 @@ from pipeline import columns as c
 from pipeline.io import writer
 from pipeline.orchestration.partitions import rollout_steps, step_of
 from pipeline.orchestration.reporting import FAILURE_TAG
+from pipeline.step import stages
 from tests.conftest import dead_pid
 
 BLOCKING_CHECKS = {
@@ -165,12 +166,20 @@ def test_materialization_metadata(instance: dg.DagsterInstance, roots: Roots) ->
     shards = _metadata(result, "training_shards")
     manifest = json.loads((roots.output / "step=4" / "manifest.json").read_text())
     assert shards["dagster/partition_row_count"] == manifest["counts"]["written"] == 8
-    for name, count in manifest["counts"].items():
-        assert shards[name] == count
-    assert shards["is_compact"] is False
-    assert shards["global_batch_size"] == 8
-    assert shards["dynamic_global_batch_size"] is None
-    assert shards["num_train_steps"] == 1
+    # counts and layout as one-row tables: in view, and not charted before the metrics
+    assert [record.data for record in shards["rows"].records] == [manifest["counts"]]
+    assert [record.data for record in shards["layout"].records] == [
+        {
+            "is_compact": False,
+            "global_batch_size": 8,
+            "dynamic_global_batch_size": None,
+            "num_train_steps": 1,
+        }
+    ]
+    charted = [key for key, value in shards.items() if isinstance(value, int | float)]
+    assert set(charted) - {"dagster/partition_row_count"} == {
+        stages.metric_key(name) for name in manifest["stats"]
+    }
     columns = shards["dagster/column_schema"].columns
     assert [column.name for column in columns] == list(c.DATASET_COLUMNS)
     assert {column.name: column.description for column in columns} == c.DATASET_DESCRIPTIONS
@@ -179,19 +188,28 @@ def test_materialization_metadata(instance: dg.DagsterInstance, roots: Roots) ->
     assert ranks == [
         {"file": o["path"], "rows": o["rows"], "tokens": o["tokens"]} for o in manifest["outputs"]
     ]
-    # every rollout metric of the manifest, as float metadata (the Plots tab charts them)
+    # every rollout metric of the manifest, as float metadata (the Plots tab charts them),
+    # under its name without `rollout/`, first
     assert manifest["stats"]["rollout/response_len/mean"] > 0
+    assert shards["response_len/mean"] == manifest["stats"]["rollout/response_len/mean"]
     for name, value in manifest["stats"].items():
-        assert isinstance(shards[name], float) and shards[name] == value, name
+        key = stages.metric_key(name)
+        assert isinstance(shards[key], float) and shards[key] == value, name
     assert "reward_mean" not in shards
+    assert list(shards)[: len(manifest["stats"])] == [
+        stages.metric_key(name) for name in manifest["stats"]
+    ]
     assert shards["present_columns"] == manifest["present_columns"]
     assert shards["path"] == str(roots.output / "step=4")
 
     samples = _metadata(result, "rollout_samples")
     assert samples["dagster/partition_row_count"] == samples["ingested"] == 13
+    described = {col.name: col.description for col in samples["dagster/column_schema"].columns}
+    assert described[c.RESPONSE_LENGTH] == stages.INPUT_DESCRIPTIONS[c.RESPONSE_LENGTH] != ""
+    assert {name for name, text in described.items() if not text} == set()
     batch = _metadata(result, "train_batch")
     assert batch["dagster/partition_row_count"] == 8
-    assert batch["trimmed"] == 5
+    assert batch["rows"].records[0].data["trimmed"] == 5
 
 
 def test_dagster_shards_are_byte_identical_to_the_cli(
