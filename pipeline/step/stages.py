@@ -89,10 +89,10 @@ def table(records: list[dict[str, Any]], types: dict[str, str]) -> dict[str, Any
 
 
 def _layout(meta: Manifest) -> Metadata:
-    """The step's row counts and batch layout as two one-row tables. The Plots tab charts
-    every numeric entry in the alphabetical order of its key, so scalar counts would come
-    before the rollout metrics: tables keep the counts in view and out of the charts."""
-    counts = meta.counts.to_dict()
+    """The step's row counts and batch layout as two tables of one line per name. The Plots
+    tab charts every numeric entry in the alphabetical order of its key, so scalar counts
+    would come before the rollout metrics: tables keep them in view and out of the charts,
+    and one line per name keeps them narrow."""
     layout = {
         "is_compact": meta.is_compact,
         "global_batch_size": meta.global_batch_size,
@@ -100,12 +100,15 @@ def _layout(meta: Manifest) -> Metadata:
         "num_train_steps": meta.num_train_steps,
     }
     return {
-        "rows": table([counts], dict.fromkeys(counts, "int")),
-        "layout": table(
-            [layout], {name: "bool" if name == "is_compact" else "int" for name in layout}
-        ),
+        "rows": _name_table(meta.counts.to_dict(), "rows", "int"),
+        "layout": _name_table(layout, "value", "scalar"),
         "num_rollouts": json_value(meta.num_rollouts),
     }
+
+
+def _name_table(values: dict[str, Any], column: str, kind: str) -> dict[str, Any]:
+    records = [{"name": name, column: value} for name, value in values.items()]
+    return table(records, {"name": "string", column: kind})
 
 
 ROLLOUT_PREFIX = "rollout/"

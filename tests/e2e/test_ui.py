@@ -508,11 +508,15 @@ def test_materialization_metadata_matches_the_manifest(
     entries = {e["label"]: e for e in event["metadataEntries"]}
 
     manifest = _manifest(server.roots, RUN_STEP)
-    (rows,) = [json.loads(record) for record in entries["rows"]["table"]["records"]]
-    assert rows == manifest["counts"]
-    (layout,) = [json.loads(record) for record in entries["layout"]["table"]["records"]]
-    assert layout["is_compact"] == manifest["is_compact"]
-    assert layout["global_batch_size"] == manifest["global_batch_size"]
+    rows = [json.loads(record) for record in entries["rows"]["table"]["records"]]
+    assert {row["name"]: row["rows"] for row in rows} == manifest["counts"]
+    layout = [json.loads(record) for record in entries["layout"]["table"]["records"]]
+    assert {line["name"]: line["value"] for line in layout} == {
+        "is_compact": manifest["is_compact"],
+        "global_batch_size": manifest["global_batch_size"],
+        "dynamic_global_batch_size": manifest["dynamic_global_batch_size"],
+        "num_train_steps": manifest["num_train_steps"],
+    }
     assert entries["dagster/partition_row_count"]["intValue"] == manifest["counts"]["written"]
     for name, value in manifest["stats"].items():
         assert entries[stages.metric_key(name)]["floatValue"] == value, name
@@ -720,6 +724,8 @@ def test_browser_shows_the_partition_and_its_check_results(
             page.goto(f"{server.url}/assets/{ASSET}?view=partitions&partition={key}")
             _shows_partition(page, key, written)
             page.screenshot(path=tmp_path / "partition.png", full_page=True)
+            page.get_by_text("num_rollouts", exact=True).first.scroll_into_view_if_needed()
+            page.screenshot(path=tmp_path / "partition_tables.png")
 
             invalid = partition_key(INVALID_STEP)
             page.goto(f"{server.url}/assets/{ASSET}?view=partitions&partition={invalid}")
@@ -740,7 +746,15 @@ def test_browser_shows_the_partition_and_its_check_results(
             page.screenshot(path=tmp_path / "samples.png", full_page=True)
         finally:
             browser.close()
-    shots = ["partition", "failed_partition", "checks", "overview", "plots", "samples"]
+    shots = [
+        "partition",
+        "partition_tables",
+        "failed_partition",
+        "checks",
+        "overview",
+        "plots",
+        "samples",
+    ]
     for shot in shots:
         assert (tmp_path / f"{shot}.png").stat().st_size > 0
     # To look at them: ROLLOUT_SHARDS_SCREENSHOTS=<folder> keeps a copy.

@@ -43,6 +43,11 @@ def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, object
     return {key: value.value for key, value in metadata_of(result, asset).items()}
 
 
+def _named(table: dg.TableMetadataValue, column: str) -> dict[str, object]:
+    """A name-per-line metadata table as a dict."""
+    return {record.data["name"]: record.data[column] for record in table.records}
+
+
 def _checks(result: dg.ExecuteInProcessResult) -> dict[str, dg.AssetCheckEvaluation]:
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
 
@@ -167,15 +172,13 @@ def test_materialization_metadata(instance: dg.DagsterInstance, roots: Roots) ->
     manifest = json.loads((roots.output / "step=4" / "manifest.json").read_text())
     assert shards["dagster/partition_row_count"] == manifest["counts"]["written"] == 8
     # counts and layout as one-row tables: in view, and not charted before the metrics
-    assert [record.data for record in shards["rows"].records] == [manifest["counts"]]
-    assert [record.data for record in shards["layout"].records] == [
-        {
-            "is_compact": False,
-            "global_batch_size": 8,
-            "dynamic_global_batch_size": None,
-            "num_train_steps": 1,
-        }
-    ]
+    assert _named(shards["rows"], "rows") == manifest["counts"]
+    assert _named(shards["layout"], "value") == {
+        "is_compact": False,
+        "global_batch_size": 8,
+        "dynamic_global_batch_size": None,
+        "num_train_steps": 1,
+    }
     charted = [key for key, value in shards.items() if isinstance(value, int | float)]
     assert set(charted) - {"dagster/partition_row_count"} == {
         stages.metric_key(name) for name in manifest["stats"]
@@ -209,7 +212,7 @@ def test_materialization_metadata(instance: dg.DagsterInstance, roots: Roots) ->
     assert {name for name, text in described.items() if not text} == set()
     batch = _metadata(result, "train_batch")
     assert batch["dagster/partition_row_count"] == 8
-    assert batch["rows"].records[0].data["trimmed"] == 5
+    assert _named(batch["rows"], "rows")["trimmed"] == 5
 
 
 def test_dagster_shards_are_byte_identical_to_the_cli(
