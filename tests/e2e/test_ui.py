@@ -736,6 +736,10 @@ def test_browser_shows_the_partition_and_its_check_results(
             _shows_checks(page)
             page.screenshot(path=tmp_path / "checks.png", full_page=True)
 
+            page.goto(f"{server.url}/assets/{ASSET}?view=lineage")
+            _shows_checks_passed_in_lineage(page)
+            page.screenshot(path=tmp_path / "lineage.png")
+
             page.goto(f"{server.url}/assets/{ASSET}")
             _shows_columns_and_metric_plots(page)
             page.screenshot(path=tmp_path / "overview.png", full_page=True)
@@ -750,6 +754,7 @@ def test_browser_shows_the_partition_and_its_check_results(
         "partition",
         "partition_tables",
         "failed_partition",
+        "lineage",
         "checks",
         "overview",
         "plots",
@@ -793,6 +798,14 @@ def _shows_checks(page: Page) -> None:
         expect(page.get_by_text(status, exact=True)).to_have_count(0)
     launched = "|".join(partition_key(step) for step in [RUN_STEP, *BACKFILL_STEPS])
     expect(page.get_by_text(re.compile(f"^({launched})$")).first).to_be_visible()
+
+
+def _shows_checks_passed_in_lineage(page: Page) -> None:
+    """The asset's node in the lineage graph: every check passed, one partition failed."""
+    expect(page.get_by_text(ASSET, exact=True).first).to_be_visible()
+    passed = re.compile(rf"^{len(CHECKS)}\s*/\s*{len(CHECKS)} Passed$")
+    expect(page.get_by_text(passed).first).to_be_visible()
+    expect(page.get_by_text(re.compile(r"\(1 failed\)")).first).to_be_visible()
 
 
 def _shows_columns_and_metric_plots(page: Page) -> None:
