@@ -7,6 +7,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import dagster as dg
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable
+from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
 
 from pipeline.errors import StepError, UsageError, Violation, error_lines, os_violation
 from pipeline.orchestration.partitions import step_of
@@ -51,25 +54,55 @@ def violation_metadata(violations: Sequence[Violation]) -> dict[str, Any]:
     }
 
 
+def forget_unrun_checks(context: dg.AssetExecutionContext) -> int:
+    """Drop the check executions this run planned on its partition and never ran; returns
+    how many. Dagster plans every selected check when it creates the run, and a planned
+    check whose run fails resolves to "execution failed" (the UI's red "Failed"), so one
+    refused step would mark each check failed although no shards were published to check:
+    the step's failure belongs to the run and the partition, and the partition's checks keep
+    what they said of the shards published before, if any. Only the SQL event logs (SQLite,
+    Postgres) keep these rows; elsewhere the planned checks stay."""
+    storage = context.instance.event_log_storage
+    if not isinstance(storage, SqlEventLogStorage) or not context.has_partition_key:
+        return 0
+    table = AssetCheckExecutionsTable
+    with storage.index_connection() as conn:
+        removed = conn.execute(
+            table.delete().where(
+                table.c.run_id == context.run.run_id,
+                table.c.partition == context.partition_key,
+                table.c.execution_status == AssetCheckExecutionRecordStatus.PLANNED.value,
+                table.c.asset_key.in_([key.to_string() for key in context.assets_def.keys]),
+            )
+        )
+    return removed.rowcount or 0
+
+
 @contextmanager
 def failures_reported(context: dg.AssetExecutionContext) -> Iterator[None]:
     """Turn the core's errors into a run failure that carries its summary, not a traceback:
-    the description is the lines the command line prints, so the UI shows them first."""
+    the description is the lines the command line prints, so the UI shows them first. Each
+    of them fails the step before anything is published, so the checks the run planned on
+    the partition are dropped (`forget_unrun_checks`): the run and the partition show the
+    failure, the checks do not."""
     try:
         yield
     except StepError as exc:
         rules = sorted({v.rule for v in exc.violations})
         context.instance.add_run_tags(context.run.run_id, {FAILURE_TAG: ", ".join(rules)})
+        forget_unrun_checks(context)
         raise dg.Failure(
             description="\n".join(error_lines("build", exc)),
             metadata=violation_metadata(exc.violations),
             allow_retries=False,
         ) from exc
     except UsageError as exc:
+        forget_unrun_checks(context)
         raise dg.Failure(description=error_lines("build", exc)[0], allow_retries=False) from exc
     except OSError as exc:  # the machine's fault (disk full, permissions): one line too
         step = step_of(context.partition_key) if context.has_partition_key else None
         error = StepError([os_violation(exc, "the output root", step)])
+        forget_unrun_checks(context)
         raise dg.Failure(description=error_lines("build", error)[0]) from exc
 
 

@@ -33,6 +33,10 @@ from pipeline.step.write import write_shards
 
 Metadata = dict[str, dict[str, Any]]
 
+# What each column of a step's rows holds, from the contract's column table: the
+# `rollout_samples` column schema in the UI shows these.
+INPUT_DESCRIPTIONS = {col.name: col.description for col in c.INPUT_COLUMNS}
+
 
 @dataclass
 class StageReport:
@@ -85,19 +89,40 @@ def table(records: list[dict[str, Any]], types: dict[str, str]) -> dict[str, Any
 
 
 def _layout(meta: Manifest) -> Metadata:
+    """The step's row counts and batch layout as two tables of one line per name. The Plots
+    tab charts every numeric entry in the alphabetical order of its key, so scalar counts
+    would come before the rollout metrics: tables keep them in view and out of the charts,
+    and one line per name keeps them narrow."""
+    layout = {
+        "is_compact": meta.is_compact,
+        "global_batch_size": meta.global_batch_size,
+        "dynamic_global_batch_size": meta.dynamic_global_batch_size,
+        "num_train_steps": meta.num_train_steps,
+    }
     return {
-        **{name: scalar(count) for name, count in meta.counts.to_dict().items()},
-        "is_compact": scalar(meta.is_compact),
-        "global_batch_size": scalar(meta.global_batch_size),
-        "dynamic_global_batch_size": scalar(meta.dynamic_global_batch_size),
-        "num_train_steps": scalar(meta.num_train_steps),
+        "rows": _name_table(meta.counts.to_dict(), "rows", "int"),
+        "layout": _name_table(layout, "value", "scalar"),
         "num_rollouts": json_value(meta.num_rollouts),
     }
 
 
+def _name_table(values: dict[str, Any], column: str, kind: str) -> dict[str, Any]:
+    records = [{"name": name, column: value} for name, value in values.items()]
+    return table(records, {"name": "string", column: kind})
+
+
+ROLLOUT_PREFIX = "rollout/"
+
+
+def metric_key(name: str) -> str:
+    """A rollout metric's metadata key: its name without miles' `rollout/` prefix, which every
+    key would repeat and which makes the longest keys overrun their values in the UI."""
+    return name.removeprefix(ROLLOUT_PREFIX)
+
+
 def _rollout_metrics(meta: Manifest) -> Metadata:
     """The step's rollout metrics as float metadata: the asset's Plots tab charts them."""
-    return {name: scalar(float(value)) for name, value in meta.stats.items()}
+    return {metric_key(name): scalar(float(value)) for name, value in meta.stats.items()}
 
 
 def _samples_report(samples: SampleTable, staged: Path | None) -> StageReport:
@@ -113,7 +138,7 @@ def _samples_report(samples: SampleTable, staged: Path | None) -> StageReport:
         metadata={
             "dagster/partition_row_count": scalar(samples.frame.height),
             "dagster/column_schema": column_schema(
-                samples.frame.drop(PROVENANCE, strict=False).schema
+                samples.frame.drop(PROVENANCE, strict=False).schema, INPUT_DESCRIPTIONS
             ),
             "ingested": scalar(samples.ingested),
             "quarantined": scalar(quarantined),
@@ -149,13 +174,14 @@ def _shards_report(batch: TrainBatch, manifest: Manifest, folder: Path) -> Stage
     ranks = [{"file": o.path, "rows": o.rows, "tokens": o.tokens} for o in manifest.rank_outputs()]
     return StageReport(
         log=f"step {manifest.step}: {manifest.counts.written} rows written to {folder}",
+        # The rollout metrics first: what a user follows across steps heads the table.
         metadata={
+            **_rollout_metrics(manifest),
             "dagster/partition_row_count": scalar(manifest.counts.written),
             "dagster/column_schema": column_schema(batch.schema, c.DATASET_DESCRIPTIONS),
             **_layout(manifest),
             "present_columns": json_value(manifest.present_columns),
             "ranks": table(ranks, {"file": "string", "rows": "int", "tokens": "int"}),
-            **_rollout_metrics(manifest),
             "path": path_value(folder),
         },
     )

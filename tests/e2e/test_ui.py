@@ -1,6 +1,9 @@
 """The web UI end to end: `dagster dev` on a free port, runs launched through GraphQL as the
 UI launches them, and the asset's check results seen in a real browser.
 
+One step of the input is invalid: its run fails and its partition shows the failure, while
+the checks show only what they checked (the valid steps), never "Failed".
+
 One `dagster dev` serves the whole module, with a temporary Dagster home and a copy of
 data/rollouts as the input root. It runs in its own process group, which the finalizer
 stops (SIGTERM, a short wait, then SIGKILL) whether or not the tests passed.
@@ -34,9 +37,11 @@ from pipeline.io import writer
 from pipeline.io.checksums import sha256_of
 from pipeline.manifest import MANIFEST
 from pipeline.orchestration.partitions import partition_key, rollout_steps
+from pipeline.orchestration.reporting import FAILURE_TAG
 from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV
+from pipeline.step import stages
 from pipeline.transforms import metrics
-from tests.orchestration.dagster_support import DATA, Roots
+from tests.orchestration.dagster_support import DATA, Roots, break_step_1
 
 REPO = Path(__file__).resolve().parents[2]
 LOCATION = "rollout_shards"
@@ -52,17 +57,24 @@ CHECKS = [
 ]
 # The rollout metrics (CONTRACT section 7) that every step of data/rollouts has.
 PLOTTED = [
-    f"{metrics.RESPONSE_LEN}mean",
-    f"{metrics.RESPONSE_LEN}max",
-    metrics.TRUNCATED_RATIO,
-    metrics.RAW_REWARD,
-    metrics.ALL_ZERO_PERCENTAGE,
-    metrics.RANK_TOKENS_MAX_OVER_MEAN,
-    metrics.UNTRAINED_RATIO,
+    stages.metric_key(name)
+    for name in (
+        f"{metrics.RESPONSE_LEN}mean",
+        f"{metrics.RESPONSE_LEN}max",
+        metrics.TRUNCATED_RATIO,
+        metrics.RAW_REWARD,
+        metrics.ALL_ZERO_PERCENTAGE,
+        metrics.RANK_TOKENS_MAX_OVER_MEAN,
+        metrics.UNTRAINED_RATIO,
+    )
 ]
-# One step launched as a single run, two more as a backfill, as the UI does each.
+# An invalid step (two rows break response_within_tokens) and a valid one launched as
+# single runs, in that order, and two more as a backfill, as the UI does each.
+INVALID_STEP = 1
+INVALID_RULE = "response_within_tokens"
 RUN_STEP = 2
-BACKFILL_STEPS = [1, 4]
+BACKFILL_STEPS = [3, 4]
+SCREENSHOTS_ENV = "ROLLOUT_SHARDS_SCREENSHOTS"
 
 # Bounded waits, generous for a loaded 2-core CI machine; nothing asserts on durations.
 LOAD_TIMEOUT_S = 240.0
@@ -141,6 +153,7 @@ def _free_port() -> int:
 def _start(tmp: Path) -> DagsterDev:
     roots = Roots(input=tmp / "rollouts", output=tmp / "shards")
     shutil.copytree(DATA, roots.input)
+    break_step_1(roots)
     home = tmp / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(INSTANCE_YAML)
@@ -312,15 +325,34 @@ query BackfillRuns($backfillId: String!) {
 
 @dataclass
 class Launched:
+    invalid_run_id: str
     run_id: str
     backfill_id: str
 
 
+def _launch_step(server: DagsterDev, step: int) -> str:
+    """A run of the step job on one partition, as "Materialize" on the partition does."""
+    run = server.graphql(
+        LAUNCH_RUN,
+        {
+            "params": {
+                "selector": {**REPOSITORY_SELECTOR, "jobName": JOB},
+                "executionMetadata": {
+                    "tags": [{"key": "dagster/partition", "value": partition_key(step)}]
+                },
+            }
+        },
+    )["launchRun"]
+    assert run["__typename"] == "LaunchRunSuccess", run
+    return run["run"]["runId"]
+
+
 @pytest.fixture(scope="module")
 def launched(server: DagsterDev) -> Launched:
-    """Partitions added by hand, one run launched for one step and a backfill of two more,
-    all through GraphQL. Both launch before anything waits, so their runs overlap."""
-    for step in [RUN_STEP, *BACKFILL_STEPS]:
+    """Partitions added by hand, a run for the invalid step, one for a valid step and a
+    backfill of two more, all through GraphQL. The invalid step's run finishes before the
+    others launch (a valid step then follows an invalid one); the others overlap."""
+    for step in [INVALID_STEP, RUN_STEP, *BACKFILL_STEPS]:
         added = server.graphql(
             ADD_PARTITION,
             {
@@ -330,18 +362,9 @@ def launched(server: DagsterDev) -> Launched:
             },
         )["addDynamicPartition"]
         assert added["__typename"] == "AddDynamicPartitionSuccess", added
-    run = server.graphql(
-        LAUNCH_RUN,
-        {
-            "params": {
-                "selector": {**REPOSITORY_SELECTOR, "jobName": JOB},
-                "executionMetadata": {
-                    "tags": [{"key": "dagster/partition", "value": partition_key(RUN_STEP)}]
-                },
-            }
-        },
-    )["launchRun"]
-    assert run["__typename"] == "LaunchRunSuccess", run
+    invalid_run_id = _launch_step(server, INVALID_STEP)
+    _wait_for_run(server, invalid_run_id)
+    run_id = _launch_step(server, RUN_STEP)
     # What "Materialize all" -> "Launch backfill" sends for the asset graph.
     backfill = server.graphql(
         LAUNCH_BACKFILL,
@@ -355,27 +378,33 @@ def launched(server: DagsterDev) -> Launched:
         },
     )["launchPartitionBackfill"]
     assert backfill["__typename"] == "LaunchBackfillSuccess", backfill
-    return Launched(run_id=run["run"]["runId"], backfill_id=backfill["backfillId"])
+    return Launched(
+        invalid_run_id=invalid_run_id, run_id=run_id, backfill_id=backfill["backfillId"]
+    )
 
 
 def _tags(run: dict[str, Any]) -> dict[str, str]:
     return {tag["key"]: tag["value"] for tag in run["tags"]}
 
 
-@pytest.fixture(scope="module")
-def finished_run(server: DagsterDev, launched: Launched) -> dict[str, Any]:
-    """The single run once it has finished (the daemon dequeues and launches it)."""
+def _wait_for_run(server: DagsterDev, run_id: str) -> dict[str, Any]:
+    """A run once it has finished (the daemon dequeues and launches it)."""
     deadline = time.monotonic() + RUN_TIMEOUT_S
     run: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        run = server.graphql(RUN_STATUS, {"runId": launched.run_id})["runOrError"]
+        run = server.graphql(RUN_STATUS, {"runId": run_id})["runOrError"]
         if run.get("status") in TERMINAL_RUN_STATUSES:
             return run
         time.sleep(POLL_S)
     pytest.fail(
-        f"run {launched.run_id} not finished within {RUN_TIMEOUT_S:.0f} s: {run}\n"
-        f"{server.log_tail()}"
+        f"run {run_id} not finished within {RUN_TIMEOUT_S:.0f} s: {run}\n{server.log_tail()}"
     )
+
+
+@pytest.fixture(scope="module")
+def finished_run(server: DagsterDev, launched: Launched) -> dict[str, Any]:
+    """The valid step's single run once it has finished."""
+    return _wait_for_run(server, launched.run_id)
 
 
 def _manifest(roots: Roots, step: int) -> dict[str, Any]:
@@ -436,9 +465,10 @@ def test_launched_run_succeeds_and_writes_the_step(
         assert sha256_of(folder / output["path"]) == output["sha256"]
     assert sum(o["rows"] for o in ranks) == manifest["counts"]["written"] > 0
 
-    # The UI's run writes the bytes the command line writes for the same input.
+    # The UI's run writes the bytes the command line writes for the same input (the
+    # pristine copy: the server's has the invalid step).
     cli_out = tmp_path / "cli"
-    assert cli.main(["build", str(server.roots.input), "--out", str(cli_out)]) == 0
+    assert cli.main(["build", str(DATA), "--out", str(cli_out)]) == 0
     for output in ranks:
         cli_file = writer.step_folder(cli_out, RUN_STEP) / output["path"]
         assert (folder / output["path"]).read_bytes() == cli_file.read_bytes()
@@ -456,6 +486,7 @@ query Materializations($partition: String!) {
           label
           __typename
           ... on IntMetadataEntry { intValue }
+          ... on FloatMetadataEntry { floatValue }
           ... on BoolMetadataEntry { boolValue }
           ... on PathMetadataEntry { path }
           ... on TableMetadataEntry { table { records } }
@@ -477,11 +508,18 @@ def test_materialization_metadata_matches_the_manifest(
     entries = {e["label"]: e for e in event["metadataEntries"]}
 
     manifest = _manifest(server.roots, RUN_STEP)
-    for name, count in manifest["counts"].items():
-        assert entries[name]["intValue"] == count, name
+    rows = [json.loads(record) for record in entries["rows"]["table"]["records"]]
+    assert {row["name"]: row["rows"] for row in rows} == manifest["counts"]
+    layout = [json.loads(record) for record in entries["layout"]["table"]["records"]]
+    assert {line["name"]: line["value"] for line in layout} == {
+        "is_compact": manifest["is_compact"],
+        "global_batch_size": manifest["global_batch_size"],
+        "dynamic_global_batch_size": manifest["dynamic_global_batch_size"],
+        "num_train_steps": manifest["num_train_steps"],
+    }
     assert entries["dagster/partition_row_count"]["intValue"] == manifest["counts"]["written"]
-    assert entries["is_compact"]["boolValue"] == manifest["is_compact"]
-    assert entries["global_batch_size"]["intValue"] == manifest["global_batch_size"]
+    for name, value in manifest["stats"].items():
+        assert entries[stages.metric_key(name)]["floatValue"] == value, name
     assert entries["path"]["path"] == str(writer.step_folder(server.roots.output, RUN_STEP))
     ranks = [json.loads(record) for record in entries["ranks"]["table"]["records"]]
     assert ranks == [
@@ -526,7 +564,13 @@ CHECK_PARTITIONS = """
         checks {
           name
           partitionStatuses {
-            ... on AssetCheckDefaultPartitionStatuses { succeededPartitions }
+            ... on AssetCheckDefaultPartitionStatuses {
+              succeededPartitions
+              failedPartitions
+              executionFailedPartitions
+              skippedPartitions
+              inProgressPartitions
+            }
           }
         }
       }
@@ -534,6 +578,73 @@ CHECK_PARTITIONS = """
   }
 }
 """
+
+RUN_FAILURE = """
+query RunFailure($runId: ID!) {
+  runOrError(runId: $runId) {
+    __typename
+    ... on Run {
+      status
+      tags { key value }
+      eventConnection(limit: 500) {
+        events {
+          __typename
+          ... on ExecutionStepFailureEvent {
+            stepKey
+            error { message }
+            failureMetadata { metadataEntries { label } }
+          }
+        }
+      }
+    }
+  }
+}
+"""
+
+ASSET_PARTITIONS = """
+query AssetPartitions($name: String!) {
+  assetNodes(assetKeys: [{path: [$name]}]) {
+    assetPartitionStatuses {
+      ... on DefaultPartitionStatuses { materializedPartitions failedPartitions }
+    }
+  }
+}
+"""
+
+
+def test_the_refused_step_fails_its_run_and_its_partition(
+    server: DagsterDev, launched: Launched, finished_run: dict[str, Any]
+) -> None:
+    """The invalid step's run failed at the step with the rules' summary and its rows as
+    metadata; each of the step's assets shows the partition failed, not missing."""
+    run = server.graphql(RUN_FAILURE, {"runId": launched.invalid_run_id})["runOrError"]
+    assert run["status"] == "FAILURE", server.log_tail()
+    assert INVALID_RULE in _tags(run)[FAILURE_TAG]
+    (failure,) = [
+        e
+        for e in run["eventConnection"]["events"]
+        if e["__typename"] == "ExecutionStepFailureEvent"
+    ]
+    assert failure["stepKey"] == "rollout_samples"
+    assert f"rule {INVALID_RULE}" in failure["error"]["message"]
+    labels = {entry["label"] for entry in failure["failureMetadata"]["metadataEntries"]}
+    assert labels >= {"invalid_rows_per_rule", "first_offending_rows"}
+    assert not writer.step_folder(server.roots.output, INVALID_STEP).exists()
+    for asset in ("rollout_samples", "train_batch", ASSET):
+        (node,) = server.graphql(ASSET_PARTITIONS, {"name": asset})["assetNodes"]
+        statuses = node["assetPartitionStatuses"]
+        assert statuses["failedPartitions"] == [partition_key(INVALID_STEP)], asset
+        assert partition_key(RUN_STEP) in statuses["materializedPartitions"], asset
+
+
+def test_the_refused_step_leaves_no_check_execution(
+    server: DagsterDev, launched: Launched, finished_run: dict[str, Any]
+) -> None:
+    for check in CHECKS:
+        executions = server.graphql(
+            CHECK_EXECUTIONS, {"check": check, "partition": partition_key(INVALID_STEP)}
+        )["assetCheckExecutions"]
+        assert executions == [], check
 
 
 @pytest.fixture(scope="module")
@@ -557,7 +668,7 @@ def finished_backfill(server: DagsterDev, launched: Launched) -> list[dict[str, 
 
 
 def test_backfill_materializes_every_partition_with_its_checks(
-    server: DagsterDev, finished_backfill: list[dict[str, Any]]
+    server: DagsterDev, finished_run: dict[str, Any], finished_backfill: list[dict[str, Any]]
 ) -> None:
     keys = {partition_key(step) for step in BACKFILL_STEPS}
     runs = finished_backfill
@@ -567,19 +678,25 @@ def test_backfill_materializes_every_partition_with_its_checks(
     for step in BACKFILL_STEPS:
         assert _manifest(server.roots, step)["counts"]["written"] > 0
     (node,) = server.graphql(CHECK_PARTITIONS)["assetNodes"]
-    succeeded = {
-        check["name"]: set(check["partitionStatuses"]["succeededPartitions"])
-        for check in node["assetChecksOrError"]["checks"]
+    statuses = {
+        check["name"]: check["partitionStatuses"] for check in node["assetChecksOrError"]["checks"]
     }
-    assert set(succeeded) == set(CHECKS)
-    for check, partitions in succeeded.items():
-        assert partitions >= keys, check
+    assert set(statuses) == set(CHECKS)
+    # Every published step passed every check; the refused one has no check status at all.
+    for check, status in statuses.items():
+        assert set(status.pop("succeededPartitions")) >= keys | {partition_key(RUN_STEP)}, check
+        assert status == {
+            "failedPartitions": [],
+            "executionFailedPartitions": [],
+            "skippedPartitions": [],
+            "inProgressPartitions": [],
+        }, check
     partitions = server.graphql(PARTITION_KEYS)["assetNodes"][0]["partitionKeysByDimension"]
     # Dynamic partitions keep the order they were added in.
     assert partitions == [
         {
             "name": "default",
-            "partitionKeys": [partition_key(s) for s in [RUN_STEP, *BACKFILL_STEPS]],
+            "partitionKeys": [partition_key(s) for s in [INVALID_STEP, RUN_STEP, *BACKFILL_STEPS]],
         }
     ]
 
@@ -607,18 +724,50 @@ def test_browser_shows_the_partition_and_its_check_results(
             page.goto(f"{server.url}/assets/{ASSET}?view=partitions&partition={key}")
             _shows_partition(page, key, written)
             page.screenshot(path=tmp_path / "partition.png", full_page=True)
+            page.get_by_text("num_rollouts", exact=True).first.scroll_into_view_if_needed()
+            page.screenshot(path=tmp_path / "partition_tables.png")
+
+            invalid = partition_key(INVALID_STEP)
+            page.goto(f"{server.url}/assets/{ASSET}?view=partitions&partition={invalid}")
+            _shows_failed_partition(page, invalid)
+            page.screenshot(path=tmp_path / "failed_partition.png", full_page=True)
 
             page.goto(f"{server.url}/assets/{ASSET}?view=checks")
             _shows_checks(page)
             page.screenshot(path=tmp_path / "checks.png", full_page=True)
 
+            page.goto(f"{server.url}/assets/{ASSET}?view=lineage")
+            _shows_checks_passed_in_lineage(page)
+            page.screenshot(path=tmp_path / "lineage.png")
+
             page.goto(f"{server.url}/assets/{ASSET}")
             _shows_columns_and_metric_plots(page)
             page.screenshot(path=tmp_path / "overview.png", full_page=True)
+            page.screenshot(path=tmp_path / "plots.png")
+
+            page.goto(f"{server.url}/assets/rollout_samples")
+            _shows_sample_columns(page)
+            page.screenshot(path=tmp_path / "samples.png", full_page=True)
         finally:
             browser.close()
-    for shot in ("partition.png", "checks.png", "overview.png"):
-        assert (tmp_path / shot).stat().st_size > 0
+    shots = [
+        "partition",
+        "partition_tables",
+        "failed_partition",
+        "lineage",
+        "checks",
+        "overview",
+        "plots",
+        "samples",
+    ]
+    for shot in shots:
+        assert (tmp_path / f"{shot}.png").stat().st_size > 0
+    # To look at them: ROLLOUT_SHARDS_SCREENSHOTS=<folder> keeps a copy.
+    keep = os.environ.get(SCREENSHOTS_ENV)
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for shot in shots:
+            shutil.copy(tmp_path / f"{shot}.png", Path(keep) / f"{shot}.png")
 
 
 def _shows_partition(page: Page, key: str, written: int) -> None:
@@ -630,15 +779,33 @@ def _shows_partition(page: Page, key: str, written: int) -> None:
     expect(page.get_by_text(key, exact=True).first).to_be_visible()
 
 
+def _shows_failed_partition(page: Page, key: str) -> None:
+    """The refused step's partition: failed by its run, with nothing materialized."""
+    expect(page.get_by_text(key, exact=True).first).to_be_visible()
+    expect(page.get_by_text(re.compile("failed", re.IGNORECASE)).first).to_be_visible()
+    expect(page.get_by_text("Materialized", exact=True)).to_have_count(0)
+
+
 def _shows_checks(page: Page) -> None:
-    """The Checks tab: every check listed as succeeded, and the selected one's latest
-    execution passed on one of the launched partitions (whichever run finished last)."""
+    """The Checks tab: every check listed as succeeded, none failed although one step was
+    refused, and the selected one's latest execution passed on one of the valid partitions
+    (whichever run finished last)."""
     for check in CHECKS:
         expect(page.get_by_text(check, exact=True).first).to_be_visible()
     expect(page.get_by_text("Succeeded", exact=True)).to_have_count(len(CHECKS))
     expect(page.get_by_text("Passed", exact=True).first).to_be_visible()
+    for status in ("Failed", "Execution failed", "Skipped"):
+        expect(page.get_by_text(status, exact=True)).to_have_count(0)
     launched = "|".join(partition_key(step) for step in [RUN_STEP, *BACKFILL_STEPS])
     expect(page.get_by_text(re.compile(f"^({launched})$")).first).to_be_visible()
+
+
+def _shows_checks_passed_in_lineage(page: Page) -> None:
+    """The asset's node in the lineage graph: every check passed, one partition failed."""
+    expect(page.get_by_text(ASSET, exact=True).first).to_be_visible()
+    passed = re.compile(rf"^{len(CHECKS)}\s*/\s*{len(CHECKS)} Passed$")
+    expect(page.get_by_text(passed).first).to_be_visible()
+    expect(page.get_by_text(re.compile(r"\(1 failed\)")).first).to_be_visible()
 
 
 def _shows_columns_and_metric_plots(page: Page) -> None:
@@ -655,3 +822,28 @@ def _shows_columns_and_metric_plots(page: Page) -> None:
         title.scroll_into_view_if_needed()
         expect(title).to_be_visible()
     expect(page.locator("canvas").nth(len(PLOTTED) - 1)).to_be_attached()
+    # Only the rollout metrics (and Dagster's row count) are charted: no count comes
+    # between them, whatever order the charts take.
+    titles = page.evaluate(CHART_TITLES)
+    assert set(PLOTTED) <= set(titles), titles
+    assert not set(titles) & {"ingested", "written", "trimmed", "global_batch_size"}, titles
+    page.get_by_text(PLOTTED[0], exact=True).first.scroll_into_view_if_needed()
+
+
+# The title of each chart of the Plots view: the first line of the grid cell of its canvas.
+CHART_TITLES = """
+() => Array.from(document.querySelectorAll('canvas')).map((canvas) => {
+  let cell = canvas;
+  while (cell.parentElement && getComputedStyle(cell.parentElement).display !== 'grid') {
+    cell = cell.parentElement;
+  }
+  return cell.innerText.split('\\n')[0].trim();
+})
+"""
+
+
+def _shows_sample_columns(page: Page) -> None:
+    """`rollout_samples`' Columns table describes the input columns."""
+    expect(page.get_by_text("Columns", exact=True).first).to_be_visible()
+    for name in (c.INDEX, c.STATUS, c.RESPONSE_LENGTH, c.REWARD):
+        expect(page.get_by_text(stages.INPUT_DESCRIPTIONS[name], exact=True).first).to_be_attached()

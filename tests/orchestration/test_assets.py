@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -9,7 +10,10 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 import pytest
+from dagster._core.definitions.partitions.context import partition_loading_context
+from dagster._core.loader import LoadingContextForTest
 from dagster_support import (
+    CHECKS,
     EMBEDDED_KEYS,
     Roots,
     break_step_1,
@@ -23,8 +27,9 @@ from dagster_support import (
 from pipeline import cli
 from pipeline import columns as c
 from pipeline.io import writer
-from pipeline.orchestration.partitions import step_of
+from pipeline.orchestration.partitions import rollout_steps, step_of
 from pipeline.orchestration.reporting import FAILURE_TAG
+from pipeline.step import stages
 from tests.conftest import dead_pid
 
 BLOCKING_CHECKS = {
@@ -36,6 +41,11 @@ BLOCKING_CHECKS = {
 
 def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, object]:
     return {key: value.value for key, value in metadata_of(result, asset).items()}
+
+
+def _named(table: dg.TableMetadataValue, column: str) -> dict[str, object]:
+    """A name-per-line metadata table as a dict."""
+    return {record.data["name"]: record.data[column] for record in table.records}
 
 
 def _checks(result: dg.ExecuteInProcessResult) -> dict[str, dg.AssetCheckEvaluation]:
@@ -161,12 +171,18 @@ def test_materialization_metadata(instance: dg.DagsterInstance, roots: Roots) ->
     shards = _metadata(result, "training_shards")
     manifest = json.loads((roots.output / "step=4" / "manifest.json").read_text())
     assert shards["dagster/partition_row_count"] == manifest["counts"]["written"] == 8
-    for name, count in manifest["counts"].items():
-        assert shards[name] == count
-    assert shards["is_compact"] is False
-    assert shards["global_batch_size"] == 8
-    assert shards["dynamic_global_batch_size"] is None
-    assert shards["num_train_steps"] == 1
+    # counts and layout as one-row tables: in view, and not charted before the metrics
+    assert _named(shards["rows"], "rows") == manifest["counts"]
+    assert _named(shards["layout"], "value") == {
+        "is_compact": False,
+        "global_batch_size": 8,
+        "dynamic_global_batch_size": None,
+        "num_train_steps": 1,
+    }
+    charted = [key for key, value in shards.items() if isinstance(value, int | float)]
+    assert set(charted) - {"dagster/partition_row_count"} == {
+        stages.metric_key(name) for name in manifest["stats"]
+    }
     columns = shards["dagster/column_schema"].columns
     assert [column.name for column in columns] == list(c.DATASET_COLUMNS)
     assert {column.name: column.description for column in columns} == c.DATASET_DESCRIPTIONS
@@ -175,19 +191,28 @@ def test_materialization_metadata(instance: dg.DagsterInstance, roots: Roots) ->
     assert ranks == [
         {"file": o["path"], "rows": o["rows"], "tokens": o["tokens"]} for o in manifest["outputs"]
     ]
-    # every rollout metric of the manifest, as float metadata (the Plots tab charts them)
+    # every rollout metric of the manifest, as float metadata (the Plots tab charts them),
+    # under its name without `rollout/`, first
     assert manifest["stats"]["rollout/response_len/mean"] > 0
+    assert shards["response_len/mean"] == manifest["stats"]["rollout/response_len/mean"]
     for name, value in manifest["stats"].items():
-        assert isinstance(shards[name], float) and shards[name] == value, name
+        key = stages.metric_key(name)
+        assert isinstance(shards[key], float) and shards[key] == value, name
     assert "reward_mean" not in shards
+    assert list(shards)[: len(manifest["stats"])] == [
+        stages.metric_key(name) for name in manifest["stats"]
+    ]
     assert shards["present_columns"] == manifest["present_columns"]
     assert shards["path"] == str(roots.output / "step=4")
 
     samples = _metadata(result, "rollout_samples")
     assert samples["dagster/partition_row_count"] == samples["ingested"] == 13
+    described = {col.name: col.description for col in samples["dagster/column_schema"].columns}
+    assert described[c.RESPONSE_LENGTH] == stages.INPUT_DESCRIPTIONS[c.RESPONSE_LENGTH] != ""
+    assert {name for name, text in described.items() if not text} == set()
     batch = _metadata(result, "train_batch")
     assert batch["dagster/partition_row_count"] == 8
-    assert batch["trimmed"] == 5
+    assert _named(batch["rows"], "rows")["trimmed"] == 5
 
 
 def test_dagster_shards_are_byte_identical_to_the_cli(
@@ -225,6 +250,55 @@ def test_invalid_partition_fails_at_rollout_samples_and_writes_nothing(
     assert f"| response_within_tokens | {roots.input / 'step=1.parquet'} | 2 | 0 |" in rows
     assert "response_within_tokens" in instance.get_run_by_id(result.run_id).tags[FAILURE_TAG]
     assert materialized(result) == []
+
+
+def _check_records(instance: dg.DagsterInstance) -> dict[str, list[tuple[str, str, str]]]:
+    """Every check's executions on record: (partition, run, resolved status), newest first."""
+    loading = LoadingContextForTest(instance)
+    records: dict[str, list[tuple[str, str, str]]] = {}
+    for checks_def in CHECKS:
+        for key in checks_def.check_keys:
+            history = instance.event_log_storage.get_asset_check_execution_history(key, limit=10)
+            records[key.name] = [
+                (r.partition, r.run_id, asyncio.run(r.resolve_status(loading)).value)
+                for r in history
+            ]
+    return records
+
+
+def test_a_refused_step_fails_its_run_and_partition_not_the_checks(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    """Dagster plans every check with the run; a planned check of a failed run would read
+    "execution failed". The refused step leaves no check execution: its run and its
+    partition carry the failure, and the checks say only what they checked."""
+    break_step_1(roots)
+    refused = materialize(instance, "00000001")
+    built = materialize(instance, "00000002")
+
+    assert (refused.success, built.success) == (False, True)
+    assert instance.get_run_by_id(refused.run_id).status == dg.DagsterRunStatus.FAILURE
+    assert _check_records(instance) == {
+        name: [("00000002", built.run_id, "SUCCEEDED")]
+        for name in (*BLOCKING_CHECKS, "every_row_is_trained", "no_rows_quarantined")
+    }
+    with partition_loading_context(dynamic_partitions_store=instance):
+        for checks_def in CHECKS:
+            (key,) = checks_def.check_keys
+            state = instance.event_log_storage.get_asset_check_state([(key, rollout_steps)])[key]
+            statuses = {
+                status.value: sorted(subset.subset_value.get_partition_keys())
+                for status, subset in state.subsets.items()
+                if not subset.is_empty
+            }
+            assert statuses == {"SUCCEEDED": ["00000002"]}, key.name
+    # The partition is failed, not missing: the run that planned it failed.
+    failed = instance.get_run_records(
+        dg.RunsFilter(
+            tags={"dagster/partition": "00000001"}, statuses=[dg.DagsterRunStatus.FAILURE]
+        )
+    )
+    assert [r.dagster_run.run_id for r in failed] == [refused.run_id]
 
 
 def test_settings_the_data_cannot_satisfy_fail_before_writing(
