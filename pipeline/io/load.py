@@ -6,7 +6,8 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,23 @@ from pipeline.io.discovery import TABLE_SUFFIXES, SourceFile
 from pipeline.io.ipc import read_ipc
 from pipeline.io.jsonl import JsonLinesError, read_jsonl
 from pipeline.io.miles_dump import read_miles_dump
-from pipeline.io.parquet import read_parquet
+from pipeline.io.parquet import Mapper, read_parquet
 
-READERS = {"parquet": read_parquet, "ipc": read_ipc, "jsonl": read_jsonl}
+# The read's threads: the file's sha256 is taken while its columns decode (hashlib and
+# Polars release the GIL), and a Parquet file's list columns decode side by side.
+READ_THREADS = max(2, os.cpu_count() or 1)
+
+
+# Each format's reader of a file's bytes, given the `map` of the read's pool.
+READERS: dict[str, Callable[[bytes, Mapper], pl.DataFrame]] = {
+    "parquet": read_parquet,
+    "ipc": lambda data, _: read_ipc(data),
+    "jsonl": lambda data, _: read_jsonl(data),
+}
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass
@@ -87,14 +102,15 @@ def read_file(path: Path, step: int | None = None) -> ReadFile:
         raise _unreadable(path, step, f"not a table (expected {', '.join(TABLE_SUFFIXES)})")
     if not data:
         raise _unreadable(path, step, "the file is empty")
-    sha256 = hashlib.sha256(data).hexdigest()
     try:
-        with panics_kept_off_stderr() as panicked:
+        with panics_kept_off_stderr() as panicked, ThreadPoolExecutor(READ_THREADS) as pool:
+            digest = pool.submit(_sha256, data)
             try:
-                frame = READERS[kind](data)
+                frame = READERS[kind](data, pool.map)
             except pl.exceptions.PanicException:  # a BaseException: it would end the run
                 panicked[0] = True
                 raise
+            sha256 = digest.result()
     except JsonLinesError as exc:
         raise _unreadable(path, step, str(exc)) from None
     except (Exception, pl.exceptions.PanicException) as exc:  # noqa: BLE001 - the file's fault

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
 
 import polars as pl
 
-# Below this size four reads (each parsing the footer) on a pool cost more than the second
-# core saves (bench/results/).
+# Below this size several reads (each parsing the footer) cost more than a second core saves
+# (bench/results/).
 SPLIT_READ_BYTES = 4 << 20
 
+Columns = list[str]
+# `map` of the read's thread pool (`io.load`), or the builtin for a read on this thread.
+Mapper = Callable[[Callable[[Columns], pl.DataFrame], Iterable[Columns]], Iterator[pl.DataFrame]]
 
-def read_parquet(data: bytes) -> pl.DataFrame:
-    """A Parquet file's bytes, its list columns each decoded on a thread of its own.
+
+def read_parquet(data: bytes, mapper: Mapper = map) -> pl.DataFrame:
+    """A Parquet file's bytes; with a pool's `mapper`, its list columns each decoded apart.
 
     Polars decodes a row group's columns one after another, and writers such as pyarrow
     put a whole step in one row group, so a plain read keeps one core busy; the list
     columns hold nearly all the bytes. Any failure of the split read falls back to a plain
     read, whose error is the one to report."""
-    if len(data) < SPLIT_READ_BYTES:
+    if len(data) < SPLIT_READ_BYTES or mapper is map:
         return pl.read_parquet(data)
     try:
         schema = pl.read_parquet_schema(data)
@@ -28,9 +31,7 @@ def read_parquet(data: bytes) -> pl.DataFrame:
         groups = [[name] for name in lists] + ([rest] if rest else [])
         if len(groups) < 2:
             return pl.read_parquet(data)
-        workers = min(len(groups), os.cpu_count() or 1)
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            parts = list(pool.map(lambda columns: pl.read_parquet(data, columns=columns), groups))
+        parts = list(mapper(lambda columns: pl.read_parquet(data, columns=columns), groups))
         return pl.concat(parts, how="horizontal").select(list(schema))
     except Exception:  # noqa: BLE001 - the plain read below reports it
         return pl.read_parquet(data)

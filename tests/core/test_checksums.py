@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -48,9 +49,9 @@ def test_the_digest_is_of_the_bytes_parsed_even_if_the_file_changes_meanwhile(
     before = path.read_bytes()
     real = load.READERS["parquet"]
 
-    def rewritten_meanwhile(data: bytes) -> pl.DataFrame:
+    def rewritten_meanwhile(data: bytes, mapper: Any) -> pl.DataFrame:
         table([sample(5), sample(6)]).write_parquet(path)
-        return real(data)
+        return real(data, mapper)
 
     monkeypatch.setitem(load.READERS, "parquet", rewritten_meanwhile)
     loaded = load.load_step(1, [SourceFile(path, 1)])

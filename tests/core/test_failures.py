@@ -297,7 +297,7 @@ def test_a_panic_inside_polars_is_one_line_and_the_other_steps_go_on(
     """Polars' PanicException is a BaseException: caught as the file's, not the run's."""
     from pipeline.io import load
 
-    def panics(data: bytes) -> pl.DataFrame:
+    def panics(data: bytes, mapper: Any) -> pl.DataFrame:
         raise pl.exceptions.PanicException("not yet implemented")
 
     monkeypatch.setitem(load.READERS, "ipc", panics)
