@@ -1,9 +1,11 @@
-"""Load a step: read each of its files once, record the sha256 of exactly the bytes read,
-type the rows (`conform`) and concatenate them in batch order with provenance."""
+"""Load a step: read each of its files, record the sha256 of the bytes read (a file that
+changes during its read fails the step), type the rows (`conform`) and concatenate them in
+batch order with provenance."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import stat
 from collections.abc import Callable, Iterable, Sequence
@@ -30,16 +32,14 @@ from pipeline.io.parquet import Mapper, read_parquet
 READ_THREADS = max(2, os.cpu_count() or 1)
 
 
-# Each format's reader of a file's bytes, given the `map` of the read's pool.
-READERS: dict[str, Callable[[bytes, Mapper], pl.DataFrame]] = {
+# Each format's reader, given the file (Parquet: its path, which Polars reads without a
+# copy of the file in memory; the others: its bytes, which rows mapped from an Arrow file
+# or the duplicate-key check of JSON Lines need) and the `map` of the read's pool.
+READERS: dict[str, Callable[[Any, Mapper], pl.DataFrame]] = {
     "parquet": read_parquet,
     "ipc": lambda data, _: read_ipc(data),
     "jsonl": lambda data, _: read_jsonl(data),
 }
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass
@@ -75,48 +75,87 @@ def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
     return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
-def _read_bytes(path: Path, step: int | None) -> tuple[bytes, os.stat_result]:
-    """The file's bytes, read once. Opened without blocking (a FIFO put in a file's place
-    would wait for a writer forever) and refused unless a regular file."""
+def _opened(path: Path, step: int | None) -> tuple[io.BufferedReader, os.stat_result]:
+    """The file, open. Opened without blocking (a FIFO put in a file's place would wait for
+    a writer forever) and refused unless a regular file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         what = "a dangling symlink" if path.is_symlink() and not path.exists() else exc.strerror
         raise _unreadable(path, step, f"cannot open the file ({what})") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise _unreadable(path, step, "cannot open the file (not a regular file)")
+    handle = os.fdopen(fd, "rb")
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        handle.close()
+        raise _unreadable(path, step, "cannot open the file (not a regular file)")
+    return handle, info
+
+
+def _read_bytes(path: Path, step: int | None) -> tuple[bytes, os.stat_result]:
+    """The file's bytes, read once (`_opened`)."""
+    handle, info = _opened(path, step)
+    with handle:
         try:
             return handle.read(), info
         except OSError as exc:
             raise _unreadable(path, step, f"cannot read the file ({exc.strerror})") from None
 
 
-def read_file(path: Path, step: int | None = None) -> ReadFile:
-    """One input file as stored, in file order, parsed from the very bytes its sha256 is
-    taken of; an unreadable file is a StepError."""
-    data, info = _read_bytes(path, step)
-    kind = TABLE_SUFFIXES.get(path.suffix)
-    if kind is None:
-        raise _unreadable(path, step, f"not a table (expected {', '.join(TABLE_SUFFIXES)})")
-    if not data:
-        raise _unreadable(path, step, "the file is empty")
+def _utf8(path: Path) -> bool:
+    """Whether Polars can open `path` by name (a name that is not UTF-8 is read as bytes)."""
     try:
-        with panics_kept_off_stderr() as panicked, ThreadPoolExecutor(READ_THREADS) as pool:
-            digest = pool.submit(_sha256, data)
-            try:
-                frame = READERS[kind](data, pool.map)
-            except pl.exceptions.PanicException:  # a BaseException: it would end the run
-                panicked[0] = True
-                raise
-            sha256 = digest.result()
-    except JsonLinesError as exc:
-        raise _unreadable(path, step, str(exc)) from None
-    except (Exception, pl.exceptions.PanicException) as exc:  # noqa: BLE001 - the file's fault
-        problem = unsupported_in(kind, data) if kind != "jsonl" else None
-        reason = problem or f"cannot read {kind}: {first_line(exc)}"
-        raise _unreadable(path, step, reason) from None
+        str(path).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _digest(handle: io.BufferedReader, data: bytes | None) -> str:
+    if data is not None:
+        return hashlib.sha256(data).hexdigest()
+    return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def read_file(path: Path, step: int | None = None) -> ReadFile:
+    """One input file as stored, in file order, with the sha256 of the bytes read; a file
+    whose identity (inode, size, modification and change times) moved while it was read
+    fails rather than vouch for other bytes. An unreadable file is a StepError."""
+    handle, info = _opened(path, step)
+    with handle:
+        kind = TABLE_SUFFIXES.get(path.suffix)
+        if kind is None:
+            expected = ", ".join(TABLE_SUFFIXES)
+            raise _unreadable(path, step, f"not a table (expected {expected})")
+        if info.st_size == 0:
+            raise _unreadable(path, step, "the file is empty")
+        try:
+            data = None if kind == "parquet" and _utf8(path) else handle.read()
+        except OSError as exc:
+            raise _unreadable(path, step, f"cannot read the file ({exc.strerror})") from None
+        try:
+            with panics_kept_off_stderr() as panicked, ThreadPoolExecutor(READ_THREADS) as pool:
+                digest = pool.submit(_digest, handle, data)
+                try:
+                    frame = READERS[kind](data if data is not None else str(path), pool.map)
+                except pl.exceptions.PanicException:  # a BaseException: it would end the run
+                    panicked[0] = True
+                    raise
+                sha256 = digest.result()
+        except JsonLinesError as exc:
+            raise _unreadable(path, step, str(exc)) from None
+        except OSError as exc:
+            raise _unreadable(path, step, f"cannot read the file ({exc.strerror})") from None
+        except (Exception, pl.exceptions.PanicException) as exc:  # noqa: BLE001 - the file's
+            stored = data if data is not None else path.read_bytes()
+            problem = unsupported_in(kind, stored) if kind != "jsonl" else None
+            reason = problem or f"cannot read {kind}: {first_line(exc)}"
+            raise _unreadable(path, step, reason) from None
+    try:
+        after = os.stat(path)
+    except OSError:
+        after = None
+    if after is None or _identity(after) != _identity(info):
+        raise _unreadable(path, step, "the file changed while it was read: build again")
     return ReadFile(frame, sha256, info.st_size)
 
 

@@ -39,26 +39,37 @@ def test_an_unreadable_input_has_no_digest_but_a_reason(tmp_path: Path) -> None:
     assert input_digest(link) == "unreadable: No such file or directory"
 
 
-def test_the_digest_is_of_the_bytes_parsed_even_if_the_file_changes_meanwhile(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_table_that_changes_while_it_is_read_fails_its_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
-    """A writer replacing the file's bytes after the reader took them changes neither the
-    rows nor the digest the step records: both come from one read."""
-    path = tmp_path / "step=1.parquet"
-    table([sample(0)]).write_parquet(path)
-    before = path.read_bytes()
-    real = load.READERS["parquet"]
+    """A writer rewriting the file while the reader parses it: the digest could vouch for
+    other bytes than the rows, so the step fails with one line and the rebuild reads the
+    new file whole."""
+    suffix = {"parquet": ".parquet", "jsonl": ".jsonl"}[kind]
+    path = tmp_path / f"step=1{suffix}"
+    write = {
+        "parquet": lambda rows: table(rows).write_parquet(path),
+        "jsonl": lambda rows: table(rows).write_ndjson(path),
+    }[kind]
+    write([sample(0)])
+    real = load.READERS[kind]
 
-    def rewritten_meanwhile(data: bytes, mapper: Any) -> pl.DataFrame:
-        table([sample(5), sample(6)]).write_parquet(path)
-        return real(data, mapper)
+    def rewritten_meanwhile(source: Any, mapper: Any) -> pl.DataFrame:
+        write([sample(5), sample(6)])
+        return real(source, mapper)
 
-    monkeypatch.setitem(load.READERS, "parquet", rewritten_meanwhile)
+    monkeypatch.setitem(load.READERS, kind, rewritten_meanwhile)
+    with pytest.raises(StepError) as error:
+        load.load_step(1, [SourceFile(path, 1)])
+    (violation,) = error.value.violations
+    assert violation.rule == "unreadable_file"
+    assert violation.message.endswith("the file changed while it was read: build again")
+
+    monkeypatch.setitem(load.READERS, kind, real)
     loaded = load.load_step(1, [SourceFile(path, 1)])
-
-    assert loaded.frame.get_column("index").to_list() == [0]
-    assert loaded.files == [{"path": str(path), "sha256": _digest(before), "rows": 1}]
-    assert sha256_of(path) != _digest(before)
+    assert loaded.frame.get_column("index").to_list() == [5, 6]
+    assert loaded.files == [{"path": str(path), "sha256": sha256_of(path), "rows": 2}]
 
 
 def test_a_dump_that_changes_while_it_is_read_fails_its_step(
