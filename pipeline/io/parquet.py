@@ -31,6 +31,7 @@ def read_parquet(data: bytes) -> pl.DataFrame:
         workers = min(len(groups), os.cpu_count() or 1)
         with ThreadPoolExecutor(max_workers=workers) as pool:
             parts = list(pool.map(lambda columns: pl.read_parquet(data, columns=columns), groups))
-        return pl.concat(parts, how="horizontal").select(list(schema))
+        columns = [column for part in parts for column in part.get_columns()]
+        return pl.DataFrame(columns).select(list(schema))
     except Exception:  # noqa: BLE001 - the plain read below reports it
         return pl.read_parquet(data)
