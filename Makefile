@@ -15,6 +15,11 @@ ROLLOUT_SHARDS_OUTPUT ?= $(OUTPUT)
 ROOTS_NAME := $(subst /,_,$(patsubst /%,%,$(abspath $(ROLLOUT_SHARDS_INPUT))--$(abspath $(ROLLOUT_SHARDS_OUTPUT))))
 DAGSTER_HOME := $(CURDIR)/.dagster_home/$(ROOTS_NAME)
 UI_PORT ?= 3000
+# The oldest Polars the core supports (the one miles pins): `make test` runs tests/core
+# again in $(POLARS1_VENV), a venv holding only this Polars that sees every other package
+# of $(VENV) through a .pth file.
+POLARS1 ?= polars==1.42.1
+POLARS1_VENV := .venv-polars1
 # pytest workers; each takes whole test files, so a module's fixtures (a Ray head, dagster dev) start once.
 TEST_WORKERS ?= 2
 FORCE ?=
@@ -44,6 +49,16 @@ $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 
 install: $(VENV)/.installed
 
+$(POLARS1_VENV)/.installed: Makefile | $(VENV)/.installed
+	@echo "make: creating $(POLARS1_VENV) ($(POLARS1) over $(VENV)'s other packages)"
+	rm -rf $(POLARS1_VENV)
+	$(BIN)/python -m venv --without-pip $(POLARS1_VENV)
+	own=$$($(POLARS1_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
+	shared=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
+	$(BIN)/pip install --quiet --target "$$own" "$(POLARS1)" && \
+	echo "import site; site.addsitedir('$$shared')" > "$$own/zz_project_venv.pth"
+	touch $@
+
 $(DAGSTER_HOME)/dagster.yaml:
 	mkdir -p $(DAGSTER_HOME) && printf 'telemetry:\n  enabled: false\n' > $@
 
@@ -67,10 +82,12 @@ browser:
 		$$sudo apt-get update -qq && \
 		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
-test: install lint browser $(DAGSTER_HOME)/dagster.yaml
+test: install lint browser $(DAGSTER_HOME)/dagster.yaml $(POLARS1_VENV)/.installed
 	$(BIN)/rollout-shards validate $(INPUT)
 	$(DG_ENV) $(BIN)/dg check defs
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
+	@echo "make: tests/core again on $$($(POLARS1_VENV)/bin/python -c 'import polars; print("Polars", polars.__version__)')"
+	$(POLARS1_VENV)/bin/python -m pytest tests/core -n $(TEST_WORKERS) --dist loadfile
 
 data: install
 	$(BIN)/python -m pipeline.sample_data $(INPUT)

@@ -35,6 +35,7 @@ def read_parquet(source: str | bytes, mapper: Mapper = map) -> pl.DataFrame:
         if len(groups) < 2:
             return pl.read_parquet(source)
         parts = list(mapper(lambda columns: pl.read_parquet(source, columns=columns), groups))
-        return pl.concat(parts, how="horizontal").select(list(schema))
+        columns = [column for part in parts for column in part.get_columns()]
+        return pl.DataFrame(columns).select(list(schema))
     except Exception:  # noqa: BLE001 - the plain read below reports it
         return pl.read_parquet(source)

@@ -48,7 +48,7 @@ class RankRows:
             *optional_shard_columns(self.optional),
         )
         scalars = _compact(self.scalars, start, length)
-        return pl.concat([scalars, lists], how="horizontal").select(*c.DATASET_COLUMNS)
+        return scalars.hstack(lists).select(*c.DATASET_COLUMNS)
 
 
 def _compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
