@@ -93,3 +93,22 @@ def dead_pid() -> int:
 @pytest.fixture
 def rows_dir(tmp_path: Path) -> Path:
     return tmp_path / "rollouts"
+
+
+def generated_step(folder: Path, samples: int = 3000, non_compact: bool = False) -> Path:
+    """`folder` holding a step from bench/generate.py (a fixed seed), written by pyarrow as
+    rollout engines write it: one row group, big enough for the split read and for rank
+    files of several pages."""
+    import importlib.util
+
+    import pyarrow.parquet as pq
+
+    spec = importlib.util.spec_from_file_location("bench_generate", REPO / "bench" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    mix = generate.parse_mix(generate.DEFAULT_MIX, non_compact)
+    table = generate.generate_step(0, samples, 400.0, mix, 8, 0.3, 7, True)
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, folder / "step=0.parquet")
+    return folder

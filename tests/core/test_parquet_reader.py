@@ -3,31 +3,21 @@ the table a plain read gives; a small file is read plainly; a damaged one is nam
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import polars as pl
-import pyarrow.parquet as pq
 import pytest
 
 from pipeline.errors import StepError
 from pipeline.io import parquet
 from pipeline.io.load import read_table
-from tests.conftest import REPO
+from tests.conftest import generated_step
 
 
 @pytest.fixture(scope="module")
 def step_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A step from bench/generate.py, large enough for the split read."""
-    spec = importlib.util.spec_from_file_location("bench_generate", REPO / "bench" / "generate.py")
-    assert spec is not None and spec.loader is not None
-    generate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generate)
-    mix = generate.parse_mix(generate.DEFAULT_MIX, False)
-    table = generate.generate_step(0, 3000, 400.0, mix, 8, 0.3, 7, True)
-    path = tmp_path_factory.mktemp("parquet") / "step=0.parquet"
-    pq.write_table(table, path)
-    return path
+    return generated_step(tmp_path_factory.mktemp("parquet")) / "step=0.parquet"
 
 
 def test_the_split_read_equals_a_plain_read(step_file: Path) -> None:

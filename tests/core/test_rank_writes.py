@@ -7,13 +7,11 @@ their results; how fast they are is measured by bench/run.py, never asserted.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import polars as pl
-import pyarrow.parquet as pq
 import pytest
 
 from pipeline.io.discovery import find_sources
@@ -25,21 +23,13 @@ from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch
 from pipeline.step.roots import StepRoots
 from pipeline.step.write import write_shards
+from tests.conftest import generated_step
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _generate(folder: Path, samples: int, non_compact: bool = False) -> Path:
-    """A step from bench/generate.py, big enough that a rank file spans several pages."""
-    spec = importlib.util.spec_from_file_location("bench_generate", REPO / "bench" / "generate.py")
-    assert spec is not None and spec.loader is not None
-    generate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generate)
-    mix = generate.parse_mix(generate.DEFAULT_MIX, non_compact)
-    table = generate.generate_step(0, samples, 400.0, mix, 8, 0.3, 7, True)
-    folder.mkdir(parents=True)
-    pq.write_table(table, folder / "step=0.parquet")
-    return folder
+    return generated_step(folder, samples, non_compact)
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,9 @@ decoded content (`parquet_pages.decoded`) once for both."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import polars as pl
-import pyarrow.parquet as pq
 import pytest
 
 from pipeline.io.checksums import sha256_of
@@ -19,7 +17,7 @@ from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.settings import Settings
 from pipeline.step.build import build_step
-from tests.conftest import sample, write_step
+from tests.conftest import generated_step, sample, write_step
 from tests.core.parquet_pages import decoded_digest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,21 +132,9 @@ SAMPLE_DECODED = {
 }
 
 
-def _generated(folder: Path, non_compact: bool) -> Path:
-    spec = importlib.util.spec_from_file_location("bench_generate", REPO / "bench" / "generate.py")
-    assert spec is not None and spec.loader is not None
-    generate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generate)
-    mix = generate.parse_mix(generate.DEFAULT_MIX, non_compact)
-    table = generate.generate_step(0, 3000, 400.0, mix, 8, 0.3, 7, True)
-    folder.mkdir(parents=True)
-    pq.write_table(table, folder / "step=0.parquet")
-    return folder
-
-
 @pytest.mark.parametrize("kind", ["compact", "non-compact"])
 def test_shards_are_the_bytes_written_before(tmp_path: Path, kind: str) -> None:
-    inputs = _generated(tmp_path / "in", non_compact=kind == "non-compact")
+    inputs = generated_step(tmp_path / "in", non_compact=kind == "non-compact")
     sources = group_steps(find_sources([inputs]))[0]
     for name, settings in SETTINGS.items():
         manifest = build_step(0, sources, Settings(**settings), tmp_path / name)
