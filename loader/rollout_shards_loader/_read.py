@@ -191,8 +191,16 @@ class _Checks:
         self.folder = folder
         self.pool: ThreadPoolExecutor | None = None
         self.pending: list[tuple[Future[str] | None, Path, str, tuple[int, ...], int | None]] = []
+        self.held: list[Any] = []
 
-    def submit(self, data: bytearray | int, path: Path, sha256: str, key: tuple[int, ...]) -> None:
+    def hold(self, handle: Any) -> None:
+        """Keep `handle` open until the checks are done (a mapped file's identity is
+        checked once its columns have been decoded)."""
+        self.held.append(handle)
+
+    def submit(
+        self, data: bytearray | pa.Buffer | int, path: Path, sha256: str, key: tuple[int, ...]
+    ) -> None:
         """Hash `data`: the bytes read, or an open file descriptor whose file must still
         have the identity `key` (so the same bytes) once its columns have been read."""
         if self.pool is None:
@@ -228,6 +236,9 @@ class _Checks:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
+        for handle in self.held:
+            handle.close()
+        self.held = []
 
 
 def _not_the_manifests(path: Path, sha256: str) -> ShardVerificationError:
@@ -237,9 +248,9 @@ def _not_the_manifests(path: Path, sha256: str) -> ShardVerificationError:
     )
 
 
-def _sha256(data: bytearray | int) -> str:
+def _sha256(data: bytearray | pa.Buffer | int) -> str:
     if not isinstance(data, int):
-        return hashlib.sha256(data).hexdigest()
+        return hashlib.sha256(memoryview(data)).hexdigest()
     digest, offset = hashlib.sha256(), 0
     while chunk := os.pread(data, HASH_CHUNK, offset):  # pread: the reader's offset stays
         digest.update(chunk)
@@ -268,17 +279,16 @@ def _open_rank_file(
     handle = os.fdopen(fd, "rb", buffering=0 if whole else -1)
     try:
         if whole:
-            data = _read_all(handle, info.st_size, path)
-            if known and verify and _file_key(os.fstat(fd)) != key:
-                if folder.replaced():
-                    raise _Replaced
-                raise ShardVerificationError(f"{path}: changed while it was read")
-            handle.close()
+            # The open file itself, mapped (through /proc, not its name, so a rebuild's
+            # swap cannot put another file there): hashed and decoded from one mapping
+            # without a copy; `read_table` on it decodes row groups in parallel, where
+            # `ParquetFile.read` does not. A step's files are never written in place, and
+            # one that was (its change time moves) fails the read below.
+            keep = pa.memory_map(f"/proc/self/fd/{fd}").read_buffer()
+            if keep.size != info.st_size:
+                raise ShardVerificationError(f"{path}: changed size while it was read")
             if not known:
-                checks.submit(data, path, record["sha256"], key)
-            # the bytes read stay the source: `read_table` on them decodes row groups in
-            # parallel, where `ParquetFile.read` does not
-            keep = pa.py_buffer(data)
+                checks.submit(keep, path, record["sha256"], key)
             parquet = pq.ParquetFile(pa.BufferReader(keep))
         else:
             try:
@@ -296,10 +306,14 @@ def _open_rank_file(
     except BaseException:
         handle.close()
         raise
-    if not whole and not known:
+    if whole:
+        checks.hold(handle)
+        if verify:
+            checks.unchanged(fd, path, key)
+    elif not known:
         # a few columns of it are read: hashed from the file beside that read, not copied
         checks.submit(fd, path, record["sha256"], key)
-    elif not whole and verify:
+    elif verify:
         checks.unchanged(fd, path, key)
     return parquet, keep
 
