@@ -77,3 +77,29 @@ def test_the_light_cli_builds_what_the_dagster_path_builds(
     dagster_digests = _digests(roots.output)
     assert len(dagster_digests) >= 4
     assert _digests(light_out) == dagster_digests
+
+
+def test_the_cli_installs_beside_miles_pins_and_validates_there(tmp_path: Path) -> None:
+    """Where trainers live (miles pins polars==1.42.1): `pip install .` keeps the pinned
+    Polars, and `rollout-shards validate` runs there, on a root and on one step file."""
+    from tests.loader.test_install import MILES_PINS
+
+    folder = tmp_path / "venv"
+    venv.create(folder, with_pip=True)
+    python = folder / "bin" / "python"
+    pip = [python, "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, *MILES_PINS], check=True, capture_output=True, text=True)
+    subprocess.run([*pip, str(REPO)], check=True, capture_output=True, text=True)
+    version = subprocess.run(
+        [python, "-c", "import polars; print(polars.__version__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert version.stdout.strip() == "1.42.1"
+    cli = folder / "bin" / "rollout-shards"
+    data = REPO / "data" / "rollouts"
+    for target in (data, data / "step=1.parquet"):
+        run = subprocess.run([cli, "validate", str(target)], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        assert "valid, " in run.stdout
