@@ -361,13 +361,7 @@ class StepCompute(dg.ConfigurableResource):
                     yield from reported.new()
             finally:
                 if state is None or not state.terminal:
-                    context.log.info(
-                        f"[pipes] step {step} interrupted: stopping Ray job {submission_id}"
-                    )
-                    try:
-                        jobs.stop(submission_id)
-                    except RayJobsError as error:
-                        context.log.warning(f"[pipes] {error}")
+                    _stop_interrupted(context, jobs, step, submission_id)
             if state.status != SUCCEEDED:
                 # Ray's message goes on with the log's last lines: the first one says why.
                 why = state.message.strip().splitlines()[0] if state.message.strip() else "-"
@@ -487,13 +481,7 @@ class StepCompute(dg.ConfigurableResource):
             finally:
                 if not session.message_handler.received_closed_message and not worker_ended:
                     if not queue.withdraw(request) and worker is not None:
-                        context.log.info(
-                            f"[pipes] step {step} interrupted: stopping Ray job {worker}"
-                        )
-                        try:
-                            jobs.stop(worker)
-                        except RayJobsError as error:
-                            context.log.warning(f"[pipes] {error}")
+                        _stop_interrupted(context, jobs, step, worker)
                 queue.forget(request)
         if reported is not None:
             yield from reported.new()
@@ -518,6 +506,17 @@ class _Reported:
         )
         fresh, self._handed = results[self._handed :], len(results)
         yield from _materializations(fresh)
+
+
+def _stop_interrupted(
+    context: dg.AssetExecutionContext, jobs: RayJobs, step: int, job_id: str
+) -> None:
+    """Stop the Ray job of a step whose run was interrupted; a failed stop is a warning."""
+    context.log.info(f"[pipes] step {step} interrupted: stopping Ray job {job_id}")
+    try:
+        jobs.stop(job_id)
+    except RayJobsError as error:
+        context.log.warning(f"[pipes] {error}")
 
 
 def _materializations(results: Any) -> Iterator[dg.MaterializeResult]:
