@@ -34,7 +34,6 @@ from pipeline.settings import (
     setting_values,
 )
 from pipeline.step.build import STAGE_NAMES, build_step, summary_line, warning_lines
-from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch
 
@@ -155,19 +154,10 @@ def _build_one(
     skipped: list[str],
 ) -> bool:
     """Build one step unless it is current; False (after printing why) when it fails."""
+    report = _StepReport(progress)
     try:
-        current = None if args.force else current_manifest(step, sources, settings, args.out)
-        if current is not None:
-            progress.step_done()
-            print(
-                f"step {step}: up to date, skipped: {printable(str(args.out / f'step={step}'))} "
-                "was built from "
-                "the same inputs and settings (--force rebuilds it)"
-            )
-            return True
-        # checked again under the step's lock: another build may publish it meanwhile
         manifest = build_step(
-            step, sources, settings, args.out, args.force, reporter=progress, skipped=skipped
+            step, sources, settings, args.out, args.force, reporter=report, skipped=skipped
         )
     except StepError as exc:
         progress.step_done()
@@ -180,9 +170,32 @@ def _build_one(
         print_violations("build", [os_violation(exc, args.out, step)])
         return False
     progress.step_done()
+    if report.current is not None:
+        print(
+            f"step {step}: up to date, skipped: {printable(str(report.current))} was built "
+            "from the same inputs and settings (--force rebuilds it)"
+        )
+        return True
     print(printable(summary_line(manifest, step_folder(args.out, step))))
     _warn("build", manifest)
     return True
+
+
+class _StepReport:
+    """The progress of one step's build, and whether its folder was current."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.current: Path | None = None
+
+    def begin(self, step: int, stage: str) -> None:
+        self.progress.begin(step, stage)
+
+    def end(self, step: int, stage: str, detail: str) -> None:
+        self.progress.end(step, stage, detail)
+
+    def up_to_date(self, step: int, folder: Path) -> None:
+        self.current = folder
 
 
 def skipped_files(skipped: Sequence[Path], step: int) -> list[str]:

@@ -35,12 +35,18 @@ class StageReporter(Protocol):
 
     def end(self, step: int, stage: str, detail: str) -> None: ...
 
+    def up_to_date(self, step: int, folder: Path) -> None:
+        """The step's folder is current: nothing was built."""
+
 
 class _Silent:
     def begin(self, step: int, stage: str) -> None:
         pass
 
     def end(self, step: int, stage: str, detail: str) -> None:
+        pass
+
+    def up_to_date(self, step: int, folder: Path) -> None:
         pass
 
 
@@ -58,10 +64,12 @@ def build_step(
     `skipped` names look-alike files the readers passed over, kept in the manifest. Builds
     of one step run one at a time (`writer.step_lock`), so the last published read the
     newest inputs."""
+    report = reporter or _Silent()
     with writer.step_lock(out_root, step):
         if not force and (manifest := current_manifest(step, sources, settings, out_root)):
+            report.up_to_date(step, writer.step_folder(out_root, step))
             return manifest
-        return _build(step, sources, settings, out_root, reporter or _Silent(), skipped)
+        return _build(step, sources, settings, out_root, report, skipped)
 
 
 def _build(
