@@ -13,6 +13,7 @@ where an integer belongs is a number that fits too.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -146,10 +147,16 @@ def contract_types(frame: pl.DataFrame) -> dict[str, pl.DataType]:
 def value_text(frame: pl.DataFrame, name: str, bad: pl.Series) -> str:
     """The first refused value of a column as written (JSON text where it has one)."""
     first = frame.filter(bad).get_column(name).head(1)
-    try:
-        text = first.to_frame().select(json_text(pl.col(name))).to_series()[0]
-    except pl.exceptions.PolarsError:
-        text = str(first[0])
+    value = first[0]
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON has no text for NaN or infinity (Polars encodes them as null): named as the
+        # line's rows name them, never as a null the file does not hold.
+        text = str(value)
+    else:
+        try:
+            text = first.to_frame().select(json_text(pl.col(name))).to_series()[0]
+        except pl.exceptions.PolarsError:
+            text = str(value)
     text = text or "null"
     return text if len(text) <= VALUE_TEXT_CHARS else text[:VALUE_TEXT_CHARS] + "..."
 

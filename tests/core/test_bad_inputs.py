@@ -1,10 +1,14 @@
-"""The bad-input corpus (bad_inputs/generate.py) through `rollout-shards build`, as a
+"""The bad-input corpus (bad_inputs/generate.py) through the command each case names, as a
 user runs it: exit 1 with one readable line per broken rule naming step, file, rule and
 rows, no traceback and no step folder; exit 2 with one usage-error line; or, where the
 input is acceptable or quarantined, the exact manifest counts and quarantine table.
+`build` runs most cases; `validate` and `parity` run theirs with the exact lines (or the
+strict JSON report) expected, and `stage` runs the Dagster stages' staging on a `.staging`
+linked elsewhere (the CLI never stages). A refused case changes nothing in its folder.
 
-The cases run through `pipeline.cli.main` in this process (stdout and stderr captured);
-every twentieth runs as a real subprocess too, so the command line itself is covered."""
+The CLI cases run through `pipeline.cli.main` in this process (stdout and stderr
+captured); every twentieth runs as a real subprocess too, so the command line itself is
+covered; `stage` cases always run as a `python -c` subprocess."""
 
 from __future__ import annotations
 
@@ -12,6 +16,9 @@ import contextlib
 import hashlib
 import io
 import json
+import os
+import shutil
+import stat
 import subprocess
 import sys
 import traceback
@@ -25,12 +32,40 @@ import pytest
 from pipeline.cli import main
 from pipeline.errors import printable
 from tests.conftest import REPO
-from tests.core.bad_inputs.generate import STEP, cases, generate
+from tests.core.bad_inputs.generate import ARGS, STEP, cases, generate
 
 GENERATOR = Path(__file__).with_name("bad_inputs") / "generate.py"
 NAMES = [case.name for case in cases()]
 PROG = "rollout-shards"
 PREFIX = f"{PROG}: build: "
+USAGE = f"{PROG}: usage error: "
+# The prefix of a refused case's lines: `stage` prints the lines of the Dagster failure,
+# which are `build`'s.
+PREFIXES = {
+    "build": PREFIX,
+    "validate": f"{PROG}: validate: ",
+    "parity": f"{PROG}: parity: ",
+    "stage": PREFIX,
+}
+# The Dagster assets' entry to a step's stages (pipeline.orchestration.compute runs it in
+# process, the Pipes worker in its own): the failure's description is the CLI's lines
+# (pipeline.orchestration.reporting), printed here with the CLI's exit status.
+STAGE_ENTRY = """
+import json, sys
+from pathlib import Path
+from pipeline.errors import StepError, UsageError, error_lines
+from pipeline.settings import load_settings
+from pipeline.step.roots import StepRoots
+from pipeline.step.stages import run_stages
+inputs, out, stages, step, settings = sys.argv[1:]
+roots = StepRoots(Path(inputs), Path(out))
+try:
+    for _ in run_stages(stages.split(","), roots, int(step), load_settings(**json.loads(settings))):
+        pass
+except (StepError, UsageError) as exc:
+    print("\\n".join(error_lines("build", exc)), file=sys.stderr)
+    sys.exit(2 if isinstance(exc, UsageError) else 1)
+"""
 
 
 SUBPROCESS = set(NAMES[::20])
@@ -43,22 +78,40 @@ class Result:
     stderr: str
 
 
+def _placed(text: str, folder: Path) -> str:
+    return text.replace("{input}", str(folder / "input")).replace("{case}", str(folder))
+
+
+def _placed_json(value: Any, folder: Path) -> Any:
+    if isinstance(value, str):
+        return _placed(value, folder)
+    if isinstance(value, list):
+        return [_placed_json(v, folder) for v in value]
+    if isinstance(value, dict):
+        return {k: _placed_json(v, folder) for k, v in value.items()}
+    return value
+
+
 def argv(folder: Path) -> list[str]:
+    """The command line of a case (for `stage`, the arguments of STAGE_ENTRY)."""
     spec = json.loads((folder / "case.json").read_text())
-    args = [
-        a.replace("{input}", str(folder / "input")).replace("{case}", str(folder))
-        for a in spec["args"]
-    ]
-    return ["build", str(folder / "input"), "--out", str(folder / "out"), *args]
+    args = [_placed(a, folder) for a in spec["args"]]
+    inputs, out = str(folder / "input"), str(folder / "out")
+    return {
+        "build": ["build", inputs, "--out", out, *args],
+        "validate": ["validate", inputs, *args],
+        "parity": ["parity", *args],
+        "stage": [inputs, out, *args],
+    }[spec["command"]]
 
 
-def build(folder: Path) -> Result:
-    """The case through `main` in this process; any exception escaping it is a failure,
+def in_process(args: list[str]) -> Result:
+    """A command through `main` in this process; any exception escaping it is a failure,
     shown as the traceback a user would have seen."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = main(argv(folder))
+            code = main(args)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
         except Exception:  # noqa: BLE001 - reported as the traceback the CLI would print
@@ -67,21 +120,94 @@ def build(folder: Path) -> Result:
     return Result(code, out.getvalue(), err.getvalue())
 
 
+def build(folder: Path) -> Result:
+    return in_process(argv(folder))
+
+
 def build_subprocess(folder: Path) -> Result:
-    command = [sys.executable, "-m", "pipeline.cli", *argv(folder)]
+    spec = json.loads((folder / "case.json").read_text())
+    if spec["command"] == "stage":
+        command = [sys.executable, "-c", STAGE_ENTRY, *argv(folder)]
+    else:
+        command = [sys.executable, "-m", "pipeline.cli", *argv(folder)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, check=False)
     return Result(done.returncode, done.stdout, done.stderr)
 
 
+def prepare(folder: Path, steps: list[dict[str, Any]]) -> None:
+    """What a case asks for before its command (see generate.py): a build, then
+    corruptions of it."""
+    for step in steps:
+        ((op, value),) = step.items()
+        if op == "build":
+            built = in_process(
+                ["build", str(folder / "input"), "--out", str(folder / value), *ARGS]
+            )
+            assert built.returncode == 0, built.stderr
+        elif op == "copy":
+            source, target = folder / value[0], folder / value[1]
+            if source.is_dir():
+                shutil.copytree(source, target, symlinks=True)
+            else:
+                shutil.copyfile(source, target)
+        elif op == "replace":
+            path, old, new = folder / value[0], value[1], value[2]
+            text = path.read_text()
+            assert text.count(old) == 1, (path, old)
+            path.write_text(text.replace(old, new))
+        else:
+            assert op == "write", op
+            (folder / value[0]).write_bytes(bytes.fromhex(value[1]))
+
+
+# Left aside when a refused case is compared with its folder before the command: the step
+# locks, and the output root's dataset card (it names no step; a build whose step folder
+# cannot be replaced has written it already).
+NOT_THE_STEPS = ("out/.locks", "out/README.md")
+
+
+def snapshot(folder: Path) -> dict[str, tuple[str, str]]:
+    """Every entry under a case folder, kind and content (a file's sha256, a link's
+    target), without following links or opening FIFOs; NOT_THE_STEPS left aside."""
+    found: dict[str, tuple[str, str]] = {}
+    for parent, dirs, files in os.walk(folder):
+        for name in [*dirs, *files]:
+            path = Path(parent) / name
+            key = str(path.relative_to(folder))
+            if key.startswith(NOT_THE_STEPS):
+                continue
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                found[key] = ("link", os.readlink(path))
+            elif stat.S_ISREG(mode):
+                found[key] = ("file", hashlib.sha256(path.read_bytes()).hexdigest())
+            else:
+                found[key] = ("dir" if stat.S_ISDIR(mode) else "other", "")
+    return found
+
+
+@dataclass
+class Ran:
+    folder: Path
+    result: Result
+    before: dict[str, tuple[str, str]]
+
+
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Result]]:
-    """Every case generated by the script and built once."""
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
+    """Every case generated by the script, prepared and run once."""
     root = tmp_path_factory.mktemp("bad_inputs")
     subprocess.run([sys.executable, str(GENERATOR), str(root)], check=True, cwd=REPO)
-    return {
-        name: (root / name, (build_subprocess if name in SUBPROCESS else build)(root / name))
-        for name in NAMES
-    }
+    ran = {}
+    for name in NAMES:
+        folder = root / name
+        spec = json.loads((folder / "case.json").read_text())
+        prepare(folder, spec["prepare"])
+        before = snapshot(folder)
+        stage = spec["command"] == "stage"
+        run = build_subprocess if name in SUBPROCESS or stage else build
+        ran[name] = Ran(folder, run(folder), before)
+    return ran
 
 
 def test_the_corpus_has_at_least_90_cases_and_covers_the_issues() -> None:
@@ -111,6 +237,8 @@ def test_the_corpus_has_at_least_90_cases_and_covers_the_issues() -> None:
         "output_not_a_folder",
     } <= rules
     assert {case.exit for case in cases()} == {0, 1, 2}
+    assert {case.command for case in cases()} == set(PREFIXES)
+    assert any(case.report is not None for case in cases() if case.command == "validate")
     assert SUBPROCESS and SUBPROCESS < set(NAMES)
 
 
@@ -187,9 +315,31 @@ def _check_written(folder: Path, spec: dict[str, Any], stdout: str) -> None:
     assert {f"../_quarantine/{step.name}.parquet", "rank=0.parquet"} <= outputs
 
 
+def strict_loads(text: str) -> Any:
+    """JSON as a strict parser reads it: a bare NaN or Infinity is no JSON."""
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"bare {constant} in the JSON output")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _check_lines_and_report(ran: Ran, spec: dict[str, Any]) -> None:
+    """A case of another command than `build`: its exact lines, or the report it prints,
+    and nothing changed in its folder when it is refused."""
+    folder, result = ran.folder, ran.result
+    prefix = USAGE if spec["exit"] == 2 else PREFIXES[spec["command"]]
+    expected = [prefix + _placed(line, folder) for line in spec["lines"]]
+    assert result.stderr.splitlines() == expected, result.stderr
+    if spec["report"] is not None:
+        assert strict_loads(result.stdout) == _placed_json(spec["report"], folder)
+    elif spec["exit"] != 0:
+        assert result.stdout == ""
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_case(corpus: dict[str, tuple[Path, Result]], name: str) -> None:
-    folder, result = corpus[name]
+def test_case(corpus: dict[str, Ran], name: str) -> None:
+    folder, result = corpus[name].folder, corpus[name].result
     spec = json.loads((folder / "case.json").read_text())
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode == spec["exit"], result.stderr
@@ -203,7 +353,9 @@ def test_case(corpus: dict[str, tuple[Path, Result]], name: str) -> None:
     ]
     assert len([line for line in lines if line.startswith(f"{PROG}: note: ")]) == len(notes)
     result.stderr = "".join(f"{line}\n" for line in lines if not line.startswith(f"{PROG}: note: "))
-    if spec["exit"] == 0:
+    if spec["command"] != "build":
+        _check_lines_and_report(corpus[name], spec)
+    elif spec["exit"] == 0:
         assert result.stderr == ""
         _check_written(folder, spec, result.stdout)
     elif spec["exit"] == 2:
@@ -220,16 +372,18 @@ def test_case(corpus: dict[str, tuple[Path, Result]], name: str) -> None:
             for line in result.stdout.splitlines()
         ), result.stdout
         _check_refused(folder, spec, result.stderr)
+    if spec["exit"] != 0:
+        assert snapshot(folder) == corpus[name].before, "a refused case wrote or changed something"
 
 
-def test_accepted_json_values_are_kept_as_json_text(corpus: dict[str, tuple[Path, Result]]) -> None:
-    folder, _ = corpus["chat_prompt_and_dict_metadata"]
+def test_accepted_json_values_are_kept_as_json_text(corpus: dict[str, Ran]) -> None:
+    folder = corpus["chat_prompt_and_dict_metadata"].folder
     shard = pl.read_parquet(folder / "out" / f"step={STEP}" / "rank=0.parquet")
     assert set(shard.get_column("metadata")) == {'{"source":"gsm8k"}'}
 
 
-def test_a_quarantined_value_keeps_its_file_and_row(corpus: dict[str, tuple[Path, Result]]) -> None:
-    folder, _ = corpus["quarantine_a_value_of_the_wrong_type"]
+def test_a_quarantined_value_keeps_its_file_and_row(corpus: dict[str, Ran]) -> None:
+    folder = corpus["quarantine_a_value_of_the_wrong_type"].folder
     table = pl.read_parquet(folder / "out" / "_quarantine" / f"step={STEP}.parquet")
     assert table.select("source_file", "source_row", "reward").rows() == [
         (str(folder / "input" / f"step={STEP}.jsonl"), 5, None)

@@ -1,12 +1,29 @@
 """Write the bad-input corpus: one folder per case, holding `input/` (the files a user
-might hand to `rollout-shards build`) and `case.json` (what the build must do with them).
+might hand to `rollout-shards`) and `case.json` (what the command must do with them).
 
     python tests/core/bad_inputs/generate.py OUT_DIR
 
 Every case is a valid step 7 of eight rows (built with `--global-batch-size 4`) with one
 thing broken. `case.json` holds:
 
-- `args`: extra command-line flags;
+- `command`: what runs the case: `build` (most cases: `build input --out out ARGS`),
+  `validate` (`validate input ARGS`), `parity` (`parity ARGS`: both sides are in `args`),
+  or `stage`: the function the Dagster assets run, `pipeline.step.stages.run_stages`, with
+  roots `input` and `out` and `args` (stage names joined by commas, the step, the settings
+  as JSON), in a `python -c` subprocess that prints an error as the Dagster failure's
+  description (the CLI's lines) and exits as the CLI would;
+- `args`: extra command-line flags (for `build` and `validate`, after `--global-batch-size
+  4`);
+- `prepare` (parity): what the runner does before the command, in order: `{"build": D}`
+  builds `input/` into the case folder's `D` as `build` would (it must succeed),
+  `{"copy": [A, B]}` copies a file or folder, `{"replace": [F, OLD, NEW]}` replaces the
+  one occurrence of OLD in the text of F, `{"write": [F, HEX]}` overwrites F with bytes
+  (paths under the case folder);
+- `lines`: when given, the exact stderr lines after the prefix (`rollout-shards: <command>:
+  `, or `rollout-shards: usage error: ` for exit 2; `stage` prints `build`'s lines, as
+  the Dagster failure does);
+- `report`: when given, the JSON the command prints on stdout (`--format json`), which
+  must parse as strict JSON (no bare NaN or Infinity) and equal it;
 - `exit`: the expected exit status;
 - `errors`: one entry per broken rule, in any order, each with `rule`, `step` (or null),
   `files` (paths under `input/`, or []), `rows` (the (index, leaf) pairs the line names,
@@ -18,9 +35,11 @@ thing broken. `case.json` holds:
 - `usage` (exit 2 only): a phrase of the one `rollout-shards: usage error: ` line;
 - `notes`: paths under `input/` that a `rollout-shards: note: skipped` line names.
 
-In `args`, `{input}` and `{case}` stand for the case's `input/` folder and the case
-folder. Besides the files under `input/`, a case may hold symlinks (`links`, name to
-target), FIFOs (`fifos`) and files beside `input/` (`outside`, e.g. an `out` in the way).
+In `args`, `lines` and `report`, `{input}` and `{case}` stand for the case's `input/`
+folder and the case folder. Besides the files under `input/`, a case may hold symlinks
+(`links`, name to target), FIFOs (`fifos`) and files beside `input/` (`outside`, e.g. an
+`out` in the way), and folders (`folders`) and symlinks (`case_links`) under the case
+folder (e.g. an `out/.staging` linked elsewhere).
 
 The corpus is deterministic: the same script writes the same bytes.
 """
@@ -72,6 +91,8 @@ CONTRACT_TYPES: dict[str, pl.DataType] = {
 
 STEP = 7
 ARGS = ["--global-batch-size", "4"]
+# The commands that take the settings flags (the others get `args` as they are).
+SETTINGS_COMMANDS = ("build", "validate")
 QUARANTINE = ["--on-invalid", "quarantine"]
 SIBLING = "sibling of an invalid leaf: "
 
@@ -169,6 +190,12 @@ class Case:
     links: dict[str, str] = field(default_factory=dict)
     fifos: list[str] = field(default_factory=list)
     outside: dict[str, bytes] = field(default_factory=dict)
+    command: str = "build"
+    lines: list[str] = field(default_factory=list)
+    report: Any = None
+    prepare: list[dict[str, Any]] = field(default_factory=list)
+    folders: list[str] = field(default_factory=list)
+    case_links: dict[str, str] = field(default_factory=dict)
 
 
 def error(
@@ -2124,6 +2151,240 @@ def dump_bound_cases() -> list[Case]:
     ]
 
 
+# --- other commands on bad data: parity, validate --format json, staging (issue 31 item 8-9)
+
+BUILT_SIDES = ["{case}/left", "{case}/right"]
+# Build the valid step into left/ and copy it to right/: the two sides are the same build.
+BUILT = [{"build": "left"}, {"copy": ["left", "right"]}]
+RIGHT_STEP = f"right/step={STEP}"
+UNEXPECTED_SHARD = (
+    "a build writes rank=<K>.parquet with K from 0 to 2147483647; move the file out of the "
+    "step folder to compare the build"
+)
+
+
+def parity_of_builds(name: str, what: str, corrupt: list[dict[str, Any]], line: str) -> Case:
+    """`parity left right` on two builds of the valid step, the right one corrupted."""
+    files = {f"step={STEP}.parquet": parquet(base())}
+    return Case(
+        name,
+        what,
+        files,
+        command="parity",
+        args=BUILT_SIDES,
+        prepare=[*BUILT, *corrupt],
+        lines=[line],
+    )
+
+
+def stray_shard(name: str, file: str, why: str) -> Case:
+    return parity_of_builds(
+        name,
+        f"a copy of rank=0.parquet named {file!r} in the right build's step folder",
+        [{"copy": [f"{RIGHT_STEP}/rank=0.parquet", f"{RIGHT_STEP}/{file}"]}],
+        f"step {STEP}: {{case}}/{RIGHT_STEP}/{file}: rule unexpected_shard: {why}: "
+        + UNEXPECTED_SHARD,
+    )
+
+
+def manifest_step(name: str, step: str, shown: str) -> Case:
+    return parity_of_builds(
+        name,
+        f"the right build's manifest giving its step as {step}",
+        [{"replace": [f"{RIGHT_STEP}/manifest.json", f'"step": {STEP},', f'"step": {step},']}],
+        f"{{case}}/{RIGHT_STEP}/manifest.json: rule unreadable_file: not a step manifest: its "
+        f"step {shown} is not an int64 step number",
+    )
+
+
+def parity_cases() -> list[Case]:
+    """`rollout-shards parity` on stray shard names and manifests that are no step's: one
+    line naming the file, never a traceback; `--format json` prints strict JSON."""
+    return [
+        stray_shard("parity_stray_rank_copy", "rank=0 (copy).parquet", "not a shard name"),
+        stray_shard("parity_stray_rank_leading_zero", "rank=01.parquet", "not a shard name"),
+        stray_shard(
+            "parity_stray_rank_beyond_int32", "rank=3000000000.parquet", "a rank beyond int32"
+        ),
+        manifest_step("parity_manifest_step_1e400", "1e400", "inf"),
+        manifest_step("parity_manifest_step_float", f"{STEP}.0", f"{STEP}.0"),
+        manifest_step("parity_manifest_step_string", f'"{STEP}"', f'"{STEP}"'),
+        manifest_step("parity_manifest_step_30_digits", "9" * 30, "9" * 30),
+        manifest_step("parity_manifest_step_true", "true", "True"),
+        parity_of_builds(
+            "parity_manifest_not_json",
+            "the right build's manifest.json holding bytes that are not UTF-8",
+            [{"write": [f"{RIGHT_STEP}/manifest.json", b"\xff\xfe not json".hex()]}],
+            f"{{case}}/{RIGHT_STEP}/manifest.json: rule unreadable_file: not a step manifest "
+            "(UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 0: "
+            "invalid start byte)",
+        ),
+        Case(
+            "parity_json_non_finite_rewards",
+            "parity --format json of two inputs, reward NaN on the left and inf on the right",
+            {f"step={STEP}.parquet": parquet(base(row2={"reward": math.nan}))},
+            1,
+            command="parity",
+            args=["{input}", "{case}/right", "--format", "json"],
+            outside={f"right/step={STEP}.parquet": parquet(base(row2={"reward": math.inf}))},
+            report={
+                "mode": "inputs",
+                "keys": ["step", "index", "leaf"],
+                "left": "{input}",
+                "right": "{case}/right",
+                "rows": {"left": 8, "right": 8, "only_left": 0, "only_right": 0, "examples": []},
+                "columns": [
+                    {
+                        "column": "reward",
+                        "kind": "values",
+                        "rows": 1,
+                        "left_type": "Float64",
+                        "right_type": "Float64",
+                        "examples": [
+                            {
+                                "key": {"step": STEP, "index": 2, "leaf": 0},
+                                "left": "nan",
+                                "right": "inf",
+                            }
+                        ],
+                    }
+                ],
+                "notes": [],
+                "identical": False,
+                "summary": "1 columns differ",
+            },
+        ),
+    ]
+
+
+def validated(
+    name: str, what: str, file: str, data: bytes, message: str, rows: list[Any], n_rows: int
+) -> list[Case]:
+    """The same bad step through `validate --format json` and `validate` (the line): one
+    verdict. `rows` are the indexes the report names, as strict JSON holds them (text for
+    NaN and Decimal values, numbers otherwise); the line shows them as Python does."""
+    shown = ", ".join(f"({index}, 0)" for index in rows)
+    more = f" and {n_rows - len(rows)} more" if n_rows > len(rows) else ""
+    violation = {
+        "rule": "column_type",
+        "message": message,
+        "step": STEP,
+        "files": [f"{{input}}/{file}"],
+        "rows": [[index, 0] for index in rows],
+        "n_rows": n_rows,
+    }
+    report = [{"step": STEP, "valid": False, "violations": [violation]}]
+    line = f"step {STEP}: {{input}}/{file}: rule column_type: {message}; rows (index, leaf): "
+    return [
+        Case(
+            f"validate_json_{name}",
+            f"{what}, validate --format json",
+            {file: data},
+            command="validate",
+            args=["--format", "json"],
+            report=report,
+        ),
+        Case(
+            f"validate_{name}", what, {file: data}, command="validate", lines=[line + shown + more]
+        ),
+    ]
+
+
+def validate_json_cases() -> list[Case]:
+    """`validate --format json` names rows by the values stored, as text where JSON has no
+    number for them (NaN, Decimal): strict JSON, the same verdict as the text output."""
+    n = len(base())
+    decimals = [Decimal(i if i != 2 else "2.5") for i in range(n)]
+    first_five = ["0.0", "1.0", "2.5", "3.0", "4.0"]
+    return [
+        *validated(
+            "nan_index",
+            "index NaN on line 3 of JSON Lines",
+            f"step={STEP}.jsonl",
+            jsonl(base(row2={"index": math.nan})),
+            "column index must be Int64, got nan at file row 3",
+            ["nan"],
+            1,
+        ),
+        *validated(
+            "decimal_index",
+            "index stored as Decimal, 2.5 on row 2",
+            f"step={STEP}.parquet",
+            parquet(
+                base(**{f"row{i}": {"index": decimals[i]} for i in range(n)}),
+                {"index": pl.Decimal(10, 1)},
+            ),
+            "column index must be Int64, but the file stores it as Decimal(precision=10, "
+            'scale=1); file row 1 holds "0.0"',
+            first_five,
+            n,
+        ),
+        *validated(
+            "float_index_nan",
+            "index stored as float64, NaN on row 0",
+            f"step={STEP}.parquet",
+            parquet(
+                base(**{f"row{i}": {"index": math.nan if i == 0 else float(i)} for i in range(n)}),
+                {"index": pl.Float64()},
+            ),
+            "column index must be Int64, but the file stores it as Float64; file row 1 holds nan",
+            ["nan", 1.0, 2.0, 3.0, 4.0],
+            n,
+        ),
+    ]
+
+
+def staged_through_a_link(name: str, what: str, link: str, stages: list[str]) -> Case:
+    """The Dagster stages (`run_stages`) of step 7 with `out/<link>` a symbolic link to the
+    empty `elsewhere/` beside `out/`: refused naming the link, nothing staged through it."""
+    target = "../" * link.count("/") + "../elsewhere"
+    return Case(
+        name,
+        what,
+        {f"step={STEP}.parquet": parquet(base())},
+        2,
+        command="stage",
+        args=[",".join(stages), str(STEP), json.dumps({"global_batch_size": 4})],
+        folders=["elsewhere"],
+        case_links={f"out/{link}": target},
+        lines=[
+            f"{{case}}/out/{link} is a symbolic link to {target}: staged data must stay inside "
+            "the output root {case}/out; remove the link"
+        ],
+    )
+
+
+def staging_cases() -> list[Case]:
+    """Dagster's staging under `<out>/.staging/` (the CLI never stages): a link anywhere on
+    the way would put staged samples outside the output root, or read them from there."""
+    return [
+        staged_through_a_link(
+            "staging_folder_is_a_link",
+            "out/.staging linked elsewhere; rollout_samples materialized on its own stages",
+            ".staging",
+            ["rollout_samples"],
+        ),
+        staged_through_a_link(
+            "staged_asset_folder_is_a_link",
+            "out/.staging/rollout_samples linked elsewhere; rollout_samples on its own stages",
+            ".staging/rollout_samples",
+            ["rollout_samples"],
+        ),
+        staged_through_a_link(
+            "staged_asset_folder_to_discard_is_a_link",
+            "out/.staging/train_batch linked elsewhere; the three stages together discard it",
+            ".staging/train_batch",
+            ["rollout_samples", "train_batch", "training_shards"],
+        ),
+        staged_through_a_link(
+            "staged_step_folder_is_a_link",
+            "out/.staging/rollout_samples/step=7 linked elsewhere; train_batch on its own reads it",
+            f".staging/rollout_samples/step={STEP}",
+            ["train_batch"],
+        ),
+    ]
+
+
 def cases() -> list[Case]:
     return [
         *column_cases(),
@@ -2135,6 +2396,9 @@ def cases() -> list[Case]:
         *yaml_config_cases(),
         *round_three_cases(),
         *dump_bound_cases(),
+        *parity_cases(),
+        *validate_json_cases(),
+        *staging_cases(),
     ]
 
 
@@ -2150,15 +2414,24 @@ def write_case(case: Case, root: Path) -> Path:
         os.symlink(target, folder / "input" / name)
     for name in case.fifos:
         os.mkfifo(folder / "input" / name)
+    for name in case.folders:
+        (folder / name).mkdir(parents=True, exist_ok=True)
+    for name, target in case.case_links.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, folder / name)
     spec = {
         "name": case.name,
         "what": case.what,
-        "args": [*ARGS, *case.args],
+        "command": case.command,
+        "args": [*ARGS, *case.args] if case.command in SETTINGS_COMMANDS else case.args,
         "exit": case.exit,
         "errors": case.errors,
         "outcome": case.outcome,
         "usage": case.usage,
         "notes": case.notes,
+        "lines": case.lines,
+        "report": case.report,
+        "prepare": case.prepare,
     }
     (folder / "case.json").write_text(json.dumps(spec, indent=2) + "\n")
     return folder
