@@ -71,7 +71,8 @@ class Column:
     struct of its type (read through `reward_key`). An optional column that is written
     must be set on every row of a step or on none, unless `all_or_none` is False.
     `trainer_key`: the key the loader hands the shard column to the trainer under (None:
-    the trainer never gets it).
+    the trainer never gets it). `per_token`: an input list with a value per token, nearly
+    all of a step's bytes, which the rank-bounded build holds for one part at a time.
     """
 
     name: str
@@ -86,6 +87,7 @@ class Column:
     struct: bool = False
     isin: tuple[str, ...] | None = None
     ge: int | None = None
+    per_token: bool = False
 
     @property
     def written_as(self) -> str:
@@ -139,6 +141,7 @@ COLUMNS: tuple[Column, ...] = (
         input=pl.List(pl.Int32()),
         shard=pl.List(pl.Int32()),
         trainer_key=TOKENS,
+        per_token=True,
     ),
     Column(RESPONSE_LENGTH, "response tokens at the end of tokens", input=pl.Int32(), ge=0),
     Column(
@@ -148,7 +151,13 @@ COLUMNS: tuple[Column, ...] = (
         trainer_key=RESPONSE_LENGTHS,
     ),
     Column(TOTAL_LENGTHS, "len(tokens)", shard=pl.Int32(), trainer_key=TOTAL_LENGTHS),
-    Column(LOSS_MASK, "loss mask of the response tokens", input=pl.List(pl.Int8()), optional=True),
+    Column(
+        LOSS_MASK,
+        "loss mask of the response tokens",
+        input=pl.List(pl.Int8()),
+        optional=True,
+        per_token=True,
+    ),
     Column(
         LOSS_MASKS,
         "per response token: 1 trains it, 0 does not (remove_sample zeroes it)",
@@ -205,6 +214,7 @@ COLUMNS: tuple[Column, ...] = (
         shard=pl.List(pl.Float32()),
         optional=True,
         trainer_key=ROLLOUT_LOG_PROBS,
+        per_token=True,
     ),
     Column(
         TEACHER_LOG_PROBS,
@@ -213,6 +223,7 @@ COLUMNS: tuple[Column, ...] = (
         shard=pl.List(pl.Float32()),
         optional=True,
         trainer_key=TEACHER_LOG_PROBS,
+        per_token=True,
     ),
     Column(
         WEIGHT_VERSIONS,
@@ -270,6 +281,15 @@ REQUIRED_COLUMNS = tuple(col.name for col in INPUT_COLUMNS if not (col.optional 
 ALL_OR_NONE = tuple(
     col.name for col in INPUT_COLUMNS if col.optional and col.all_or_none and col.shard is not None
 )
+# The input lists with a value per token (`Column.per_token`).
+PER_TOKEN_COLUMNS = tuple(col.name for col in INPUT_COLUMNS if col.per_token)
+
+
+def has_column(name: str) -> str:
+    """The light column telling whether a row's optional `name` is set."""
+    return f"_has_{name}"
+
+
 # The shard columns every step has (the partition columns aside), in file order.
 SHARD_COLUMNS = tuple(
     col.written_as

@@ -157,7 +157,18 @@ def _build_one(
     report = _StepReport(progress)
     try:
         manifest = build_step(
-            step, sources, settings, args.out, args.force, reporter=report, skipped=skipped
+            step,
+            sources,
+            settings,
+            args.out,
+            args.force,
+            reporter=report,
+            skipped=skipped,
+            **(
+                {}
+                if (above := getattr(args, "stream_above", None)) is None
+                else {"stream_above": above}
+            ),
         )
     except StepError as exc:
         progress.step_done()

@@ -32,6 +32,9 @@ from pipeline.io.parquet import Mapper, read_parquet
 READ_THREADS = max(2, os.cpu_count() or 1)
 
 
+# Bytes a Parquet read in parts buffers of a column at a time.
+PART_BUFFER = 1 << 20
+
 # Each format's reader, given the file (Parquet: its path, which Polars reads without a
 # copy of the file in memory; the others: its bytes, which rows mapped from an Arrow file
 # or the duplicate-key check of JSON Lines need) and the `map` of the read's pool.
@@ -244,42 +247,112 @@ def group_steps(sources: Iterable[SourceFile]) -> dict[int, list[SourceFile]]:
 def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
     """Read, type and concatenate a step's files in batch order, with provenance columns.
     Each file's manifest record (path, sha256, rows) is of the bytes its rows came from."""
-    frames, files, extras, type_violations = [], [], set(), []
+    step_files = StepFiles(step)
     for source in sources:
         read = read_source(source, step)
-        frame = read.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(c.SOURCE_ROW))
-        if source.step is None:
-            frame = frame.filter(pl.col(c.STEP).cast(pl.Int64, strict=False) == step)
-        json_numbers = source.kind == "table" and source.path.suffix == ".jsonl"
-        frame, extra, found = conform(frame, source.path, step, json_numbers)
-        extras.update(extra)
-        type_violations += found
-        files.append({"path": str(source.path), "sha256": read.sha256, "rows": frame.height})
-        frames.append(_with_provenance(frame, source.path, source.step))
-    _check_no_identical_files(files, step)
-    _check_one_reward_type(frames, step)
-    frame = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
-    if c.STEP not in frame.columns:
-        frame = frame.with_columns(pl.col(PATH_STEP).alias(c.STEP))
-    else:
-        frame = frame.with_columns(pl.col(c.STEP).fill_null(pl.col(PATH_STEP)))
-    # A missing remove_sample (absent column, or a JSON object without the key) is false.
-    if c.REMOVE_SAMPLE not in frame.columns:
-        frame = frame.with_columns(pl.lit(False).alias(c.REMOVE_SAMPLE))
-    else:
-        frame = frame.with_columns(pl.col(c.REMOVE_SAMPLE).fill_null(False))
-    if c.LEAF not in frame.columns:
+        frame = step_files.add_rows(source, read.frame)
+        step_files.add_file(source, read.sha256, frame.height)
+        step_files.frames.append(frame)
+    return step_files.loaded()
+
+
+@dataclass
+class StepFiles:
+    """A step's files as they are read: their typed rows in batch order (a file's rows may
+    come in parts, `add_rows` once per part), their manifest records and what typing found."""
+
+    step: int
+    frames: list[pl.DataFrame] = field(default_factory=list)
+    files: list[dict[str, Any]] = field(default_factory=list)  # path, sha256, rows
+    extras: set[str] = field(default_factory=set)
+    type_violations: list[Violation] = field(default_factory=list)
+
+    def add_rows(self, source: SourceFile, frame: pl.DataFrame, first: int = 0) -> pl.DataFrame:
+        """Rows `first`.. of `source` as stored, typed (`conform`), with provenance; rows of
+        other steps (a file without a path step) are left out."""
         frame = frame.with_columns(
-            pl.int_range(pl.len(), dtype=pl.Int32).over(c.STEP, c.INDEX).alias(c.LEAF)
+            pl.int_range(first, first + pl.len(), dtype=pl.Int64).alias(c.SOURCE_ROW)
         )
-    return LoadedStep(
-        step=step,
-        frame=frame.drop(TYPE_ERROR),
-        files=files,
-        ignored_columns=sorted(extras),
-        type_violations=type_violations,
-        type_errors=frame.get_column(TYPE_ERROR),
-    )
+        if source.step is None:
+            frame = frame.filter(pl.col(c.STEP).cast(pl.Int64, strict=False) == self.step)
+        json_numbers = source.kind == "table" and source.path.suffix == ".jsonl"
+        frame, extra, found = conform(frame, source.path, self.step, json_numbers)
+        self.extras.update(extra)
+        self.type_violations += found
+        return _with_provenance(frame, source.path, source.step)
+
+    def add_file(self, source: SourceFile, sha256: str, rows: int) -> None:
+        self.files.append({"path": str(source.path), "sha256": sha256, "rows": rows})
+
+    def loaded(self) -> LoadedStep:
+        """The step's rows (`frames`) concatenated, its filled columns filled."""
+        step, frames = self.step, self.frames
+        _check_no_identical_files(self.files, step)
+        _check_one_reward_type(frames, step)
+        frame = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
+        if c.STEP not in frame.columns:
+            frame = frame.with_columns(pl.col(PATH_STEP).alias(c.STEP))
+        else:
+            frame = frame.with_columns(pl.col(c.STEP).fill_null(pl.col(PATH_STEP)))
+        # A missing remove_sample (absent column, or a JSON object without the key) is false.
+        if c.REMOVE_SAMPLE not in frame.columns:
+            frame = frame.with_columns(pl.lit(False).alias(c.REMOVE_SAMPLE))
+        else:
+            frame = frame.with_columns(pl.col(c.REMOVE_SAMPLE).fill_null(False))
+        if c.LEAF not in frame.columns:
+            frame = frame.with_columns(
+                pl.int_range(pl.len(), dtype=pl.Int32).over(c.STEP, c.INDEX).alias(c.LEAF)
+            )
+        return LoadedStep(
+            step=step,
+            frame=frame.drop(TYPE_ERROR),
+            files=self.files,
+            ignored_columns=sorted(self.extras),
+            type_violations=self.type_violations,
+            type_errors=frame.get_column(TYPE_ERROR),
+        )
+
+
+def read_in_parts(
+    source: SourceFile, step: int, part_bytes: int, take: Callable[[pl.DataFrame, int], None]
+) -> str:
+    """Hand `take` the rows of one input file as stored, in parts of about `part_bytes`
+    decoded bytes each with the file row of its first row, and return the file's sha256.
+    A Parquet file comes in row batches (`pyarrow`, which decodes a batch at a time where
+    Polars decodes a row group whole), hashed on a thread meanwhile; any other file whole.
+    A file whose identity moved while it was read fails as `read_file` does."""
+    path = source.path
+    if source.kind != "table" or path.suffix != ".parquet":
+        read = read_source(source, step)
+        take(read.frame, 0)
+        return read.sha256
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    handle, info = _opened(path, step)
+    with handle, ThreadPoolExecutor(1) as pool:
+        digest = pool.submit(_digest, handle, None)
+        parquet = pq.ParquetFile(str(path), buffer_size=PART_BUFFER, pre_buffer=False)
+        meta = parquet.metadata
+        decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        rows = max(1, part_bytes * max(meta.num_rows, 1) // max(decoded, 1))
+        first = 0
+        pool = pa.default_memory_pool()
+        for batch in parquet.iter_batches(batch_size=rows, use_threads=True):
+            frame = pl.from_arrow(batch)
+            assert isinstance(frame, pl.DataFrame)
+            del batch
+            take(frame, first)
+            first += frame.height
+            del frame
+            # Arrow's allocator keeps what it freed for reuse; a part's pages go back here,
+            # or the read would hold about a part more than it uses
+            pool.release_unused()
+        sha256 = digest.result()
+    after = os.stat(path)
+    if _identity(after) != _identity(info):
+        raise _unreadable(path, step, "the file changed while it was read: build again")
+    return sha256
 
 
 def _with_provenance(frame: pl.DataFrame, path: Path, path_step: int | None) -> pl.DataFrame:

@@ -124,7 +124,7 @@ def run_session(params_loader: PipesParamsLoader | None = None) -> None:
             pipes.log.error(str(error))
             pipes.report_custom_message(failure_message(error))
         except OSError as exc:  # disk full, permissions: the same one line as in process
-            error = StepError([os_violation(exc, roots.output, step)])
+            error = StepError([os_violation(exc, roots.output_root, step)])
             pipes.log.error(str(error))
             pipes.report_custom_message(failure_message(error))
 

@@ -78,7 +78,7 @@ TABLE = Model(
 def _all_or_none(name: str) -> pl.Expr:
     """The rows on the minority side are the odd ones out: rows without the column,
     unless fewer than half the rows have it (then those few rows are flagged)."""
-    has = pl.col(f"_has_{name}")
+    has = pl.col(c.has_column(name))
     mostly_set = has.sum() * 2 >= pl.len()
     return pl.when(mostly_set).then(has).otherwise(~has)
 

@@ -7,16 +7,22 @@ by one (`pipeline.step.stages`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Protocol
 
+import polars as pl
+
 from pipeline.io import writer
+from pipeline.io.arrow_types import panics_kept_off_stderr
 from pipeline.io.discovery import SourceFile
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
+from pipeline.step import bounded
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch, untrained_warning
+from pipeline.step.tables import SampleTable
 from pipeline.step.write import write_shards
 from pipeline.transforms import metrics
 
@@ -58,18 +64,21 @@ def build_step(
     force: bool = False,
     reporter: StageReporter | None = None,
     skipped: Sequence[str] = (),
+    stream_above: int | None = bounded.STREAM_ABOVE,
 ) -> Manifest:
     """The whole build of one step; returns its manifest. A step folder that is current
     (`current_manifest`) is kept as it is unless `force`; any other is replaced whole.
     `skipped` names look-alike files the readers passed over, kept in the manifest. Builds
     of one step run one at a time (`writer.step_lock`), so the last published read the
-    newest inputs."""
+    newest inputs. A step whose input files take more than `stream_above` bytes on disk
+    holds its per-token lists one part or one rank at a time (`bounded`; None: never)."""
     report = reporter or _Silent()
     with writer.step_lock(out_root, step):
         if not force and (manifest := current_manifest(step, sources, settings, out_root)):
             report.up_to_date(step, writer.step_folder(out_root, step))
             return manifest
-        return _build(step, sources, settings, out_root, report, skipped)
+        streamed = stream_above is not None and bounded.input_bytes(sources) > stream_above
+        return _build(step, sources, settings, out_root, report, skipped, streamed)
 
 
 def _build(
@@ -79,22 +88,45 @@ def _build(
     out_root: Path,
     report: StageReporter,
     skipped: Sequence[str],
+    streamed: bool = False,
 ) -> Manifest:
     read, plan, write = STAGE_NAMES
+    with ExitStack() as stack:
+        report.begin(step, read)
+        spill = stack.enter_context(bounded.Spill(out_root, step)) if streamed else None
+        samples = _bounded_samples(step, sources, settings, spill) if spill else None
+        if samples is None:
+            stack.close()
+            spill = None
+            samples = load_samples(step, sources, settings)
+        report.end(step, read, f"{samples.ingested} rows read")
 
-    report.begin(step, read)
-    samples = load_samples(step, sources, settings)
-    report.end(step, read, f"{samples.ingested} rows read")
+        report.begin(step, plan)
+        batch = plan_batch(samples, settings)
+        batch.meta = batch.meta.replace(skipped_files=list(skipped))
+        if spill is not None:
+            batch = bounded.route(batch, spill)
+        report.end(step, plan, f"{batch.meta.counts.written} rows to write")
 
-    report.begin(step, plan)
-    batch = plan_batch(samples, settings)
-    batch.meta = batch.meta.replace(skipped_files=list(skipped))
-    report.end(step, plan, f"{batch.meta.counts.written} rows to write")
-
-    report.begin(step, write)
-    manifest = write_shards(batch, out_root)
-    report.end(step, write, f"{len(manifest.outputs)} files")
+        report.begin(step, write)
+        manifest = write_shards(batch, out_root)
+        report.end(step, write, f"{len(manifest.outputs)} files")
     return manifest
+
+
+def _bounded_samples(
+    step: int, sources: Sequence[SourceFile], settings: Settings, spill: bounded.Spill
+) -> SampleTable | None:
+    """The step's samples, lists spilled (`bounded.load_samples`); None when the in-memory
+    build must take the step, which then reports whatever this read could not vouch for."""
+    with panics_kept_off_stderr() as panicked:
+        try:
+            return bounded.load_samples(step, sources, settings, spill)
+        except pl.exceptions.PanicException:  # a BaseException: it would end the run
+            panicked[0] = True
+        except Exception:  # noqa: BLE001 - the in-memory build reads the step again and says why
+            pass
+    return None
 
 
 def summary_line(manifest: Manifest, folder: Path) -> str:

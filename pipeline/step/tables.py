@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import polars as pl
 
@@ -38,6 +38,8 @@ class RankRows:
     inputs: pl.DataFrame  # the input columns the list shard columns come from, in batch order
     optional: list[str]  # optional input columns that go into shards, in shard order
     order: pl.Series  # the batch position of each row in write order
+    # Ranks the writer may gather and write at once (each holds its rows in memory).
+    parallel_ranks: ClassVar[int] = 2
 
     def rows(self, start: int, length: int) -> pl.DataFrame:
         """Rows [start, start + length) in write order with every column, gathered."""
@@ -47,11 +49,11 @@ class RankRows:
             loss_masks(picked),
             *optional_shard_columns(self.optional),
         )
-        scalars = _compact(self.scalars, start, length)
+        scalars = compact(self.scalars, start, length)
         return scalars.hstack(lists).select(*c.DATASET_COLUMNS)
 
 
-def _compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
+def compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
     """Rows [start, start + length) copied into buffers of their own. Polars sizes Parquet
     pages by a column's whole buffers, so a slice of a larger frame would be written with
     other page boundaries than the same rows held alone: every rank file is written from
@@ -90,6 +92,16 @@ class TrainBatch:
         return self._frame
 
     @property
+    def rank_rows(self) -> RankRows | None:
+        """The rows as planned, their lists still in batch order (None once gathered)."""
+        return self._rows
+
+    @property
+    def parallel_ranks(self) -> int:
+        """Ranks `write_shards` may write at once."""
+        return self._rows.parallel_ranks if self._rows is not None else RankRows.parallel_ranks
+
+    @property
     def height(self) -> int:
         """Rows of `frame`, without gathering it."""
         return self._rows.scalars.height if self._rows is not None else self.frame.height
@@ -108,4 +120,4 @@ class TrainBatch:
         """Rows [start, start + length) of `frame`, without gathering the others."""
         if self._rows is not None:
             return self._rows.rows(start, length)
-        return _compact(self.frame, start, length)
+        return compact(self.frame, start, length)

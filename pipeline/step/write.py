@@ -18,9 +18,6 @@ from pipeline.transforms.layout import rank_bounds
 DATASET_CARD = "README.md"
 RANK_FILES = "step=*/rank=*.parquet"
 
-# Rank files written at once. Each holds one rank's gathered rows in memory; Polars
-# already spreads one file's encoding over the cores it can use.
-RANK_WRITERS = 2
 # Threads that seal written rank files (sha256 from the page cache, fsync, footer). With
 # one, the files written last waited for each other after the writers were done.
 SEALERS = 2
@@ -45,7 +42,7 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
         # seal each written file (its digest, fsync and footer) while the writers go on
         # to the next ranks. A file's bytes do not depend on the threads.
         with (
-            ThreadPoolExecutor(max_workers=RANK_WRITERS) as pool,
+            ThreadPoolExecutor(max_workers=batch.parallel_ranks) as pool,
             ThreadPoolExecutor(max_workers=SEALERS) as sealer,
         ):
             outputs, footers = [], {}

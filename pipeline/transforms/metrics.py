@@ -73,6 +73,8 @@ def sample_columns(samples: pl.LazyFrame, reward: pl.Expr) -> pl.LazyFrame:
     miles' `get_reward_value`); the raw reward is the `raw_reward` column where set."""
     schema = samples.collect_schema()
     mask_sum = pl.col(c.LOSS_MASK).list.sum() if c.LOSS_MASK in schema else pl.lit(None)
+    if c.LOSS_MASK not in schema and c.MASK_SUM in schema:  # the lists reduced on read
+        mask_sum = pl.col(c.MASK_SUM)
     raw = pl.coalesce(pl.col(c.RAW_REWARD), reward) if c.RAW_REWARD in schema else reward
     group = pl.col(c.GROUP_INDEX) if c.GROUP_INDEX in schema else pl.lit(None, dtype=pl.Int64)
     if c.WEIGHT_VERSIONS in schema:

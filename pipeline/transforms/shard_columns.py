@@ -68,7 +68,9 @@ def optional_columns(frame: pl.DataFrame) -> list[str]:
 
     def present(name: str) -> bool:
         if name not in frame.columns:
-            return False
+            # a per-token list the rank-bounded build reduced to whether each row has it
+            flag = c.has_column(name)
+            return flag in frame.columns and bool(frame.get_column(flag).any())
         if name == c.WEIGHT_VERSIONS:  # only when some row has a non-empty list
             return bool(frame.select((pl.col(name).list.len() > 0).any()).item())
         return bool(frame.get_column(name).is_not_null().any())
