@@ -120,10 +120,11 @@ def load_samples(
     sources: Sequence[SourceFile],
     settings: Settings | RowSettings,
     spill: Spill,
-    part_bytes: int = PART_BYTES,
+    part_bytes: int | None = None,
 ) -> SampleTable:
-    """`ingest.load_samples` for a valid step, its lists spilled part by part; `Unbounded`
-    for any step that breaks a rule."""
+    """`ingest.load_samples` for a valid step, its lists spilled part by part (of
+    `part_bytes`, by default `PART_BYTES`); `Unbounded` for any step that breaks a rule."""
+    part_bytes = part_bytes or PART_BYTES
     files = StepFiles(step)
     for source in sources:
         rows = 0

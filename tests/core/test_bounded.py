@@ -1,0 +1,256 @@
+"""The rank-bounded build (`pipeline.step.bounded`): the same bytes as the in-memory build
+for every layout and kind of input, the in-memory build's exact report for a step it
+cannot vouch for, and no spill left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.errors import StepError
+from pipeline.io.discovery import SourceFile, find_sources
+from pipeline.io.load import group_steps
+from pipeline.settings import Settings
+from pipeline.step import bounded
+from pipeline.step.build import build_step
+from tests.conftest import generated_step
+
+# A few KiB per part: every generated step comes in many parts.
+SMALL_PARTS = 64 << 10
+
+
+@pytest.fixture
+def streamed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """What each bounded read ended with ("ok", or the exception that sent the step to the
+    in-memory build), its parts small."""
+    outcomes: list[str] = []
+    load = bounded.load_samples
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            table = load(*args, **kwargs)
+        except Exception as error:
+            outcomes.append(repr(error))
+            raise
+        outcomes.append("ok")
+        return table
+
+    monkeypatch.setattr(bounded, "load_samples", recorded)
+    monkeypatch.setattr(bounded, "PART_BYTES", SMALL_PARTS)
+    yield outcomes
+
+
+def _sources(folder: Path) -> dict[int, list[SourceFile]]:
+    return group_steps(find_sources([folder]))
+
+
+def _build_both(
+    folder: Path, out: Path, settings: Settings
+) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """Every file of every step built in memory and bounded, by name."""
+    results = []
+    for name, above in (("memory", None), ("bounded", 0)):
+        root = out / name
+        for step, files in _sources(folder).items():
+            build_step(step, files, settings, root, stream_above=above)
+        results.append(
+            {
+                str(path.relative_to(root)): path.read_bytes()
+                for path in sorted(root.rglob("*"))
+                if path.is_file() and ".locks" not in path.parts
+            }
+        )
+    return results[0], results[1]
+
+
+def _split(step: Path, parts: int) -> list[pl.DataFrame]:
+    table = pl.read_parquet(step / "step=0.parquet")
+    size = -(-table.height // parts)
+    return [table.slice(i * size, size) for i in range(parts)]
+
+
+def _one_file(folder: Path) -> Path:
+    return generated_step(folder)
+
+
+def _three_files_one_without_loss_mask(folder: Path) -> Path:
+    parts = _split(generated_step(folder / "gen"), 3)
+    root = folder / "rollouts" / "step=0"
+    root.mkdir(parents=True)
+    parts[1] = parts[1].drop("loss_mask")
+    for i, part in enumerate(parts):
+        pq.write_table(part.to_arrow(), root / f"part-{i}.parquet", row_group_size=500)
+    return folder / "rollouts"
+
+
+def _parquet_and_json_lines(folder: Path) -> Path:
+    first, second = _split(generated_step(folder / "gen"), 2)
+    root = folder / "rollouts" / "step=0"
+    root.mkdir(parents=True)
+    first.write_parquet(root / "a.parquet")
+    second.write_ndjson(root / "b.jsonl")
+    return folder / "rollouts"
+
+
+def _step_column_files(folder: Path) -> Path:
+    table = pl.read_parquet(generated_step(folder / "gen") / "step=0.parquet")
+    both = pl.concat([table, table.with_columns(pl.lit(1, dtype=pl.Int64).alias("step"))])
+    root = folder / "rollouts"
+    root.mkdir()
+    both.write_parquet(root / "rollouts.parquet")
+    return root
+
+
+INPUTS: dict[str, Callable[[Path], Path]] = {
+    "one file": _one_file,
+    "three files, one without loss_mask": _three_files_one_without_loss_mask,
+    "parquet and json lines": _parquet_and_json_lines,
+    "files named without a step": _step_column_files,
+}
+SETTINGS = {
+    "strided": {"global_batch_size": 64, "dp_size": 4},
+    "balanced": {"global_batch_size": 64, "dp_size": 4, "balance_data": True},
+    "schedule": {
+        "global_batch_size": 64,
+        "dp_size": 2,
+        "cp_size": 2,
+        "use_dynamic_batch_size": True,
+        "max_tokens_per_gpu": 8192,
+    },
+    "no trimming": {"global_batch_size": 96, "dp_size": 4, "disable_rollout_trim_samples": True},
+}
+
+
+# Every layout on one file, every kind of input on the strided layout, and the balanced
+# layout (rank order not ascending) on parts of several files.
+CASES = (
+    [("one file", name) for name in SETTINGS]
+    + [(name, "strided") for name in INPUTS if name != "one file"]
+    + [("three files, one without loss_mask", "balanced")]
+)
+
+
+@pytest.mark.parametrize(("inputs", "settings"), CASES)
+def test_same_bytes_as_in_memory(
+    inputs: str, settings: str, tmp_path: Path, streamed: list[str]
+) -> None:
+    folder = INPUTS[inputs](tmp_path / "in")
+    memory, spilled = _build_both(folder, tmp_path / "out", Settings(**SETTINGS[settings]))
+    assert streamed and set(streamed) == {"ok"}
+    assert sorted(memory) == sorted(spilled)
+    assert [name for name in memory if memory[name] != spilled[name]] == []
+    assert any(name.endswith("rank=1.parquet") for name in memory)
+
+
+def test_non_compact_step_is_trimmed_alike(tmp_path: Path, streamed: list[str]) -> None:
+    folder = generated_step(tmp_path / "in", non_compact=True)
+    settings = Settings(global_batch_size=64, dp_size=4)
+    memory, spilled = _build_both(folder, tmp_path / "out", settings)
+    assert streamed == ["ok"]
+    assert memory == spilled
+    manifest = json.loads(memory["step=0/manifest.json"])
+    assert manifest["counts"]["trimmed"] > 0
+
+
+def test_repaired_ids_alike(tmp_path: Path, streamed: list[str]) -> None:
+    """Legacy ids (set on v1 rows) are cleared by the repair policy on either path."""
+    table = pl.read_parquet(generated_step(tmp_path / "gen") / "step=0.parquet")
+    legacy = table.with_columns(
+        pl.when(pl.col("session_version") == "v1")
+        .then(pl.col("index"))
+        .otherwise(pl.col("rollout_id"))
+        .alias("rollout_id")
+    )
+    folder = tmp_path / "in"
+    folder.mkdir()
+    legacy.write_parquet(folder / "step=0.parquet")
+    settings = Settings(global_batch_size=64, dp_size=4, rollout_id_policy="repair")
+    memory, spilled = _build_both(folder, tmp_path / "out", settings)
+    assert streamed == ["ok"]
+    assert memory == spilled
+    assert json.loads(memory["step=0/manifest.json"])["counts"]["repaired"] > 0
+
+
+def _refusal(folder: Path, root: Path, settings: Settings, above: int | None) -> str:
+    (step, files), *_ = _sources(folder).items()
+    with pytest.raises(StepError) as caught:
+        build_step(step, files, settings, root, stream_above=above)
+    return str(caught.value)
+
+
+def test_a_value_of_another_type_in_a_later_part_is_reported_as_in_memory(
+    tmp_path: Path, streamed: list[str]
+) -> None:
+    table = pl.read_parquet(generated_step(tmp_path / "gen") / "step=0.parquet")
+    bad = table.with_columns(
+        pl.when(pl.int_range(pl.len()) == table.height - 5)
+        .then(pl.lit("7"))
+        .otherwise(pl.col("response_length").cast(pl.String))
+        .alias("response_length")
+    )
+    folder = tmp_path / "in"
+    folder.mkdir()
+    bad.write_parquet(folder / "step=0.parquet")
+    settings = Settings(global_batch_size=64, dp_size=4)
+    memory = _refusal(folder, tmp_path / "memory", settings, None)
+    spilled = _refusal(folder, tmp_path / "bounded", settings, 0)
+    assert len(streamed) == 1 and "Unbounded" in streamed[0]
+    assert spilled == memory and "column_type" in memory
+    # nothing written, no spill left: the root the build made is gone again
+    assert not (tmp_path / "bounded").exists()
+
+
+def test_quarantined_trajectories_as_in_memory(tmp_path: Path, streamed: list[str]) -> None:
+    """A broken rule sends the step to the in-memory build, which sets the trajectory
+    aside: the same rank files, quarantine and manifest."""
+    table = pl.read_parquet(generated_step(tmp_path / "gen") / "step=0.parquet")
+    broken = table.with_columns(
+        pl.when(pl.int_range(pl.len()) == 100)
+        .then(pl.col("response_length") + 100_000)
+        .otherwise(pl.col("response_length"))
+        .alias("response_length")
+    )
+    folder = tmp_path / "in"
+    folder.mkdir()
+    broken.write_parquet(folder / "step=0.parquet")
+    settings = Settings(global_batch_size=64, dp_size=4, on_invalid="quarantine")
+    memory, spilled = _build_both(folder, tmp_path / "out", settings)
+    assert len(streamed) == 1 and "Unbounded" in streamed[0]
+    assert memory == spilled
+    assert "_quarantine/step=0.parquet" in memory
+
+
+def test_no_spill_is_left_and_a_killed_builds_is_removed(
+    tmp_path: Path, streamed: list[str]
+) -> None:
+    folder = generated_step(tmp_path / "in")
+    root = tmp_path / "out"
+    root.mkdir()
+    host = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "localhost"
+    dead = root / f".tmp-spill-step=0-{host}-{2**22 + 7}-0123abcd"
+    dead.mkdir()
+    (dead / "part=0.arrow").write_bytes(b"left by a killed build")
+    (step, files), *_ = _sources(folder).items()
+    build_step(step, files, Settings(global_batch_size=64, dp_size=4), root, stream_above=0)
+    assert streamed == ["ok"]
+    assert sorted(p.name for p in root.iterdir()) == [".locks", "README.md", "step=0"]
+
+
+def test_the_threshold_is_the_inputs_size_on_disk(tmp_path: Path, streamed: list[str]) -> None:
+    folder = generated_step(tmp_path / "in")
+    size = os.stat(folder / "step=0.parquet").st_size
+    (step, files), *_ = _sources(folder).items()
+    settings = Settings(global_batch_size=64, dp_size=4)
+    build_step(step, files, settings, tmp_path / "a", stream_above=size)
+    assert streamed == []
+    build_step(step, files, settings, tmp_path / "b", stream_above=size - 1)
+    assert streamed == ["ok"]
