@@ -74,6 +74,18 @@ TABLE = Model(
     },
 )
 
+# TABLE's tests split: those of the per-token lists, which the rank-bounded build runs on
+# each part of a file as it reads it, and those of the other columns, run on the step's
+# rows without their lists.
+TABLE_LISTS = Model(
+    "RolloutSampleLists",
+    columns={n: r for n, r in TABLE.columns.items() if n in c.PER_TOKEN_COLUMNS},
+)
+TABLE_ROWS = Model(
+    "RolloutSampleRows",
+    columns={n: r for n, r in TABLE.columns.items() if n not in c.PER_TOKEN_COLUMNS},
+)
+
 
 def _all_or_none(name: str) -> pl.Expr:
     """The rows on the minority side are the odd ones out: rows without the column,

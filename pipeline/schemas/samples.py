@@ -12,7 +12,16 @@ import polars as pl
 import pandera.backends.polars.builtin_checks  # noqa: F401  # isort: skip
 from pandera.api.polars.types import PolarsData
 
-from pipeline.schemas.rules import ROWS, SIBLINGS, TABLE, ColumnRule, Model, Rule
+from pipeline.schemas.rules import (
+    ROWS,
+    SIBLINGS,
+    TABLE,
+    TABLE_LISTS,
+    TABLE_ROWS,
+    ColumnRule,
+    Model,
+    Rule,
+)
 
 
 def _column(rule: ColumnRule) -> pa.Column:
@@ -40,4 +49,6 @@ def schema(model: Model) -> pa.DataFrameSchema:
     )
 
 
-SCHEMAS: dict[str, pa.DataFrameSchema] = {m.name: schema(m) for m in (TABLE, ROWS, SIBLINGS)}
+SCHEMAS: dict[str, pa.DataFrameSchema] = {
+    m.name: schema(m) for m in (TABLE, TABLE_LISTS, TABLE_ROWS, ROWS, SIBLINGS)
+}

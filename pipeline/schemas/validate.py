@@ -171,9 +171,12 @@ def _column_messages() -> dict[str, str]:
     }
 
 
-def check_columns(frame: pl.DataFrame, light: pl.DataFrame, step: int) -> list[RuleFailure]:
-    """Rules of single values (nullability, allowed values, ranges) of a step's rows."""
-    table_cases = _failure_cases(TABLE, frame.drop(c.REWARD))
+def check_columns(
+    frame: pl.DataFrame, light: pl.DataFrame, step: int, table: Model = TABLE
+) -> list[RuleFailure]:
+    """Rules of single values (nullability, allowed values, ranges) of a step's rows (of
+    the columns `table` tests: a frame whose lists were tested apart takes TABLE_ROWS)."""
+    table_cases = _failure_cases(table, frame.drop(c.REWARD))
     if table_cases is None:
         return []
     messages = _column_messages()
@@ -229,6 +232,7 @@ def validate_step(
     reward_key: str | None,
     sibling_rewards: bool,
     until_valid: bool,
+    table: Model = TABLE,
 ) -> Verdict:
     """Check a loaded step (with ROW_ID and TYPE_ERROR columns). With `until_valid`, keep
     setting failing trajectories aside until the rest passes every rule."""
@@ -247,7 +251,7 @@ def validate_step(
     failing = [typed_bad.select(ROW_ID, pl.col(TYPE_ERROR).alias(REASON))]
     typed = frame.filter(pl.col(TYPE_ERROR).is_null()) if typed_bad.height else frame
     typed_light = light(typed)
-    failures = check_columns(typed, typed_light, step)
+    failures = check_columns(typed, typed_light, step, table)
     settled = all(f.positions.len() for f in failures)
     if failures:
         violations += [f.violation for f in failures]

@@ -30,13 +30,14 @@ from types import TracebackType
 import polars as pl
 
 from pipeline import columns as c
-from pipeline.columns import TYPE_ERROR
+from pipeline.columns import ROW_ID, TYPE_ERROR
 from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import StepFiles, read_in_parts
-from pipeline.schemas.rules import TABLE, Model
-from pipeline.schemas.validate import check_rules, passes
+from pipeline.schemas.rules import TABLE_LISTS, TABLE_ROWS
+from pipeline.schemas.validate import passes, validate_step
 from pipeline.settings import RowSettings, Settings
+from pipeline.step.ingest import quarantine_table
 from pipeline.step.tables import RankRows, SampleTable, TrainBatch, compact
 from pipeline.transforms import samples as s
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
@@ -50,14 +51,6 @@ PART_BYTES = 16 << 20
 STREAM_ABOVE = 256 << 20
 
 _POSITION = "_batch_position"
-# The contract's column tests, split: those of the lists run on each part as it is read,
-# the others on the step's rows without their lists.
-_LIST_TESTS = Model(
-    TABLE.name, columns={n: r for n, r in TABLE.columns.items() if n in c.PER_TOKEN_COLUMNS}
-)
-_ROW_TESTS = Model(
-    TABLE.name, columns={n: r for n, r in TABLE.columns.items() if n not in c.PER_TOKEN_COLUMNS}
-)
 
 
 class Unbounded(Exception):
@@ -84,8 +77,10 @@ class Spill:
         out_root.mkdir(parents=True, exist_ok=True)
         self.folder = out_root / writer.private_name("tmp", f"spill-step={step}")
         self.folder.mkdir()
-        self.parts: list[tuple[Path, int]] = []  # each part's file and rows, in batch order
+        self.parts: list[tuple[Path, int]] = []  # each part's file and rows, in load order
         self.schema: dict[str, pl.DataType] = {}  # every list column any part has
+        # The loaded position of each row of the batch, in batch order; None: every row.
+        self.kept: pl.Series | None = None
 
     def __enter__(self) -> Spill:
         return self
@@ -104,6 +99,16 @@ class Spill:
         self.parts.append((path, lists.height))
         for name, dtype in lists.schema.items():
             self.schema.setdefault(name, dtype)
+
+    def rows(self, positions: pl.Series) -> pl.DataFrame:
+        """The lists of the rows at these loaded positions (ascending), read from the parts."""
+        first, taken = 0, []
+        for index, (_, height) in enumerate(self.parts):
+            mine = positions.filter((positions >= first) & (positions < first + height))
+            if mine.len():
+                taken.append(self.part(index)[mine - first])
+            first += height
+        return pl.concat(taken) if taken else pl.DataFrame(schema=self.schema)
 
     def part(self, index: int) -> pl.DataFrame:
         """Spilled part `index` with every list column (nulls where its file had none)."""
@@ -125,7 +130,7 @@ def load_samples(
     """`ingest.load_samples` for a valid step, its lists spilled part by part (of
     `part_bytes`, by default `PART_BYTES`); `Unbounded` for any step that breaks a rule."""
     part_bytes = part_bytes or PART_BYTES
-    files = StepFiles(step)
+    files, order = StepFiles(step), {}
     for source in sources:
         rows = 0
 
@@ -135,31 +140,71 @@ def load_samples(
             if files.type_violations or typed.get_column(TYPE_ERROR).is_not_null().any():
                 raise Unbounded("a value is not of its contract type")
             lists = [name for name in c.PER_TOKEN_COLUMNS if name in typed.columns]
-            if passes(_LIST_TESTS, typed.select(lists)) is not True:
+            if passes(TABLE_LISTS, typed.select(lists)) is not True:
                 raise Unbounded("a list column fails its column tests")
+            order.update(dict.fromkeys(typed.columns))
             spill.add(typed.select(lists))
             files.frames.append(typed.drop(lists).hstack(s.reduced_lists(typed)))
             rows += typed.height
 
         files.add_file(source, read_in_parts(source, step, part_bytes, take), rows)
     loaded = files.loaded()
-    frame, repaired = loaded.frame, {CLEARED: 0, STAMPED: 0}
+    original = loaded.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(ROW_ID))
+    # the loaded columns in the in-memory build's order: the files' (lists in place), then
+    # the ones the load fills in
+    reduced = set(s.list_reductions(original.schema)) | {
+        c.has_column(n) for n in c.PER_TOKEN_COLUMNS
+    }
+    order.update(dict.fromkeys(n for n in original.columns if n not in reduced))
+    frame = original.with_columns(pl.lit(None, dtype=pl.String).alias(TYPE_ERROR))
+    repaired = {CLEARED: 0, STAMPED: 0}
     if settings.rollout_id_policy == "repair":
         frame, repaired = repair_rollout_ids(frame)
-    if passes(_ROW_TESTS, frame.drop(c.REWARD)) is not True:
-        raise Unbounded("a column fails its column tests")
-    light = s.light_frame(frame, settings.reward_key, step)
-    if check_rules(light, step, settings.normalizes_rewards):
-        raise Unbounded("a row rule fails")
+    quarantining = settings.on_invalid == "quarantine"
+    verdict = validate_step(
+        frame,
+        [],
+        step,
+        settings.reward_key,
+        settings.normalizes_rewards,
+        until_valid=quarantining,
+        table=TABLE_ROWS,
+    )
+    if verdict.violations and not (quarantining and verdict.settled):
+        raise Unbounded("a rule fails")
+    quarantine = None
+    if verdict.violations:
+        quarantine = _quarantine(original, verdict.failing, spill, list(order))
+        spill.kept = verdict.valid.get_column(ROW_ID)
     return SampleTable(
         step=step,
-        frame=frame,
+        frame=verdict.valid.drop(ROW_ID, TYPE_ERROR),
         files=loaded.files,
         ignored_columns=loaded.ignored_columns,
-        ingested=frame.height,
+        ingested=original.height,
         repaired=repaired,
-        light=light,
+        quarantine=quarantine,
+        light=verdict.light,
+        columns=pl.Schema(
+            (name, spill.schema[name] if name in spill.schema else original.schema[name])
+            for name in order
+            if name not in (ROW_ID, TYPE_ERROR)
+        ),
     )
+
+
+def _quarantine(
+    original: pl.DataFrame, failing: pl.DataFrame, spill: Spill, order: list[str]
+) -> pl.DataFrame:
+    """`ingest.quarantine_table` of the trajectories holding a failing row, their lists
+    read back from the spill: only those rows are ever whole in memory."""
+    ids = failing.get_column(ROW_ID).implode()
+    touched = original.filter(pl.col(ROW_ID).is_in(ids).any().over(c.TRAJECTORY))
+    lists = spill.rows(touched.get_column(ROW_ID))
+    whole = touched.hstack(lists).select(
+        name for name in order if name in touched.columns or name in lists.columns
+    )
+    return quarantine_table(whole, failing)
 
 
 def route(batch: TrainBatch, spill: Spill) -> TrainBatch:
@@ -168,16 +213,19 @@ def route(batch: TrainBatch, spill: Spill) -> TrainBatch:
     rows = batch.rank_rows
     assert rows is not None, "a planned batch holds its rows in batch order"
     total = sum(height for _, height in spill.parts)
+    # by loaded position: each row's rank (-1: not written) and batch position
+    kept = spill.kept if spill.kept is not None else pl.int_range(total, eager=True)
     rank_of = pl.repeat(-1, total, dtype=pl.Int32, eager=True).scatter(
-        rows.order, rows.scalars.get_column(c.RANK)
+        kept.gather(rows.order), rows.scalars.get_column(c.RANK)
+    )
+    position_of = pl.repeat(-1, total, dtype=pl.Int64, eager=True).scatter(
+        kept, pl.int_range(kept.len(), dtype=pl.Int64, eager=True)
     )
     files: dict[int, list[Path]] = {rank: [] for rank in range(batch.meta.dp_size)}
     first = 0
     for index, (path, height) in enumerate(spill.parts):
         ranks = rank_of.slice(first, height)
-        part = spill.part(index).with_columns(
-            pl.int_range(first, first + height, dtype=pl.Int64).alias(_POSITION)
-        )
+        part = spill.part(index).with_columns(position_of.slice(first, height).alias(_POSITION))
         for rank, names in files.items():
             mine = part.filter(ranks == rank)
             if mine.height:

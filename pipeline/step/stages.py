@@ -138,7 +138,12 @@ def _samples_report(samples: SampleTable, staged: Path | None) -> StageReport:
         metadata={
             "dagster/partition_row_count": scalar(samples.frame.height),
             "dagster/column_schema": column_schema(
-                samples.frame.drop(PROVENANCE, strict=False).schema, INPUT_DESCRIPTIONS
+                pl.Schema(
+                    (name, dtype)
+                    for name, dtype in samples.schema.items()
+                    if name not in PROVENANCE
+                ),
+                INPUT_DESCRIPTIONS,
             ),
             "ingested": scalar(samples.ingested),
             "quarantined": scalar(quarantined),

@@ -28,6 +28,14 @@ class SampleTable:
     # The light columns of `frame` (`transforms.samples.light_columns`) as validation
     # computed them, for the plan; None when not at hand (a staged table).
     light: pl.DataFrame | None = None
+    # The columns as loaded, when `frame` holds its per-token lists reduced (the
+    # rank-bounded build); None: `frame`'s own.
+    columns: pl.Schema | None = None
+
+    @property
+    def schema(self) -> pl.Schema:
+        """The step's columns as loaded, lists included."""
+        return self.columns if self.columns is not None else self.frame.schema
 
 
 @dataclass

@@ -209,13 +209,22 @@ def test_a_value_of_another_type_in_a_later_part_is_reported_as_in_memory(
     assert not (tmp_path / "bounded").exists()
 
 
-def test_quarantined_trajectories_as_in_memory(tmp_path: Path, streamed: list[str]) -> None:
-    """A broken rule sends the step to the in-memory build, which sets the trajectory
-    aside: the same rank files, quarantine and manifest."""
+BREAKS = {
+    "a row rule": pl.col("response_length") + 100_000,  # longer than its tokens
+    "a column test": pl.lit(-1, dtype=pl.Int32),  # response_length >= 0
+}
+
+
+@pytest.mark.parametrize("rule", BREAKS)
+def test_quarantined_trajectories_as_in_memory(
+    rule: str, tmp_path: Path, streamed: list[str]
+) -> None:
+    """Trajectories set aside read their lists back from the spill: the same rank files,
+    quarantine table and manifest as the in-memory build."""
     table = pl.read_parquet(generated_step(tmp_path / "gen") / "step=0.parquet")
     broken = table.with_columns(
-        pl.when(pl.int_range(pl.len()) == 100)
-        .then(pl.col("response_length") + 100_000)
+        pl.when(pl.int_range(pl.len()).is_in([100, 2500]))
+        .then(BREAKS[rule])
         .otherwise(pl.col("response_length"))
         .alias("response_length")
     )
@@ -224,9 +233,24 @@ def test_quarantined_trajectories_as_in_memory(tmp_path: Path, streamed: list[st
     broken.write_parquet(folder / "step=0.parquet")
     settings = Settings(global_batch_size=64, dp_size=4, on_invalid="quarantine")
     memory, spilled = _build_both(folder, tmp_path / "out", settings)
-    assert len(streamed) == 1 and "Unbounded" in streamed[0]
-    assert memory == spilled
+    assert streamed == ["ok"]
+    assert sorted(memory) == sorted(spilled)
+    assert [name for name in memory if memory[name] != spilled[name]] == []
     assert "_quarantine/step=0.parquet" in memory
+
+
+def test_a_rule_broken_without_quarantine_is_reported_as_in_memory(
+    tmp_path: Path, streamed: list[str]
+) -> None:
+    table = pl.read_parquet(generated_step(tmp_path / "gen") / "step=0.parquet")
+    folder = tmp_path / "in"
+    folder.mkdir()
+    table.with_columns(pl.col("response_length") + 100_000).write_parquet(folder / "step=0.parquet")
+    settings = Settings(global_batch_size=64, dp_size=4)
+    memory = _refusal(folder, tmp_path / "memory", settings, None)
+    spilled = _refusal(folder, tmp_path / "bounded", settings, 0)
+    assert len(streamed) == 1 and "Unbounded" in streamed[0]
+    assert spilled == memory and "response_within_tokens" in memory
 
 
 def test_no_spill_is_left_and_a_killed_builds_is_removed(
