@@ -32,6 +32,7 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.columns import ROW_ID, TYPE_ERROR
 from pipeline.io import writer
+from pipeline.io.arrow_types import panics_kept_off_stderr
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import StepFiles, read_in_parts
 from pipeline.schemas.rules import TABLE_LISTS, TABLE_ROWS
@@ -191,6 +192,21 @@ def load_samples(
             if name not in (ROW_ID, TYPE_ERROR)
         ),
     )
+
+
+def samples_or_none(
+    step: int, sources: Sequence[SourceFile], settings: Settings | RowSettings, spill: Spill
+) -> SampleTable | None:
+    """`load_samples`, or None when the in-memory build must take the step: it reads the
+    step again and reports whatever this read could not vouch for."""
+    with panics_kept_off_stderr() as panicked:
+        try:
+            return load_samples(step, sources, settings, spill)
+        except pl.exceptions.PanicException:  # a BaseException: it would end the run
+            panicked[0] = True
+        except Exception:  # noqa: BLE001 - the in-memory build says why
+            pass
+    return None
 
 
 def _quarantine(

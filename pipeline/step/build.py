@@ -11,10 +11,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Protocol
 
-import polars as pl
-
 from pipeline.io import writer
-from pipeline.io.arrow_types import panics_kept_off_stderr
 from pipeline.io.discovery import SourceFile
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
@@ -22,7 +19,6 @@ from pipeline.step import bounded
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch, untrained_warning
-from pipeline.step.tables import SampleTable
 from pipeline.step.write import write_shards
 from pipeline.transforms import metrics
 
@@ -94,7 +90,7 @@ def _build(
     with ExitStack() as stack:
         report.begin(step, read)
         spill = stack.enter_context(bounded.Spill(out_root, step)) if streamed else None
-        samples = _bounded_samples(step, sources, settings, spill) if spill else None
+        samples = bounded.samples_or_none(step, sources, settings, spill) if spill else None
         if samples is None:
             stack.close()
             spill = None
@@ -112,21 +108,6 @@ def _build(
         manifest = write_shards(batch, out_root)
         report.end(step, write, f"{len(manifest.outputs)} files")
     return manifest
-
-
-def _bounded_samples(
-    step: int, sources: Sequence[SourceFile], settings: Settings, spill: bounded.Spill
-) -> SampleTable | None:
-    """The step's samples, lists spilled (`bounded.load_samples`); None when the in-memory
-    build must take the step, which then reports whatever this read could not vouch for."""
-    with panics_kept_off_stderr() as panicked:
-        try:
-            return bounded.load_samples(step, sources, settings, spill)
-        except pl.exceptions.PanicException:  # a BaseException: it would end the run
-            panicked[0] = True
-        except Exception:  # noqa: BLE001 - the in-memory build reads the step again and says why
-            pass
-    return None
 
 
 def summary_line(manifest: Manifest, folder: Path) -> str:

@@ -13,6 +13,7 @@ Dagster's metadata values in process and Dagster Pipes does for a worker.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from pipeline.errors import UsageError
 from pipeline.io import writer
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
-from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, staging
+from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, bounded, staging
 from pipeline.step.ingest import PROVENANCE, load_samples
 from pipeline.step.plan import plan_batch
 from pipeline.step.roots import StepRoots
@@ -225,24 +226,40 @@ def _run_selected(
 ) -> Iterator[tuple[str, StageReport]]:
     samples: tuple[SampleTable, Settings] | None = None
     batch: TrainBatch | None = None
-    for position, name in enumerate(stages):
-        following = STAGES.index(name) + 1
-        hand_on = following < len(STAGES) and STAGES[following] in stages[position + 1 :]
-        if name == ROLLOUT_SAMPLES:
-            if settings is None:
-                raise UsageError(f"step {step}: {ROLLOUT_SAMPLES} needs the run's settings")
-            samples = (load_samples(step, roots.step_sources(step), settings), settings)
-            staged = _hand_on_or_stage(hand_on, roots, name, step, staging.save_samples, *samples)
-            yield name, _samples_report(samples[0], staged)
-        elif name == TRAIN_BATCH:
-            table, planned_with = samples or staging.load_samples(roots, step)
-            batch = plan_batch(table, planned_with)
-            staged = _hand_on_or_stage(hand_on, roots, name, step, staging.save_batch, batch)
-            yield name, _batch_report(batch, staged)
-        else:
-            batch = batch or staging.load_batch(roots, step)
-            manifest = write_shards(batch, roots.output_root)
-            yield name, _shards_report(batch, manifest, roots.step_folder(step))
+    with ExitStack() as stack:
+        # All three stages in one run hand the batch on in memory: a big step's lists can
+        # wait in a spill instead, as `rollout-shards build` keeps them (`bounded`).
+        spill = None
+        sources = roots.step_sources(step) if ROLLOUT_SAMPLES in stages else []
+        if len(stages) == len(STAGES) and bounded.input_bytes(sources) > bounded.STREAM_ABOVE:
+            spill = stack.enter_context(bounded.Spill(roots.output_root, step))
+        for position, name in enumerate(stages):
+            following = STAGES.index(name) + 1
+            hand_on = following < len(STAGES) and STAGES[following] in stages[position + 1 :]
+            if name == ROLLOUT_SAMPLES:
+                if settings is None:
+                    raise UsageError(f"step {step}: {ROLLOUT_SAMPLES} needs the run's settings")
+                table = bounded.samples_or_none(step, sources, settings, spill) if spill else None
+                if table is None:
+                    stack.close()
+                    spill = None
+                    table = load_samples(step, sources, settings)
+                samples = (table, settings)
+                staged = _hand_on_or_stage(
+                    hand_on, roots, name, step, staging.save_samples, *samples
+                )
+                yield name, _samples_report(samples[0], staged)
+            elif name == TRAIN_BATCH:
+                table, planned_with = samples or staging.load_samples(roots, step)
+                batch = plan_batch(table, planned_with)
+                if spill is not None:
+                    batch = bounded.route(batch, spill)
+                staged = _hand_on_or_stage(hand_on, roots, name, step, staging.save_batch, batch)
+                yield name, _batch_report(batch, staged)
+            else:
+                batch = batch or staging.load_batch(roots, step)
+                manifest = write_shards(batch, roots.output_root)
+                yield name, _shards_report(batch, manifest, roots.step_folder(step))
 
 
 def _hand_on_or_stage(

@@ -29,7 +29,7 @@ from pipeline import columns as c
 from pipeline.io import writer
 from pipeline.orchestration.partitions import rollout_steps, step_of
 from pipeline.orchestration.reporting import FAILURE_TAG
-from pipeline.step import stages
+from pipeline.step import bounded, stages
 from tests.conftest import dead_pid
 
 BLOCKING_CHECKS = {
@@ -229,6 +229,31 @@ def test_dagster_shards_are_byte_identical_to_the_cli(
         for name in names:
             dagster_bytes = (roots.output / f"step={step}" / name).read_bytes()
             assert dagster_bytes == (cli_out / f"step={step}" / name).read_bytes()
+
+
+def test_a_step_above_the_spill_threshold_is_built_rank_by_rank_alike(
+    instance: dg.DagsterInstance, roots: Roots, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole-step run takes a step above `bounded.STREAM_ABOVE` through the rank-bounded
+    build, with the same shards and the loaded columns (lists included) in the UI."""
+    ran: list[int] = []
+    route = bounded.route
+    monkeypatch.setattr(bounded, "STREAM_ABOVE", 0)
+    monkeypatch.setattr(bounded, "route", lambda batch, spill: ran.append(1) or route(batch, spill))
+    result = materialize(instance, "00000001")
+    assert result.success and ran == [1]
+    cli_out = tmp_path / "cli"
+    assert cli.main(["build", str(roots.input), "--out", str(cli_out)]) == 0
+    names = sorted(p.name for p in (cli_out / "step=1").iterdir())
+    assert names == sorted(p.name for p in (roots.output / "step=1").iterdir())
+    for name in names:
+        assert (roots.output / "step=1" / name).read_bytes() == (
+            cli_out / "step=1" / name
+        ).read_bytes()
+    schema = _metadata(result, "rollout_samples")["dagster/column_schema"]
+    columns = {column.name: column.type for column in schema.columns}
+    assert columns["tokens"] == "List(Int32)" and "_n_tokens" not in columns
+    assert not [p for p in roots.output.iterdir() if p.name.startswith(".tmp-")]
 
 
 def test_invalid_partition_fails_at_rollout_samples_and_writes_nothing(
