@@ -214,6 +214,34 @@ def test_a_worker_that_crashes_fails_the_step_in_one_line(
     )
 
 
+def test_a_full_disk_in_the_worker_is_the_command_lines_one_line(
+    instance: dg.DagsterInstance, roots: Roots, tmp_path: Path
+) -> None:
+    """The worker's rank-file writes go to /dev/full (a real ENOSPC): the step fails with
+    the line `rollout-shards build` prints for a full disk, naming the output root."""
+    patch = tmp_path / "full_disk.py"
+    patch.write_text(
+        "import runpy, sys\n"
+        "import polars as pl\n"
+        "write = pl.DataFrame.write_parquet\n"
+        "pl.DataFrame.write_parquet = lambda frame, _, **kw: write(frame, '/dev/full', **kw)\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    compute = _worker_script(tmp_path, f'exec {sys.executable} {patch} "$@"')
+
+    result = materialize(instance, "00000001", compute=compute)
+
+    assert not result.success
+    _, failure = step_failure(result)
+    line = failure.description
+    assert line.startswith(
+        f"rollout-shards: build: step 1: rule os_error: no space left on {roots.output}"
+    )
+    assert "\n" not in line and "AttributeError" not in line
+    assert not (roots.output / "step=1").exists()
+
+
 def test_an_interrupted_run_stops_its_worker(roots: Roots, tmp_path: Path) -> None:
     pid_file = tmp_path / "worker.pid"
     _worker_script(tmp_path, f"exec {sys.executable} {STAND_IN} hang {pid_file}")
