@@ -68,21 +68,26 @@ print(json.dumps({
 """
 
 
-def _drive(head: RayHead, inputs: Path, out: Path, stream_above: int | None) -> dict[str, Any]:
+def _driver(
+    head: RayHead, inputs: Path, out: Path, stream_above: int | None, timeout: float
+) -> subprocess.CompletedProcess[str]:
     """Build step 0 of `inputs` into `out` with `build_step_on_ray` in a driver process."""
-    timeout = start_timeout()
     env = {**os.environ, **head.environment(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     env.pop("RAY_AUTH_TOKEN_PATH", None)
     env.pop("RAY_ADDRESS", None)
     arguments = [str(inputs), str(out), json.dumps(SETTINGS), head.address]
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", DRIVER, *arguments, json.dumps(stream_above), str(timeout)],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=2 * timeout,
+        timeout=2 * start_timeout(),
     )
+
+
+def _drive(head: RayHead, inputs: Path, out: Path, stream_above: int | None) -> dict[str, Any]:
+    result = _driver(head, inputs, out, stream_above, start_timeout())
     assert result.returncode == 0, result.stderr[-3000:]
     report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return report
@@ -122,3 +127,16 @@ def test_ray_tasks_write_the_bytes_of_the_build(
     assert sorted(p.name for p in (tmp_path / "ray").iterdir()) == sorted(
         p.name for p in (tmp_path / "local").iterdir()
     )
+
+
+def test_ranks_that_miss_the_timeout_publish_nothing(
+    ray_head: RayHead, inputs: Path, tmp_path: Path
+) -> None:
+    """Four rank files cannot be written in a millisecond: the tasks are cancelled, the step
+    fails, and the output root holds no step folder, no staged folder and no spill."""
+    result = _driver(ray_head, inputs, tmp_path / "ray", 0, 0.001)
+
+    assert result.returncode == 1
+    assert "GetTimeoutError" in result.stderr
+    # the locks and the dataset card, which every build writes before its step
+    assert sorted(p.name for p in (tmp_path / "ray").iterdir()) == [".locks", "README.md"]
