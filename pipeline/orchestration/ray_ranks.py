@@ -136,8 +136,7 @@ def rank_batch(batch: TrainBatch, rank: int, bounds: list[int]) -> TrainBatch:
     where they wait (spill files the worker reads itself); no other rank's lists."""
     start, length = bounds[rank], bounds[rank + 1] - bounds[rank]
     rows = batch.rank_rows
-    if rows is None:  # gathered already: the rank's rows as they are
-        return TrainBatch(batch.step, batch.rows(start, length), batch.meta)
+    assert rows is not None, "a planned batch holds its lists in batch order"
     scalars = compact(rows.scalars, start, length)
     order = rows.order.slice(start, length)
     if isinstance(rows, SpilledRows):
