@@ -6,7 +6,7 @@ by one (`pipeline.step.stages`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Protocol
@@ -19,6 +19,7 @@ from pipeline.step import bounded
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch, untrained_warning
+from pipeline.step.tables import TrainBatch
 from pipeline.step.write import write_shards
 from pipeline.transforms import metrics
 
@@ -61,20 +62,22 @@ def build_step(
     reporter: StageReporter | None = None,
     skipped: Sequence[str] = (),
     stream_above: int | None = bounded.STREAM_ABOVE,
+    write_batch: Callable[[TrainBatch, Path], Manifest] = write_shards,
 ) -> Manifest:
     """The whole build of one step; returns its manifest. A step folder that is current
     (`current_manifest`) is kept as it is unless `force`; any other is replaced whole.
     `skipped` names look-alike files the readers passed over, kept in the manifest. Builds
     of one step run one at a time (`writer.step_lock`), so the last published read the
     newest inputs. A step whose input files take more than `stream_above` bytes on disk
-    holds its per-token lists one part or one rank at a time (`bounded`; None: never)."""
+    holds its per-token lists one part or one rank at a time (`bounded`; None: never).
+    `write_batch` writes and commits the planned batch (Ray tasks: `orchestration/ray_ranks.py`)."""
     report = reporter or _Silent()
     with writer.step_lock(out_root, step):
         if not force and (manifest := current_manifest(step, sources, settings, out_root)):
             report.up_to_date(step, writer.step_folder(out_root, step))
             return manifest
         streamed = stream_above is not None and bounded.input_bytes(sources) > stream_above
-        return _build(step, sources, settings, out_root, report, skipped, streamed)
+        return _build(step, sources, settings, out_root, report, skipped, streamed, write_batch)
 
 
 def _build(
@@ -85,6 +88,7 @@ def _build(
     report: StageReporter,
     skipped: Sequence[str],
     streamed: bool = False,
+    write_batch: Callable[[TrainBatch, Path], Manifest] = write_shards,
 ) -> Manifest:
     read, plan, write = STAGE_NAMES
     with ExitStack() as stack:
@@ -105,7 +109,7 @@ def _build(
         report.end(step, plan, f"{batch.meta.counts.written} rows to write")
 
         report.begin(step, write)
-        manifest = write_shards(batch, out_root)
+        manifest = write_batch(batch, out_root)
         report.end(step, write, f"{len(manifest.outputs)} files")
     return manifest
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation
@@ -23,19 +25,34 @@ RANK_FILES = "step=*/rank=*.parquet"
 SEALERS = 2
 
 
+class RankFile(NamedTuple):
+    """One written and sealed rank file of a staged step folder, as its manifest records it."""
+
+    name: str
+    rows: int
+    tokens: int
+    sha256: str
+    footer: int | str  # the rows its footer says, or why it does not read as Parquet
+
+
+def write_rank(batch: TrainBatch, rank: int, staged: Path) -> RankFile:
+    """Write one rank's file of `batch` into the staged step folder and seal it: a writer
+    that has the batch, or only this rank's rows of it, and no other rank (a Ray task of
+    `pipeline/orchestration/ray_ranks.py`)."""
+    bounds = rank_bounds(batch.ranks(), batch.meta.dp_size)
+    name, rows, tokens = _write_rank_file(batch, rank, bounds, staged)
+    return RankFile(name, rows, tokens, *_seal_rank(staged / name))
+
+
 def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
     """Write every rank file, the quarantine and the manifest, then commit the step folder."""
     dp = batch.meta.dp_size
     bounds = rank_bounds(batch.ranks(), dp)
-    manifest = batch.meta.replace()
 
-    def fill(staged: Path) -> None:
-        def write_rank(rank: int) -> tuple[str, int, int, Future[tuple[str, int | str]]]:
-            part = batch.rows(bounds[rank], bounds[rank + 1] - bounds[rank])
-            name = writer.rank_file(rank)
-            writer.write_parquet(part, staged / name)
-            tokens = int(part.get_column(c.TOTAL_LENGTHS).sum())
-            return name, part.height, tokens, sealer.submit(_seal_rank, staged / name)
+    def write_ranks(staged: Path) -> list[RankFile]:
+        def write(rank: int) -> tuple[str, int, int, Future[tuple[str, int | str]]]:
+            name, rows, tokens = _write_rank_file(batch, rank, bounds, staged)
+            return name, rows, tokens, sealer.submit(_seal_rank, staged / name)
 
         # Polars gathers and encodes, and hashlib hashes, without the GIL: two ranks at a
         # time keep two cores busy where one small file leaves one idle, and the sealers
@@ -45,10 +62,29 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
             ThreadPoolExecutor(max_workers=batch.parallel_ranks) as pool,
             ThreadPoolExecutor(max_workers=SEALERS) as sealer,
         ):
-            outputs, footers = [], {}
-            for name, rows, tokens, sealing in pool.map(write_rank, range(dp)):
-                digest, footers[name] = sealing.result()
-                outputs.append(writer.file_record(staged / name, name, rows, tokens, digest))
+            return [
+                RankFile(name, rows, tokens, *sealing.result())
+                for name, rows, tokens, sealing in pool.map(write, range(dp))
+            ]
+
+    return commit_shards(batch, out_root, write_ranks)
+
+
+def commit_shards(
+    batch: TrainBatch, out_root: Path, write_ranks: Callable[[Path], list[RankFile]]
+) -> Manifest:
+    """Commit the step folder whose rank files `write_ranks` writes into the staged folder
+    it is given (every rank, in rank order), with the quarantine and the manifest, once the
+    step passes its blocking checks."""
+    manifest = batch.meta.replace()
+
+    def fill(staged: Path) -> None:
+        written = write_ranks(staged)
+        outputs = [
+            writer.file_record(staged / rank.name, rank.name, rank.rows, rank.tokens, rank.sha256)
+            for rank in written
+        ]
+        footers = {rank.name: rank.footer for rank in written}
         quarantined = None
         if batch.quarantine is not None and batch.quarantine.height:
             quarantined = staged / writer.QUARANTINE
@@ -90,6 +126,17 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
     if not manifest.counts.quarantined:
         writer.quarantine_path(out_root, batch.step).unlink(missing_ok=True)
     return manifest
+
+
+def _write_rank_file(
+    batch: TrainBatch, rank: int, bounds: list[int], staged: Path
+) -> tuple[str, int, int]:
+    """Write rank `rank`'s rows (`bounds` from the batch's rank column) to its file in
+    `staged`: its name, rows and tokens."""
+    part = batch.rows(bounds[rank], bounds[rank + 1] - bounds[rank])
+    name = writer.rank_file(rank)
+    writer.write_parquet(part, staged / name)
+    return name, part.height, int(part.get_column(c.TOTAL_LENGTHS).sum())
 
 
 def _seal_rank(path: Path) -> tuple[str, int | str]:

@@ -47,6 +47,7 @@ class RayHead:
     token: str | None  # Ray's token, when the dashboard asks for one
     pid: int  # `ray start --block`, the leader of the head's process group
     temp: str  # the head's --temp-dir
+    address: str  # the GCS, 127.0.0.1:PORT: what a driver's `ray.init(address=...)` takes
 
     def environment(self) -> dict[str, str]:
         """What a client (ours, Ray's own, a `dagster job execute` run) needs to be let in."""
@@ -70,12 +71,12 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _command(temp: Path, dashboard_port: int) -> list[str]:
+def _command(temp: Path, dashboard_port: int, gcs_port: int) -> list[str]:
     return [
         str(Path(sys.executable).with_name("ray")),
         *("start", "--head", "--block", "--disable-usage-stats", "--num-cpus=1"),
         "--node-ip-address=127.0.0.1",
-        f"--port={_free_port()}",
+        f"--port={gcs_port}",
         "--dashboard-host=127.0.0.1",
         f"--dashboard-port={dashboard_port}",
         "--include-dashboard=true",
@@ -137,7 +138,7 @@ def _log_tail(head: RayHead) -> str:
 def _start_once(timeout: float, auth: bool) -> RayHead:
     # Ray puts sockets under its temp dir, and their paths must stay short.
     temp = Path(tempfile.mkdtemp(prefix="rs-ray-", dir="/tmp"))
-    dashboard_port = _free_port()
+    dashboard_port, gcs_port = _free_port(), _free_port()
     token = secrets.token_hex(32) if auth else None
     # Ray turns 127.0.0.1 into the machine's address unless it is told the cluster is one
     # machine; this keeps every Ray process on the loopback interface.
@@ -149,13 +150,19 @@ def _start_once(timeout: float, auth: bool) -> RayHead:
         env["RAY_AUTH_TOKEN"] = token
     with (temp / "head.log").open("wb") as out:
         process = subprocess.Popen(
-            _command(temp, dashboard_port),
+            _command(temp, dashboard_port, gcs_port),
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    head = RayHead(f"http://127.0.0.1:{dashboard_port}", token, process.pid, str(temp))
+    head = RayHead(
+        f"http://127.0.0.1:{dashboard_port}",
+        token,
+        process.pid,
+        str(temp),
+        f"127.0.0.1:{gcs_port}",
+    )
     deadline = time.monotonic() + timeout
     try:
         _wait_for_dashboard(head, process, deadline)
