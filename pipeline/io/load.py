@@ -8,8 +8,9 @@ import hashlib
 import io
 import os
 import stat
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -313,6 +314,26 @@ class StepFiles:
         )
 
 
+@contextmanager
+def _returning_arrow_pool(pa: Any) -> Iterator[None]:
+    """Arrow allocates from its jemalloc pool, set to give freed pages back at once, while
+    the block runs: its default pool (mimalloc) keeps what each decoding thread freed,
+    which grows the read by several parts' worth of pages that the rest of the build
+    cannot reuse (Polars has an allocator of its own)."""
+    try:
+        returning = pa.jemalloc_memory_pool()
+        pa.jemalloc_set_decay_ms(0)
+    except NotImplementedError:  # a pyarrow built without jemalloc keeps its default
+        yield
+        return
+    previous = pa.default_memory_pool()
+    pa.set_memory_pool(returning)
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(previous)
+
+
 def read_in_parts(
     source: SourceFile, step: int, part_bytes: int, take: Callable[[pl.DataFrame, int], None]
 ) -> str:
@@ -330,14 +351,13 @@ def read_in_parts(
     import pyarrow.parquet as pq
 
     handle, info = _opened(path, step)
-    with handle, ThreadPoolExecutor(1) as pool:
+    with handle, ThreadPoolExecutor(1) as pool, _returning_arrow_pool(pa):
         digest = pool.submit(_digest, handle, None)
         parquet = pq.ParquetFile(str(path), buffer_size=PART_BUFFER, pre_buffer=False)
         meta = parquet.metadata
         decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         rows = max(1, part_bytes * max(meta.num_rows, 1) // max(decoded, 1))
         first = 0
-        pool = pa.default_memory_pool()
         for batch in parquet.iter_batches(batch_size=rows, use_threads=True):
             frame = pl.from_arrow(batch)
             assert isinstance(frame, pl.DataFrame)
@@ -345,9 +365,6 @@ def read_in_parts(
             take(frame, first)
             first += frame.height
             del frame
-            # Arrow's allocator keeps what it freed for reuse; a part's pages go back here,
-            # or the read would hold about a part more than it uses
-            pool.release_unused()
         sha256 = digest.result()
     after = os.stat(path)
     if _identity(after) != _identity(info):

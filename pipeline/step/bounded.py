@@ -283,8 +283,13 @@ class SpilledRows(RankRows):
             .get_column("_i")
             .rechunk()  # a gather gives a chunk per chunk of its indices
         )
-        lists = held.drop(_POSITION)[where]
-        del held
+        # column by column, each spilled column freed once gathered: the rank's lists are
+        # held about once, not twice
+        held = held.drop(_POSITION)
+        lists = []
+        for name in list(held.columns):
+            lists.append(held.get_column(name).gather(where))
+            held = held.drop(name)
         picked = self.inputs[positions].hstack(lists)
         written = picked.select(
             pl.col(c.TOKENS), loss_masks(picked), *optional_shard_columns(self.optional)

@@ -103,6 +103,7 @@ def _build(
 
         report.begin(step, plan)
         batch = plan_batch(samples, settings)
+        del samples  # the batch keeps what it needs of the rows
         batch.meta = batch.meta.replace(skipped_files=list(skipped))
         if spill is not None:
             batch = bounded.route(batch, spill)
