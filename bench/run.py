@@ -1,7 +1,7 @@
 """The benchmark of issues 6 and 33 in one command: `rollout-shards build` against the I/O
 floor, in time and peak RSS.
 
-    .venv/bin/python bench/run.py              # everything: 4-7 min on 2 cores, once generated
+    .venv/bin/python bench/run.py              # everything: 6-10 min on 2 cores, once generated
     .venv/bin/python bench/run.py --quick      # 8k and 32k samples only, no big step
 
 Generates steps with bench/generate.py (cached under --work), then times whole processes,
@@ -423,7 +423,7 @@ def goals(
             goal(
                 f"{case.kind} {case.samples // 1024}k ({at}): build peak RSS <= "
                 f"{GOAL_RSS_RATIO}x the floor's",
-                f"{build_rss:.0f} / {floor_rss:.0f} MiB = {build_rss / floor_rss:.2f}x",
+                f"{build_rss:.0f} / {floor_rss:.0f} MiB = {build_rss / floor_rss:.3f}x",
                 build_rss <= GOAL_RSS_RATIO * floor_rss if case.dp == GOAL_RSS_DP else None,
             )
     if big is not None and (rss := big.median(BUILD, "rss")) is not None:
@@ -441,7 +441,7 @@ def goals(
         if limit is not None and a and b:
             goal(
                 f"{case.kind} {case.samples // 1024}k: build/floor time <= {limit}",
-                f"{b:.2f} / {a:.2f} s = {b / a:.2f}",
+                f"{b:.2f} / {a:.2f} s = {b / a:.3f}",
                 b / a <= limit,
             )
     if (
