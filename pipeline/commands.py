@@ -157,7 +157,14 @@ def _build_one(
     report = _StepReport(progress)
     try:
         manifest = build_step(
-            step, sources, settings, args.out, args.force, reporter=report, skipped=skipped
+            step,
+            sources,
+            settings,
+            args.out,
+            args.force,
+            reporter=report,
+            skipped=skipped,
+            early=args.early_digests,
         )
     except StepError as exc:
         progress.step_done()

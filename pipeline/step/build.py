@@ -12,6 +12,7 @@ from typing import Protocol
 
 from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
+from pipeline.io.load import EarlyDigests
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
 from pipeline.step.freshness import current_manifest
@@ -58,10 +59,12 @@ def build_step(
     force: bool = False,
     reporter: StageReporter | None = None,
     skipped: Sequence[str] = (),
+    early: EarlyDigests | None = None,
 ) -> Manifest:
     """The whole build of one step; returns its manifest. A step folder that is current
     (`current_manifest`) is kept as it is unless `force`; any other is replaced whole.
-    `skipped` names look-alike files the readers passed over, kept in the manifest. Builds
+    `skipped` names look-alike files the readers passed over, kept in the manifest;
+    `early` gives digests of input files taken before the build (`load_step`). Builds
     of one step run one at a time (`writer.step_lock`), so the last published read the
     newest inputs."""
     report = reporter or _Silent()
@@ -69,7 +72,7 @@ def build_step(
         if not force and (manifest := current_manifest(step, sources, settings, out_root)):
             report.up_to_date(step, writer.step_folder(out_root, step))
             return manifest
-        return _build(step, sources, settings, out_root, report, skipped)
+        return _build(step, sources, settings, out_root, report, skipped, early)
 
 
 def _build(
@@ -79,11 +82,12 @@ def _build(
     out_root: Path,
     report: StageReporter,
     skipped: Sequence[str],
+    early: EarlyDigests | None,
 ) -> Manifest:
     read, plan, write = STAGE_NAMES
 
     report.begin(step, read)
-    samples = load_samples(step, sources, settings)
+    samples = load_samples(step, sources, settings, early)
     report.end(step, read, f"{samples.ingested} rows read")
 
     report.begin(step, plan)
