@@ -69,7 +69,8 @@ def _sha256(path: Path) -> tuple[Identity, str] | None:
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
             return None
-        digest, buffer = hashlib.sha256(), memoryview(bytearray(HASH_CHUNK))
+        digest = hashlib.sha256()
+        buffer = memoryview(bytearray(max(1, min(HASH_CHUNK, before.st_size))))
         while read := handle.readinto(buffer):
             digest.update(buffer[:read])
     same = _identity(os.stat(path)) == _identity(before)
