@@ -7,9 +7,9 @@ are known, after `main` has set the process settings a build wants
 (`pipeline.process.tune_process`). It runs the same stage functions as the Dagster assets
 and never imports Dagster.
 
-`build` hashes its input files while the program loads (`HeadStart`), the one overlap of
-the command line: loading is single-threaded, and a core it leaves idle takes the sha256
-the read would otherwise take beside its decoders (bench/results/).
+`build` and `validate` hash their input files while the program loads (`HeadStart`), the
+one overlap of the command line: loading is single-threaded, and a core it leaves idle
+takes the sha256 the read would otherwise take beside its decoders (bench/results/).
 """
 
 from __future__ import annotations
@@ -188,7 +188,6 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="rebuild steps whose folder is already current (same inputs and settings)",
     )
-    build.set_defaults(early_digests=None)  # `HeadStart.digest` when run by `main`
     validate = commands.add_parser("validate", help="check inputs and settings, write nothing")
     validate.add_argument("inputs", nargs="+", metavar="INPUT")
     validate.add_argument("--format", choices=("text", "json"), default="text")
@@ -200,6 +199,7 @@ def parser() -> argparse.ArgumentParser:
             help="session version of every row of miles .pt dumps (they do not store it)",
         )
         _add_setting_flags(sub)
+        sub.set_defaults(early_digests=None)  # `HeadStart.digest` when run by `main`
     compare = commands.add_parser(
         "parity", help="compare two builds or two inputs field by field, bitwise"
     )
@@ -261,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tune_process()
     args = parser().parse_args(argv)
     head_start = None
-    if args.command == "build":
+    if args.command in ("build", "validate"):
         head_start = HeadStart(args.inputs)
         args.early_digests = head_start.digest
     status = _run(args, head_start)

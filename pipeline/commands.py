@@ -248,7 +248,7 @@ def run_validate(args: argparse.Namespace) -> int:
     for step, sources in steps.items():
         try:
             progress.begin(step, STAGE_NAMES[0])
-            samples = load_samples(step, sources, settings)
+            samples = load_samples(step, sources, settings, args.early_digests)
             progress.end(step, STAGE_NAMES[0], f"{samples.ingested} rows read")
             if isinstance(settings, Settings):
                 progress.begin(step, STAGE_NAMES[1])
