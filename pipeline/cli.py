@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.metadata
+import mmap
 import os
 import stat
 import sys
@@ -34,10 +35,6 @@ from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
 PROG = "rollout-shards"
 # The table files a build reads (pipeline.io.discovery.TABLE_SUFFIXES, which loads Polars).
 TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".jsonl")
-# The head start reads this much at a time: each read and each hash lets go of the GIL and
-# must win it back from the imports, so few large pieces beat many small ones.
-HASH_CHUNK = 32 << 20
-
 Identity = tuple[int, int, int, int]
 Digest = Future[tuple[Identity, str] | None]
 
@@ -65,14 +62,18 @@ def _sha256(path: Path) -> tuple[Identity, str] | None:
     """The file's identity and sha256; None unless a regular file whose identity (inode,
     size, modification and change times) stayed the same while it was hashed."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO would block the thread
-    with os.fdopen(fd, "rb", buffering=0) as handle:
+    try:
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
             return None
         digest = hashlib.sha256()
-        buffer = memoryview(bytearray(max(1, min(HASH_CHUNK, before.st_size))))
-        while read := handle.readinto(buffer):
-            digest.update(buffer[:read])
+        if before.st_size:
+            # Mapped (as Polars reads it) and hashed in one call: no copy, and the GIL let
+            # go once, where reads in pieces would win it back from the imports each time.
+            with mmap.mmap(fd, before.st_size, prot=mmap.PROT_READ) as mapped:
+                digest.update(mapped)
+    finally:
+        os.close(fd)
     same = _identity(os.stat(path)) == _identity(before)
     return (_identity(before), digest.hexdigest()) if same else None
 
