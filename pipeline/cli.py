@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.metadata
 import mmap
 import os
 import stat
@@ -171,15 +170,26 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _version() -> str:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version(PROG)
     except importlib.metadata.PackageNotFoundError:  # run from a source tree
         return "unknown (not installed)"
 
 
+class _Version(argparse.Action):
+    """`--version`: the installed version, looked up only when asked (reading the package's
+    metadata would delay every command)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
+        print(f"{parser.prog} {_version()}")
+        parser.exit()
+
+
 def parser() -> argparse.ArgumentParser:
     root = _Parser(prog=PROG, description="Validated training shards from RL rollout tables.")
-    root.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    root.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     commands = root.add_subparsers(dest="command", required=True, parser_class=_Parser)
     build = commands.add_parser("build", help="write training shards for every step found")
     build.add_argument("inputs", nargs="+", metavar="INPUT")
