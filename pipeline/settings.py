@@ -3,8 +3,9 @@
 `Settings` is a frozen dataclass. A value that already has its field's exact type (as
 argparse, YAML and Dagster's run config give them) is taken as it is; any other value goes
 to pydantic, imported only then, which reads it in its lax mode ("yes" is true) or words
-what is wrong with it. So a build with well-typed settings does not load pydantic, and
-every problem is worded by pydantic.
+what is wrong with it. So a build with well-typed settings does not load pydantic, and a
+mistyped, missing or unknown setting is worded by pydantic; settings that cannot go
+together are worded here (`_inconsistency`).
 """
 
 from __future__ import annotations
