@@ -164,6 +164,7 @@ def _build_one(
             args.force,
             reporter=report,
             skipped=skipped,
+            early=args.early_digests,
             **(
                 {}
                 if (above := getattr(args, "stream_above", None)) is None
@@ -252,7 +253,7 @@ def run_validate(args: argparse.Namespace) -> int:
     for step, sources in steps.items():
         try:
             progress.begin(step, STAGE_NAMES[0])
-            samples = load_samples(step, sources, settings)
+            samples = load_samples(step, sources, settings, args.early_digests)
             progress.end(step, STAGE_NAMES[0], f"{samples.ingested} rows read")
             if isinstance(settings, Settings):
                 progress.begin(step, STAGE_NAMES[1])

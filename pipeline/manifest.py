@@ -2,44 +2,71 @@
 
 A step's manifest is written last, so its presence means the step is complete. One that
 cannot be read, or does not have this shape, is as good as none: the step is rebuilt.
+The records are dataclasses; pydantic checks a manifest's shape when one is read (it is
+imported only then: a build that writes a new step does not load it).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
 
 MANIFEST = "manifest.json"
 
-# A manifest (or one of its records) that does not have the typed shape below.
-ShapeError = ValidationError
+# What pydantic holds a manifest read from JSON to: strict (no bool for an int, no text for
+# a number; an int is a float, as in JSON) and without unknown fields.
+_READ_STRICTLY = {"strict": True, "extra": "forbid"}
 
 
-class _Record(BaseModel):
-    """A record whose fields hold exactly their annotated types, checked when made, when a
-    field is set and when read: strict (no bool for an int, no text for a number, no numpy
-    integer; an int is a float, as in JSON) and without unknown fields."""
+class ShapeError(ValueError):
+    """A manifest (or one of its records) that is not JSON of the typed shape below."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", validate_assignment=True)
 
-    @classmethod
-    def from_dict(cls, data: Any) -> Self:
-        """The record of a JSON object with exactly this record's fields (the optional ones
-        may be left out); ShapeError otherwise."""
-        return cls.model_validate(data)
+class _Record:
+    """A record of the manifest: a dataclass written as a JSON object."""
+
+    __pydantic_config__ = _READ_STRICTLY
 
     def to_dict(self) -> dict[str, Any]:
-        return self.model_dump()
+        return dataclasses.asdict(self)  # type: ignore[call-overload, no-any-return]
 
     def replace(self, **changes: Any) -> Self:
-        """A copy with `changes`, checked."""
-        return self.model_validate({**dict(self), **changes})
+        """A copy with `changes`."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Self:
+        """The record of a JSON object with exactly this record's fields (the optional ones
+        may be left out); ShapeError naming what differs otherwise."""
+        from pydantic import ValidationError
+
+        reader: type = cls
+        try:
+            return _reader(reader).validate_json(text)  # type: ignore[no-any-return]
+        except ValidationError as exc:
+            problems = [
+                f"{'.'.join(map(str, error['loc'])) or cls.__name__}: {error['msg']}"
+                for error in exc.errors(include_url=False)
+            ]
+            raise ShapeError("; ".join(problems)) from None
 
 
+@functools.cache
+def _reader(cls: type) -> TypeAdapter[Any]:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(cls)
+
+
+@dataclass
 class InputFile(_Record):
     """One input file of the step, in batch order."""
 
@@ -48,6 +75,7 @@ class InputFile(_Record):
     rows: int
 
 
+@dataclass
 class OutputFile(_Record):
     """One written file of the step folder (rank files, then the quarantine)."""
 
@@ -57,6 +85,7 @@ class OutputFile(_Record):
     tokens: int | None = None
 
 
+@dataclass
 class Counts(_Record):
     """Where every ingested row went: ingested = quarantined + trimmed + dropped + written.
     `untrained` counts written rows the trainer never trains (`train_step` null)."""
@@ -73,6 +102,7 @@ class Counts(_Record):
         return self.ingested == self.quarantined + self.trimmed + self.dropped + self.written
 
 
+@dataclass
 class Manifest(_Record):
     """Everything a step folder records about how it was built; `outputs` is empty until
     the files are written (the staged `train_batch` carries the rest)."""
@@ -91,19 +121,19 @@ class Manifest(_Record):
     equal_reward_groups: int
     ignored_columns: list[str]
     # The optional shard columns this step really has (the others are null in its files).
-    present_columns: list[str] = Field(default_factory=list)
+    present_columns: list[str] = field(default_factory=list)
     # The step's rollout metrics under the names miles logs them (docs/metrics.md).
-    stats: dict[str, float] = Field(default_factory=dict)
-    outputs: list[OutputFile] = Field(default_factory=list)
+    stats: dict[str, float] = field(default_factory=dict)
+    outputs: list[OutputFile] = field(default_factory=list)
     # Files under the inputs that look like this step's input but were not read (another
     # case of suffix, `.parq`, a FIFO), as the build's note on stderr names them.
-    skipped_files: list[str] = Field(default_factory=list)
+    skipped_files: list[str] = field(default_factory=list)
     # ranks holding rows the trainer never trains (`counts.untrained`), ascending
-    untrained_ranks: list[int] = Field(default_factory=list)
+    untrained_ranks: list[int] = field(default_factory=list)
     # rows the rollout-side schedule dropped: batch positions and raw rewards, for the
     # loader's batch-wide `raw_reward` (miles keeps them there)
-    dropped_positions: list[int] = Field(default_factory=list)
-    dropped_raw_reward: list[float | None] = Field(default_factory=list)
+    dropped_positions: list[int] = field(default_factory=list)
+    dropped_raw_reward: list[float | None] = field(default_factory=list)
 
     @property
     def dp_size(self) -> int:
@@ -114,13 +144,9 @@ class Manifest(_Record):
         return [o for o in self.outputs if o.path.startswith("rank=")]
 
     def to_json(self) -> str:
+        """The manifest's JSON text; a value JSON has no type for (a numpy integer) is
+        refused (TypeError) rather than written."""
         return json.dumps(self.to_dict(), indent=2) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Manifest:
-        """The manifest of a JSON text; a ValueError (ShapeError when it is JSON of another
-        shape) otherwise."""
-        return cls.from_dict(json.loads(text))
 
     def write(self, path: Path) -> None:
         """Write and fsync: the manifest is the step folder's commit record."""

@@ -1,7 +1,16 @@
-"""The settings model: every setting of CONTRACT.md section 3, named as miles' flags."""
+"""The settings model: every setting of CONTRACT.md section 3, named as miles' flags.
+
+`Settings` is a frozen dataclass. A value that already has its field's exact type (as
+argparse, YAML and Dagster's run config give them) is taken as it is; any other value goes
+to pydantic, imported only then, which reads it in its lax mode ("yes" is true) or words
+what is wrong with it. So a build with well-typed settings does not load pydantic, and a
+mistyped, missing or unknown setting is worded by pydantic; settings that cannot go
+together are worded here (`_inconsistency`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import operator
@@ -9,87 +18,92 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pipeline.errors import UsageError
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
     from pydantic_core import ErrorDetails
 
 Estimator = Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
 NORMALIZING_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
 
-# A count: an integer of at least 1, never a bool, a float or a text.
-Count = Annotated[int, Field(strict=True, ge=1)]
+
+class _Count:
+    """The mark of a count: an integer of at least 1, never a bool, a float or a text."""
 
 
-class Settings(BaseModel):
+COUNT = _Count()
+Count = Annotated[int, COUNT]
+
+
+def _setting(description: str, default: Any = dataclasses.MISSING) -> Any:
+    return dataclasses.field(default=default, metadata={"description": description})
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be used: missing, unknown or mistyped, or well-typed settings
+    that cannot go together. The text names every problem on one line."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
     """Effective settings of one build; shared by the CLI, the Dagster run config and tests.
 
     Checked when made: each value against its field's type (integers strictly, booleans
-    and texts in pydantic's lax mode: "yes" is true), then the settings against each other.
-    `make_settings` words every problem as one line."""
+    and texts in pydantic's lax mode: "yes" is true), then the settings against each other
+    (SettingsError). `make_settings` words every problem as one usage line."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    global_batch_size: Count = Field(
-        description="Samples per optimizer step (rollouts per step for compact batches)."
+    global_batch_size: Count = _setting(
+        "Samples per optimizer step (rollouts per step for compact batches)."
     )
-    dp_size: Count = Field(1, description="Data-parallel ranks, one shard file each.")
-    use_dynamic_global_batch_size: bool = Field(
-        False, description="One optimizer step per rollout step."
+    dp_size: Count = _setting("Data-parallel ranks, one shard file each.", 1)
+    use_dynamic_global_batch_size: bool = _setting("One optimizer step per rollout step.", False)
+    disable_rollout_trim_samples: bool = _setting("Keep every sample.", False)
+    advantage_estimator: Estimator = _setting("Advantage estimator.", "grpo")
+    rewards_normalization: bool = _setting(
+        "Normalize rewards per prompt group (--disable-rewards-normalization).", True
     )
-    disable_rollout_trim_samples: bool = Field(False, description="Keep every sample.")
-    advantage_estimator: Estimator = Field("grpo", description="Advantage estimator.")
-    rewards_normalization: bool = Field(
-        True, description="Normalize rewards per prompt group (--disable-rewards-normalization)."
+    grpo_std_normalization: bool = _setting(
+        "Divide by the group std (--disable-grpo-std-normalization).", True
     )
-    grpo_std_normalization: bool = Field(
-        True, description="Divide by the group std (--disable-grpo-std-normalization)."
+    reward_key: str | None = _setting("Field of a struct `reward`.", None)
+    n_samples_per_prompt: Count | None = _setting(
+        "Fixed-fanout reward groups when `group_index` is missing.", None
     )
-    reward_key: str | None = Field(None, description="Field of a struct `reward`.")
-    n_samples_per_prompt: Count | None = Field(
-        None, description="Fixed-fanout reward groups when `group_index` is missing."
+    rollout_batch_size: Count | None = _setting(
+        "Prompts per rollout step, with n_samples_per_prompt.", None
     )
-    rollout_batch_size: Count | None = Field(
-        None, description="Prompts per rollout step, with n_samples_per_prompt."
+    balance_data: bool = _setting("Balance tokens across ranks.", False)
+    micro_batch_size: Count | None = _setting("Fixed micro-batch size.", None)
+    use_dynamic_batch_size: bool = _setting("Token-budget micro-batches.", False)
+    max_tokens_per_gpu: Count | None = _setting("Token budget per micro-batch and GPU.", None)
+    cp_size: Count | None = _setting(
+        "Context parallel size; setting it turns on the rollout-side schedule.", None
     )
-    balance_data: bool = Field(False, description="Balance tokens across ranks.")
-    micro_batch_size: Count | None = Field(None, description="Fixed micro-batch size.")
-    use_dynamic_batch_size: bool = Field(False, description="Token-budget micro-batches.")
-    max_tokens_per_gpu: Count | None = Field(
-        None, description="Token budget per micro-batch and GPU."
+    vpp_size: Count | None = _setting("Virtual pipeline stages (null means 1).", None)
+    microbatch_group_size_per_vp_stage: Count | None = _setting(
+        "Micro-batch group per virtual pipeline stage.", None
     )
-    cp_size: Count | None = Field(
-        None, description="Context parallel size; setting it turns on the rollout-side schedule."
+    allow_partial_train_step: bool = _setting(
+        "One smaller final train step instead of dropping trailing rollouts.", False
     )
-    vpp_size: Count | None = Field(None, description="Virtual pipeline stages (null means 1).")
-    microbatch_group_size_per_vp_stage: Count | None = Field(
-        None, description="Micro-batch group per virtual pipeline stage."
-    )
-    allow_partial_train_step: bool = Field(
-        False, description="One smaller final train step instead of dropping trailing rollouts."
-    )
-    on_invalid: Literal["fail", "quarantine"] = Field(
+    on_invalid: Literal["fail", "quarantine"] = _setting(
+        "`fail`: write nothing for an invalid step; `quarantine`: set invalid trajectories aside.",
         "fail",
-        description="`fail`: write nothing for an invalid step; "
-        "`quarantine`: set invalid trajectories aside.",
     )
-    rollout_id_policy: Literal["strict", "repair"] = Field(
-        "strict",
-        description="`repair` fixes legacy rollout ids (before miles PR #2536) and counts them.",
+    rollout_id_policy: Literal["strict", "repair"] = _setting(
+        "`repair` fixes legacy rollout ids (before miles PR #2536) and counts them.", "strict"
     )
-    require_success_marker: bool = Field(
-        False, description="Read a step folder only once its producer wrote step=<N>/_SUCCESS."
+    require_success_marker: bool = _setting(
+        "Read a step folder only once its producer wrote step=<N>/_SUCCESS.", False
     )
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Self:
+    def __post_init__(self) -> None:
+        _take(self, _checked(type(self), self.to_dict()))
         if (problem := _inconsistency(self)) is not None:
             raise SettingsError(problem)
-        return self
 
     @property
     def normalizes_rewards(self) -> bool:
@@ -101,11 +115,11 @@ class Settings(BaseModel):
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with `changes`, checked as the settings are when made."""
-        return Settings.model_validate({**self.to_dict(), **changes})
+        return Settings(**_checked(Settings, {**self.to_dict(), **changes}))
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting by name, as JSON values (the manifest's `settings`)."""
-        return self.model_dump()
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def to_json(self) -> str:
         """The settings as compact JSON, as the rerun digests hash them."""
@@ -117,46 +131,116 @@ def normalizes(estimator: str, rewards_normalization: bool) -> bool:
     return rewards_normalization and estimator in NORMALIZING_ESTIMATORS
 
 
-# The settings the row and file rules read; the rest shape the batch (trim, layout, ranks).
-ROW_SETTINGS = (
-    "advantage_estimator",
-    "rewards_normalization",
-    "reward_key",
-    "on_invalid",
-    "rollout_id_policy",
-    "require_success_marker",
-)
-
-
-def _field_of_settings(name: str) -> Any:
+def _as_in_settings(name: str) -> Any:
     """A field of `Settings` (its default and description), for a model sharing it."""
-    return Settings.model_fields[name]
+    (same,) = [f for f in dataclasses.fields(Settings) if f.name == name]
+    return dataclasses.field(default=same.default, metadata=same.metadata)
 
 
-class RowSettings(BaseModel):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RowSettings:
     """The settings of `Settings` that reading and validating rows needs (`validate` without
     a global batch size checks the rows alone); the fields are `Settings`' own."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    advantage_estimator: Estimator = _as_in_settings("advantage_estimator")
+    rewards_normalization: bool = _as_in_settings("rewards_normalization")
+    reward_key: str | None = _as_in_settings("reward_key")
+    on_invalid: Literal["fail", "quarantine"] = _as_in_settings("on_invalid")
+    rollout_id_policy: Literal["strict", "repair"] = _as_in_settings("rollout_id_policy")
+    require_success_marker: bool = _as_in_settings("require_success_marker")
 
-    advantage_estimator: Estimator = _field_of_settings("advantage_estimator")
-    rewards_normalization: bool = _field_of_settings("rewards_normalization")
-    reward_key: str | None = _field_of_settings("reward_key")
-    on_invalid: Literal["fail", "quarantine"] = _field_of_settings("on_invalid")
-    rollout_id_policy: Literal["strict", "repair"] = _field_of_settings("rollout_id_policy")
-    require_success_marker: bool = _field_of_settings("require_success_marker")
+    def __post_init__(self) -> None:
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        _take(self, _checked(type(self), values))
 
     @property
     def normalizes_rewards(self) -> bool:
         return normalizes(self.advantage_estimator, self.rewards_normalization)
 
 
-class SettingsError(ValueError):
-    """Well-typed settings that cannot go together."""
+# Settings or RowSettings (a plain `type`, which the caches below can key on).
+Model = type
+
+
+@functools.cache
+def _hints(model: Model) -> dict[str, Any]:
+    """Each field's type as annotated (a count keeps its mark)."""
+    return typing.get_type_hints(model, include_extras=True)
+
+
+def _take(settings: Settings | RowSettings, values: Mapping[str, Any]) -> None:
+    """Put the checked `values` (a lax "yes" read as true) in the frozen `settings`."""
+    for name, value in values.items():
+        if value is not getattr(settings, name):
+            object.__setattr__(settings, name, value)
+
+
+def _exact(kind: Any, value: Any) -> bool:
+    """Whether `value` has exactly the type `kind` (pydantic would take it unchanged)."""
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        return any(_exact(arg, value) for arg in typing.get_args(kind))
+    if origin is Annotated:  # a count
+        return type(value) is int and value >= 1
+    if origin is Literal:
+        return type(value) is str and value in typing.get_args(kind)
+    if kind is type(None):
+        return value is None
+    return type(value) is kind
+
+
+def _checked(model: Model, values: Mapping[str, Any]) -> dict[str, Any]:
+    """`model`'s fields among `values`, checked; SettingsError naming every missing,
+    unknown (for `Settings`) or mistyped one, worded by pydantic."""
+    kinds = _hints(model)
+    known = all(name in kinds for name in values) or model is RowSettings
+    fields = {f.name: f for f in dataclasses.fields(model)}
+    given = all(name in values for name, f in fields.items() if f.default is dataclasses.MISSING)
+    if known and given and all(_exact(kinds[k], v) for k, v in values.items() if k in kinds):
+        return {name: values[name] for name in kinds if name in values}
+    from pydantic import ValidationError
+
+    try:
+        return dict(_pydantic_model(model).model_validate(values))
+    except ValidationError as exc:
+        raise SettingsError("; ".join(_problem(error) for error in exc.errors())) from None
+
+
+@functools.cache
+def _pydantic_model(model: Model) -> type[BaseModel]:
+    """A pydantic model of `model`'s fields: a count strict and at least 1, booleans and
+    texts lax; unknown fields refused by `Settings` and ignored by `RowSettings`."""
+    from pydantic import ConfigDict, Field, create_model
+
+    def typed(kind: Any) -> Any:
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):
+            return functools.reduce(operator.or_, map(typed, typing.get_args(kind)))
+        if typing.get_origin(kind) is Annotated:
+            return Annotated[int, Field(strict=True, ge=1)]
+        return kind
+
+    kinds = _hints(model)
+    fields: dict[str, Any] = {
+        f.name: (typed(kinds[f.name]), ... if f.default is dataclasses.MISSING else f.default)
+        for f in dataclasses.fields(model)
+    }
+    extra: Literal["forbid", "ignore"] = "forbid" if model is Settings else "ignore"
+    return create_model(model.__name__, __config__=ConfigDict(extra=extra), **fields)
+
+
+def _problem(error: ErrorDetails) -> str:
+    """One of pydantic's errors as `name: what is wrong`."""
+    from pipeline.yaml_config import setting_name
+
+    return f"{'.'.join(map(setting_name, error['loc']))}: {error['msg']}"
+
+
+# The settings the row and file rules read; the rest shape the batch (trim, layout, ranks).
+ROW_SETTINGS = tuple(f.name for f in dataclasses.fields(RowSettings))
 
 
 def _plain(kind: Any) -> Any:
-    """A field's type without its constraints: `int | None` of `Count | None`."""
+    """A field's type without its mark: `int | None` of `Count | None`."""
     if typing.get_origin(kind) is Annotated:
         return typing.get_args(kind)[0]
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
@@ -167,13 +251,24 @@ def _plain(kind: Any) -> Any:
 
 def setting_types() -> dict[str, Any]:
     """Each setting's type (`int | None` for an optional count)."""
-    return {name: _plain(f.annotation) for name, f in Settings.model_fields.items()}
+    return {name: _plain(kind) for name, kind in _hints(Settings).items()}
 
 
 def setting_fields() -> list[tuple[str, Any, str]]:
     """(name, type, description) of every setting, in the contract's order."""
     kinds = setting_types()
-    return [(name, kinds[name], f.description or "") for name, f in Settings.model_fields.items()]
+    return [
+        (f.name, kinds[f.name], f.metadata["description"]) for f in dataclasses.fields(Settings)
+    ]
+
+
+def setting_defaults() -> dict[str, Any]:
+    """Each setting's default; the required ones are left out."""
+    return {
+        f.name: f.default
+        for f in dataclasses.fields(Settings)
+        if f.default is not dataclasses.MISSING
+    }
 
 
 def non_null(kind: Any) -> Any:
@@ -223,8 +318,6 @@ def read_config(path: str | Path | None) -> dict[str, Any]:
         raise UsageError(f"cannot read config {path}: {exc.strerror}") from exc
     except UnicodeDecodeError:
         raise UsageError(f"config {path} is not a text (UTF-8) YAML file") from None
-    from pydantic import TypeAdapter
-
     from pipeline.yaml_config import ConfigError, load_mapping
 
     try:
@@ -236,31 +329,29 @@ def read_config(path: str | Path | None) -> dict[str, Any]:
             continue
         if setting in data:
             raise UsageError(f"config {path} sets both {setting} and {flag}: keep one")
-        try:
-            data[setting] = not TypeAdapter(bool).validate_python(data.pop(flag))
-        except ValidationError as exc:
-            raise UsageError(f"invalid settings: {flag}: {exc.errors()[0]['msg']}") from None
+        data[setting] = not _boolean(flag, data.pop(flag))
     return data
+
+
+def _boolean(flag: str, value: Any) -> bool:
+    """A --disable-* flag's value in a settings file, read as a boolean setting is."""
+    if type(value) is bool:
+        return value
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        return TypeAdapter(bool).validate_python(value)
+    except ValidationError as exc:
+        raise UsageError(f"invalid settings: {flag}: {exc.errors()[0]['msg']}") from None
 
 
 def make_settings(values: Mapping[str, Any]) -> Settings:
     """Settings from plain values (files, flags, run config); a usage error names every
     problem: missing, unknown or mistyped settings first, else the first inconsistency."""
     try:
-        return Settings.model_validate(values)
-    except ValidationError as exc:
-        problems = [_problem(error) for error in exc.errors()]
-        raise UsageError(f"invalid settings: {'; '.join(problems)}") from None
-
-
-def _problem(error: ErrorDetails) -> str:
-    """One of pydantic's errors as `name: what is wrong`, or the inconsistency as worded."""
-    from pipeline.yaml_config import setting_name
-
-    cause = error.get("ctx", {}).get("error")
-    if isinstance(cause, SettingsError):
-        return str(cause)
-    return f"{'.'.join(map(setting_name, error['loc']))}: {error['msg']}"
+        return Settings(**_checked(Settings, values))
+    except SettingsError as exc:
+        raise UsageError(f"invalid settings: {exc}") from None
 
 
 # An input root may carry the settings its data was written for; they rank below
@@ -306,7 +397,6 @@ def load_settings(
 def make_row_settings(values: Mapping[str, Any]) -> RowSettings:
     """The row settings among `values` (the others are not checked here)."""
     try:
-        return RowSettings.model_validate(values)
-    except ValidationError as exc:
-        problems = [_problem(error) for error in exc.errors()]
-        raise UsageError(f"invalid settings: {'; '.join(problems)}") from None
+        return RowSettings(**_checked(RowSettings, values))
+    except SettingsError as exc:
+        raise UsageError(f"invalid settings: {exc}") from None

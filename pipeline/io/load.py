@@ -9,7 +9,7 @@ import io
 import os
 import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +35,16 @@ READ_THREADS = max(2, os.cpu_count() or 1)
 
 # Bytes a Parquet read in parts buffers of a column at a time.
 PART_BUFFER = 1 << 20
+
+# A file's identity: inode, size, modification and change times (what moves when its bytes
+# may have).
+Identity = tuple[int, int, int, int]
+# A file's sha256 taken before its read (`rollout-shards build` hashes its inputs while the
+# program loads), with the file's identity while it was hashed; None when it was not taken.
+EarlyDigest = Future[tuple[Identity, str] | None]
+# Such a digest by path, if one was begun.
+EarlyDigests = Callable[[Path], EarlyDigest | None]
+
 
 # Each format's reader, given the file (Parquet: its path, which Polars reads without a
 # copy of the file in memory; the others: its bytes, which rows mapped from an Arrow file
@@ -75,7 +85,7 @@ def _unreadable(path: Path, step: int | None, reason: str) -> StepError:
     )
 
 
-def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
+def _identity(info: os.stat_result) -> Identity:
     return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
@@ -120,10 +130,17 @@ def _digest(handle: io.BufferedReader, data: bytes | None) -> str:
     return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def read_file(path: Path, step: int | None = None) -> ReadFile:
-    """One input file as stored, in file order, with the sha256 of the bytes read; a file
-    whose identity (inode, size, modification and change times) moved while it was read
-    fails rather than vouch for other bytes. An unreadable file is a StepError."""
+def _taken(early: EarlyDigest | None, info: os.stat_result) -> str | None:
+    """The early digest, if it was taken of the file as it is open now (same identity)."""
+    taken = early.result() if early is not None else None
+    return taken[1] if taken is not None and taken[0] == _identity(info) else None
+
+
+def read_file(path: Path, step: int | None = None, early: EarlyDigest | None = None) -> ReadFile:
+    """One input file as stored, in file order, with the sha256 of the bytes read (`early`'s
+    when it was taken of the file with the identity it has through the read); a file whose
+    identity (inode, size, modification and change times) moved while it was read fails
+    rather than vouch for other bytes. An unreadable file is a StepError."""
     handle, info = _opened(path, step)
     with handle:
         kind = TABLE_SUFFIXES.get(path.suffix)
@@ -138,13 +155,15 @@ def read_file(path: Path, step: int | None = None) -> ReadFile:
             raise _unreadable(path, step, f"cannot read the file ({exc.strerror})") from None
         try:
             with panics_kept_off_stderr() as panicked, ThreadPoolExecutor(READ_THREADS) as pool:
-                digest = pool.submit(_digest, handle, data)
+                digest = pool.submit(_digest, handle, data) if early is None else None
                 try:
                     frame = READERS[kind](data if data is not None else str(path), pool.map)
                 except pl.exceptions.PanicException:  # a BaseException: it would end the run
                     panicked[0] = True
                     raise
-                sha256 = digest.result()
+                sha256 = (
+                    _taken(early, info) or (digest or pool.submit(_digest, handle, data)).result()
+                )
         except JsonLinesError as exc:
             raise _unreadable(path, step, str(exc)) from None
         except OSError as exc:
@@ -182,10 +201,12 @@ def _read_dump(source: SourceFile, step: int | None) -> ReadFile:
     return ReadFile(frame, hashlib.sha256(data).hexdigest(), before.st_size)
 
 
-def read_source(source: SourceFile, step: int | None = None) -> ReadFile:
+def read_source(
+    source: SourceFile, step: int | None = None, early: EarlyDigest | None = None
+) -> ReadFile:
     if source.kind == "miles":
         return _read_dump(source, step)
-    return read_file(source.path, step)
+    return read_file(source.path, step, early)
 
 
 def _column_steps(source: SourceFile, frame: pl.DataFrame) -> list[int]:
@@ -245,12 +266,15 @@ def group_steps(sources: Iterable[SourceFile]) -> dict[int, list[SourceFile]]:
     return {step: sorted(files, key=lambda s: str(s.path)) for step, files in sorted(steps.items())}
 
 
-def load_step(step: int, sources: Sequence[SourceFile]) -> LoadedStep:
+def load_step(
+    step: int, sources: Sequence[SourceFile], early: EarlyDigests | None = None
+) -> LoadedStep:
     """Read, type and concatenate a step's files in batch order, with provenance columns.
-    Each file's manifest record (path, sha256, rows) is of the bytes its rows came from."""
+    Each file's manifest record (path, sha256, rows) is of the bytes its rows came from;
+    `early` gives the digests taken before the read."""
     step_files = StepFiles(step)
     for source in sources:
-        read = read_source(source, step)
+        read = read_source(source, step, early(source.path) if early is not None else None)
         frame = step_files.add_rows(source, read.frame)
         step_files.add_file(source, read.sha256, frame.height)
         step_files.frames.append(frame)

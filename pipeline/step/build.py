@@ -13,6 +13,7 @@ from typing import Protocol
 
 from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
+from pipeline.io.load import EarlyDigests
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
 from pipeline.step import bounded
@@ -63,10 +64,12 @@ def build_step(
     skipped: Sequence[str] = (),
     stream_above: int | None = bounded.STREAM_ABOVE,
     write_batch: Callable[[TrainBatch, Path], Manifest] = write_shards,
+    early: EarlyDigests | None = None,
 ) -> Manifest:
     """The whole build of one step; returns its manifest. A step folder that is current
     (`current_manifest`) is kept as it is unless `force`; any other is replaced whole.
-    `skipped` names look-alike files the readers passed over, kept in the manifest. Builds
+    `skipped` names look-alike files the readers passed over, kept in the manifest;
+    `early` gives digests of input files taken before the build (`load_step`). Builds
     of one step run one at a time (`writer.step_lock`), so the last published read the
     newest inputs. A step whose input files take more than `stream_above` bytes on disk
     holds its per-token lists one part or one rank at a time (`bounded`; None: never).
@@ -77,7 +80,9 @@ def build_step(
             report.up_to_date(step, writer.step_folder(out_root, step))
             return manifest
         streamed = stream_above is not None and bounded.input_bytes(sources) > stream_above
-        return _build(step, sources, settings, out_root, report, skipped, streamed, write_batch)
+        return _build(
+            step, sources, settings, out_root, report, skipped, streamed, write_batch, early
+        )
 
 
 def _build(
@@ -89,6 +94,7 @@ def _build(
     skipped: Sequence[str],
     streamed: bool = False,
     write_batch: Callable[[TrainBatch, Path], Manifest] = write_shards,
+    early: EarlyDigests | None = None,
 ) -> Manifest:
     read, plan, write = STAGE_NAMES
     with ExitStack() as stack:
@@ -98,7 +104,7 @@ def _build(
         if samples is None:
             stack.close()
             spill = None
-            samples = load_samples(step, sources, settings)
+            samples = load_samples(step, sources, settings, early)
         report.end(step, read, f"{samples.ingested} rows read")
 
         report.begin(step, plan)

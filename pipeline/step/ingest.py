@@ -13,7 +13,7 @@ from pipeline import columns as c
 from pipeline.columns import PATH_STEP, REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError
 from pipeline.io.discovery import SourceFile
-from pipeline.io.load import load_step
+from pipeline.io.load import EarlyDigests, load_step
 from pipeline.schemas.validate import validate_step
 from pipeline.settings import RowSettings, Settings
 from pipeline.step.tables import SampleTable
@@ -56,14 +56,18 @@ def quarantine_table(loaded: pl.DataFrame, failing: pl.DataFrame) -> pl.DataFram
 
 
 def load_samples(
-    step: int, sources: Sequence[SourceFile], settings: Settings | RowSettings
+    step: int,
+    sources: Sequence[SourceFile],
+    settings: Settings | RowSettings,
+    early: EarlyDigests | None = None,
 ) -> SampleTable:
     """Read a step, repair legacy ids if asked, validate. With `on_invalid: fail` any broken
     rule fails the step; with `quarantine` the trajectories holding a failing row are set
     aside whole and the rest goes on. Problems that name no rows (an unreadable file, a
     missing column, a column of an impossible type, a struct reward without reward_key)
-    fail the step in both modes: there is nothing to set aside and nothing to count."""
-    loaded = load_step(step, sources)
+    fail the step in both modes: there is nothing to set aside and nothing to count.
+    `early` gives digests of the files taken before the read (`load_step`)."""
+    loaded = load_step(step, sources, early)
     original = loaded.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(ROW_ID))
     type_errors = loaded.type_errors
     if type_errors is None:

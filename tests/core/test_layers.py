@@ -72,7 +72,7 @@ try:
     build_step(step, sources, Settings(global_batch_size=4), Path(sys.argv[2]))
 except StepError as error:
     print(error.violations[0].rule)
-print(sorted(name for name in ("pandera", "pandas", "pyarrow") if name in sys.modules))
+print(sorted(name for name in ("pandera", "pandas", "pyarrow", "pydantic") if name in sys.modules))
 """
 
 
@@ -84,8 +84,8 @@ def _build_in_a_fresh_interpreter(inputs: Path, out: Path) -> str:
 def test_a_valid_step_is_built_without_importing_pandera(tmp_path: Path) -> None:
     """Pandera (and pandas, which it imports) load only when a rule fails: a valid step is
     checked by one Polars query over the same rules. Nor does a build import pyarrow
-    (Polars reads the rank files' footers): each costs a fresh process a tenth of a second
-    or more."""
+    (Polars reads the rank files' footers), nor pydantic (the settings and the manifest it
+    writes are dataclasses): each costs a fresh process a tenth of a second or more."""
     write_step(tmp_path / "in", [sample(i, reward=float(i % 2)) for i in range(8)])
     assert _build_in_a_fresh_interpreter(tmp_path / "in", tmp_path / "out") == "[]\n"
 

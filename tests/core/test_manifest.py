@@ -1,9 +1,12 @@
-"""The manifest is a strict pydantic model: it reads back what it wrote, and a manifest of
-another shape reads as none (the step is rebuilt)."""
+"""The manifest's records are dataclasses read strictly (by pydantic): a manifest reads back
+what it wrote, and one of another shape reads as none (the step is rebuilt)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -86,20 +89,46 @@ def test_numbers_widen_as_in_json_and_nothing_else_is_converted(tmp_path: Path) 
     read = Manifest.from_json(_with({"stats": {"x": 1}, "dropped_raw_reward": [2, None]}))
     assert read.stats == {"x": 1.0} and type(read.stats["x"]) is float
     assert read.dropped_raw_reward == [2.0, None]
-    with pytest.raises(ShapeError):  # a numpy integer never reaches manifest.json
-        manifest().replace(step=np.int64(3))
-    with pytest.raises(ShapeError):
-        OutputFile(path="rank=0.parquet", sha256="x", rows=np.int32(2))
+    with pytest.raises(TypeError):  # a numpy integer never reaches manifest.json
+        manifest().replace(step=np.int64(3)).to_json()
+    outputs = [OutputFile(path="rank=0.parquet", sha256="x", rows=np.int32(2))]  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        manifest().replace(outputs=outputs).write(tmp_path / "manifest.json")
+
+
+def test_a_shape_error_names_each_field_on_one_line() -> None:
+    with pytest.raises(ShapeError) as excinfo:
+        Manifest.from_json(_with({"step": "3", "counts.extra": 1}))
+    assert str(excinfo.value) == (
+        "step: Input should be a valid integer; counts.extra: Unexpected keyword argument"
+    )
+    with pytest.raises(ShapeError, match="^Manifest: Invalid JSON"):
+        Manifest.from_json("{not json")
+
+
+def test_writing_a_manifest_does_not_load_pydantic(tmp_path: Path) -> None:
+    """A build writes its manifest from the dataclasses alone; pydantic loads to read one."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from tests.core.test_manifest import manifest\n"
+        "manifest().write(Path(sys.argv[1]))\n"
+        "print('pydantic' in sys.modules)\n"
+    )
+    run = [sys.executable, "-c", script, str(tmp_path / "manifest.json")]
+    result = subprocess.run(run, capture_output=True, text=True, check=True)
+    assert result.stdout == "False\n"
+    assert Manifest.read(tmp_path / "manifest.json") == manifest()
 
 
 def test_the_json_keeps_its_bytes() -> None:
     """Field order, two-space indent, floats as JSON floats: a folder built before the
-    manifest became a pydantic model is still current."""
-    text = manifest().replace(stats={"rollout/raw_reward": 1}).to_json()
+    manifest's records became dataclasses read by pydantic is still current."""
+    text = manifest().replace(stats={"rollout/raw_reward": 1.0}).to_json()
     assert text.startswith(
         '{\n  "step": 3,\n  "settings": {\n    "global_batch_size": 4,\n    "dp_size": 2\n  },\n'
         '  "inputs": [\n    {\n      "path": "in/step=3.parquet",\n'
     )
     assert '"stats": {\n    "rollout/raw_reward": 1.0\n  },' in text
     assert text.endswith('  "dropped_raw_reward": [\n    null,\n    1.5\n  ]\n}\n')
-    assert list(json.loads(text)) == list(Manifest.model_fields)
+    assert list(json.loads(text)) == [f.name for f in dataclasses.fields(Manifest)]

@@ -1,22 +1,31 @@
-"""The settings model (pydantic), how `make_settings` words its problems, and the strict
-reading of a settings YAML file."""
+"""The settings model (a dataclass; pydantic reads and words what is not of its exact
+type), how `make_settings` words its problems, and the strict reading of a settings YAML
+file."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.errors import UsageError
 from pipeline.settings import (
+    RowSettings,
     Settings,
+    SettingsError,
     load_settings,
+    make_row_settings,
     make_settings,
     non_null,
     read_config,
+    setting_defaults,
     setting_fields,
     setting_types,
 )
@@ -87,8 +96,12 @@ def test_each_inconsistency_is_refused() -> None:
 
 def test_settings_are_frozen_and_checked_when_replaced() -> None:
     settings = Settings(global_batch_size=8, dp_size=2)
-    with pytest.raises(ValidationError):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         settings.dp_size = 4  # type: ignore[misc]
+    with pytest.raises(SettingsError, match="dp_size: Input should be a valid integer"):
+        Settings(global_batch_size=8, dp_size="2")  # type: ignore[arg-type]
+    with pytest.raises(SettingsError, match="foo: Extra inputs are not permitted"):
+        settings.replace(foo=1)
     assert settings.replace(global_batch_size=4).global_batch_size == 4
     with pytest.raises(ValueError, match="must be divisible"):
         settings.replace(global_batch_size=3)
@@ -245,3 +258,88 @@ def test_a_name_with_a_newline_stays_on_one_line(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as excinfo:
         read_config(path)
     assert "\n" not in str(excinfo.value) and "setting 'a\\nb' twice" in str(excinfo.value)
+
+
+class _Reference(BaseModel):
+    """The settings' fields as a plain pydantic model, the way `Settings` was declared
+    before it became a dataclass: the reference for what is read and how it is worded."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    global_batch_size: int = Field(strict=True, ge=1)
+    dp_size: int = Field(1, strict=True, ge=1)
+    balance_data: bool = False
+    advantage_estimator: Literal[
+        "grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
+    ] = "grpo"
+    reward_key: str | None = None
+    micro_batch_size: int | None = Field(None, strict=True, ge=1)
+    on_invalid: Literal["fail", "quarantine"] = "fail"
+
+
+CANDIDATES: dict[str, list[Any]] = {
+    "global_batch_size": [8, 0, -1, True, 8.0, "8", None, [8], 2**70],
+    "dp_size": [2, 0, False, 2.0, "2", None],
+    "balance_data": [True, False, 1, 0, 2, 1.0, "yes", "off", "maybe", None, [True], b"true"],
+    "advantage_estimator": ["gspo", "GSPO", "dpo", 3, None, b"grpo"],
+    "reward_key": ["score", "", None, 3, 3.5, True, b"score", ["a"]],
+    "micro_batch_size": [4, None, 0, "4", 4.0, True],
+    "on_invalid": ["quarantine", "fail", "Fail", None, 1],
+}
+
+
+def _reference(values: dict[str, Any]) -> dict[str, Any] | str:
+    try:
+        return dict(_Reference.model_validate(values))
+    except ValidationError as exc:
+        return "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors())
+
+
+def _ours(values: dict[str, Any]) -> dict[str, Any] | str:
+    try:
+        settings = make_settings(values)
+    except UsageError as exc:
+        return str(exc).removeprefix("invalid settings: ")
+    return {name: getattr(settings, name) for name in _Reference.model_fields}
+
+
+@pytest.mark.parametrize("name", list(CANDIDATES))
+def test_each_value_is_read_and_refused_as_pydantic_reads_it(name: str) -> None:
+    """Differential: every candidate value of a setting, alone and beside a mistyped
+    dp_size and an unknown name, read (or refused, with the same words) as a pydantic
+    model of the same fields reads it; a value read is also of the same type."""
+    base: dict[str, Any] = {"global_batch_size": 8}
+    for value, extra in itertools.product(CANDIDATES[name], [{}, {"dp_size": "x", "z": 1}]):
+        values = base | extra | {name: value}
+        ours, reference = _ours(values), _reference(values)
+        assert ours == reference, values
+        if isinstance(ours, dict) and isinstance(reference, dict):
+            assert [type(v) for v in ours.values()] == [type(v) for v in reference.values()]
+
+
+def test_the_row_settings_check_their_own_fields_and_ignore_the_rest() -> None:
+    row = make_row_settings({"on_invalid": "quarantine", "global_batch_size": "x", "z": 1})
+    assert row == RowSettings(on_invalid="quarantine")
+    with pytest.raises(UsageError, match="^invalid settings: on_invalid: Input should be 'fail'"):
+        make_row_settings({"on_invalid": "drop"})
+    assert setting_defaults()["on_invalid"] == RowSettings().on_invalid == "fail"
+    assert "global_batch_size" not in setting_defaults()
+
+
+def test_well_typed_settings_do_not_load_pydantic() -> None:
+    """Pydantic is for what is not of its exact type: a build's usual settings (from
+    flags, YAML or run config) are taken without importing it."""
+    script = (
+        "import sys\n"
+        "from pipeline.settings import make_settings, make_row_settings\n"
+        "make_settings({'global_batch_size': 8, 'dp_size': 2, 'balance_data': True,\n"
+        "               'advantage_estimator': 'gspo', 'reward_key': 'score'})\n"
+        "make_row_settings({'global_batch_size': 8, 'on_invalid': 'quarantine'})\n"
+        "print('pydantic' in sys.modules)\n"
+        "make_settings({'global_batch_size': 8, 'balance_data': 'yes'})\n"
+        "print('pydantic' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == ["False", "True"]
