@@ -9,7 +9,6 @@ import io
 import os
 import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from pipeline import columns as c
 from pipeline.columns import PATH_STEP, TYPE_ERROR
 from pipeline.errors import StepError, Violation, first_line, printable
 from pipeline.io.arrow_types import panics_kept_off_stderr, unsupported_in
+from pipeline.io.background import Digest, EarlyDigests, Identity, read_pool
 from pipeline.io.conform import cast_column, conform, index_leaf_pairs, value_text
 from pipeline.io.discovery import TABLE_SUFFIXES, SourceFile
 from pipeline.io.ipc import read_ipc
@@ -36,14 +36,9 @@ READ_THREADS = max(2, os.cpu_count() or 1)
 # Bytes a Parquet read in parts buffers of a column at a time.
 PART_BUFFER = 1 << 20
 
-# A file's identity: inode, size, modification and change times (what moves when its bytes
-# may have).
-Identity = tuple[int, int, int, int]
 # A file's sha256 taken before its read (`rollout-shards build` hashes its inputs while the
 # program loads), with the file's identity while it was hashed; None when it was not taken.
-EarlyDigest = Future[tuple[Identity, str] | None]
-# Such a digest by path, if one was begun.
-EarlyDigests = Callable[[Path], EarlyDigest | None]
+EarlyDigest = Digest
 
 
 # Each format's reader, given the file (Parquet: its path, which Polars reads without a
@@ -154,7 +149,7 @@ def read_file(path: Path, step: int | None = None, early: EarlyDigest | None = N
         except OSError as exc:
             raise _unreadable(path, step, f"cannot read the file ({exc.strerror})") from None
         try:
-            with panics_kept_off_stderr() as panicked, ThreadPoolExecutor(READ_THREADS) as pool:
+            with panics_kept_off_stderr() as panicked, read_pool(READ_THREADS) as pool:
                 digest = pool.submit(_digest, handle, data) if early is None else None
                 try:
                     frame = READERS[kind](data if data is not None else str(path), pool.map)
@@ -375,7 +370,7 @@ def read_in_parts(
     import pyarrow.parquet as pq
 
     handle, info = _opened(path, step)
-    with handle, ThreadPoolExecutor(1) as pool, _returning_arrow_pool(pa):
+    with handle, read_pool(1) as pool, _returning_arrow_pool(pa):
         digest = pool.submit(_digest, handle, None)
         parquet = pq.ParquetFile(str(path), buffer_size=PART_BUFFER, pre_buffer=False)
         meta = parquet.metadata

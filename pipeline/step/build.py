@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Protocol
 
 from pipeline.io import writer
+from pipeline.io.background import EarlyDigests
 from pipeline.io.discovery import SourceFile
-from pipeline.io.load import EarlyDigests
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
 from pipeline.step import bounded

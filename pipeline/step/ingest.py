@@ -12,8 +12,9 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.columns import PATH_STEP, REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError
+from pipeline.io.background import EarlyDigests
 from pipeline.io.discovery import SourceFile
-from pipeline.io.load import EarlyDigests, load_step
+from pipeline.io.load import load_step
 from pipeline.schemas.validate import validate_step
 from pipeline.settings import RowSettings, Settings
 from pipeline.step.tables import SampleTable

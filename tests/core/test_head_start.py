@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import TABLE_SUFFIXES, HeadStart, main
+from pipeline.cli import main
 from pipeline.io import discovery
-from pipeline.io.load import Identity, read_file
+from pipeline.io.background import TABLE_SUFFIXES, HeadStart, Identity
+from pipeline.io.load import read_file
 from tests.conftest import sample, write_step
 
 

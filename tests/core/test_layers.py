@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,21 @@ def test_the_core_is_every_module_outside_the_orchestration_layer() -> None:
     assert "pipeline.cli" in modules
     assert "pipeline.step.stages" in modules
     assert not any("orchestration" in name or "assets" in name for name in modules)
+
+
+def test_threads_start_in_two_core_modules() -> None:
+    """The build reads top to bottom: work on other threads starts only in the read's
+    background module (the CLI's head start, the read's pool) and in the writer."""
+    starting = re.compile(r"\b(threading|ThreadPoolExecutor|ProcessPoolExecutor|_thread)\b")
+
+    def source(name: str) -> str:
+        path = REPO / name.replace(".", "/")
+        return (
+            path.with_suffix(".py") if path.with_suffix(".py").exists() else path / "__init__.py"
+        ).read_text()
+
+    found = sorted(name for name in core_modules() if starting.search(source(name)))
+    assert found == ["pipeline.io.background", "pipeline.step.write"]
 
 
 def test_cli_and_core_import_without_dagster() -> None:
