@@ -49,6 +49,10 @@ def _table_files(inputs: Sequence[str]) -> Iterator[Path]:
                     yield Path(folder, name)
 
 
+# Bytes of a file mapped at once while it is hashed (a multiple of the mapping granularity).
+HASH_WINDOW = 64 << 20
+
+
 def _sha256(path: Path) -> tuple[Identity, str] | None:
     """The file's identity and sha256; None unless a regular file whose identity (inode,
     size, modification and change times) stayed the same while it was hashed."""
@@ -58,10 +62,13 @@ def _sha256(path: Path) -> tuple[Identity, str] | None:
         if not stat.S_ISREG(before.st_mode):
             return None
         digest = hashlib.sha256()
-        if before.st_size:
-            # Mapped (as Polars reads it) and hashed in one call: no copy, and the GIL let
-            # go once, where reads in pieces would win it back from the imports each time.
-            with mmap.mmap(fd, before.st_size, prot=mmap.PROT_READ) as mapped:
+        # Mapped (as Polars reads it) and hashed a window per call: no copy, and the GIL let
+        # go once per window, where reads in pieces would win it back from the imports each
+        # time; a window is unmapped once hashed, so a big step's file is never resident
+        # whole in this process.
+        for offset in range(0, before.st_size, HASH_WINDOW):
+            length = min(HASH_WINDOW, before.st_size - offset)
+            with mmap.mmap(fd, length, prot=mmap.PROT_READ, offset=offset) as mapped:
                 digest.update(mapped)
     finally:
         os.close(fd)

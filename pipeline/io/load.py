@@ -354,7 +354,11 @@ def _returning_arrow_pool(pa: Any) -> Iterator[None]:
 
 
 def read_in_parts(
-    source: SourceFile, step: int, part_bytes: int, take: Callable[[pl.DataFrame, int], None]
+    source: SourceFile,
+    step: int,
+    part_bytes: int,
+    take: Callable[[pl.DataFrame, int], None],
+    early: EarlyDigest | None = None,
 ) -> str:
     """Hand `take` the rows of one input file as stored, in parts of about `part_bytes`
     decoded bytes each with the file row of its first row, and return the file's sha256.
@@ -363,7 +367,7 @@ def read_in_parts(
     A file whose identity moved while it was read fails as `read_file` does."""
     path = source.path
     if source.kind != "table" or path.suffix != ".parquet":
-        read = read_source(source, step)
+        read = read_source(source, step, early)
         take(read.frame, 0)
         return read.sha256
     import pyarrow as pa
@@ -371,7 +375,8 @@ def read_in_parts(
 
     handle, info = _opened(path, step)
     with handle, read_pool(1) as pool, _returning_arrow_pool(pa):
-        digest = pool.submit(_digest, handle, None)
+        taken = _taken(early, info)
+        digest = None if taken is not None else pool.submit(_digest, handle, None)
         parquet = pq.ParquetFile(str(path), buffer_size=PART_BUFFER, pre_buffer=False)
         meta = parquet.metadata
         decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
@@ -384,8 +389,9 @@ def read_in_parts(
             take(frame, first)
             first += frame.height
             del frame
-        sha256 = digest.result()
+        sha256 = digest.result() if digest is not None else taken
     after = os.stat(path)
+    assert sha256 is not None
     if _identity(after) != _identity(info):
         raise _unreadable(path, step, "the file changed while it was read: build again")
     return sha256

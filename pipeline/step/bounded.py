@@ -33,6 +33,7 @@ from pipeline import columns as c
 from pipeline.columns import ROW_ID, TYPE_ERROR
 from pipeline.io import writer
 from pipeline.io.arrow_types import panics_kept_off_stderr
+from pipeline.io.background import EarlyDigests
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import StepFiles, read_in_parts
 from pipeline.schemas.rules import TABLE_LISTS, TABLE_ROWS
@@ -127,6 +128,7 @@ def load_samples(
     settings: Settings | RowSettings,
     spill: Spill,
     part_bytes: int | None = None,
+    early: EarlyDigests | None = None,
 ) -> SampleTable:
     """`ingest.load_samples` for a valid step, its lists spilled part by part (of
     `part_bytes`, by default `PART_BYTES`); `Unbounded` for any step that breaks a rule."""
@@ -148,7 +150,8 @@ def load_samples(
             files.frames.append(typed.drop(lists).hstack(s.reduced_lists(typed)))
             rows += typed.height
 
-        files.add_file(source, read_in_parts(source, step, part_bytes, take), rows)
+        taken = early(source.path) if early is not None else None
+        files.add_file(source, read_in_parts(source, step, part_bytes, take, taken), rows)
     loaded = files.loaded()
     original = loaded.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(ROW_ID))
     # the loaded columns in the in-memory build's order: the files' (lists in place), then
@@ -195,13 +198,17 @@ def load_samples(
 
 
 def samples_or_none(
-    step: int, sources: Sequence[SourceFile], settings: Settings | RowSettings, spill: Spill
+    step: int,
+    sources: Sequence[SourceFile],
+    settings: Settings | RowSettings,
+    spill: Spill,
+    early: EarlyDigests | None = None,
 ) -> SampleTable | None:
     """`load_samples`, or None when the in-memory build must take the step: it reads the
     step again and reports whatever this read could not vouch for."""
     with panics_kept_off_stderr() as panicked:
         try:
-            return load_samples(step, sources, settings, spill)
+            return load_samples(step, sources, settings, spill, early=early)
         except pl.exceptions.PanicException:  # a BaseException: it would end the run
             panicked[0] = True
         except Exception:  # noqa: BLE001 - the in-memory build says why

@@ -100,7 +100,7 @@ def _build(
     with ExitStack() as stack:
         report.begin(step, read)
         spill = stack.enter_context(bounded.Spill(out_root, step)) if streamed else None
-        samples = bounded.samples_or_none(step, sources, settings, spill) if spill else None
+        samples = bounded.samples_or_none(step, sources, settings, spill, early) if spill else None
         if samples is None:
             stack.close()
             spill = None
