@@ -5,19 +5,25 @@ interleaved and repeated (medians reported, the machine is shared):
 
 - `loader`: `read_rank(folder, r)` for every rank, the trainer's Python dicts;
 - `loader as_numpy`: `read_rank(folder, r, as_numpy=True)`, numpy arrays (flat values and
-  offsets for ragged columns), every file it reads checked against the manifest (sha256,
-  rows), as by default;
-  once per process and file (this process reads every rank, so each file is hashed once);
+  offsets for ragged columns), every file it reads checked against the manifest, as by
+  default: its own file by sha256 (once per process and file), the two columns it reads
+  of each other rank's file by the manifest's `raw_reward_sha256`, row counts;
 - `loader as_numpy, a process per rank`: the same, forgetting the verified files before
-  each rank, as a trainer whose ranks are processes of their own pays (every rank hashes
-  every rank file it reads: its own, and the others for the batch-wide `raw_reward`);
-- `loader as_numpy unverified`: the same with `verify=False` (no sha256 or row counts);
+  each rank, as a trainer whose ranks are processes of their own pays;
+- `... manifest without raw_reward_sha256`: the same on a copy of the step (the rank files
+  hard-linked) whose manifest lacks the column digests, as one written before them: every
+  rank hashes every rank file it reads whole (its own, and the others for the batch-wide
+  `raw_reward`);
+- `loader as_numpy unverified`: the same with `verify=False` (no digests or row counts);
 - `read_table`: `pyarrow.parquet.read_table` of every rank file (Arrow, no Python objects);
 - `read_table+to_pylist`: the same tables turned into Python lists column by column, the
   plain-pyarrow way to the values the trainer holds.
 
+Each ratio is the median over rounds of the round's time over that round's `read_table`
+(paired rounds: a load change hits both), beside the ratio of the medians.
+
     python bench/loader.py --samples 32768 --mean-tokens 950 --work /tmp/loader-bench \
-        --json bench/results/<date>-loader-read.json
+        --json bench/results/<date>-loader-read.json --what "what the run measures"
 
 `--no-python` leaves out the two Python-object readers (several times slower: they build
 tens of millions of Python ints and floats).
@@ -30,6 +36,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -86,6 +93,22 @@ def prepare(work: Path, samples: int, mean_tokens: float, dp: int) -> Path:
     return folder
 
 
+def without_column_digests(folder: Path, work: Path) -> Path:
+    """A copy of the step folder (rank files hard-linked, so the same page cache) whose
+    manifest has no `raw_reward_sha256`, as a manifest written before it existed."""
+    copy = work / "old-manifest" / folder.name
+    if copy.exists():
+        shutil.rmtree(copy)
+    copy.mkdir(parents=True)
+    for path in folder.glob("rank=*.parquet"):
+        os.link(path, copy / path.name)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for output in manifest["outputs"]:
+        output.pop("raw_reward_sha256", None)
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return copy
+
+
 def time_once(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -101,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--no-python", action="store_true")
     parser.add_argument("--json", type=Path, help="write the run here")
+    parser.add_argument("--what", default="", help="what the run measures, for the JSON")
     args = parser.parse_args(argv)
     folder = prepare(args.work, args.samples, args.mean_tokens, args.dp)
+    old = without_column_digests(folder, args.work)
     paths = sorted(folder.glob("rank=*.parquet"))
 
     def loader() -> None:
@@ -119,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         for rank in range(len(paths)):
             reader._VERIFIED.clear()
             read_rank(folder, rank, as_numpy=True)
+
+    def loader_numpy_old_manifest() -> None:
+        for rank in range(len(paths)):
+            reader._VERIFIED.clear()
+            read_rank(old, rank, as_numpy=True)
 
     def loader_numpy_unverified() -> None:
         for rank in range(len(paths)):
@@ -137,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {
         "loader as_numpy": loader_numpy,
         "loader as_numpy, a process per rank": loader_numpy_per_process,
+        "... manifest without raw_reward_sha256": loader_numpy_old_manifest,
         "loader as_numpy unverified": loader_numpy_unverified,
         "read_table": read_table,
     }
@@ -148,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn in runs.items():  # interleaved: load changes hit every method alike
             times[name].append(time_once(fn))
     medians = {name: statistics.median(ts) for name, ts in times.items()}
+    paired = {
+        name: statistics.median(t / b for t, b in zip(ts, times["read_table"], strict=True))
+        for name, ts in times.items()
+    }
     rows = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
     size = sum(p.stat().st_size for p in paths)
     base = medians["read_table"]
@@ -156,9 +191,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.repeats} interleaved runs:"
     )
     for name, median in medians.items():
-        print(f"  {name:36s} {median:7.3f} s  ({median / base:.2f}x read_table)")
+        print(
+            f"  {name:40s} {median:7.3f} s  ({median / base:.2f}x read_table, "
+            f"{paired[name]:.2f}x in its rounds)"
+        )
+    print(f"load average before, after: {load_before[0]:.2f}, {os.getloadavg()[0]:.2f}")
     if args.json:
         record = {
+            "what": args.what,
+            "command": " ".join(["python", "bench/loader.py", *(argv or sys.argv[1:])]),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "machine": f"{platform.machine()} {os.cpu_count()} cpus, shared",
             "load_average_before_after": [load_before[0], os.getloadavg()[0]],
@@ -171,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": times,
             "median_seconds": medians,
             "ratio_to_read_table": {name: m / base for name, m in medians.items()},
+            "median_ratio_in_round": paired,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=2) + "\n")

@@ -33,12 +33,13 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
     manifest = batch.meta.replace()
 
     def fill(staged: Path) -> None:
-        def write_rank(rank: int) -> tuple[str, int, int, Future[tuple[str, int | str]]]:
+        def write_rank(rank: int) -> tuple[str, int, int, str, Future[tuple[str, int | str]]]:
             part = batch.rows(bounds[rank], bounds[rank + 1] - bounds[rank])
             name = writer.rank_file(rank)
             writer.write_parquet(part, staged / name)
             tokens = int(part.get_column(c.TOTAL_LENGTHS).sum())
-            return name, part.height, tokens, sealer.submit(_seal_rank, staged / name)
+            rewards = writer.raw_reward_sha256(part)
+            return name, part.height, tokens, rewards, sealer.submit(_seal_rank, staged / name)
 
         # Polars gathers and encodes, and hashlib hashes, without the GIL: two ranks at a
         # time keep two cores busy where one small file leaves one idle, and the sealers
@@ -49,9 +50,11 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
             ThreadPoolExecutor(max_workers=SEALERS) as sealer,
         ):
             outputs, footers = [], {}
-            for name, rows, tokens, sealing in pool.map(write_rank, range(dp)):
+            for name, rows, tokens, rewards, sealing in pool.map(write_rank, range(dp)):
                 digest, footers[name] = sealing.result()
-                outputs.append(writer.file_record(staged / name, name, rows, tokens, digest))
+                outputs.append(
+                    writer.file_record(staged / name, name, rows, tokens, digest, rewards)
+                )
         quarantined = None
         if batch.quarantine is not None and batch.quarantine.height:
             quarantined = staged / writer.QUARANTINE
