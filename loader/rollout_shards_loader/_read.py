@@ -314,22 +314,25 @@ def _open_other_file(
     try:
         try:
             parquet = pq.ParquetFile(handle)
+            if verify:
+                _check_rows(parquet, record, path)
+            part = parquet.read(columns=[BATCH_POSITION, RAW_REWARD])
+        except ShardVerificationError:
+            raise
         except Exception:
+            # a file pyarrow cannot read: named by its sha256 when it is not the build's
             if verify and _sha256(fd) != record["sha256"]:
                 if folder.replaced():
                     raise _Replaced from None
                 raise _not_the_manifests(path, record["sha256"]) from None
             raise
-        if verify:
-            _check_rows(parquet, record, path)
-        part = parquet.read(columns=[BATCH_POSITION, RAW_REWARD])
         if values is not None and _raw_reward_sha256(part) != values:
             if folder.replaced():
                 raise _Replaced
             raise ShardVerificationError(
                 f"{path}: its batch_position and raw_reward are not the manifest's "
-                f"(raw_reward_sha256 {values[:12]}...): the file is not the one this step's "
-                "build wrote"
+                f"(raw_reward_sha256 {str(values)[:12]}...): the file is not the one this "
+                "step's build wrote"
             )
     except BaseException:
         handle.close()

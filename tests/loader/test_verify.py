@@ -102,6 +102,21 @@ def test_a_tampered_column_of_another_ranks_file_is_named(tmp_path: Path, change
         read_rank(folder, 1)
 
 
+def test_a_damaged_column_of_another_ranks_file_is_named(tmp_path: Path) -> None:
+    """Bytes overwritten inside the `raw_reward` pages of rank 1's file (its footer intact):
+    rank 0's read of that column fails in pyarrow, and the error names the file."""
+    folder = _step(tmp_path)
+    path = folder / "rank=1.parquet"
+    chunk = pq.ParquetFile(path).metadata.row_group(0)
+    names = [chunk.column(i).path_in_schema for i in range(chunk.num_columns)]
+    start = chunk.column(names.index("raw_reward")).data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start : start + 24] = b"\xff" * 24
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardVerificationError, match=r"step=1/rank=1\.parquet: its sha256"):
+        read_rank(folder, 0)
+
+
 def test_a_manifest_without_the_column_digest_checks_whole_files(tmp_path: Path) -> None:
     """A manifest written before `raw_reward_sha256` existed reads the same, and another
     rank's file is then checked by its sha256: the same values in other bytes are
