@@ -10,17 +10,21 @@ interleaved and repeated (medians reported, the machine is shared):
   of each other rank's file by the manifest's `raw_reward_sha256`, row counts;
 - `loader as_numpy, a process per rank`: the same, forgetting the verified files before
   each rank, as a trainer whose ranks are processes of their own pays;
-- `... manifest without raw_reward_sha256`: the same on a copy of the step (the rank files
-  hard-linked) whose manifest lacks the column digests, as one written before them: every
-  rank hashes every rank file it reads whole (its own, and the others for the batch-wide
-  `raw_reward`);
+- `loader as_numpy, manifest without raw_reward_sha256` (and `... and a process per
+  rank`): the same two on a copy of the step (the rank files hard-linked) whose manifest
+  lacks the column digests, as one written before them: a rank hashes every rank file it
+  reads whole (its own, and the others for the batch-wide `raw_reward`), as every
+  manifest had it before `raw_reward_sha256`;
 - `loader as_numpy unverified`: the same with `verify=False` (no digests or row counts);
 - `read_table`: `pyarrow.parquet.read_table` of every rank file (Arrow, no Python objects);
 - `read_table+to_pylist`: the same tables turned into Python lists column by column, the
   plain-pyarrow way to the values the trainer holds.
 
-Each ratio is the median over rounds of the round's time over that round's `read_table`
-(paired rounds: a load change hits both), beside the ratio of the medians.
+Each round runs every reader once, each round in another order. Printed per reader: the
+median time, its ratio to `read_table`'s, the median over rounds of the round's time over
+that round's `read_table` (paired: a load change hits both), and the ratio of median CPU
+seconds (every thread of the process), which depends least on the other work on the
+machine. The JSON keeps every round and the load average after each.
 
     python bench/loader.py --samples 32768 --mean-tokens 950 --work /tmp/loader-bench \
         --json bench/results/<date>-loader-read.json --what "what the run measures"
@@ -109,10 +113,11 @@ def without_column_digests(folder: Path, work: Path) -> Path:
     return copy
 
 
-def time_once(fn) -> float:
-    start = time.perf_counter()
+def time_once(fn) -> tuple[float, float]:
+    """Wall seconds and this process's CPU seconds (every thread) of one call."""
+    start, cpu = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
             read_rank(folder, rank, as_numpy=True)
 
     def loader_numpy_old_manifest() -> None:
+        reader._VERIFIED.clear()
+        for rank in range(len(paths)):
+            read_rank(old, rank, as_numpy=True)
+
+    def loader_numpy_old_manifest_per_process() -> None:
         for rank in range(len(paths)):
             reader._VERIFIED.clear()
             read_rank(old, rank, as_numpy=True)
@@ -167,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = {
         "loader as_numpy": loader_numpy,
         "loader as_numpy, a process per rank": loader_numpy_per_process,
-        "... manifest without raw_reward_sha256": loader_numpy_old_manifest,
+        "loader as_numpy, manifest without raw_reward_sha256": loader_numpy_old_manifest,
+        "... and a process per rank": loader_numpy_old_manifest_per_process,
         "loader as_numpy unverified": loader_numpy_unverified,
         "read_table": read_table,
     }
@@ -175,13 +186,24 @@ def main(argv: list[str] | None = None) -> int:
         runs |= {"loader": loader, "read_table+to_pylist": read_table_to_pylist}
     load_before = os.getloadavg()
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(args.repeats):
-        for name, fn in runs.items():  # interleaved: load changes hit every method alike
-            times[name].append(time_once(fn))
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    loads = []
+    for round_ in range(args.repeats):
+        # interleaved, each round in another order: load changes hit every method alike
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+            wall, used = time_once(runs[name])
+            times[name].append(wall)
+            cpu[name].append(used)
+        loads.append(os.getloadavg()[0])
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     paired = {
         name: statistics.median(t / b for t, b in zip(ts, times["read_table"], strict=True))
         for name, ts in times.items()
+    }
+    cpu_ratio = {
+        name: statistics.median(cs) / statistics.median(cpu["read_table"])
+        for name, cs in cpu.items()
     }
     rows = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
     size = sum(p.stat().st_size for p in paths)
@@ -192,17 +214,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     for name, median in medians.items():
         print(
-            f"  {name:40s} {median:7.3f} s  ({median / base:.2f}x read_table, "
-            f"{paired[name]:.2f}x in its rounds)"
+            f"  {name:52s} {median:7.3f} s  ({median / base:.2f}x read_table, "
+            f"{paired[name]:.2f}x in its rounds, CPU {cpu_ratio[name]:.2f}x)"
         )
-    print(f"load average before, after: {load_before[0]:.2f}, {os.getloadavg()[0]:.2f}")
+    print(
+        f"load average before {load_before[0]:.2f}, during (median of rounds) "
+        f"{statistics.median(loads):.2f}, after {loads[-1]:.2f}"
+    )
     if args.json:
         record = {
             "what": args.what,
             "command": " ".join(["python", "bench/loader.py", *(argv or sys.argv[1:])]),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "machine": f"{platform.machine()} {os.cpu_count()} cpus, shared",
-            "load_average_before_after": [load_before[0], os.getloadavg()[0]],
+            "load_average_before_after": [load_before[0], loads[-1]],
+            "load_average_after_each_round": loads,
             "samples": args.samples,
             "mean_tokens": args.mean_tokens,
             "dp": args.dp,
@@ -213,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             "median_seconds": medians,
             "ratio_to_read_table": {name: m / base for name, m in medians.items()},
             "median_ratio_in_round": paired,
+            "cpu_seconds": cpu,
+            "cpu_ratio_to_read_table": cpu_ratio,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=2) + "\n")
