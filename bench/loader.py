@@ -40,6 +40,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         record = {
             "what": args.what,
-            "command": " ".join(["python", "bench/loader.py", *(argv or sys.argv[1:])]),
+            "command": shlex.join(["python", "bench/loader.py", *(argv or sys.argv[1:])]),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "machine": f"{platform.machine()} {os.cpu_count()} cpus, shared",
             "load_average_before_after": [load_before[0], loads[-1]],
