@@ -83,6 +83,10 @@ class OutputFile(_Record):
     sha256: str
     rows: int
     tokens: int | None = None
+    # A rank file's `batch_position` and `raw_reward` values (pipeline.io.writer's
+    # `raw_reward_sha256`): a reader of another rank checks the two columns it reads of
+    # this file against it instead of hashing the whole file. None for the quarantine.
+    raw_reward_sha256: str | None = None
 
 
 @dataclass

@@ -10,8 +10,9 @@ relative to that open folder (a symlink is refused), so a rebuild that swaps the
 (pipeline/io/writer.py replaces it whole by one rename) cannot mix two builds into one
 read: the files come from the folder that was opened, or are gone (the old folder deleted
 under the reader), and then the read starts over on the new folder. Each file read is
-checked against the manifest (sha256 of its bytes, its row count), and the manifest
-against the folder's step.
+checked against the manifest: its row count, and the rank's own file by the sha256 of its
+bytes, another rank's file (two columns of it are read) by the manifest's digest of
+exactly those columns' values; and the manifest against the folder's step.
 """
 
 from __future__ import annotations
@@ -29,9 +30,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 MANIFEST = "manifest.json"
+BATCH_POSITION = "batch_position"
+RAW_REWARD = "raw_reward"
 STEP_NAME = re.compile(r"^step=(\d+)$")
 # Reads started over when the step folder was replaced under the reader; each rebuild
 # that lands during one read costs one.
@@ -258,64 +262,111 @@ def _sha256(data: bytearray | pa.Buffer | int) -> str:
     return digest.hexdigest()
 
 
-def _open_rank_file(
-    folder: _Folder,
-    manifest: dict[str, Any],
-    name: str,
-    whole: bool,
-    verify: bool,
-    checks: _Checks,
-) -> tuple[pq.ParquetFile, Any]:
-    """The rank file `name` as a ParquetFile, and the handle to close after reading it
-    (`whole`: the file's bytes instead),
-    its row count checked against the manifest and its sha256 handed to `checks` (once
-    per process and file). `whole`: the reader needs most of the file, so it is read into
-    memory at once and those bytes are hashed."""
+def _open_own_file(
+    folder: _Folder, manifest: dict[str, Any], name: str, verify: bool, checks: _Checks
+) -> tuple[pq.ParquetFile, pa.Buffer]:
+    """The reading rank's file `name`, mapped whole, as a ParquetFile and the mapping, its
+    row count checked against the manifest and its sha256 handed to `checks` (once per
+    process and file). The mapping is of the open file itself (through /proc, not its
+    name, so a rebuild's swap cannot put another file there): hashed and decoded from one
+    mapping without a copy; `read_table` on it decodes row groups in parallel, where
+    `ParquetFile.read` does not. A step's files are never written in place, and one that
+    was (its change time moves) fails the read once its columns are decoded."""
+    record = _record(folder, manifest, name)
+    path = folder.path / name
+    fd, info = folder.open(name)
+    key = _file_key(info)
+    handle = os.fdopen(fd, "rb", buffering=0)
+    try:
+        keep = pa.memory_map(f"/proc/self/fd/{fd}").read_buffer()
+        if keep.size != info.st_size:
+            raise ShardVerificationError(f"{path}: changed size while it was read")
+        if verify and _VERIFIED.get(key) != record["sha256"]:
+            checks.submit(keep, path, record["sha256"], key)
+        parquet = pq.ParquetFile(pa.BufferReader(keep))
+        if verify:
+            _check_rows(parquet, record, path)
+    except BaseException:
+        handle.close()
+        raise
+    checks.hold(handle)
+    if verify:
+        checks.unchanged(fd, path, key)
+    return parquet, keep
+
+
+def _open_other_file(
+    folder: _Folder, manifest: dict[str, Any], name: str, verify: bool, checks: _Checks
+) -> tuple[pq.ParquetFile, Any, pa.Table]:
+    """Another rank's file `name`: a ParquetFile, the handle to close after reading it,
+    and its `batch_position` and `raw_reward` (what the batch-wide `raw_reward` needs of
+    it), its row count checked against the manifest. Those two columns are checked
+    against the manifest's `raw_reward_sha256` of the file, exactly the values read; a
+    manifest without one (written before it existed) has the whole file's sha256 handed
+    to `checks` instead (once per process and file)."""
     record = _record(folder, manifest, name)
     path = folder.path / name
     fd, info = folder.open(name)
     key = _file_key(info)
     known = not verify or _VERIFIED.get(key) == record["sha256"]
-    handle = os.fdopen(fd, "rb", buffering=0 if whole else -1)
+    values = None if known else record.get("raw_reward_sha256")
+    handle = os.fdopen(fd, "rb")
     try:
-        if whole:
-            # The open file itself, mapped (through /proc, not its name, so a rebuild's
-            # swap cannot put another file there): hashed and decoded from one mapping
-            # without a copy; `read_table` on it decodes row groups in parallel, where
-            # `ParquetFile.read` does not. A step's files are never written in place, and
-            # one that was (its change time moves) fails the read below.
-            keep = pa.memory_map(f"/proc/self/fd/{fd}").read_buffer()
-            if keep.size != info.st_size:
-                raise ShardVerificationError(f"{path}: changed size while it was read")
-            if not known:
-                checks.submit(keep, path, record["sha256"], key)
-            parquet = pq.ParquetFile(pa.BufferReader(keep))
-        else:
-            try:
-                parquet, keep = pq.ParquetFile(handle), handle
-            except Exception:
-                if verify and _sha256(fd) != record["sha256"]:
-                    if folder.replaced():
-                        raise _Replaced from None
-                    raise _not_the_manifests(path, record["sha256"]) from None
-                raise
-        if verify and parquet.metadata.num_rows != record["rows"]:
+        try:
+            parquet = pq.ParquetFile(handle)
+            if verify:
+                _check_rows(parquet, record, path)
+            part = parquet.read(columns=[BATCH_POSITION, RAW_REWARD])
+        except ShardVerificationError:
+            raise
+        except Exception:
+            # a file pyarrow cannot read: named by its sha256 when it is not the build's
+            if verify and _sha256(fd) != record["sha256"]:
+                if folder.replaced():
+                    raise _Replaced from None
+                raise _not_the_manifests(path, record["sha256"]) from None
+            raise
+        if values is not None and _raw_reward_sha256(part) != values:
+            if folder.replaced():
+                raise _Replaced
             raise ShardVerificationError(
-                f"{path}: {parquet.metadata.num_rows} rows, the manifest says {record['rows']}"
+                f"{path}: its batch_position and raw_reward are not the manifest's "
+                f"(raw_reward_sha256 {str(values)[:12]}...): the file is not the one this "
+                "step's build wrote"
             )
     except BaseException:
         handle.close()
         raise
-    if whole:
-        checks.hold(handle)
-        if verify:
-            checks.unchanged(fd, path, key)
-    elif not known:
-        # a few columns of it are read: hashed from the file beside that read, not copied
+    if values is None and not known:
+        # an older manifest: the whole file hashed beside the reads, not copied
         checks.submit(fd, path, record["sha256"], key)
-    elif verify:
+    elif known and verify:
         checks.unchanged(fd, path, key)
-    return parquet, keep
+    return parquet, handle, part
+
+
+def _check_rows(parquet: pq.ParquetFile, record: dict[str, Any], path: Path) -> None:
+    if parquet.metadata.num_rows != record["rows"]:
+        raise ShardVerificationError(
+            f"{path}: {parquet.metadata.num_rows} rows, the manifest says {record['rows']}"
+        )
+
+
+def _raw_reward_sha256(part: pa.Table) -> str | None:
+    """The manifest's `raw_reward_sha256` computed again from a rank file's two columns
+    (pipeline.io.writer's `raw_reward_sha256` defines it: `batch_position` int64, then
+    `raw_reward` float64 with a null as 0.0, then a byte per row, 1 where it is set, all
+    little-endian in row order); None when the columns are not of the written types."""
+    positions, rewards = part.column(BATCH_POSITION), part.column(RAW_REWARD)
+    if positions.type != pa.int64() or rewards.type != pa.float64() or positions.null_count:
+        return None
+    digest = hashlib.sha256()
+    digest.update(np.ascontiguousarray(_scalar_array(positions), dtype="<i8"))
+    filled = rewards.fill_null(0.0) if rewards.null_count else rewards
+    digest.update(np.ascontiguousarray(_scalar_array(filled), dtype="<f8"))
+    valid = pc.is_valid(rewards).to_numpy(zero_copy_only=False)
+    digest.update(np.ascontiguousarray(valid, dtype=np.uint8))
+    return digest.hexdigest()
 
 
 def _present(manifest: dict[str, Any], files: list[pq.ParquetFile]) -> set[str]:
@@ -393,19 +444,20 @@ def _lists(column: pa.ChunkedArray, null_empty: bool = False) -> list[Any]:
 
 def _batch_raw_reward(
     manifest: dict[str, Any],
-    files: list[pq.ParquetFile],
+    parts: dict[int, pa.Table],
     rank: int,
     table: pa.Table,
     as_numpy: bool,
 ) -> Any:
-    """`raw_reward` of the whole trimmed batch in batch order: every rank's rows, and the
-    rows the rollout-side schedule dropped (recorded in the manifest)."""
+    """`raw_reward` of the whole trimmed batch in batch order: every rank's rows (`parts`:
+    the other ranks' `batch_position` and `raw_reward`), and the rows the rollout-side
+    schedule dropped (recorded in the manifest)."""
     positions = [np.asarray(manifest.get("dropped_positions", []), dtype=np.int64)]
     columns: list[pa.ChunkedArray] = []
-    for other, parquet in enumerate(files):
-        part = table if other == rank else parquet.read(columns=["batch_position", "raw_reward"])
-        positions.append(_scalar_array(part.column("batch_position")).astype(np.int64))
-        columns.append(part.column("raw_reward"))
+    for other in range(len(parts) + 1):
+        part = table if other == rank else parts[other]
+        positions.append(_scalar_array(part.column(BATCH_POSITION)).astype(np.int64))
+        columns.append(part.column(RAW_REWARD))
     flat_positions = np.concatenate(positions)
     dropped = list(manifest.get("dropped_raw_reward", []))
     if as_numpy or not any(c.null_count for c in columns):
@@ -462,11 +514,13 @@ def read_rank(
     step of this rollout step that trains it, None for a row never trained (as numpy, an
     int32 masked array, masked where None).
 
-    Every file read is checked against the manifest (`verify=False` skips the sha256 and
-    row counts, not the rest): a mismatch, a manifest of another step or a file that is a
-    symbolic link raises ShardVerificationError naming the file. A rebuild of the step
-    during the read makes it start over on the new folder (up to ATTEMPTS times), so the
-    dict is always one build's.
+    Every file read is checked against the manifest (`verify=False` skips the digests and
+    row counts, not the rest): the rank's own file by its sha256, another rank's file by
+    the digest of the two columns read of it (`raw_reward_sha256`; by its sha256 when the
+    manifest has none), each by its row count. A mismatch, a manifest of another step or a
+    file that is a symbolic link raises ShardVerificationError naming the file. A rebuild
+    of the step during the read makes it start over on the new folder (up to ATTEMPTS
+    times), so the dict is always one build's.
     """
     folder = Path(step_folder)
     for attempt in range(ATTEMPTS):
@@ -525,16 +579,24 @@ def _read_rank_once(
             )
         if not 0 <= rank < step_dp:
             raise ValueError(f"rank={rank} is outside the step's dp_size={step_dp} ranks")
-        files, handles, checks = [], [], _Checks(folder)
+        files: dict[int, pq.ParquetFile] = {}
+        parts: dict[int, pa.Table] = {}
+        handles: list[Any] = []
+        checks = _Checks(folder)
         try:
             try:
+                # the own file first: its sha256 runs on a thread while the rest is read
+                files[rank], own = _open_own_file(
+                    folder, manifest, _rank_name(rank), verify, checks
+                )
                 for r in range(step_dp):
-                    parquet, handle = _open_rank_file(
-                        folder, manifest, _rank_name(r), r == rank, verify, checks
-                    )
-                    files.append(parquet)
-                    handles.append(handle)
-                data = _rank_dict(manifest, files, rank, handles[rank], as_numpy, with_train_step)
+                    if r != rank:
+                        files[r], handle, parts[r] = _open_other_file(
+                            folder, manifest, _rank_name(r), verify, checks
+                        )
+                        handles.append(handle)
+                ordered = [files[r] for r in range(step_dp)]
+                data = _rank_dict(manifest, ordered, parts, rank, own, as_numpy, with_train_step)
             except Exception:
                 checks.wait()  # a file that is not the manifest's is the error to report
                 raise
@@ -543,8 +605,7 @@ def _read_rank_once(
         finally:
             checks.close()
             for handle in handles:
-                if not isinstance(handle, pa.Buffer):
-                    handle.close()
+                handle.close()
     finally:
         folder.close()
 
@@ -552,6 +613,7 @@ def _read_rank_once(
 def _rank_dict(
     manifest: dict[str, Any],
     files: list[pq.ParquetFile],
+    parts: dict[int, pa.Table],
     rank: int,
     own: pa.Buffer,
     as_numpy: bool,
@@ -560,7 +622,7 @@ def _rank_dict(
     present = _present(manifest, files)
     scheduled = manifest.get("num_microbatches") is not None
     wanted = [k for k in ROW_KEYS if k not in OPTIONAL or k in present]
-    extra = ["batch_position", "raw_reward", "total_lengths"]
+    extra = [BATCH_POSITION, RAW_REWARD, "total_lengths"]
     if scheduled:
         extra += ["train_step", "micro_batch"]
     elif with_train_step:
@@ -577,7 +639,7 @@ def _rank_dict(
             data[key] = _lists(column, null_empty=key == "weight_versions")
         else:
             data[key] = _scalars(column)
-    data["raw_reward"] = _batch_raw_reward(manifest, files, rank, table, as_numpy)
+    data["raw_reward"] = _batch_raw_reward(manifest, parts, rank, table, as_numpy)
     total = table.column("total_lengths")
     data["total_lengths"] = _scalar_array(total) if as_numpy else _scalars(total)
     dynamic = manifest.get("dynamic_global_batch_size")

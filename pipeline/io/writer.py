@@ -33,8 +33,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
+from pipeline import columns as c
 from pipeline.errors import StepError, Violation
 from pipeline.io.checksums import sha256_of
 from pipeline.manifest import OutputFile
@@ -277,12 +279,39 @@ def seal(path: Path) -> str:
     return digest
 
 
+def raw_reward_sha256(frame: pl.DataFrame) -> str:
+    """The digest of a rank file's `batch_position` and `raw_reward` values, from the frame
+    written to it: sha256 over `batch_position` as int64 little-endian, then `raw_reward`
+    as float64 little-endian (a null as 0.0), then one byte per row, 1 where `raw_reward`
+    is set, all in row order. The loader computes it again from the two columns it reads
+    of another rank's file (rollout_shards_loader/_read.py), so those reads need not hash
+    the whole file; both sides must keep this layout."""
+    positions = frame.get_column(c.BATCH_POSITION).cast(pl.Int64)
+    rewards = frame.get_column(c.RAW_REWARD).cast(pl.Float64)
+    digest = hashlib.sha256()
+    digest.update(np.ascontiguousarray(positions.to_numpy(), dtype="<i8").data)
+    digest.update(np.ascontiguousarray(rewards.fill_null(0.0).to_numpy(), dtype="<f8").data)
+    digest.update(np.ascontiguousarray(rewards.is_not_null().to_numpy(), dtype=np.uint8).data)
+    return digest.hexdigest()
+
+
 def file_record(
-    path: Path, name: str, rows: int, tokens: int | None = None, sha256: str | None = None
+    path: Path,
+    name: str,
+    rows: int,
+    tokens: int | None = None,
+    sha256: str | None = None,
+    raw_reward_sha256: str | None = None,
 ) -> OutputFile:
     """The manifest's record of a written file; its sha256 read back from disk unless the
     writer gave it."""
-    return OutputFile(path=name, sha256=sha256 or sha256_of(path), rows=rows, tokens=tokens)
+    return OutputFile(
+        path=name,
+        sha256=sha256 or sha256_of(path),
+        rows=rows,
+        tokens=tokens,
+        raw_reward_sha256=raw_reward_sha256,
+    )
 
 
 def write_text_atomically(path: Path, text: str) -> None:

@@ -31,6 +31,7 @@ class RankFile(NamedTuple):
     name: str
     rows: int
     tokens: int
+    rewards: str  # `raw_reward_sha256` of its batch positions and raw rewards
     sha256: str
     footer: int | str  # the rows its footer says, or why it does not read as Parquet
 
@@ -40,8 +41,8 @@ def write_rank(batch: TrainBatch, rank: int, staged: Path) -> RankFile:
     that has the batch, or only this rank's rows of it, and no other rank (a Ray task of
     `pipeline/orchestration/ray_ranks.py`)."""
     bounds = rank_bounds(batch.ranks(), batch.meta.dp_size)
-    name, rows, tokens = _write_rank_file(batch, rank, bounds, staged)
-    return RankFile(name, rows, tokens, *_seal_rank(staged / name))
+    name, rows, tokens, rewards = _write_rank_file(batch, rank, bounds, staged)
+    return RankFile(name, rows, tokens, rewards, *_seal_rank(staged / name))
 
 
 def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
@@ -50,9 +51,9 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
     bounds = rank_bounds(batch.ranks(), dp)
 
     def write_ranks(staged: Path) -> list[RankFile]:
-        def write(rank: int) -> tuple[str, int, int, Future[tuple[str, int | str]]]:
-            name, rows, tokens = _write_rank_file(batch, rank, bounds, staged)
-            return name, rows, tokens, sealer.submit(_seal_rank, staged / name)
+        def write(rank: int) -> tuple[str, int, int, str, Future[tuple[str, int | str]]]:
+            name, rows, tokens, rewards = _write_rank_file(batch, rank, bounds, staged)
+            return name, rows, tokens, rewards, sealer.submit(_seal_rank, staged / name)
 
         # Polars gathers and encodes, and hashlib hashes, without the GIL: two ranks at a
         # time keep two cores busy where one small file leaves one idle, and the sealers
@@ -63,8 +64,8 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
             ThreadPoolExecutor(max_workers=SEALERS) as sealer,
         ):
             return [
-                RankFile(name, rows, tokens, *sealing.result())
-                for name, rows, tokens, sealing in pool.map(write, range(dp))
+                RankFile(name, rows, tokens, rewards, *sealing.result())
+                for name, rows, tokens, rewards, sealing in pool.map(write, range(dp))
             ]
 
     return commit_shards(batch, out_root, write_ranks)
@@ -81,7 +82,9 @@ def commit_shards(
     def fill(staged: Path) -> None:
         written = write_ranks(staged)
         outputs = [
-            writer.file_record(staged / rank.name, rank.name, rank.rows, rank.tokens, rank.sha256)
+            writer.file_record(
+                staged / rank.name, rank.name, rank.rows, rank.tokens, rank.sha256, rank.rewards
+            )
             for rank in written
         ]
         footers = {rank.name: rank.footer for rank in written}
@@ -130,13 +133,15 @@ def commit_shards(
 
 def _write_rank_file(
     batch: TrainBatch, rank: int, bounds: list[int], staged: Path
-) -> tuple[str, int, int]:
+) -> tuple[str, int, int, str]:
     """Write rank `rank`'s rows (`bounds` from the batch's rank column) to its file in
-    `staged`: its name, rows and tokens."""
+    `staged`: its name, rows, tokens and the digest of its raw rewards by batch position
+    (`writer.raw_reward_sha256`, what the loader checks another rank's file by)."""
     part = batch.rows(bounds[rank], bounds[rank + 1] - bounds[rank])
     name = writer.rank_file(rank)
     writer.write_parquet(part, staged / name)
-    return name, part.height, int(part.get_column(c.TOTAL_LENGTHS).sum())
+    tokens = int(part.get_column(c.TOTAL_LENGTHS).sum())
+    return name, part.height, tokens, writer.raw_reward_sha256(part)
 
 
 def _seal_rank(path: Path) -> tuple[str, int | str]:

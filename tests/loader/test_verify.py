@@ -4,6 +4,7 @@ a rebuild racing hundreds of reads never yields a mix of two builds."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -14,11 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import rollout_shards_loader._read as reader
 from rollout_shards_loader import ShardVerificationError, read_rank
 
+from pipeline.io import writer
 from tests.conftest import REPO, build, sample, write_step
 from tests.loader.loader_support import bits
 
@@ -34,14 +38,20 @@ def _step(tmp_path: Path, name: str = "out", reward: float = 1.0, n: int = 8) ->
 
 
 def test_a_changed_rank_file_is_named(tmp_path: Path) -> None:
+    """A rank file rewritten with the same rows in other bytes: its rank's reader refuses
+    it by its sha256, also after this process verified the file once (it knows the file
+    by its identity, which the rewrite changed); another rank's reader checks the two
+    columns it reads of it, which are still the build's values."""
     folder = _step(tmp_path)
-    read_rank(folder, 0)  # verified once: this process knows the file by its identity
+    want = read_rank(folder, 0)
+    read_rank(folder, 1)
     path = folder / "rank=1.parquet"
     table = pq.read_table(path)
     pq.write_table(table, path, compression="snappy")  # same rows, other bytes
     with pytest.raises(ShardVerificationError, match=r"rank=1\.parquet: its sha256"):
-        read_rank(folder, 0)  # rank 0 reads rank 1's raw_reward: it is checked too
-    assert read_rank(folder, 0, verify=False)["sample_indices"] == [0, 2, 4, 6]
+        read_rank(folder, 1)
+    assert read_rank(folder, 0) == want
+    assert read_rank(folder, 1, verify=False)["sample_indices"] == [1, 3, 5, 7]
 
 
 def test_a_rank_file_of_another_build_is_named(tmp_path: Path) -> None:
@@ -49,7 +59,109 @@ def test_a_rank_file_of_another_build_is_named(tmp_path: Path) -> None:
     other = _step(tmp_path, "other", reward=2.0)
     shutil.copy(other / "rank=0.parquet", folder / "rank=0.parquet")
     with pytest.raises(ShardVerificationError, match=r"step=1/rank=0\.parquet: its sha256"):
+        read_rank(folder, 0)
+    with pytest.raises(
+        ShardVerificationError, match=r"step=1/rank=0\.parquet: its batch_position and raw_rew"
+    ):
         read_rank(folder, 1)
+
+
+def _rewrite_column(path: Path, name: str, values: pa.Array) -> None:
+    """Replace one column of a rank file, written with the shards' Parquet options."""
+    table = pq.read_table(path)
+    table = table.set_column(table.schema.get_field_index(name), name, values)
+    pq.write_table(table, path, compression="zstd", compression_level=1, row_group_size=1024)
+
+
+TAMPERED = {
+    "one raw_reward": ("raw_reward", lambda v: [v[0] + 0.5, *v[1:]], pa.float64()),
+    "a raw_reward set to null": ("raw_reward", lambda v: [None, *v[1:]], pa.float64()),
+    "-0.0 for 0.0": ("raw_reward", lambda v: [-0.0 if x == 0 else x for x in v], pa.float64()),
+    "raw_reward as float32": ("raw_reward", lambda v: v, pa.float32()),
+    "two batch positions swapped": ("batch_position", lambda v: [v[1], v[0], *v[2:]], None),
+}
+
+
+@pytest.mark.parametrize("change", TAMPERED)
+def test_a_tampered_column_of_another_ranks_file_is_named(tmp_path: Path, change: str) -> None:
+    """Rank 0 reads `batch_position` and `raw_reward` of rank 1's file for the batch-wide
+    `raw_reward`: a change to those values (or their type) is refused naming that file,
+    by the manifest's digest of those columns (the file's sha256 is not taken)."""
+    folder = _step(tmp_path)
+    path = folder / "rank=1.parquet"
+    name, edit, kind = TAMPERED[change]
+    values = pq.read_table(path).column(name).to_pylist()
+    assert 0.0 in pq.read_table(path).column("raw_reward").to_pylist()  # -0.0 changes one
+    _rewrite_column(path, name, pa.array(edit(values), kind or pa.int64()))
+    with pytest.raises(
+        ShardVerificationError,
+        match=r"step=1/rank=1\.parquet: its batch_position and raw_reward are not the manif",
+    ):
+        read_rank(folder, 0)
+    with pytest.raises(ShardVerificationError, match=r"rank=1\.parquet: its sha256"):
+        read_rank(folder, 1)
+
+
+def test_a_damaged_column_of_another_ranks_file_is_named(tmp_path: Path) -> None:
+    """Bytes overwritten inside the `raw_reward` pages of rank 1's file (its footer intact):
+    rank 0's read of that column fails in pyarrow, and the error names the file."""
+    folder = _step(tmp_path)
+    path = folder / "rank=1.parquet"
+    chunk = pq.ParquetFile(path).metadata.row_group(0)
+    names = [chunk.column(i).path_in_schema for i in range(chunk.num_columns)]
+    start = chunk.column(names.index("raw_reward")).data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start : start + 24] = b"\xff" * 24
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardVerificationError, match=r"step=1/rank=1\.parquet: its sha256"):
+        read_rank(folder, 0)
+
+
+def test_a_manifest_without_the_column_digest_checks_whole_files(tmp_path: Path) -> None:
+    """A manifest written before `raw_reward_sha256` existed reads the same, and another
+    rank's file is then checked by its sha256: the same values in other bytes are
+    refused."""
+    folder = _step(tmp_path)
+    want = [read_rank(folder, rank) for rank in range(2)]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for output in manifest["outputs"]:
+        del output["raw_reward_sha256"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    reader._VERIFIED.clear()
+    assert [read_rank(folder, rank) for rank in range(2)] == want
+    path = folder / "rank=1.parquet"
+    pq.write_table(pq.read_table(path), path, compression="snappy")  # same rows, other bytes
+    with pytest.raises(ShardVerificationError, match=r"rank=1\.parquet: its sha256"):
+        read_rank(folder, 0)
+
+
+@pytest.mark.parametrize(
+    "rewards",
+    [
+        [0.5, -1.25, 3.0],
+        [None, 0.0, -0.0, float("nan"), float("inf")],
+        [],
+        [float(i) / 7 for i in range(2500)],
+    ],
+)
+def test_the_writer_and_the_loader_compute_one_digest(rewards: list[float | None]) -> None:
+    """pipeline.io.writer's `raw_reward_sha256` of the frame written equals the loader's of
+    the columns read back from the file (several row groups, nulls, NaN, signed zeros)."""
+    positions = list(range(len(rewards)))[::-1]
+    frame = pl.DataFrame(
+        {"batch_position": positions, "raw_reward": rewards},
+        schema={"batch_position": pl.Int64, "raw_reward": pl.Float64},
+    )
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer, **writer.PARQUET_OPTIONS)
+    buffer.seek(0)
+    table = pq.read_table(buffer)
+    assert table.column("raw_reward").num_chunks == max(1, -(-len(rewards) // 1024))
+    digest = writer.raw_reward_sha256(frame)
+    assert reader._raw_reward_sha256(table) == digest
+    if rewards:  # each value flipped in sign (NaN and the null kept): another digest
+        flipped = frame.with_columns(-pl.col("raw_reward"))
+        assert writer.raw_reward_sha256(flipped) != digest
 
 
 def test_a_row_count_other_than_the_manifests(tmp_path: Path) -> None:
