@@ -8,8 +8,7 @@ import hashlib
 import io
 import os
 import stat
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.columns import PATH_STEP, TYPE_ERROR
 from pipeline.errors import StepError, Violation, first_line, printable
-from pipeline.io.arrow_types import panics_kept_off_stderr, unsupported_in
+from pipeline.io.arrow_types import panics_kept_off_stderr, returning_arrow_pool, unsupported_in
 from pipeline.io.background import Digest, EarlyDigests, Identity, read_pool
 from pipeline.io.conform import cast_column, conform, index_leaf_pairs, value_text
 from pipeline.io.discovery import TABLE_SUFFIXES, SourceFile
@@ -333,26 +332,6 @@ class StepFiles:
         )
 
 
-@contextmanager
-def _returning_arrow_pool(pa: Any) -> Iterator[None]:
-    """Arrow allocates from its jemalloc pool, set to give freed pages back at once, while
-    the block runs: its default pool (mimalloc) keeps what each decoding thread freed,
-    which grows the read by several parts' worth of pages that the rest of the build
-    cannot reuse (Polars has an allocator of its own)."""
-    try:
-        returning = pa.jemalloc_memory_pool()
-        pa.jemalloc_set_decay_ms(0)
-    except NotImplementedError:  # a pyarrow built without jemalloc keeps its default
-        yield
-        return
-    previous = pa.default_memory_pool()
-    pa.set_memory_pool(returning)
-    try:
-        yield
-    finally:
-        pa.set_memory_pool(previous)
-
-
 def read_in_parts(
     source: SourceFile,
     step: int,
@@ -370,11 +349,10 @@ def read_in_parts(
         read = read_source(source, step, early)
         take(read.frame, 0)
         return read.sha256
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     handle, info = _opened(path, step)
-    with handle, read_pool(1) as pool, _returning_arrow_pool(pa):
+    with handle, read_pool(1) as pool, returning_arrow_pool():
         taken = _taken(early, info)
         digest = None if taken is not None else pool.submit(_digest, handle, None)
         parquet = pq.ParquetFile(str(path), buffer_size=PART_BUFFER, pre_buffer=False)

@@ -19,6 +19,7 @@ opens a moment with no `step=<N>`: a reader then finds the step missing, never p
 
 from __future__ import annotations
 
+import array
 import ctypes
 import errno
 import fcntl
@@ -27,13 +28,13 @@ import os
 import re
 import shutil
 import socket
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from pipeline import columns as c
@@ -288,10 +289,18 @@ def raw_reward_sha256(frame: pl.DataFrame) -> str:
     the whole file; both sides must keep this layout."""
     positions = frame.get_column(c.BATCH_POSITION).cast(pl.Int64)
     rewards = frame.get_column(c.RAW_REWARD).cast(pl.Float64)
+    # The standard library's arrays, not numpy: a build without the rollout-side schedule
+    # never loads numpy (its import is a good part of a small step's fixed cost).
     digest = hashlib.sha256()
-    digest.update(np.ascontiguousarray(positions.to_numpy(), dtype="<i8").data)
-    digest.update(np.ascontiguousarray(rewards.fill_null(0.0).to_numpy(), dtype="<f8").data)
-    digest.update(np.ascontiguousarray(rewards.is_not_null().to_numpy(), dtype=np.uint8).data)
+    for kind, values in (
+        ("q", positions.to_list()),
+        ("d", rewards.fill_null(0.0).to_list()),
+        ("B", rewards.is_not_null().cast(pl.UInt8).to_list()),
+    ):
+        packed = array.array(kind, values)
+        if sys.byteorder == "big":
+            packed.byteswap()
+        digest.update(packed.tobytes())
     return digest.hexdigest()
 
 

@@ -140,10 +140,10 @@ def rank_batch(batch: TrainBatch, rank: int, bounds: list[int]) -> TrainBatch:
     scalars = compact(rows.scalars, start, length)
     order = rows.order.slice(start, length)
     if isinstance(rows, SpilledRows):
-        # The spill files name each row by its batch position, so the rank keeps the
-        # inputs of every position: the light columns the lists are completed from.
+        # Rows are found in the spilled parts by their batch position, so the rank keeps
+        # the inputs of every position: the light columns the lists are completed from.
         mine = RankRows(scalars, rows.inputs, rows.optional, order)
-        spilled = SpilledRows(mine, {rank: rows.files[rank]}, rows.schema)
+        spilled = SpilledRows(mine, rows.parts, rows.loaded, rows.schema)
         return TrainBatch(batch.step, spilled, batch.meta)
     own = pl.int_range(length, dtype=pl.Int64, eager=True)
     return TrainBatch(

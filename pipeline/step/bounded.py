@@ -8,11 +8,12 @@ whole, and only one rank at a time. Here:
    pass the contract's column tests and are reduced to the per-row scalars the rules, the
    plan and the metrics read (`samples.reduced_lists`), then go to an uncompressed Arrow file
    in a private folder of the output root (`Spill`); the rest of each row stays in memory;
-2. validate and plan the rows without their lists, as the in-memory build does;
-3. route: each spilled part's lists go to the spill files of their ranks, in batch order;
-4. write: `write_shards` asks for each rank's rows; `SpilledRows` gathers that rank's lists
-   from its files into training order, one frame per rank file as the in-memory build
-   writes it, so the files are byte-identical.
+2. validate and plan the rows without their lists, as the in-memory build does (the
+   trajectories a quarantine sets aside take their lists back from the spill);
+3. write: `write_shards` asks for each rank's rows; `SpilledRows` takes that rank's lists
+   from each spilled part, mapped, reading only their pages (`take_rows`), and gathers them
+   into training order, one frame per rank file as the in-memory build writes it, so the
+   files are byte-identical.
 
 A step that breaks any rule, or that this path cannot read, raises `Unbounded`, and the
 in-memory build takes it whole: that build reports a bad step exactly (its line, its
@@ -51,8 +52,6 @@ PART_BYTES = 16 << 20
 # Steps whose input files take more bytes on disk than this are built here by default;
 # smaller ones fit in memory, where the build skips the spill's writes and reads.
 STREAM_ABOVE = 256 << 20
-
-_POSITION = "_batch_position"
 
 
 class Unbounded(Exception):
@@ -102,24 +101,13 @@ class Spill:
         for name, dtype in lists.schema.items():
             self.schema.setdefault(name, dtype)
 
-    def rows(self, positions: pl.Series) -> pl.DataFrame:
-        """The lists of the rows at these loaded positions (ascending), read from the parts."""
-        first, taken = 0, []
-        for index, (_, height) in enumerate(self.parts):
-            mine = positions.filter((positions >= first) & (positions < first + height))
-            if mine.len():
-                taken.append(self.part(index)[mine - first])
+    def located(self) -> list[tuple[Path, int, int]]:
+        """Each part's file, first loaded position and rows."""
+        located, first = [], 0
+        for path, height in self.parts:
+            located.append((path, first, height))
             first += height
-        return pl.concat(taken) if taken else pl.DataFrame(schema=self.schema)
-
-    def part(self, index: int) -> pl.DataFrame:
-        """Spilled part `index` with every list column (nulls where its file had none)."""
-        path, _ = self.parts[index]
-        frame = pl.read_ipc(path)
-        return frame.select(
-            pl.col(name) if name in frame.columns else pl.lit(None, dtype=dtype).alias(name)
-            for name, dtype in self.schema.items()
-        )
+        return located
 
 
 def load_samples(
@@ -223,76 +211,83 @@ def _quarantine(
     read back from the spill: only those rows are ever whole in memory."""
     ids = failing.get_column(ROW_ID).implode()
     touched = original.filter(pl.col(ROW_ID).is_in(ids).any().over(c.TRAJECTORY))
-    lists = spill.rows(touched.get_column(ROW_ID))
+    lists = take_rows(spill.located(), spill.schema, touched.get_column(ROW_ID))
     whole = touched.hstack(lists).select(
         name for name in order if name in touched.columns or name in lists.columns
     )
     return quarantine_table(whole, failing)
 
 
+def take_rows(
+    parts: list[tuple[Path, int, int]], schema: dict[str, pl.DataType], wanted: pl.Series
+) -> pl.DataFrame:
+    """The lists of the rows at these loaded positions (ascending), in that order, from the
+    spilled `parts` (file, first loaded position, rows). Each part is mapped
+    (`pyarrow.memory_map`) and only the wanted rows' pages are read; a part is unmapped
+    before the next, so no more than one part's pages are resident besides the rows."""
+    import pyarrow as pa
+    import pyarrow.ipc
+
+    taken = []
+    for path, first, height in parts:
+        local = wanted.filter((wanted >= first) & (wanted < first + height)) - first
+        if local.is_empty():
+            continue
+        with pa.memory_map(str(path)) as source:
+            # Polars takes the mapped buffers as they are and gathers the rows into its own
+            mapped = pl.from_arrow(pyarrow.ipc.open_file(source).read_all())
+            assert isinstance(mapped, pl.DataFrame)
+            frame = mapped[local]
+            del mapped
+        taken.append(
+            frame.select(
+                pl.col(n) if n in frame.columns else pl.lit(None, dtype=d).alias(n)
+                for n, d in schema.items()
+            )
+        )
+    return pl.concat(taken) if taken else pl.DataFrame(schema=schema)
+
+
 def route(batch: TrainBatch, spill: Spill) -> TrainBatch:
-    """The planned batch with its lists routed from the spilled parts to one spill file per
-    rank and part, each holding the rank's rows of the part in batch order."""
+    """The planned batch with its lists left in the spilled parts, where each rank's writer
+    gathers its own rows (`SpilledRows`)."""
     rows = batch.rank_rows
     assert rows is not None, "a planned batch holds its rows in batch order"
-    total = sum(height for _, height in spill.parts)
-    # by loaded position: each row's rank (-1: not written) and batch position
-    kept = spill.kept if spill.kept is not None else pl.int_range(total, eager=True)
-    rank_of = pl.repeat(-1, total, dtype=pl.Int32, eager=True).scatter(
-        kept.gather(rows.order), rows.scalars.get_column(c.RANK)
-    )
-    position_of = pl.repeat(-1, total, dtype=pl.Int64, eager=True).scatter(
-        kept, pl.int_range(kept.len(), dtype=pl.Int64, eager=True)
-    )
-    files: dict[int, list[Path]] = {rank: [] for rank in range(batch.meta.dp_size)}
-    first = 0
-    for index, (path, height) in enumerate(spill.parts):
-        ranks = rank_of.slice(first, height)
-        part = spill.part(index).with_columns(position_of.slice(first, height).alias(_POSITION))
-        for rank, names in files.items():
-            mine = part.filter(ranks == rank)
-            if mine.height:
-                names.append(spill.folder / f"rank={rank}-part={index}.arrow")
-                mine.write_ipc(names[-1], compression="uncompressed")
-        path.unlink()
-        first += height
-    spilled = SpilledRows(rows, files, {**spill.schema, _POSITION: pl.Int64()})
+    parts = spill.located()
+    total = sum(height for _, _, height in parts)
+    # the loaded position of each batch position
+    loaded = spill.kept if spill.kept is not None else pl.int_range(total, eager=True)
+    spilled = SpilledRows(rows, parts, loaded, spill.schema)
     return TrainBatch(batch.step, spilled, batch.meta, batch.quarantine)
 
 
 class SpilledRows(RankRows):
-    """`RankRows` whose lists wait in spill files, one set per rank; the writer takes one
+    """`RankRows` whose lists wait in the spilled parts (`take_rows`); the writer takes one
     rank at a time, so that the build holds one rank's lists."""
 
     parallel_ranks = 1
 
     def __init__(
-        self, rows: RankRows, files: dict[int, list[Path]], schema: dict[str, pl.DataType]
+        self,
+        rows: RankRows,
+        parts: list[tuple[Path, int, int]],
+        loaded: pl.Series,
+        schema: dict[str, pl.DataType],
     ) -> None:
         super().__init__(rows.scalars, rows.inputs, rows.optional, rows.order)
-        self.files = files
-        self.schema = schema
+        self.parts = parts  # each part's file, first loaded position and rows
+        self.loaded = loaded  # the loaded position of each batch position
+        self.schema = schema  # every list column any part has
 
     def rows(self, start: int, length: int) -> pl.DataFrame:
         positions = self.order.slice(start, length)
-        ranks = self.scalars.get_column(c.RANK).slice(start, length).unique().sort()
-        parts = [pl.read_ipc(path) for r in ranks for path in self.files[r]]
-        held = pl.concat(parts) if parts else pl.DataFrame(schema=self.schema)
-        del parts
-        where = (
-            positions.to_frame(_POSITION)
-            .join(
-                held.select(_POSITION, pl.int_range(pl.len(), dtype=pl.Int64).alias("_i")),
-                on=_POSITION,
-                how="left",
-                maintain_order="left",
-            )
-            .get_column("_i")
-            .rechunk()  # a gather gives a chunk per chunk of its indices
-        )
-        # column by column, each spilled column freed once gathered: the rank's lists are
+        loaded = self.loaded.gather(positions)
+        wanted = loaded.sort()
+        held = take_rows(self.parts, self.schema, wanted)
+        # a gather gives a chunk per chunk of its indices: one, as the in-memory build's
+        where = wanted.search_sorted(loaded).rechunk()
+        # column by column, each taken column freed once gathered: the rank's lists are
         # held about once, not twice
-        held = held.drop(_POSITION)
         lists = []
         for name in list(held.columns):
             lists.append(held.get_column(name).gather(where))

@@ -290,7 +290,8 @@ def test_alarming_metrics_get_a_line(
         for i, (r, s) in enumerate(zip(rewards, statuses, strict=True))
     ]
     write_step(rows_dir, rows)
-    manifest = Manifest.from_dict(build(rows_dir, tmp_path / "out", global_batch_size=4))
+    built = build(rows_dir, tmp_path / "out", global_batch_size=4)
+    manifest = Manifest.from_json(json.dumps(built))
     lines = alarm_lines(manifest)
     assert len(lines) == len(alarms)
     for line, alarm in zip(lines, alarms, strict=True):
