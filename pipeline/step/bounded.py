@@ -38,12 +38,11 @@ from pipeline.io.background import EarlyDigests
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import StepFiles, read_in_parts
 from pipeline.schemas.rules import TABLE_LISTS, TABLE_ROWS
-from pipeline.schemas.validate import passes, validate_step
+from pipeline.schemas.validate import passes
 from pipeline.settings import RowSettings, Settings
-from pipeline.step.ingest import quarantine_table
+from pipeline.step.ingest import quarantine_table, repair_and_validate
 from pipeline.step.tables import RankRows, SampleTable, TrainBatch, compact
 from pipeline.transforms import samples as s
-from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
 from pipeline.transforms.shard_columns import loss_masks, optional_shard_columns
 
 # Decoded bytes of one part of an input file: what the read holds at once beside the
@@ -149,19 +148,8 @@ def load_samples(
     }
     order.update(dict.fromkeys(n for n in original.columns if n not in reduced))
     frame = original.with_columns(pl.lit(None, dtype=pl.String).alias(TYPE_ERROR))
-    repaired = {CLEARED: 0, STAMPED: 0}
-    if settings.rollout_id_policy == "repair":
-        frame, repaired = repair_rollout_ids(frame)
+    verdict, repaired = repair_and_validate(frame, [], step, settings, TABLE_ROWS)
     quarantining = settings.on_invalid == "quarantine"
-    verdict = validate_step(
-        frame,
-        [],
-        step,
-        settings.reward_key,
-        settings.normalizes_rewards,
-        until_valid=quarantining,
-        table=TABLE_ROWS,
-    )
     if verdict.violations and not (quarantining and verdict.settled):
         raise Unbounded("a rule fails")
     quarantine = None

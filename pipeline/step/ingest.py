@@ -11,11 +11,12 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.columns import PATH_STEP, REASON, ROW_ID, TYPE_ERROR
-from pipeline.errors import StepError
+from pipeline.errors import StepError, Violation
 from pipeline.io.background import EarlyDigests
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import load_step
-from pipeline.schemas.validate import validate_step
+from pipeline.schemas.rules import TABLE, Model
+from pipeline.schemas.validate import Verdict, validate_step
 from pipeline.settings import RowSettings, Settings
 from pipeline.step.tables import SampleTable
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
@@ -56,6 +57,31 @@ def quarantine_table(loaded: pl.DataFrame, failing: pl.DataFrame) -> pl.DataFram
     )
 
 
+def repair_and_validate(
+    frame: pl.DataFrame,
+    type_violations: list[Violation],
+    step: int,
+    settings: Settings | RowSettings,
+    table: Model = TABLE,
+) -> tuple[Verdict, dict[str, int]]:
+    """Repair legacy ids if the settings ask, then validate (until valid when quarantining);
+    the verdict and the repaired counts. `table`: the column tests to run (the rank-bounded
+    build tests its lists apart, `TABLE_ROWS`)."""
+    repaired = {CLEARED: 0, STAMPED: 0}
+    if settings.rollout_id_policy == "repair":
+        frame, repaired = repair_rollout_ids(frame)
+    verdict = validate_step(
+        frame,
+        type_violations,
+        step,
+        settings.reward_key,
+        settings.normalizes_rewards,
+        until_valid=settings.on_invalid == "quarantine",
+        table=table,
+    )
+    return verdict, repaired
+
+
 def load_samples(
     step: int,
     sources: Sequence[SourceFile],
@@ -74,18 +100,8 @@ def load_samples(
     if type_errors is None:
         type_errors = pl.repeat(None, original.height, dtype=pl.String, eager=True)
     frame = original.with_columns(type_errors.alias(TYPE_ERROR))
-    repaired = {CLEARED: 0, STAMPED: 0}
-    if settings.rollout_id_policy == "repair":
-        frame, repaired = repair_rollout_ids(frame)
+    verdict, repaired = repair_and_validate(frame, loaded.type_violations, step, settings)
     quarantining = settings.on_invalid == "quarantine"
-    verdict = validate_step(
-        frame,
-        loaded.type_violations,
-        step,
-        settings.reward_key,
-        settings.normalizes_rewards,
-        until_valid=quarantining,
-    )
     if verdict.violations and not (quarantining and verdict.settled):
         raise StepError(verdict.violations)
     quarantine = None

@@ -161,18 +161,19 @@ def test_non_compact_step_is_trimmed_alike(tmp_path: Path, streamed: list[str]) 
     assert manifest["counts"]["trimmed"] > 0
 
 
-def test_repaired_ids_alike(tmp_path: Path, streamed: list[str]) -> None:
-    """Legacy ids (set on v1 rows) are cleared by the repair policy on either path."""
+def _changed_step(tmp_path: Path, column: str, value: pl.Expr) -> Path:
+    """A folder holding the generated step with `column` set to `value`."""
     table = pl.read_parquet(generated_step(tmp_path / "gen") / "step=0.parquet")
-    legacy = table.with_columns(
-        pl.when(pl.col("session_version") == "v1")
-        .then(pl.col("index"))
-        .otherwise(pl.col("rollout_id"))
-        .alias("rollout_id")
-    )
     folder = tmp_path / "in"
     folder.mkdir()
-    legacy.write_parquet(folder / "step=0.parquet")
+    table.with_columns(value.alias(column)).write_parquet(folder / "step=0.parquet")
+    return folder
+
+
+def test_repaired_ids_alike(tmp_path: Path, streamed: list[str]) -> None:
+    """Legacy ids (set on v1 rows) are cleared by the repair policy on either path."""
+    legacy = pl.when(pl.col("session_version") == "v1").then(pl.col("index"))
+    folder = _changed_step(tmp_path, "rollout_id", legacy.otherwise(pl.col("rollout_id")))
     settings = Settings(global_batch_size=64, dp_size=4, rollout_id_policy="repair")
     memory, spilled = _build_both(folder, tmp_path / "out", settings)
     assert streamed == ["ok"]
@@ -221,16 +222,8 @@ def test_quarantined_trajectories_as_in_memory(
 ) -> None:
     """Trajectories set aside read their lists back from the spill: the same rank files,
     quarantine table and manifest as the in-memory build."""
-    table = pl.read_parquet(generated_step(tmp_path / "gen") / "step=0.parquet")
-    broken = table.with_columns(
-        pl.when(pl.int_range(pl.len()).is_in([100, 2500]))
-        .then(BREAKS[rule])
-        .otherwise(pl.col("response_length"))
-        .alias("response_length")
-    )
-    folder = tmp_path / "in"
-    folder.mkdir()
-    broken.write_parquet(folder / "step=0.parquet")
+    broken = pl.when(pl.int_range(pl.len()).is_in([100, 2500])).then(BREAKS[rule])
+    folder = _changed_step(tmp_path, "response_length", broken.otherwise(pl.col("response_length")))
     settings = Settings(global_batch_size=64, dp_size=4, on_invalid="quarantine")
     memory, spilled = _build_both(folder, tmp_path / "out", settings)
     assert streamed == ["ok"]
