@@ -83,6 +83,17 @@ def _identity(info: os.stat_result) -> Identity:
     return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
+def _check_unchanged(path: Path, info: os.stat_result, step: int | None) -> None:
+    """A file whose identity (inode, size, modification and change times) moved since it
+    was opened as `info`, or that is gone, fails rather than vouch for other bytes."""
+    try:
+        after = os.stat(path)
+    except OSError:
+        after = None
+    if after is None or _identity(after) != _identity(info):
+        raise _unreadable(path, step, "the file changed while it was read: build again")
+
+
 def _opened(path: Path, step: int | None) -> tuple[io.BufferedReader, os.stat_result]:
     """The file, open. Opened without blocking (a FIFO put in a file's place would wait for
     a writer forever) and refused unless a regular file."""
@@ -167,12 +178,7 @@ def read_file(path: Path, step: int | None = None, early: EarlyDigest | None = N
             problem = unsupported_in(kind, stored) if kind != "jsonl" else None
             reason = problem or f"cannot read {kind}: {first_line(exc)}"
             raise _unreadable(path, step, reason) from None
-    try:
-        after = os.stat(path)
-    except OSError:
-        after = None
-    if after is None or _identity(after) != _identity(info):
-        raise _unreadable(path, step, "the file changed while it was read: build again")
+    _check_unchanged(path, info, step)
     return ReadFile(frame, sha256, info.st_size)
 
 
@@ -186,12 +192,7 @@ def _read_dump(source: SourceFile, step: int | None) -> ReadFile:
     inode, size, or modification) fails the step rather than vouch for other bytes."""
     data, before = _read_bytes(source.path, step)
     frame = read_miles_dump(source.path, source.session_version)
-    try:
-        after = os.stat(source.path)
-    except OSError:
-        after = None
-    if after is None or _identity(after) != _identity(before):
-        raise _unreadable(source.path, step, "the file changed while it was read: build again")
+    _check_unchanged(source.path, before, step)
     return ReadFile(frame, hashlib.sha256(data).hexdigest(), before.st_size)
 
 
@@ -368,10 +369,8 @@ def read_in_parts(
             first += frame.height
             del frame
         sha256 = digest.result() if digest is not None else taken
-    after = os.stat(path)
+    _check_unchanged(path, info, step)
     assert sha256 is not None
-    if _identity(after) != _identity(info):
-        raise _unreadable(path, step, "the file changed while it was read: build again")
     return sha256
 
 

@@ -2,12 +2,12 @@
 
 The driver (this process) reads, validates and plans the step as `rollout-shards build`
 does, with the rank-bounded build (`pipeline.step.bounded`): the per-token lists go part by
-part to a spill folder in the output root, which every node mounts at the same path, and
-are routed there to one set of files per rank. Then each rank's file is written by a Ray
-task (`write.write_rank`) into the staged step folder, from that rank's planned rows and
-its spill files alone; the driver gathers what each task wrote, runs the step's blocking
-checks and commits the folder as `write_shards` does (`write.commit_shards`). The files are
-byte-identical to the in-process build's.
+part to a spill folder in the output root, which every node mounts at the same path. Then
+each rank's file is written by a Ray task (`write.write_rank`) into the staged step folder,
+from that rank's planned rows and its rows of the spilled parts alone; the driver gathers
+what each task wrote, runs the step's blocking checks and commits the folder as
+`write_shards` does (`write.commit_shards`). The files are byte-identical to the in-process
+build's.
 
 Ray is imported here and nowhere else in `pipeline` (the `ray` extra): the CLI and the
 loader never import this module.

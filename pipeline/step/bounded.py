@@ -77,7 +77,9 @@ class Spill:
         out_root.mkdir(parents=True, exist_ok=True)
         self.folder = out_root / writer.private_name("tmp", f"spill-step={step}")
         self.folder.mkdir()
-        self.parts: list[tuple[Path, int]] = []  # each part's file and rows, in load order
+        # each part's file, first loaded position and rows, in load order
+        self.parts: list[tuple[Path, int, int]] = []
+        self.rows = 0  # rows spilled so far
         self.schema: dict[str, pl.DataType] = {}  # every list column any part has
         # The loaded position of each row of the batch, in batch order; None: every row.
         self.kept: pl.Series | None = None
@@ -96,17 +98,10 @@ class Spill:
     def add(self, lists: pl.DataFrame) -> None:
         path = self.folder / f"part={len(self.parts)}.arrow"
         lists.write_ipc(path, compression="uncompressed")
-        self.parts.append((path, lists.height))
+        self.parts.append((path, self.rows, lists.height))
+        self.rows += lists.height
         for name, dtype in lists.schema.items():
             self.schema.setdefault(name, dtype)
-
-    def located(self) -> list[tuple[Path, int, int]]:
-        """Each part's file, first loaded position and rows."""
-        located, first = [], 0
-        for path, height in self.parts:
-            located.append((path, first, height))
-            first += height
-        return located
 
 
 def load_samples(
@@ -199,7 +194,7 @@ def _quarantine(
     read back from the spill: only those rows are ever whole in memory."""
     ids = failing.get_column(ROW_ID).implode()
     touched = original.filter(pl.col(ROW_ID).is_in(ids).any().over(c.TRAJECTORY))
-    lists = take_rows(spill.located(), spill.schema, touched.get_column(ROW_ID))
+    lists = take_rows(spill.parts, spill.schema, touched.get_column(ROW_ID))
     whole = touched.hstack(lists).select(
         name for name in order if name in touched.columns or name in lists.columns
     )
@@ -236,17 +231,15 @@ def take_rows(
     return pl.concat(taken) if taken else pl.DataFrame(schema=schema)
 
 
-def route(batch: TrainBatch, spill: Spill) -> TrainBatch:
+def spilled(batch: TrainBatch, spill: Spill) -> TrainBatch:
     """The planned batch with its lists left in the spilled parts, where each rank's writer
     gathers its own rows (`SpilledRows`)."""
     rows = batch.rank_rows
     assert rows is not None, "a planned batch holds its rows in batch order"
-    parts = spill.located()
-    total = sum(height for _, _, height in parts)
     # the loaded position of each batch position
-    loaded = spill.kept if spill.kept is not None else pl.int_range(total, eager=True)
-    spilled = SpilledRows(rows, parts, loaded, spill.schema)
-    return TrainBatch(batch.step, spilled, batch.meta, batch.quarantine)
+    loaded = spill.kept if spill.kept is not None else pl.int_range(spill.rows, eager=True)
+    rank_rows = SpilledRows(rows, spill.parts, loaded, spill.schema)
+    return TrainBatch(batch.step, rank_rows, batch.meta, batch.quarantine)
 
 
 class SpilledRows(RankRows):

@@ -112,7 +112,7 @@ def _build(
         del samples  # the batch keeps what it needs of the rows
         batch.meta = batch.meta.replace(skipped_files=list(skipped))
         if spill is not None:
-            batch = bounded.route(batch, spill)
+            batch = bounded.spilled(batch, spill)
         report.end(step, plan, f"{batch.meta.counts.written} rows to write")
 
         report.begin(step, write)

@@ -253,7 +253,7 @@ def _run_selected(
                 table, planned_with = samples or staging.load_samples(roots, step)
                 batch = plan_batch(table, planned_with)
                 if spill is not None:
-                    batch = bounded.route(batch, spill)
+                    batch = bounded.spilled(batch, spill)
                 staged = _hand_on_or_stage(hand_on, roots, name, step, staging.save_batch, batch)
                 yield name, _batch_report(batch, staged)
             else:

@@ -237,9 +237,11 @@ def test_a_step_above_the_spill_threshold_is_built_rank_by_rank_alike(
     """A whole-step run takes a step above `bounded.STREAM_ABOVE` through the rank-bounded
     build, with the same shards and the loaded columns (lists included) in the UI."""
     ran: list[int] = []
-    route = bounded.route
+    spilled = bounded.spilled
     monkeypatch.setattr(bounded, "STREAM_ABOVE", 0)
-    monkeypatch.setattr(bounded, "route", lambda batch, spill: ran.append(1) or route(batch, spill))
+    monkeypatch.setattr(
+        bounded, "spilled", lambda batch, spill: ran.append(1) or spilled(batch, spill)
+    )
     result = materialize(instance, "00000001")
     assert result.success and ran == [1]
     cli_out = tmp_path / "cli"

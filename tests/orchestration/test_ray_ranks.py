@@ -43,11 +43,11 @@ from pipeline.orchestration.ray_ranks import build_step_on_ray
 from pipeline.settings import Settings
 from pipeline.step import bounded
 
-# Whether the step took the rank-bounded path (lists spilled and routed to their ranks):
+# Whether the step took the rank-bounded path (its lists spilled):
 # a step that path cannot vouch for goes to the in-memory build without a word.
 routed = []
-route = bounded.route
-bounded.route = lambda batch, spill: routed.append(batch.step) or route(batch, spill)
+route = bounded.spilled
+bounded.spilled = lambda batch, spill: routed.append(batch.step) or route(batch, spill)
 
 inputs, out, settings, address, stream_above, timeout = sys.argv[1:]
 built = build_step_on_ray(
