@@ -38,45 +38,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def miles_sample(index: int, rng: random.Random, mean_response: int) -> dict[str, Any]:
-    """A `Sample.to_dict()` of miles (miles/utils/types.py) with plausible sizes."""
+    """A `Sample.to_dict()` of miles (the tests' `sample_dict`) with plausible sizes."""
+    from tests.core.test_miles_dump import sample_dict
+
     prompt = rng.randint(200, 800)
     response = max(1, int(rng.expovariate(1 / mean_response)))
-    return {
-        "group_index": index // 8,
-        "index": index,
-        "rollout_id": None,
-        "prompt": "Solve: " + "x" * rng.randint(100, 600),
-        "tokens": [rng.randrange(150_000) for _ in range(prompt + response)],
-        "multimodal_inputs": None,
-        "multimodal_train_inputs": None,
-        "response": "y" * (3 * response),
-        "response_length": response,
-        "label": "42",
-        "reward": float(rng.random() < 0.5),
-        "loss_mask": [1] * response,
-        "weight_versions": [[{"version": "12", "abs_start": prompt, "abs_end": prompt + response}]],
-        "rollout_log_probs": [-rng.random() for _ in range(response)],
-        "rollout_sampling_mask": None,
-        "rollout_routed_experts": None,
-        "rollout_indexer_topk": None,
-        "remove_sample": False,
-        "teacher_log_probs": None,
-        "opd_reverse_kl": None,
-        "status": "completed",
-        "metadata": {"raw_reward": 1.0, "source": "gsm8k"},
-        "generate_function_path": None,
-        "train_metadata": None,
-        "reward_spec": None,
-        "routing_key": None,
-        "non_generation_time": 0.0,
-        "spec_info": {
+    return sample_dict(
+        group_index=index // 8,
+        index=index,
+        prompt="Solve: " + "x" * rng.randint(100, 600),
+        tokens=[rng.randrange(150_000) for _ in range(prompt + response)],
+        response="y" * (3 * response),
+        response_length=response,
+        label="42",
+        reward=float(rng.random() < 0.5),
+        loss_mask=[1] * response,
+        weight_versions=[[{"version": "12", "abs_start": prompt, "abs_end": prompt + response}]],
+        rollout_log_probs=[-rng.random() for _ in range(response)],
+        metadata={"raw_reward": 1.0, "source": "gsm8k"},
+        spec_info={
             "spec_num_correct_drafts": 0,
             "spec_num_proposed_drafts": 0,
             "spec_verify_ct": 0,
             "completion_tokens": response,
         },
-        "prefix_cache_info": {"cached_tokens": 0, "total_prompt_tokens": prompt},
-    }
+        prefix_cache_info={"cached_tokens": 0, "total_prompt_tokens": prompt},
+    )
 
 
 def write_dump(path: Path, samples: int, mean_response: int, seed: int = 0) -> dict[str, int]:
