@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from tests.reference import (
     reference_build,
     torch_f32_mean,
