@@ -1,15 +1,12 @@
-"""The command line: `rollout-shards build` and `rollout-shards validate` (CONTRACT section 4),
-and `rollout-shards parity` (issue 7).
+"""The command line: `rollout-shards build`, `validate`, `parity` and `metrics`
+(CONTRACT section 4).
 
 This module parses the arguments and imports only the standard library and the settings;
 the commands themselves (`pipeline.commands`, Polars with them) load once the arguments
 are known, after `main` has set the process settings a build wants
-(`pipeline.process.tune_process`). It runs the same stage functions as the Dagster assets
-and never imports Dagster.
-
-`build` and `validate` hash their input files while the program loads
-(`pipeline.io.background.HeadStart`): loading is single-threaded, and a core it leaves idle
-takes the sha256 the read would otherwise take beside its decoders (bench/results/).
+(`pipeline.speed.tune_process`), while the head start hashes the inputs
+(`pipeline.speed.HeadStart`). It runs the same driver as the Dagster assets and never
+imports Dagster.
 """
 
 from __future__ import annotations
@@ -23,9 +20,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, os_violation, printable
-from pipeline.io.background import HeadStart
-from pipeline.process import tune_process
 from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
+from pipeline.speed import HeadStart, on, tune_process
 
 PROG = "rollout-shards"
 
@@ -182,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tune_process()
     args = parser().parse_args(argv)
     head_start = None
-    if args.command in ("build", "validate"):
+    if args.command in ("build", "validate") and on("head_start"):
         head_start = HeadStart(args.inputs)
         args.early_digests = head_start.digest
     status = _run(args, head_start)

@@ -35,12 +35,12 @@ from pipeline import columns as c
 from pipeline.columns import ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError
 from pipeline.io import writer
-from pipeline.io.background import EarlyDigests
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import LoadedStep, StepFiles, read_in_parts
 from pipeline.schemas.rules import TABLE_LISTS, TABLE_ROWS
 from pipeline.schemas.validate import passes
 from pipeline.settings import RowSettings, Settings
+from pipeline.speed import EarlyDigests
 from pipeline.step.ingest import checked, quarantine_table, repair_and_validate
 from pipeline.step.tables import RankRows, SampleTable, TrainBatch, compact
 from pipeline.transforms import samples as s

@@ -12,12 +12,12 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.columns import PATH_STEP, REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError, Violation
-from pipeline.io.background import EarlyDigests
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import LoadedStep, load_step
 from pipeline.schemas.rules import TABLE, Model
 from pipeline.schemas.validate import Verdict, validate_step
 from pipeline.settings import RowSettings, Settings
+from pipeline.speed import EarlyDigests
 from pipeline.step.tables import SampleTable
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
 
