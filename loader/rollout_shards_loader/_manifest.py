@@ -75,6 +75,8 @@ OPTIONAL: dict[str, Check] = {
     "dropped_raw_reward": (_list_of(_is_number, null_items=True), "a list of numbers or nulls"),
 }
 SETTINGS: dict[str, Check] = {"dp_size": INTEGER, "global_batch_size": INTEGER}
+# Absent from manifests written before there was more than one trainer: miles.
+SETTINGS_OPTIONAL: dict[str, Check] = {"trainer": TEXT}
 OUTPUT: dict[str, Check] = {"path": TEXT, "sha256": TEXT, "rows": INTEGER}
 OUTPUT_OPTIONAL: dict[str, Check] = {"raw_reward_sha256": (_or_null(_is_text), "a string or null")}
 
@@ -118,7 +120,7 @@ def check_fields(manifest: Any, path: Path) -> None:
     if type(manifest) is not dict:
         raise ShardVerificationError(f"{path}: not a rollout-shards manifest (not an object)")
     _check(manifest, REQUIRED, OPTIONAL, "", path)
-    _check(manifest["settings"], SETTINGS, {}, "settings.", path)
+    _check(manifest["settings"], SETTINGS, SETTINGS_OPTIONAL, "settings.", path)
     for i, output in enumerate(manifest["outputs"]):
         if type(output) is not dict:
             raise _wrong_type(path, f"outputs[{i}]", output, "an object")

@@ -24,9 +24,11 @@ WAIT_POLL_S = 0.5
 
 
 class RankFiles(NamedTuple):
-    """What one read has open: the manifest, every rank's ParquetFile in rank order, the
-    other ranks' `batch_position` and `raw_reward`, and the reading rank's file mapped."""
+    """What one read has open: the step folder's path, the manifest, every rank's
+    ParquetFile in rank order, the other ranks' `batch_position` and `raw_reward`, and the
+    reading rank's file mapped."""
 
+    folder: Path
     manifest: dict[str, Any]
     files: list[pq.ParquetFile]
     parts: dict[int, pa.Table]
@@ -114,7 +116,7 @@ def read_once(
                         )
                         handles.append(handle)
                 ordered = [files[r] for r in range(step_dp)]
-                data = convert(RankFiles(manifest, ordered, parts, own))
+                data = convert(RankFiles(path, manifest, ordered, parts, own))
             except Exception:
                 checks.wait()  # a file that is not the manifest's is the error to report
                 raise

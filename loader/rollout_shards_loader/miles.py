@@ -53,7 +53,7 @@ from rollout_shards_loader._convert import (
     scalar_array,
     scalars,
 )
-from rollout_shards_loader._folder import ShardVerificationError
+from rollout_shards_loader._folder import MANIFEST, ShardVerificationError
 from rollout_shards_loader._imports import LOCK, PatchingFinder
 from rollout_shards_loader._step import RankFiles, read_rank_files, wait_for_step
 from rollout_shards_loader._verify import BATCH_POSITION, RAW_REWARD
@@ -78,6 +78,7 @@ OPTIONAL = ("round_number", "rollout_log_probs", "teacher_log_probs", "weight_ve
 # Shard columns that are ours or that miles does not hand the trainer.
 NOT_HANDED = ("batch_position", "train_step", "micro_batch", "metadata", "step", "rank")
 
+TRAINER = "miles"
 DATA_MODULE = "miles.backends.training_utils.data"
 ACTORS = (
     "miles.backends.megatron_utils.actor:MegatronTrainRayActor",
@@ -144,6 +145,12 @@ def read_rank(
 
 def _rank_dict(read: RankFiles, rank: int, as_numpy: bool, with_train_step: bool) -> dict[str, Any]:
     manifest = read.manifest
+    trainer = manifest["settings"].get("trainer", TRAINER)
+    if trainer != TRAINER:
+        raise ValueError(
+            f"{read.folder}: the step was built for the {trainer} trainer, not miles: read it "
+            f"with rollout_shards_loader.{trainer}.read_rank"
+        )
     present = _present(manifest, read.files)
     scheduled = manifest.get("num_microbatches") is not None
     wanted = [k for k in ROW_KEYS if k not in OPTIONAL or k in present]
@@ -163,7 +170,7 @@ def _rank_dict(read: RankFiles, rank: int, as_numpy: bool, with_train_step: bool
             data[key] = lists(column, null_empty=key == "weight_versions")
         else:
             data[key] = scalars(column)
-    data["raw_reward"] = _batch_raw_reward(manifest, read.parts, rank, table, as_numpy)
+    data["raw_reward"] = _batch_raw_reward(read, rank, table, as_numpy)
     total = table.column("total_lengths")
     data["total_lengths"] = scalar_array(total) if as_numpy else scalars(total)
     dynamic = manifest.get("dynamic_global_batch_size")
@@ -190,16 +197,11 @@ def _present(manifest: dict[str, Any], files: list[pq.ParquetFile]) -> set[str]:
     return names & set(OPTIONAL)
 
 
-def _batch_raw_reward(
-    manifest: dict[str, Any],
-    parts: dict[int, pa.Table],
-    rank: int,
-    table: pa.Table,
-    as_numpy: bool,
-) -> Any:
-    """`raw_reward` of the whole trimmed batch in batch order: every rank's rows (`parts`:
-    the other ranks' `batch_position` and `raw_reward`), and the rows the rollout-side
-    schedule dropped (recorded in the manifest)."""
+def _batch_raw_reward(read: RankFiles, rank: int, table: pa.Table, as_numpy: bool) -> Any:
+    """`raw_reward` of the whole trimmed batch in batch order: every rank's rows (the own
+    `table`, and `read.parts`: the other ranks' `batch_position` and `raw_reward`), and the
+    rows the rollout-side schedule dropped (recorded in the manifest)."""
+    manifest, parts = read.manifest, read.parts
     positions = [np.asarray(manifest.get("dropped_positions", []), dtype=np.int64)]
     columns: list[pa.ChunkedArray] = []
     for other in range(len(parts) + 1):
@@ -207,7 +209,7 @@ def _batch_raw_reward(
         positions.append(scalar_array(part.column(BATCH_POSITION)).astype(np.int64))
         columns.append(part.column(RAW_REWARD))
     flat_positions = np.concatenate(positions)
-    _check_positions(flat_positions, manifest)
+    _check_positions(flat_positions, read.folder)
     dropped = list(manifest.get("dropped_raw_reward", []))
     if as_numpy or not any(c.null_count for c in columns):
         arrays = [scalar_array(c) for c in columns]
@@ -224,14 +226,14 @@ def _batch_raw_reward(
     return batch.tolist()
 
 
-def _check_positions(positions: np.ndarray, manifest: dict[str, Any]) -> None:
+def _check_positions(positions: np.ndarray, folder: Path) -> None:
     """The rank files' and the dropped rows' batch positions are each of 0..n-1 once, so
     every value of the batch-wide `raw_reward` is set exactly once."""
     n = len(positions)
     inside = bool(((positions >= 0) & (positions < n)).all())
     if not inside or np.bincount(positions, minlength=n).max(initial=1) != 1:
         raise ShardVerificationError(
-            f"step {manifest['step']}: the rank files' batch positions and the manifest's "
+            f"{folder / MANIFEST}: the rank files' batch positions and the manifest's "
             f"`dropped_positions` are not each of 0..{n - 1} once"
         )
 

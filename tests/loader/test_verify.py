@@ -247,6 +247,7 @@ WRONG_TYPES = {
     "step as a float": ("step", 1.0),
     "settings.dp_size": ("settings.dp_size", True),
     "settings.global_batch_size": ("settings.global_batch_size", "4"),
+    "settings.trainer": ("settings.trainer", 1),
     "outputs[0].rows": ("outputs.0.rows", True),
     "outputs[1].sha256": ("outputs.1.sha256", 7),
     "outputs[0].raw_reward_sha256": ("outputs.0.raw_reward_sha256", False),
@@ -291,6 +292,10 @@ def test_a_manifest_of_inconsistent_fields_is_named(tmp_path: Path) -> None:
     # a batch position given twice would leave a value of the batch-wide raw_reward unset
     path.write_text(json.dumps({**manifest, "dropped_positions": [0], "dropped_raw_reward": [1]}))
     with pytest.raises(ShardVerificationError, match=r"not each of 0\.\.8 once"):
+        read_rank(folder, 0)
+    verl = {**manifest["settings"], "trainer": "verl"}
+    path.write_text(json.dumps({**manifest, "settings": verl}))
+    with pytest.raises(ValueError, match="built for the verl trainer, not miles: read it with "):
         read_rank(folder, 0)
     path.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ShardVerificationError, match="manifest.json: not a JSON manifest"):
