@@ -39,10 +39,11 @@ class StepNotBuiltError(TimeoutError):
     """A step the trainer asked for has no manifest after the wait: nothing built it."""
 
 
-def wait_for_step(step_folder: Path, timeout_s: float) -> None:
+def wait_for_step(step_folder: str | Path, timeout_s: float) -> None:
     """Return once `step_folder` has its manifest (the build's last write), waiting up to
     `timeout_s` seconds; then StepNotBuiltError, one line naming the command that builds
     the step."""
+    step_folder = Path(step_folder)
     deadline = time.monotonic() + timeout_s
     while not os.path.isfile(step_folder / MANIFEST):
         if time.monotonic() >= deadline:

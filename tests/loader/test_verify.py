@@ -22,7 +22,13 @@ import pyarrow.parquet as pq
 import pytest
 import rollout_shards_loader._step as step_reader
 import rollout_shards_loader._verify as verifier
-from rollout_shards_loader import ShardVerificationError, read_manifest, read_rank
+from rollout_shards_loader import (
+    ShardVerificationError,
+    StepNotBuiltError,
+    read_manifest,
+    read_rank,
+    wait_for_step,
+)
 
 from pipeline.io import writer
 from tests.conftest import REPO, build, sample, write_step
@@ -403,3 +409,14 @@ def test_rebuilds_racing_hundreds_of_reads_never_mix(
         rebuilder.wait(timeout=120)
     assert rebuilder.returncode == 0
     assert builds >= 4  # the step was replaced again and again during the reads
+
+
+def test_wait_for_step_returns_for_a_built_step_and_names_the_build_otherwise(
+    tmp_path: Path,
+) -> None:
+    folder = _step(tmp_path)
+    started = time.monotonic()
+    wait_for_step(folder, 600)
+    assert time.monotonic() - started < 5
+    with pytest.raises(StepNotBuiltError, match=r"step=2: the step is not built .* waiting 0 s"):
+        wait_for_step(folder.with_name("step=2"), 0)
