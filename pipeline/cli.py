@@ -24,8 +24,8 @@ from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, os_violation, printable
 from pipeline.io.background import HeadStart
-from pipeline.process import tune_process
 from pipeline.miles_flags import FLAG_READERS
+from pipeline.process import tune_process
 from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
 
 PROG = "rollout-shards"
@@ -82,9 +82,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             )
 
 
-def _add_shaped_flag(
-    group: argparse._ArgumentGroup, name: str, base: Any, help_text: str
-) -> None:
+def _add_shaped_flag(group: argparse._ArgumentGroup, name: str, base: Any, help_text: str) -> None:
     """A setting whose value is not one scalar: a list (`--ft-components rollout train`,
     miles' nargs) or a value read by its own reader (`--moe-layer-freq ([0]+[1]*3)`)."""
     if name in FLAG_READERS:

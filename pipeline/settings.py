@@ -148,15 +148,13 @@ class Settings(MilesFlags):
 
     def values(self) -> dict[str, Any]:
         """Every setting by name, run options included (what a worker is handed)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {f.name: getattr(self, f.name) for f in _fields()}
 
     def to_dict(self) -> dict[str, Any]:
         """Every recorded setting by name, as JSON values (the manifest's `settings`): the
         run options, which change no output byte, are left out."""
         return {
-            f.name: getattr(self, f.name)
-            for f in _fields()
-            if f.metadata.get("recorded", True)
+            f.name: getattr(self, f.name) for f in _fields() if f.metadata.get("recorded", True)
         }
 
     def to_json(self) -> str:
