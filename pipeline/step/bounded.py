@@ -148,7 +148,7 @@ def load_samples(
     if verdict.violations and not (quarantining and verdict.settled):
         raise Unbounded("a rule fails")
     quarantine = None
-    if verdict.violations:
+    if not verdict.failing.is_empty():  # invalid trajectories, or stale groups
         quarantine = _quarantine(original, verdict.failing, spill, list(order))
         spill.kept = verdict.valid.get_column(ROW_ID)
     return SampleTable(

@@ -89,6 +89,8 @@ def megatron_args(model: dict[str, Any], **other: Any) -> ms.Args:
 
 @pytest.fixture(scope="module")
 def miles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    import pydantic  # noqa: F401  (the real one: miles' imports of it are stubbed)
+
     source = ms.head_source(tmp_path_factory.mktemp("miles"))
     with ms.miles_modules(source):
         yield (
