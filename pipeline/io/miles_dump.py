@@ -491,6 +491,14 @@ def _samples_frame(
         (c.PROMPT, _json_field(samples, c.PROMPT, sizes, path), pl.String()),
         (c.METADATA, _json_field(samples, c.METADATA, sizes, path), pl.String()),
     ]
+    held = [name for name in c.NOT_CARRIED if any(s.get(name) is not None for s in samples)]
+    if held:
+        raise step_error(
+            "input_not_carried",
+            f"{path}: samples hold {', '.join(held)}, which miles trains on and the shards do "
+            "not carry: convert such steps in miles",
+            step,
+        )
     series = [
         _series(name, values, dtype, path, budget)
         for name, values, dtype in columns
