@@ -123,17 +123,6 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _mebibytes(text: str) -> int:
-    """A size in MiB, as bytes."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number of MiB >= 0, got {text!r}")
-    return value << 20
-
-
 class _Version(argparse.Action):
     """`--version`: the installed version, looked up only when asked (reading the package's
     metadata would delay every command)."""
@@ -154,13 +143,6 @@ def parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="rebuild steps whose folder is already current (same inputs and settings)",
-    )
-    build.add_argument(
-        "--stream-above",
-        type=_mebibytes,
-        metavar="MIB",
-        help="hold a step's per-token lists one part or one rank at a time when its input "
-        "files take more than MIB on disk (default 256; 0: every step)",
     )
     validate = commands.add_parser("validate", help="check inputs and settings, write nothing")
     validate.add_argument("inputs", nargs="+", metavar="INPUT")

@@ -20,7 +20,7 @@ from pipeline.columns import PATH_STEP, TYPE_ERROR
 from pipeline.errors import StepError, Violation, first_line, printable
 from pipeline.io.arrow_types import panics_kept_off_stderr, returning_arrow_pool, unsupported_in
 from pipeline.io.background import Digest, EarlyDigests, Identity, read_pool
-from pipeline.io.conform import cast_column, conform, index_leaf_pairs, value_text
+from pipeline.io.conform import ROWS_NAMED, cast_column, conform, index_leaf_pairs, value_text
 from pipeline.io.discovery import TABLE_SUFFIXES, SourceFile
 from pipeline.io.ipc import read_ipc
 from pipeline.io.jsonl import JsonLinesError, read_jsonl
@@ -286,6 +286,8 @@ class StepFiles:
     files: list[dict[str, Any]] = field(default_factory=list)  # path, sha256, rows
     extras: set[str] = field(default_factory=set)
     type_violations: list[Violation] = field(default_factory=list)
+    # each type violation by (file, column, rule), with its place among the file's
+    _named: dict[tuple[str, str, str], tuple[int, int, Violation]] = field(default_factory=dict)
 
     def add_rows(self, source: SourceFile, frame: pl.DataFrame, first: int = 0) -> pl.DataFrame:
         """Rows `first`.. of `source` as stored, typed (`conform`), with provenance; rows of
@@ -296,10 +298,29 @@ class StepFiles:
         if source.step is None:
             frame = frame.filter(pl.col(c.STEP).cast(pl.Int64, strict=False) == self.step)
         json_numbers = source.kind == "table" and source.path.suffix == ".jsonl"
+        columns = frame.columns
         frame, extra, found = conform(frame, source.path, self.step, json_numbers)
         self.extras.update(extra)
-        self.type_violations += found
+        for name, violation in found:
+            self._add_type_violation(source, columns, name, violation)
         return _with_provenance(frame, source.path, source.step)
+
+    def _add_type_violation(
+        self, source: SourceFile, columns: list[str], name: str, violation: Violation
+    ) -> None:
+        """One file's violation of a rule by one column, whichever part of the file its
+        rows are in: a file read in parts gets the one line a whole read gives (its first
+        rows and first value, every row counted), in the file's column order."""
+        key = (str(source.path), name, violation.rule)
+        if key not in self._named:
+            place = columns.index(name) if name in columns else len(columns)
+            self._named[key] = (len(self.files), place, violation)
+        else:
+            earlier = self._named[key][2]
+            earlier.rows += violation.rows[: ROWS_NAMED - len(earlier.rows)]
+            earlier.n_rows += violation.n_rows
+        named = sorted(self._named.values(), key=lambda entry: entry[:2])
+        self.type_violations = [entry[2] for entry in named]
 
     def add_file(self, source: SourceFile, sha256: str, rows: int) -> None:
         self.files.append({"path": str(source.path), "sha256": sha256, "rows": rows})
@@ -350,18 +371,34 @@ def read_in_parts(
         read = read_source(source, step, early)
         take(read.frame, 0)
         return read.sha256
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     handle, info = _opened(path, step)
     with handle, read_pool(1) as pool, returning_arrow_pool():
         taken = _taken(early, info)
         digest = None if taken is not None else pool.submit(_digest, handle, None)
-        parquet = pq.ParquetFile(str(path), buffer_size=PART_BUFFER, pre_buffer=False)
-        meta = parquet.metadata
-        decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-        rows = max(1, part_bytes * max(meta.num_rows, 1) // max(decoded, 1))
+
+        def unreadable(exc: Exception) -> StepError:
+            problem = unsupported_in("parquet", path.read_bytes())
+            return _unreadable(path, step, problem or f"cannot read parquet: {first_line(exc)}")
+
+        try:
+            parquet = pq.ParquetFile(str(path), buffer_size=PART_BUFFER, pre_buffer=False)
+            meta = parquet.metadata
+            decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+            rows = max(1, part_bytes * max(meta.num_rows, 1) // max(decoded, 1))
+            batches = parquet.iter_batches(batch_size=rows, use_threads=True)
+        except (pa.ArrowException, OSError) as exc:
+            raise unreadable(exc) from None
         first = 0
-        for batch in parquet.iter_batches(batch_size=rows, use_threads=True):
+        while True:
+            try:  # pyarrow's errors only: `take`'s (a full spill disk, say) are its own
+                batch = next(batches, None)
+            except (pa.ArrowException, OSError) as exc:
+                raise unreadable(exc) from None
+            if batch is None:
+                break
             frame = pl.from_arrow(batch)
             assert isinstance(frame, pl.DataFrame)
             del batch

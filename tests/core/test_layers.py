@@ -267,3 +267,30 @@ def test_the_process_settings_keep_openblas_to_one_thread() -> None:
     assert _threads_after(f"{tuned}; import numpy", env) == 1
     assert _threads_after(f"import numpy; {tuned}", env) == alone
     assert _threads_after(f"{tuned}; import numpy", {**env, BLAS_THREADS_ENV: "2"}) == 2
+
+
+def test_a_trainer_module_is_reached_only_through_the_registry() -> None:
+    """`pipeline/trainers/<name>.py` is imported by nothing outside `pipeline/trainers/`
+    (nor by tests, bench or the loader): the profile comes from `trainers.profile(name)`."""
+    trainer_module = re.compile(
+        r"(from\s+pipeline\.trainers\.\w+\s+import|import\s+pipeline\.trainers\.\w+"
+        r"|from\s+pipeline\.trainers\s+import\s+(?!BatchPlan|Profile|NAMES|profile)\w+)"
+    )
+    offenders = [
+        str(path.relative_to(REPO))
+        for folder in ("pipeline", "tests", "bench", "loader")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if (REPO / "pipeline" / "trainers") not in path.parents
+        and trainer_module.search(path.read_text())
+    ]
+    assert offenders == []
+
+
+def test_no_module_is_over_450_lines() -> None:
+    long = {
+        str(path.relative_to(REPO)): length
+        for folder in ("pipeline", "loader")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if (length := len(path.read_text().splitlines())) > 450
+    }
+    assert long == {}
