@@ -169,9 +169,7 @@ def cast_column(
     return plan.cast, _bad_rows(frame, {name: plan})[name]
 
 
-def refuse_not_carried(
-    frame: pl.DataFrame, names: list[str], path: Path, step: int | None
-) -> None:
+def refuse_not_carried(frame: pl.DataFrame, names: list[str], path: Path, step: int | None) -> None:
     """Fail the step when a column miles trains on but the shards cannot carry
     (`c.NOT_CARRIED`) holds a value: the shards would train otherwise."""
     held = [name for name in names if frame.get_column(name).null_count() < frame.height]
