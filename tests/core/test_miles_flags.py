@@ -146,3 +146,32 @@ def test_moe_layer_freq_reads_megatrons_patterns(text: str, value: Any) -> None:
 def test_moe_layer_freq_refuses_anything_else(text: str) -> None:
     with pytest.raises(ValueError, match="not an integer or a layer pattern"):
         parse_layer_pattern(text)
+
+
+def test_settings_file_and_run_config_take_the_flags(tmp_path: Path) -> None:
+    from pipeline.orchestration.run_config import BuildConfig
+
+    config = tmp_path / "rollout-shards.yaml"
+    config.write_text(
+        "global_batch_size: 4\nuse_dynamic_batch_size: true\nmax_tokens_per_gpu: 64\n"
+        "balance_by_flops: true\nnum_layers: 4\nhidden_size: 64\nffn_hidden_size: 128\n"
+        "num_attention_heads: 8\nvocab_size: 1000\nnum_experts: 8\n"
+        "moe_layer_freq: [0, 1, 1, 1]\nmax_weight_staleness: 2\nft_components: [train]\n"
+    )
+    s = load_settings(config=config)
+    assert (s.balance_by_flops, s.moe_layer_freq, s.max_weight_staleness) == (
+        True,
+        [0, 1, 1, 1],
+        2,
+    )
+    assert s.ft_components == ["train"]
+    run = BuildConfig(moe_layer_freq="([0]+[1]*3)", ft_components=["train"], num_layers=4)
+    assert run.overrides() == {
+        "num_layers": 4,
+        "moe_layer_freq": [0, 1, 1, 1],
+        "ft_components": ["train"],
+    }
+    with pytest.raises(UsageError, match="moe_layer_freq"):
+        BuildConfig(moe_layer_freq="[1]*").overrides()
+    with pytest.raises(UsageError, match="ft_components"):
+        load_settings(global_batch_size=1, ft_components=["everything"])
