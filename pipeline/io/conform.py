@@ -169,6 +169,25 @@ def cast_column(
     return plan.cast, _bad_rows(frame, {name: plan})[name]
 
 
+def refuse_not_carried(frame: pl.DataFrame, names: list[str], path: Path, step: int | None) -> None:
+    """Fail the step when a column miles trains on but the shards cannot carry
+    (`c.NOT_CARRIED`) holds a value: the shards would train otherwise."""
+    held = [name for name in names if frame.get_column(name).null_count() < frame.height]
+    if held:
+        raise StepError(
+            [
+                Violation(
+                    rule="input_not_carried",
+                    message=f"column(s) {', '.join(held)} hold values miles trains on (images "
+                    "or audio, multi-LoRA adapters), which the shards do not carry: convert "
+                    "such steps in miles",
+                    step=step,
+                    files=[str(path)],
+                )
+            ]
+        )
+
+
 def conform(
     frame: pl.DataFrame, path: Path, step: int | None, json_numbers: bool = False
 ) -> tuple[pl.DataFrame, list[str], list[tuple[str, Violation]]]:
@@ -236,6 +255,7 @@ def conform(
         for name in frame.columns
         if name not in types and name != c.SOURCE_ROW and name not in internal
     ]
+    refuse_not_carried(frame, [name for name in extra if name in c.NOT_CARRIED], path, step)
     typed = frame.with_columns(*cast_columns, type_error.alias(TYPE_ERROR)).drop(extra, *internal)
     return typed, extra, violations
 
