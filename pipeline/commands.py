@@ -215,7 +215,7 @@ def skipped_files(skipped: Sequence[Path], step: int) -> list[str]:
     this step (in any case), and those naming no step at all."""
     kept = []
     for path in skipped:
-        named = re.findall(r"(?i)step=(\d+)", str(path))
+        named = re.findall(r"(?i)step=([0-9]+)", str(path))
         if not named or int(named[-1]) == step:
             kept.append(str(path))
     return kept
