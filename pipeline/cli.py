@@ -26,6 +26,7 @@ from pipeline.errors import StepError, UsageError, os_violation, printable
 from pipeline.io.background import HeadStart
 from pipeline.process import tune_process
 from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
+from pipeline.streams import end_on_interrupt, kept_streams, program_streams_and_signals
 
 PROG = "rollout-shards"
 
@@ -88,17 +89,6 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _mebibytes(text: str) -> int:
-    """A size in MiB, as bytes."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number of MiB >= 0, got {text!r}")
-    return value << 20
-
-
 class _Version(argparse.Action):
     """`--version`: the installed version, looked up only when asked (reading the package's
     metadata would delay every command)."""
@@ -119,13 +109,6 @@ def parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="rebuild steps whose folder is already current (same inputs and settings)",
-    )
-    build.add_argument(
-        "--stream-above",
-        type=_mebibytes,
-        metavar="MIB",
-        help="hold a step's per-token lists one part or one rank at a time when its input "
-        "files take more than MIB on disk (default 256; 0: every step)",
     )
     validate = commands.add_parser("validate", help="check inputs and settings, write nothing")
     validate.add_argument("inputs", nargs="+", metavar="INPUT")
@@ -154,18 +137,19 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
-def _run(args: argparse.Namespace, head_start: HeadStart | None = None) -> int:
+def _run(
+    args: argparse.Namespace, head_start: HeadStart | None = None, program: bool = False
+) -> int:
     from pipeline import commands  # Polars and the stages: after the process settings
+
+    if program:
+        end_on_interrupt()  # again: importing Polars installed its own SIGINT handler
 
     if head_start is not None:
         head_start.loaded()
 
     try:
         return commands.COMMANDS[args.command](args)
-    except BrokenPipeError:
-        # The reader went away (`| head`): stop quietly, as other command-line tools do.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
     except UsageError as exc:
         print(f"{PROG}: usage error: {printable(str(exc))}", file=sys.stderr)
         return 2
@@ -184,28 +168,28 @@ def exit_now(status: int) -> NoReturn:
     takes a tenth of a second or more after a big step). By now every step folder is
     committed and fsynced and every thread pool of the stages is joined (the head start
     may still be on a file no step read); only the output streams may hold text, and they
-    are flushed first."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BrokenPipeError:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
-            status = status or 1
+    are flushed first (`streams.KeptStream`: a stream that went away drops it)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The program (`rollout-shards`). Called with `argv` it returns the exit status (tests,
-    other Python code); as the program itself (no `argv`) it exits when done."""
-    tune_process()
-    args = parser().parse_args(argv)
-    head_start = None
-    if args.command in ("build", "validate"):
-        head_start = HeadStart(args.inputs)
-        args.early_digests = head_start.digest
-    status = _run(args, head_start)
+    other Python code); as the program itself (no `argv`) it exits when done. Output that
+    cannot be written (a closed stdout, a reader gone) is dropped and changes nothing else."""
     if argv is None:
-        exit_now(status)
+        program_streams_and_signals()
+    tune_process()
+    with kept_streams():
+        args = parser().parse_args(argv)
+        head_start = None
+        if args.command in ("build", "validate"):
+            head_start = HeadStart(args.inputs)
+            args.early_digests = head_start.digest
+        status = _run(args, head_start, program=argv is None)
+        if argv is None:
+            exit_now(status)
     return status
 
 

@@ -165,11 +165,7 @@ def _build_one(
             reporter=report,
             skipped=skipped,
             early=args.early_digests,
-            **(
-                {}
-                if (above := getattr(args, "stream_above", None)) is None
-                else {"stream_above": above}
-            ),
+            stream_above=settings.stream_above_bytes,
         )
     except StepError as exc:
         progress.step_done()
@@ -304,6 +300,8 @@ def run_metrics(args: argparse.Namespace) -> int:
 
     if args.tensorboard is None and args.jsonl is None:
         raise UsageError("metrics: give --tensorboard DIR, --jsonl FILE or both")
+    jsonl = None if args.jsonl in (None, "-") else Path(args.jsonl)
+    metrics_export.check_targets(args.tensorboard, jsonl)
     steps = metrics_export.root_metrics(args.root)
     written = []
     if args.tensorboard is not None:
