@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import operator
+import os
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pipeline.errors import UsageError
 from pipeline.miles_flags import FIELDS as MILES_FIELDS
 from pipeline.miles_flags import MilesFlags, derived_global_batch_size
+from pipeline.spelling import unknown_names
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -388,18 +390,14 @@ def read_config(path: str | Path | None) -> dict[str, Any]:
     """Settings from a YAML file (a mapping of setting names), or {} without one."""
     if path is None:
         return {}
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise UsageError(f"cannot read config {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError:
-        raise UsageError(f"config {path} is not a text (UTF-8) YAML file") from None
-    from pipeline.yaml_config import ConfigError, load_mapping
+    from pipeline.yaml_config import ConfigError, load_mapping, read_text
 
     try:
-        data = load_mapping(text)
+        data = load_mapping(read_text(Path(path)))
     except ConfigError as exc:
         raise UsageError(f"config {path}{exc}") from None
+    if (unknown := unknown_names(data, [*setting_types(), *DISABLE_FLAGS.values()])) is not None:
+        raise UsageError(f"config {path}: {unknown}")
     for setting, flag in DISABLE_FLAGS.items():
         if flag not in data:
             continue
@@ -445,9 +443,10 @@ def data_settings_files(inputs: Sequence[str | Path]) -> list[Path]:
     for raw in inputs:
         path = Path(raw)
         root = path if path.is_dir() else path.parent
-        if root.name.lower().startswith("step=") and not (root / DATA_SETTINGS).is_file():
+        # Anything under the name is read (a FIFO or a folder there is refused, not passed over).
+        if root.name.lower().startswith("step=") and not os.path.lexists(root / DATA_SETTINGS):
             root = root.parent
-        if (root / DATA_SETTINGS).is_file() and root / DATA_SETTINGS not in found:
+        if os.path.lexists(root / DATA_SETTINGS) and root / DATA_SETTINGS not in found:
             found.append(root / DATA_SETTINGS)
     return found
 
