@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from pipeline.errors import StepError, UsageError, os_violation, printable
 from pipeline.io.background import HeadStart
 from pipeline.process import tune_process
+from pipeline.miles_flags import FLAG_READERS
 from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
 
 PROG = "rollout-shards"
@@ -52,7 +53,9 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             )
             continue
         base = non_null(annotation)
-        if base is bool:
+        if name in FLAG_READERS or typing.get_origin(base) is list:
+            _add_shaped_flag(group, name, base, help_text)
+        elif base is bool:
             group.add_argument(
                 _flag(name),
                 dest=name,
@@ -77,6 +80,40 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
                 default=argparse.SUPPRESS,
                 help=help_text,
             )
+
+
+def _add_shaped_flag(
+    group: argparse._ArgumentGroup, name: str, base: Any, help_text: str
+) -> None:
+    """A setting whose value is not one scalar: a list (`--ft-components rollout train`,
+    miles' nargs) or a value read by its own reader (`--moe-layer-freq ([0]+[1]*3)`)."""
+    if name in FLAG_READERS:
+
+        def reader(text: str) -> Any:
+            try:
+                return FLAG_READERS[name](text)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+
+        group.add_argument(
+            _flag(name),
+            dest=name,
+            type=reader,
+            metavar=name.upper(),
+            default=argparse.SUPPRESS,
+            help=help_text,
+        )
+        return
+    (item,) = typing.get_args(base)
+    choices = typing.get_args(item) if typing.get_origin(item) is typing.Literal else None
+    group.add_argument(
+        _flag(name),
+        dest=name,
+        nargs="+",
+        choices=choices,
+        default=argparse.SUPPRESS,
+        help=help_text,
+    )
 
 
 def _version() -> str:

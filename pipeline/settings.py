@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pipeline.errors import UsageError
+from pipeline.miles_flags import FIELDS as MILES_FIELDS
+from pipeline.miles_flags import MilesFlags, derived_global_batch_size
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -60,7 +62,7 @@ class SettingsError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Settings:
+class Settings(MilesFlags):
     """Effective settings of one build; shared by the CLI, the Dagster run config and tests.
 
     Checked when made: each value against its field's type (integers strictly, booleans
@@ -153,7 +155,7 @@ class Settings:
         run options, which change no output byte, are left out."""
         return {
             f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
+            for f in _fields()
             if f.metadata.get("recorded", True)
         }
 
@@ -199,6 +201,20 @@ Model = type
 
 
 @functools.cache
+def _fields() -> tuple[dataclasses.Field[Any], ...]:
+    """The fields of `Settings` in the contract's order: its own, then miles' data-path
+    flags (`pipeline.miles_flags`, a base class, whose fields dataclasses list first)."""
+    fields = dataclasses.fields(Settings)
+    return tuple(sorted(fields, key=lambda f: f.name in MILES_FIELDS))
+
+
+def _minimum(kind: Any) -> int:
+    """The least value of a marked integer (a count: 1)."""
+    mark = typing.get_args(kind)[1]
+    return 0 if mark is SIZE else int(getattr(mark, "value", 1))
+
+
+@functools.cache
 def _hints(model: Model) -> dict[str, Any]:
     """Each field's type as annotated (a count keeps its mark)."""
     return typing.get_type_hints(model, include_extras=True)
@@ -217,8 +233,9 @@ def _exact(kind: Any, value: Any) -> bool:
     if origin in (typing.Union, types.UnionType):
         return any(_exact(arg, value) for arg in typing.get_args(kind))
     if origin is Annotated:  # a count, or a size
-        least = 0 if SIZE in typing.get_args(kind) else 1
-        return type(value) is int and value >= least
+        return type(value) is int and value >= _minimum(kind)
+    if origin is list:
+        return type(value) is list and all(_exact(typing.get_args(kind)[0], v) for v in value)
     if origin is Literal:
         return type(value) is str and value in typing.get_args(kind)
     if kind is type(None):
@@ -253,8 +270,9 @@ def _pydantic_model(model: Model) -> type[BaseModel]:
         if typing.get_origin(kind) in (typing.Union, types.UnionType):
             return functools.reduce(operator.or_, map(typed, typing.get_args(kind)))
         if typing.get_origin(kind) is Annotated:
-            least = 0 if SIZE in typing.get_args(kind) else 1
-            return Annotated[int, Field(strict=True, ge=least)]
+            return Annotated[int, Field(strict=True, ge=_minimum(kind))]
+        if typing.get_origin(kind) is list:
+            return list[typed(typing.get_args(kind)[0])]  # type: ignore[misc]
         return kind
 
     kinds = _hints(model)
@@ -299,18 +317,12 @@ def setting_types() -> dict[str, Any]:
 def setting_fields() -> list[tuple[str, Any, str]]:
     """(name, type, description) of every setting, in the contract's order."""
     kinds = setting_types()
-    return [
-        (f.name, kinds[f.name], f.metadata["description"]) for f in dataclasses.fields(Settings)
-    ]
+    return [(f.name, kinds[f.name], f.metadata["description"]) for f in _fields()]
 
 
 def setting_defaults() -> dict[str, Any]:
     """Each setting's default; the required ones are left out."""
-    return {
-        f.name: f.default
-        for f in dataclasses.fields(Settings)
-        if f.default is not dataclasses.MISSING
-    }
+    return {f.name: f.default for f in _fields() if f.default is not dataclasses.MISSING}
 
 
 def non_null(kind: Any) -> Any:
@@ -414,6 +426,8 @@ def _boolean(flag: str, value: Any) -> bool:
 def make_settings(values: Mapping[str, Any]) -> Settings:
     """Settings from plain values (files, flags, run config); a usage error names every
     problem: missing, unknown or mistyped settings first, else the first inconsistency."""
+    if values.get("global_batch_size") is None and (derived := derived_global_batch_size(values)):
+        values = {**values, "global_batch_size": derived}  # from num_steps_per_rollout
     try:
         return Settings(**_checked(Settings, values))
     except SettingsError as exc:

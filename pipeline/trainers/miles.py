@@ -20,6 +20,7 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
+from pipeline.miles_flags import miles_flag_problem
 from pipeline.settings import COMMON_SETTINGS, Settings, batch_inconsistency
 from pipeline.trainers import BatchPlan
 from pipeline.transforms.layout import Layout, rank_sizes, rows_within_ranks
@@ -205,7 +206,7 @@ class Miles:
     def check(self, settings: Settings) -> str | None:
         if settings.use_dynamic_global_batch_size and settings.disable_rollout_trim_samples:
             return "use_dynamic_global_batch_size needs trimming: drop disable_rollout_trim_samples"
-        return batch_inconsistency(settings)
+        return batch_inconsistency(settings) or miles_flag_problem(settings)
 
     def plan(
         self, light: pl.LazyFrame, schema: pl.Schema, height: int, settings: Settings, step: int
