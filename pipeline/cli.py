@@ -24,8 +24,8 @@ from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, os_violation, printable
 from pipeline.io.background import HeadStart
-from pipeline.process import tune_process
 from pipeline.miles_flags import FLAG_READERS
+from pipeline.process import tune_process
 from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
 
 PROG = "rollout-shards"

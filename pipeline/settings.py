@@ -154,9 +154,7 @@ class Settings(MilesFlags):
         """Every recorded setting by name, as JSON values (the manifest's `settings`): the
         run options, which change no output byte, are left out."""
         return {
-            f.name: getattr(self, f.name)
-            for f in _fields()
-            if f.metadata.get("recorded", True)
+            f.name: getattr(self, f.name) for f in _fields() if f.metadata.get("recorded", True)
         }
 
     def to_json(self) -> str:
@@ -180,6 +178,7 @@ class RowSettings:
     """The settings of `Settings` that reading and validating rows needs (`validate` without
     a global batch size checks the rows alone); the fields are `Settings`' own."""
 
+    trainer: str = _as_in_settings("trainer")
     advantage_estimator: Estimator = _as_in_settings("advantage_estimator")
     rewards_normalization: bool = _as_in_settings("rewards_normalization")
     reward_key: str | None = _as_in_settings("reward_key")

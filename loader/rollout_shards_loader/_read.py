@@ -24,6 +24,7 @@ import os
 import re
 import stat
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -522,12 +523,41 @@ def read_rank(
     of the step during the read makes it start over on the new folder (up to ATTEMPTS
     times), so the dict is always one build's.
     """
+
+    def build(
+        manifest: dict[str, Any],
+        files: list[pq.ParquetFile],
+        parts: dict[int, pa.Table],
+        rank: int,
+        own: pa.Buffer,
+    ) -> dict[str, Any]:
+        return _rank_dict(manifest, files, parts, rank, own, as_numpy, with_train_step)
+
+    return read_with(step_folder, rank, build, dp_size, global_batch_size, verify)
+
+
+# What a trainer's module makes of a verified read: (manifest, every rank's ParquetFile in
+# rank order, the other ranks' `batch_position` and `raw_reward`, the rank, the rank's own
+# file's bytes) -> its rank dict.
+Build = Callable[
+    [dict[str, Any], list[pq.ParquetFile], dict[int, pa.Table], int, pa.Buffer], dict[str, Any]
+]
+
+
+def read_with(
+    step_folder: str | Path,
+    rank: int,
+    build: Build,
+    dp_size: int | None,
+    global_batch_size: int | None,
+    verify: bool,
+) -> dict[str, Any]:
+    """`build`'s dict from one build of the step folder, every file checked as `read_rank`
+    checks them (each trainer's loader module reads through here)."""
     folder = Path(step_folder)
     for attempt in range(ATTEMPTS):
         try:
-            return _read_rank_once(
-                folder, rank, dp_size, global_batch_size, as_numpy, with_train_step, verify
-            )
+            return _read_rank_once(folder, rank, dp_size, global_batch_size, build, verify)
         except _Replaced:
             time.sleep(0.002 * (attempt + 1))
     raise RuntimeError(
@@ -540,8 +570,7 @@ def _read_rank_once(
     rank: int,
     dp_size: int | None,
     global_batch_size: int | None,
-    as_numpy: bool,
-    with_train_step: bool,
+    build: Build,
     verify: bool,
 ) -> dict[str, Any]:
     try:
@@ -596,7 +625,7 @@ def _read_rank_once(
                         )
                         handles.append(handle)
                 ordered = [files[r] for r in range(step_dp)]
-                data = _rank_dict(manifest, ordered, parts, rank, own, as_numpy, with_train_step)
+                data = build(manifest, ordered, parts, rank, own)
             except Exception:
                 checks.wait()  # a file that is not the manifest's is the error to report
                 raise
@@ -619,6 +648,12 @@ def _rank_dict(
     as_numpy: bool,
     with_train_step: bool,
 ) -> dict[str, Any]:
+    trainer = manifest["settings"].get("trainer", "miles")
+    if trainer != "miles":
+        raise ValueError(
+            f"the step was built for the {trainer} trainer: read it with "
+            f"rollout_shards_loader.{trainer}.read_rank"
+        )
     present = _present(manifest, files)
     scheduled = manifest.get("num_microbatches") is not None
     wanted = [k for k in ROW_KEYS if k not in OPTIONAL or k in present]

@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,18 +59,21 @@ class LateInstallError(RuntimeError):
     before `install`, so the trainer would train on the rollout side's batch."""
 
 
-def runtime_env(root: str | Path, base: dict[str, Any] | None = None) -> dict[str, Any]:
+def runtime_env(
+    root: str | Path, base: dict[str, Any] | None = None, *, hook: str = SETUP_HOOK
+) -> dict[str, Any]:
     """The Ray runtime environment (for `ray job submit --runtime-env-json` or
     `ray.init(runtime_env=...)`) that installs the hook in every worker of the job before
     any actor exists: `base` plus `worker_process_setup_hook` and `ROLLOUT_SHARDS_ROOT`."""
     env = dict(base or {})
-    if env.get("worker_process_setup_hook") not in (None, SETUP_HOOK):
+    if env.get("worker_process_setup_hook") not in (None, hook):
+        module = hook.rpartition(".")[0]
         raise ValueError(
             "the runtime env already has a worker_process_setup_hook "
             f"({env['worker_process_setup_hook']!r}): call "
-            "rollout_shards_loader.miles.install(root) from it instead"
+            f"{module}.install(root) from it instead"
         )
-    env["worker_process_setup_hook"] = SETUP_HOOK
+    env["worker_process_setup_hook"] = hook
     env["env_vars"] = {**env.get("env_vars", {}), ROOT_ENV: str(root)}
     return env
 
@@ -91,19 +94,24 @@ def install(
     *,
     data_module: str = DATA_MODULE,
     actors: Sequence[str] = ACTORS,
+    reader: Callable[..., dict[str, Any]] = read_rank,
+    owner: str = __name__,
 ) -> None:
     """Make miles' trainer read rank data from `<root>/step=<rollout_id>/`.
 
     Modules already imported are patched now; the others when they are imported (nothing
     of miles is imported here). `actors` are the `module:Class` training actors whose
     `train(rollout_id, ...)` is wrapped; `data_module` the module whose
-    `process_rollout_data` the trainer calls. Installing twice wraps once."""
+    `process_rollout_data` the trainer calls, `reader` the `read_rank` that answers it
+    (`rollout_shards_loader.slime` passes its own, and its name as `owner`, the module a
+    user installs from). Installing twice wraps once."""
     targets: dict[str, list[str]] = {data_module: []}
     for target in actors:
         module, _, name = target.partition(":")
         targets.setdefault(module, []).append(name)
     with _LOCK:
         _Finder.root = Path(root)
+        _Finder.readers[data_module] = (reader, owner)
         for module, names in targets.items():
             _Finder.targets[module] = (module == data_module, tuple(names))
         if not any(isinstance(f, _Finder) for f in sys.meta_path):
@@ -130,6 +138,7 @@ def uninstall() -> None:
                 if actor is not None:
                     actor.train = getattr(actor.train, ORIGINAL, actor.train)
         _Finder.targets.clear()
+        _Finder.readers.clear()
 
 
 def _patch(module: types.ModuleType) -> None:
@@ -146,6 +155,7 @@ def _patch_data(data: types.ModuleType, root: Path) -> None:
     current = data.process_rollout_data
     original = getattr(current, ORIGINAL, current)
     handle_class = getattr(data, PAIR_MARKER, None)
+    reader, owner = _Finder.readers.get(data.__name__, (read_rank, __name__))
 
     @functools.wraps(original)
     def process_rollout_data(
@@ -154,17 +164,17 @@ def _patch_data(data: types.ModuleType, root: Path) -> None:
         rollout_id = _ROLLOUT_ID.get()
         if rollout_id is None:
             raise LateInstallError(
-                "rollout_shards_loader.miles.install ran after Ray loaded the training actor "
+                f"{owner}.install ran after Ray loaded the training actor "
                 "class, so train() is not wrapped and would train on the rollout side's "
                 "batch; install it before the actor exists: pass "
-                "rollout_shards_loader.miles.runtime_env(root) as the job's runtime env "
+                f"{owner}.runtime_env(root) as the job's runtime env "
                 "(worker_process_setup_hook)"
             )
         if getattr(args, "enable_witness", False):
             raise ValueError("rollout-shards steps carry no witness ids: turn off --enable-witness")
         folder = root / f"step={rollout_id}"
         gbs = getattr(args, "global_batch_size", None)
-        data = read_rank(folder, dp_rank, dp_size=dp_size, global_batch_size=gbs)
+        data = reader(folder, dp_rank, dp_size=dp_size, global_batch_size=gbs)
         if handle_class is None:
             return data
         return data, handle_class(value=data, release_fn=_release_nothing)
@@ -196,6 +206,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
     root: Path = Path(".")
     targets: dict[str, tuple[bool, tuple[str, ...]]] = {}
+    readers: dict[str, tuple[Callable[..., dict[str, Any]], str]] = {}
 
     def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
         if fullname not in self.targets:
