@@ -44,6 +44,7 @@ from tests.loader.miles_support import (
 URL = "https://github.com/THUDM/slime"
 PIN = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 SOURCE_ENV = "SLIME_SOURCE"
+REPO = Path(__file__).resolve().parents[2]
 REAL = {"slime", "torch", "numpy", "typing_extensions", "pyarrow", "rollout_shards_loader"}
 
 
@@ -372,3 +373,24 @@ def canonical(value: Any) -> Any:
     if isinstance(value, dict):
         return ("dict", [(k, canonical(v)) for k, v in value.items()])
     return (type(value).__name__, repr(value))
+
+
+def save_dump(m: types.SimpleNamespace, rows: list[dict[str, Any]], path: Path, step: int) -> None:
+    """The rows as slime's `save_debug_rollout_data` writes them (`--save-debug-rollout-data`,
+    or `--dump-details D` -> D/rollout_data/<step>.pt): its own function on its Samples."""
+    template = str(path.parent / "{rollout_id}.pt")
+    m.rollout_data.save_debug_rollout_data(
+        template, samples(m, rows), rollout_id=step, evaluation=False
+    )
+
+
+def rank_dicts_from_dump(
+    m: types.SimpleNamespace, settings: dict[str, Any], template: str, step: int
+) -> list[dict[str, Any]]:
+    """What slime's trainer holds per rank when its rollout manager loads the dump
+    (`--load-debug-rollout-data`: `torch.load` and `Sample.from_dict`) and converts it."""
+    args = slime_args({**settings, "load_debug_rollout_data": template})
+    manager = rollout_manager(m, args, train_parallel_config(settings))
+    flat, _metrics = manager._get_rollout_data(rollout_id=step)
+    refs = manager._split_train_data_by_dp(manager._convert_samples_to_train_data(flat))
+    return [m.data.process_rollout_data(args, refs, rank, len(refs)) for rank in range(len(refs))]
