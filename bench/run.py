@@ -698,7 +698,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for tree in [ROOT / "pipeline", *([args.before / "pipeline"] if args.before else [])]:
         compileall.compile_dir(tree, quiet=1)
     from pipeline.io.writer import PARQUET_OPTIONS
-    from pipeline.process import ALLOCATOR_CONF, ALLOCATOR_ENV
+    from pipeline.speed import ALLOCATOR_CONF, ALLOCATOR_ENV
     from pipeline.step.bounded import STREAM_ABOVE
 
     os.environ["BENCH_PARQUET_OPTIONS"] = json.dumps(PARQUET_OPTIONS)

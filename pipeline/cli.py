@@ -1,15 +1,12 @@
-"""The command line: `rollout-shards build` and `rollout-shards validate` (CONTRACT section 4),
-and `rollout-shards parity` (issue 7).
+"""The command line: `rollout-shards build`, `validate`, `parity` and `metrics`
+(CONTRACT section 4).
 
 This module parses the arguments and imports only the standard library and the settings;
 the commands themselves (`pipeline.commands`, Polars with them) load once the arguments
 are known, after `main` has set the process settings a build wants
-(`pipeline.process.tune_process`). It runs the same stage functions as the Dagster assets
-and never imports Dagster.
-
-`build` and `validate` hash their input files while the program loads
-(`pipeline.io.background.HeadStart`): loading is single-threaded, and a core it leaves idle
-takes the sha256 the read would otherwise take beside its decoders (bench/results/).
+(`pipeline.speed.tune_process`), while the head start hashes the inputs
+(`pipeline.speed.HeadStart`). It runs the same driver as the Dagster assets and never
+imports Dagster.
 """
 
 from __future__ import annotations
@@ -23,10 +20,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, os_violation, printable
-from pipeline.io.background import HeadStart
 from pipeline.miles_flags import FLAG_READERS
-from pipeline.process import tune_process
 from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
+from pipeline.speed import HeadStart, on, tune_process
 
 PROG = "rollout-shards"
 
@@ -125,17 +121,6 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _mebibytes(text: str) -> int:
-    """A size in MiB, as bytes."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number of MiB >= 0, got {text!r}")
-    return value << 20
-
-
 class _Version(argparse.Action):
     """`--version`: the installed version, looked up only when asked (reading the package's
     metadata would delay every command)."""
@@ -156,13 +141,6 @@ def parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="rebuild steps whose folder is already current (same inputs and settings)",
-    )
-    build.add_argument(
-        "--stream-above",
-        type=_mebibytes,
-        metavar="MIB",
-        help="hold a step's per-token lists one part or one rank at a time when its input "
-        "files take more than MIB on disk (default 256; 0: every step)",
     )
     validate = commands.add_parser("validate", help="check inputs and settings, write nothing")
     validate.add_argument("inputs", nargs="+", metavar="INPUT")
@@ -237,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tune_process()
     args = parser().parse_args(argv)
     head_start = None
-    if args.command in ("build", "validate"):
+    if args.command in ("build", "validate") and on("head_start"):
         head_start = HeadStart(args.inputs)
         args.early_digests = head_start.digest
     status = _run(args, head_start)

@@ -13,12 +13,12 @@ from pipeline import columns as c
 from pipeline import trainers
 from pipeline.columns import PATH_STEP, REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError, Violation
-from pipeline.io.background import EarlyDigests
 from pipeline.io.discovery import SourceFile
-from pipeline.io.load import load_step
+from pipeline.io.load import LoadedStep, load_step
 from pipeline.schemas.rules import TABLE, Model
 from pipeline.schemas.validate import Verdict, validate_step
 from pipeline.settings import RowSettings, Settings
+from pipeline.speed import EarlyDigests
 from pipeline.step.tables import SampleTable
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
 
@@ -91,13 +91,18 @@ def load_samples(
     settings: Settings | RowSettings,
     early: EarlyDigests | None = None,
 ) -> SampleTable:
-    """Read a step, repair legacy ids if asked, validate. With `on_invalid: fail` any broken
-    rule fails the step; with `quarantine` the trajectories holding a failing row are set
-    aside whole and the rest goes on. Problems that name no rows (an unreadable file, a
-    missing column, a column of an impossible type, a struct reward without reward_key)
-    fail the step in both modes: there is nothing to set aside and nothing to count.
-    `early` gives digests of the files taken before the read (`load_step`)."""
-    loaded = load_step(step, sources, early)
+    """Read a step whole (`load_step`; `early` gives digests of the files taken before the
+    read) and check it (`checked`)."""
+    return checked(load_step(step, sources, early), settings)
+
+
+def checked(loaded: LoadedStep, settings: Settings | RowSettings) -> SampleTable:
+    """Repair legacy ids if asked, validate. With `on_invalid: fail` any broken rule fails
+    the step; with `quarantine` the trajectories holding a failing row are set aside whole
+    and the rest goes on. Problems that name no rows (an unreadable file, a missing column,
+    a column of an impossible type, a struct reward without reward_key) fail the step in
+    both modes: there is nothing to set aside and nothing to count."""
+    step = loaded.step
     original = loaded.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(ROW_ID))
     type_errors = loaded.type_errors
     if type_errors is None:

@@ -199,7 +199,7 @@ def broken_anchors(text: str, source: Path) -> list[str]:
 
 def missing_names(text: str, repo: Path) -> list[str]:
     """Dotted names of the package in backticks that are neither a module nor a name a
-    module defines at its top level (`pipeline.process.tune_process`)."""
+    module defines at its top level (`pipeline.speed.tune_process`)."""
     missing = []
     for dotted in named_modules(text):
         parts = dotted.split(".")
