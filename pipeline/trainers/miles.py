@@ -207,6 +207,8 @@ class Miles:
     )
 
     def check(self, settings: Settings) -> str | None:
+        if settings.advantage_estimator == "cispo":
+            return "advantage_estimator: cispo is slime's estimator, not miles' (--trainer slime)"
         if settings.use_dynamic_global_batch_size and settings.disable_rollout_trim_samples:
             return "use_dynamic_global_batch_size needs trimming: drop disable_rollout_trim_samples"
         return batch_inconsistency(settings) or miles_flag_problem(settings)

@@ -38,8 +38,8 @@ SOURCE_NAMES = "source_names"
 UNKNOWN_SOURCE = "unknown"
 EPS = 1e-6
 # slime's estimators that normalize, and those that divide by the std
-NORMALIZING = ("grpo", "gspo", "reinforce_plus_plus_baseline")
-STD = ("grpo", "gspo")
+NORMALIZING = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
+STD = ("grpo", "gspo", "cispo")
 
 # The settings slime reads, named as its flags (and Megatron's for the model's shape).
 SLIME_SETTINGS = frozenset(

@@ -220,6 +220,10 @@ CASES: dict[str, tuple[Rows, dict[str, Any]]] = {
         grouped([2, 2, 2, 2]),
         {**BASE, "global_batch_size": 8, "advantage_estimator": "gspo"},
     ),
+    "cispo": (
+        grouped([2, 2, 2, 2]),
+        {**BASE, "global_batch_size": 8, "advantage_estimator": "cispo"},
+    ),
     "reward_key": (
         _struct(grouped([2, 2, 2, 2])),
         {**BASE, "global_batch_size": 4, "dp_size": 2, "reward_key": "score"},
