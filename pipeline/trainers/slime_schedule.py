@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ import polars as pl
 
 from pipeline.errors import step_error
 from pipeline.transforms.layout import Layout
+from pipeline.transforms.packing import first_fit
 
 
 @dataclass(frozen=True)
@@ -140,22 +142,6 @@ def _entry(sets: list[tuple[float, list[int]]]) -> tuple[Any, ...]:
     return (-(first[0] - sets[-1][0]), _Larger((first[0], len(first[1]), first[1])), sets)
 
 
-def first_fit(lengths: list[int], cap: int) -> list[list[int]]:
-    """Rows in order, each into the first bin (in creation order) it fits in."""
-    bins: list[list[int]] = []
-    sums: list[int] = []
-    for row, length in enumerate(lengths):
-        for j, total in enumerate(sums):
-            if total + length <= cap:
-                bins[j].append(row)
-                sums[j] += length
-                break
-        else:
-            bins.append([row])
-            sums.append(length)
-    return bins
-
-
 def split_to(bins: list[list[int]], target: int, lengths: list[int]) -> None:
     """Halve the heaviest bin of two or more rows (ties: the later) until `target` bins:
     rows by length descending, each to the lighter half (the first on ties)."""
@@ -245,22 +231,17 @@ def slime_layout(ids: np.ndarray, lengths: np.ndarray, plan: SlimeLayout) -> Lay
             f"the batch has {len(keys)} rollouts, fewer than global_batch_size={gbs} (slime "
             "counts rollouts per train step): lower global_batch_size",
         )
-    length_list = lengths.tolist()
-    order: list[int] = []
-    rank: list[int] = []
-    train_step: list[int] = []
-    micro: list[int] = []
-    per_rank_rows: list[list[tuple[int, int, int]]] = [[] for _ in range(dp)]
+    parts: list[list[tuple[np.ndarray, int, np.ndarray]]] = [[] for _ in range(dp)]
     counts = []
     for step in range(steps):
-        rows = rows_by_rollout[starts[step * gbs] : starts[(step + 1) * gbs]].tolist()
+        rows = rows_by_rollout[starts[step * gbs] : starts[(step + 1) * gbs]]
         if len(rows) < dp:
             raise step_error(
                 "schedule_too_few_rows",
                 f"train step {step} has {len(rows)} rows, fewer than dp_size={dp}: lower "
                 "dp_size or raise global_batch_size",
             )
-        step_lengths = [length_list[r] for r in rows]
+        step_lengths = lengths[rows].tolist()
         bins = _step_bins(step_lengths, plan, step)
         counts.append(len(bins) // dp)
         if plan.balance_data and plan.shape is not None:
@@ -270,20 +251,23 @@ def slime_layout(ids: np.ndarray, lengths: np.ndarray, plan: SlimeLayout) -> Lay
         else:
             owners = [list(range(r, len(bins), dp)) for r in range(dp)]
         for r, owned in enumerate(owners):
-            for number, b in enumerate(owned):
-                per_rank_rows[r].extend((rows[i], step, number) for i in bins[b])
-    for r, entries in enumerate(per_rank_rows):
-        for row, step, number in entries:
-            order.append(row)
-            rank.append(r)
-            train_step.append(step)
-            micro.append(number)
+            local = np.fromiter(chain.from_iterable(bins[b] for b in owned), dtype=np.int64)
+            sizes = [len(bins[b]) for b in owned]
+            parts[r].append((rows[local], step, np.repeat(np.arange(len(owned)), sizes)))
+    rank_parts = [part for rank_steps in parts for part in rank_steps]
+    order = np.concatenate([rows for rows, _, _ in rank_parts])
+    sizes = [len(rows) for rows, _, _ in rank_parts]
+    per_rank = [sum(len(rows) for rows, _, _ in rank_steps) for rank_steps in parts]
     dropped = np.sort(rows_by_rollout[starts[steps * gbs] :])
     return Layout(
         order=pl.Series("order", order, dtype=pl.Int64),
-        rank=pl.Series("rank", rank, dtype=pl.Int32),
-        train_step=pl.Series("train_step", train_step, dtype=pl.Int32),
-        micro_batch=pl.Series("micro_batch", micro, dtype=pl.Int32),
+        rank=pl.Series("rank", np.repeat(np.arange(dp), per_rank), dtype=pl.Int32),
+        train_step=pl.Series(
+            "train_step", np.repeat([step for _, step, _ in rank_parts], sizes), dtype=pl.Int32
+        ),
+        micro_batch=pl.Series(
+            "micro_batch", np.concatenate([micro for _, _, micro in rank_parts]), dtype=pl.Int32
+        ),
         dropped=pl.Series("dropped", dropped, dtype=pl.Int64),
         num_rollouts=[gbs] * steps,
         num_microbatches=counts,

@@ -15,6 +15,8 @@ sum of 32768 values or more across threads.
 
 from __future__ import annotations
 
+import math
+
 import polars as pl
 
 VECTOR_WIDTH = 8
@@ -146,6 +148,8 @@ def torch_dim_std(x: pl.Series, n: int) -> pl.Series:
     import numpy as np
 
     groups = len(x) // n
+    if groups < n:  # few long groups: the recurrence on Python floats, group by group
+        return pl.Series([_welford_std(part) for part in _parts(x, n)], dtype=pl.Float32)
     values = x.cast(pl.Float64).to_numpy().reshape(groups, n)
     mean = np.zeros(groups)
     m2 = np.zeros(groups)
@@ -156,3 +160,18 @@ def torch_dim_std(x: pl.Series, n: int) -> pl.Series:
     with np.errstate(invalid="ignore", divide="ignore"):
         variance = m2 / float(n - 1) if n > 1 else np.full(groups, np.nan)
     return pl.Series(np.sqrt(variance), dtype=pl.Float64).cast(pl.Float32)
+
+
+def _parts(x: pl.Series, n: int) -> list[list[float]]:
+    values: list[float] = x.cast(pl.Float64).to_list()
+    return [values[start : start + n] for start in range(0, len(values), n)]
+
+
+def _welford_std(values: list[float]) -> float:
+    mean = 0.0
+    m2 = 0.0
+    for count, value in enumerate(values, start=1):
+        delta = value - mean
+        mean += delta / count
+        m2 += delta * (value - mean)
+    return math.sqrt(m2 / (len(values) - 1)) if len(values) > 1 else math.nan
