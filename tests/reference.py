@@ -8,6 +8,11 @@ Scope: compact detection, trimming, the dynamic global batch size, every shard c
 reward normalization with torch's float32 arithmetic, and the strided data-parallel
 split. Not here: `balance_data`, the rollout-side schedule (SEMANTICS 7), the rollout-id
 schema rule, quarantine.
+
+The last section is slime's conversion (docs/slime.md), whole: positional rewards,
+the rollout-id fill, slime's schedule with its FLOPs estimate, and each rank's dict
+(`slime_rank_dicts`), which tests/loader/test_slime_reference.py compares with slime's own
+code.
 """
 
 from __future__ import annotations

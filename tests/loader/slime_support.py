@@ -26,6 +26,7 @@ import importlib.machinery
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -68,11 +69,14 @@ def _git(*args: str) -> bytes:
 def _from_git_dir(git_dir: Path, out: Path) -> Path:
     if not (out / "slime" / "__init__.py").is_file():
         archive = _git(f"--git-dir={git_dir}", "archive", PIN, "slime")
-        partial = out.with_name(out.name + ".partial")
+        partial = out.with_name(f"{out.name}.partial-{os.getpid()}")
         partial.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(partial, filter="data")
-        partial.rename(out)
+        try:
+            partial.rename(out)
+        except OSError:
+            shutil.rmtree(partial)  # another process extracted it first
     return out
 
 
@@ -97,14 +101,20 @@ def slime_source() -> Path:
     out = cache_root() / f"slime-{PIN}"
     if (out / "slime" / "__init__.py").is_file():
         return out
+    # a clone of its own per process (test workers may clone at once), renamed into place
+    partial = out.with_name(f"{out.name}.partial-{os.getpid()}")
     try:
-        partial = out.with_name(out.name + ".partial")
         if partial.exists():
-            subprocess.run(["rm", "-rf", str(partial)], check=True)
+            shutil.rmtree(partial)
         partial.parent.mkdir(parents=True, exist_ok=True)
         _git("clone", "-q", "--no-checkout", URL, str(partial))
         _git("-C", str(partial), "checkout", "-q", PIN)
-        partial.rename(out)
+        try:
+            partial.rename(out)
+        except OSError:
+            if not (out / "slime" / "__init__.py").is_file():
+                raise
+            shutil.rmtree(partial)  # another process put its clone there first
     except (SourceMissing, OSError) as exc:
         raise SourceMissing(
             f"no slime source: set {SOURCE_ENV} to a checkout of {URL} at {PIN} "
