@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import operator
+import os
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -21,13 +22,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pipeline.errors import UsageError
+from pipeline.miles_flags import FIELDS as MILES_FIELDS
+from pipeline.miles_flags import MilesFlags, derived_global_batch_size
+from pipeline.spelling import unknown_names
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
     from pydantic_core import ErrorDetails
 
-Estimator = Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
-NORMALIZING_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
+Estimator = Literal[
+    "grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
+]
+NORMALIZING_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 
 
 class _Count:
@@ -60,7 +66,7 @@ class SettingsError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Settings:
+class Settings(MilesFlags):
     """Effective settings of one build; shared by the CLI, the Dagster run config and tests.
 
     Checked when made: each value against its field's type (integers strictly, booleans
@@ -146,15 +152,13 @@ class Settings:
 
     def values(self) -> dict[str, Any]:
         """Every setting by name, run options included (what a worker is handed)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {f.name: getattr(self, f.name) for f in _fields()}
 
     def to_dict(self) -> dict[str, Any]:
         """Every recorded setting by name, as JSON values (the manifest's `settings`): the
         run options, which change no output byte, are left out."""
         return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.metadata.get("recorded", True)
+            f.name: getattr(self, f.name) for f in _fields() if f.metadata.get("recorded", True)
         }
 
     def to_json(self) -> str:
@@ -178,6 +182,7 @@ class RowSettings:
     """The settings of `Settings` that reading and validating rows needs (`validate` without
     a global batch size checks the rows alone); the fields are `Settings`' own."""
 
+    trainer: str = _as_in_settings("trainer")
     advantage_estimator: Estimator = _as_in_settings("advantage_estimator")
     rewards_normalization: bool = _as_in_settings("rewards_normalization")
     reward_key: str | None = _as_in_settings("reward_key")
@@ -199,6 +204,20 @@ Model = type
 
 
 @functools.cache
+def _fields() -> tuple[dataclasses.Field[Any], ...]:
+    """The fields of `Settings` in the contract's order: its own, then miles' data-path
+    flags (`pipeline.miles_flags`, a base class, whose fields dataclasses list first)."""
+    fields = dataclasses.fields(Settings)
+    return tuple(sorted(fields, key=lambda f: f.name in MILES_FIELDS))
+
+
+def _minimum(kind: Any) -> int:
+    """The least value of a marked integer (a count: 1)."""
+    mark = typing.get_args(kind)[1]
+    return 0 if mark is SIZE else int(getattr(mark, "value", 1))
+
+
+@functools.cache
 def _hints(model: Model) -> dict[str, Any]:
     """Each field's type as annotated (a count keeps its mark)."""
     return typing.get_type_hints(model, include_extras=True)
@@ -217,8 +236,9 @@ def _exact(kind: Any, value: Any) -> bool:
     if origin in (typing.Union, types.UnionType):
         return any(_exact(arg, value) for arg in typing.get_args(kind))
     if origin is Annotated:  # a count, or a size
-        least = 0 if SIZE in typing.get_args(kind) else 1
-        return type(value) is int and value >= least
+        return type(value) is int and value >= _minimum(kind)
+    if origin is list:
+        return type(value) is list and all(_exact(typing.get_args(kind)[0], v) for v in value)
     if origin is Literal:
         return type(value) is str and value in typing.get_args(kind)
     if kind is type(None):
@@ -253,8 +273,9 @@ def _pydantic_model(model: Model) -> type[BaseModel]:
         if typing.get_origin(kind) in (typing.Union, types.UnionType):
             return functools.reduce(operator.or_, map(typed, typing.get_args(kind)))
         if typing.get_origin(kind) is Annotated:
-            least = 0 if SIZE in typing.get_args(kind) else 1
-            return Annotated[int, Field(strict=True, ge=least)]
+            return Annotated[int, Field(strict=True, ge=_minimum(kind))]
+        if typing.get_origin(kind) is list:
+            return list[typed(typing.get_args(kind)[0])]  # type: ignore[misc]
         return kind
 
     kinds = _hints(model)
@@ -299,18 +320,12 @@ def setting_types() -> dict[str, Any]:
 def setting_fields() -> list[tuple[str, Any, str]]:
     """(name, type, description) of every setting, in the contract's order."""
     kinds = setting_types()
-    return [
-        (f.name, kinds[f.name], f.metadata["description"]) for f in dataclasses.fields(Settings)
-    ]
+    return [(f.name, kinds[f.name], f.metadata["description"]) for f in _fields()]
 
 
 def setting_defaults() -> dict[str, Any]:
     """Each setting's default; the required ones are left out."""
-    return {
-        f.name: f.default
-        for f in dataclasses.fields(Settings)
-        if f.default is not dataclasses.MISSING
-    }
+    return {f.name: f.default for f in _fields() if f.default is not dataclasses.MISSING}
 
 
 def non_null(kind: Any) -> Any:
@@ -378,18 +393,14 @@ def read_config(path: str | Path | None) -> dict[str, Any]:
     """Settings from a YAML file (a mapping of setting names), or {} without one."""
     if path is None:
         return {}
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise UsageError(f"cannot read config {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError:
-        raise UsageError(f"config {path} is not a text (UTF-8) YAML file") from None
-    from pipeline.yaml_config import ConfigError, load_mapping
+    from pipeline.yaml_config import ConfigError, load_mapping, read_text
 
     try:
-        data = load_mapping(text)
+        data = load_mapping(read_text(Path(path)))
     except ConfigError as exc:
         raise UsageError(f"config {path}{exc}") from None
+    if (unknown := unknown_names(data, [*setting_types(), *DISABLE_FLAGS.values()])) is not None:
+        raise UsageError(f"config {path}: {unknown}")
     for setting, flag in DISABLE_FLAGS.items():
         if flag not in data:
             continue
@@ -414,6 +425,8 @@ def _boolean(flag: str, value: Any) -> bool:
 def make_settings(values: Mapping[str, Any]) -> Settings:
     """Settings from plain values (files, flags, run config); a usage error names every
     problem: missing, unknown or mistyped settings first, else the first inconsistency."""
+    if values.get("global_batch_size") is None and (derived := derived_global_batch_size(values)):
+        values = {**values, "global_batch_size": derived}  # from num_steps_per_rollout
     try:
         return Settings(**_checked(Settings, values))
     except SettingsError as exc:
@@ -433,9 +446,10 @@ def data_settings_files(inputs: Sequence[str | Path]) -> list[Path]:
     for raw in inputs:
         path = Path(raw)
         root = path if path.is_dir() else path.parent
-        if root.name.lower().startswith("step=") and not (root / DATA_SETTINGS).is_file():
+        # Anything under the name is read (a FIFO or a folder there is refused, not passed over).
+        if root.name.lower().startswith("step=") and not os.path.lexists(root / DATA_SETTINGS):
             root = root.parent
-        if (root / DATA_SETTINGS).is_file() and root / DATA_SETTINGS not in found:
+        if os.path.lexists(root / DATA_SETTINGS) and root / DATA_SETTINGS not in found:
             found.append(root / DATA_SETTINGS)
     return found
 

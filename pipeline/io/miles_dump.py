@@ -266,6 +266,14 @@ def _samples_frame(
         c.METADATA: _json_field(samples, c.METADATA, sizes, path),
     }
     types = {**TYPES, c.REWARD: reward_dtype}
+    held = [name for name in c.NOT_CARRIED if any(s.get(name) is not None for s in samples)]
+    if held:
+        raise step_error(
+            "input_not_carried",
+            f"{path}: samples hold {', '.join(held)}, which miles trains on and the shards do "
+            "not carry: convert such steps in miles",
+            step,
+        )
     series = [
         column_series(name, column, types[name], path, budget)
         for name, column in values.items()

@@ -46,6 +46,8 @@ class RankRows:
     inputs: pl.DataFrame  # the input columns the list shard columns come from, in batch order
     optional: list[str]  # optional input columns that go into shards, in shard order
     order: pl.Series  # the batch position of each row in write order
+    # the rank files' columns in file order (a trainer may add some: `BatchPlan`)
+    columns: tuple[str, ...] = c.DATASET_COLUMNS
     # Ranks the writer may gather and write at once (each holds its rows in memory).
     parallel_ranks: ClassVar[int] = 2
 
@@ -58,7 +60,7 @@ class RankRows:
             *optional_shard_columns(self.optional),
         )
         scalars = compact(self.scalars, start, length)
-        return scalars.hstack(lists).select(*c.DATASET_COLUMNS)
+        return scalars.hstack(lists).select(*self.columns)
 
     def for_rank(self, start: int, length: int) -> RankRows:
         """Rows [start, start + length) alone, with only their own lists (what one rank's

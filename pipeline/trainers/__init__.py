@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import polars as pl
 
+from pipeline.schemas.rules import Model
 from pipeline.transforms.layout import Layout
 
 if TYPE_CHECKING:
     from pipeline.settings import Settings
 
 # The profiles by the name the `trainer` setting takes.
-_MODULES = {"miles": "pipeline.trainers.miles"}
+_MODULES = {"miles": "pipeline.trainers.miles", "slime": "pipeline.trainers.slime"}
 NAMES = tuple(_MODULES)
 
 
@@ -40,6 +41,9 @@ class BatchPlan:
     layout: Layout
     equal_reward_groups: int
     untrained_ranks: list[int]
+    # columns of `light` the trainer's rank files carry beyond the common ones (written
+    # after the optional columns, before `step` and `rank`)
+    extra_columns: tuple[str, ...] = ()
 
 
 class Profile(Protocol):
@@ -47,6 +51,14 @@ class Profile(Protocol):
 
     @property
     def name(self) -> str: ...
+
+    @property
+    def row_rules(self) -> Model:
+        """The rules across rows this trainer holds the rows to (rollout ids)."""
+
+    @property
+    def sibling_rewards(self) -> bool:
+        """Whether a rollout's rows must share one reward when rewards are normalized."""
 
     @property
     def settings(self) -> frozenset[str]:

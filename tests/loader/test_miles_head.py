@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from rollout_shards_loader import StepNotBuiltError, read_rank
+from rollout_shards_loader import _hook as hook_internals
 from rollout_shards_loader import miles as hook
 
 from pipeline.settings import load_settings
@@ -94,6 +95,66 @@ CASES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
         {"global_batch_size": 4, "dp_size": 2, "micro_batch_size": 2},
     ),
 }
+
+
+# Every model flag given, so that miles' args (the settings as they are) hold what
+# Megatron's parser would: balance_by_flops reads them all.
+_SHAPE = {
+    "num_layers": 2,
+    "hidden_size": 32,
+    "ffn_hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_query_groups": 2,
+    "kv_channels": 8,
+    "vocab_size": 100,
+    "kv_lora_rank": 32,
+    "qk_head_dim": 128,
+    "qk_pos_emb_head_dim": 64,
+    "v_head_dim": 128,
+}
+_BY_FLOPS = {
+    "global_batch_size": 4,
+    "dp_size": 2,
+    "cp_size": 1,
+    "use_dynamic_batch_size": True,
+    "max_tokens_per_gpu": 60,
+    "balance_by_flops": True,
+}
+_SHAPES = {
+    "gqa": _SHAPE,
+    "moe": {
+        **_SHAPE,
+        "num_experts": 4,
+        "moe_router_topk": 2,
+        "moe_ffn_hidden_size": 16,
+        "moe_layer_freq": [0, 1],
+    },
+    "mla_q_lora": {
+        **_SHAPE,
+        "q_lora_rank": 8,
+        "kv_lora_rank": 8,
+        "qk_head_dim": 8,
+        "qk_pos_emb_head_dim": 4,
+        "v_head_dim": 8,
+    },
+}
+
+
+def _uneven_rows() -> list[dict[str, Any]]:
+    lengths = [1, 40, 3, 90, 7, 12, 60, 2, 33, 5, 70, 9]
+    return [sample(i, response_length=n, reward=float(i % 3)) for i, n in enumerate(lengths)]
+
+
+CASES.update(
+    {
+        f"scheduled_by_flops_{name}": (_uneven_rows(), {**_BY_FLOPS, **shape})
+        for name, shape in _SHAPES.items()
+    }
+)
+CASES["scheduled_by_flops_compact"] = (
+    _scheduled_rows(),
+    {**_BY_FLOPS, **_SHAPE, "global_batch_size": 2, "max_tokens_per_gpu": 8},
+)
 
 
 def _embedded_cases() -> dict[str, tuple[Path, dict[str, Any]]]:
@@ -216,7 +277,7 @@ def test_runtime_env_runs_the_setup_hook(monkeypatch: pytest.MonkeyPatch, tmp_pa
         hook.setup_hook()
     monkeypatch.setenv(hook.ROOT_ENV, str(tmp_path))
     hook.setup_hook()
-    assert hook._Finder.root == tmp_path
+    assert hook_internals._Finder.root == tmp_path
 
 
 def _trainer_on_a_step(miles: Any, tmp_path: Path) -> tuple[Any, Any, list[dict[str, Any]]]:
@@ -283,4 +344,4 @@ def test_the_wait_is_a_number_of_seconds(monkeypatch: pytest.MonkeyPatch, tmp_pa
     with pytest.raises(ValueError, match="wait_s=True"):
         hook.install(tmp_path, wait_s=True)
     hook.install(tmp_path)
-    assert hook._Finder.wait_s == hook.WAIT_S
+    assert hook_internals._Finder.wait_s == hook.WAIT_S
