@@ -38,8 +38,20 @@ COUNT = _Count()
 Count = Annotated[int, COUNT]
 
 
-def _setting(description: str, default: Any = dataclasses.MISSING) -> Any:
-    return dataclasses.field(default=default, metadata={"description": description})
+class _Size:
+    """The mark of a size: an integer of at least 0, never a bool, a float or a text."""
+
+
+SIZE = _Size()
+Size = Annotated[int, SIZE]
+
+
+def _setting(description: str, default: Any = dataclasses.MISSING, recorded: bool = True) -> Any:
+    """A field of the settings; `recorded=False`: a run option that does not change what is
+    built (not in the manifest, not in the rerun digests)."""
+    return dataclasses.field(
+        default=default, metadata={"description": description, "recorded": recorded}
+    )
 
 
 class SettingsError(ValueError):
@@ -55,8 +67,13 @@ class Settings:
     and texts in pydantic's lax mode: "yes" is true), then the settings against each other
     (SettingsError). `make_settings` words every problem as one usage line."""
 
-    global_batch_size: Count = _setting(
-        "Samples per optimizer step (rollouts per step for compact batches)."
+    trainer: str = _setting(
+        "The trainer the shards are for: its profile (pipeline/trainers/) decides reward "
+        "normalization, trimming, the DP split and the rank files.",
+        "miles",
+    )
+    global_batch_size: Count | None = _setting(
+        "Samples per optimizer step (rollouts per step for compact batches).", None
     )
     dp_size: Count = _setting("Data-parallel ranks, one shard file each.", 1)
     use_dynamic_global_batch_size: bool = _setting("One optimizer step per rollout step.", False)
@@ -99,9 +116,15 @@ class Settings:
     require_success_marker: bool = _setting(
         "Read a step folder only once its producer wrote step=<N>/_SUCCESS.", False
     )
+    stream_above: Size | None = _setting(
+        "MiB of input files on disk above which a step holds its per-token lists one part "
+        "or one rank at a time (0: every step; null: never).",
+        256,
+        recorded=False,
+    )
 
     def __post_init__(self) -> None:
-        _take(self, _checked(type(self), self.to_dict()))
+        _take(self, _checked(type(self), self.values()))
         if (problem := _inconsistency(self)) is not None:
             raise SettingsError(problem)
 
@@ -113,13 +136,26 @@ class Settings:
     def uses_schedule(self) -> bool:
         return self.cp_size is not None
 
+    @property
+    def stream_above_bytes(self) -> int | None:
+        return None if self.stream_above is None else self.stream_above << 20
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with `changes`, checked as the settings are when made."""
-        return Settings(**_checked(Settings, {**self.to_dict(), **changes}))
+        return Settings(**_checked(Settings, {**self.values(), **changes}))
+
+    def values(self) -> dict[str, Any]:
+        """Every setting by name, run options included (what a worker is handed)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def to_dict(self) -> dict[str, Any]:
-        """Every setting by name, as JSON values (the manifest's `settings`)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Every recorded setting by name, as JSON values (the manifest's `settings`): the
+        run options, which change no output byte, are left out."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.metadata.get("recorded", True)
+        }
 
     def to_json(self) -> str:
         """The settings as compact JSON, as the rerun digests hash them."""
@@ -180,8 +216,9 @@ def _exact(kind: Any, value: Any) -> bool:
     origin = typing.get_origin(kind)
     if origin in (typing.Union, types.UnionType):
         return any(_exact(arg, value) for arg in typing.get_args(kind))
-    if origin is Annotated:  # a count
-        return type(value) is int and value >= 1
+    if origin is Annotated:  # a count, or a size
+        least = 0 if SIZE in typing.get_args(kind) else 1
+        return type(value) is int and value >= least
     if origin is Literal:
         return type(value) is str and value in typing.get_args(kind)
     if kind is type(None):
@@ -216,7 +253,8 @@ def _pydantic_model(model: Model) -> type[BaseModel]:
         if typing.get_origin(kind) in (typing.Union, types.UnionType):
             return functools.reduce(operator.or_, map(typed, typing.get_args(kind)))
         if typing.get_origin(kind) is Annotated:
-            return Annotated[int, Field(strict=True, ge=1)]
+            least = 0 if SIZE in typing.get_args(kind) else 1
+            return Annotated[int, Field(strict=True, ge=least)]
         return kind
 
     kinds = _hints(model)
@@ -237,6 +275,10 @@ def _problem(error: ErrorDetails) -> str:
 
 # The settings the row and file rules read; the rest shape the batch (trim, layout, ranks).
 ROW_SETTINGS = tuple(f.name for f in dataclasses.fields(RowSettings))
+# Settings of every trainer: which trainer, how rows are read and checked, run options.
+COMMON_SETTINGS = frozenset(
+    ("trainer", "stream_above", "on_invalid", "rollout_id_policy", "require_success_marker")
+)
 
 
 def _plain(kind: Any) -> Any:
@@ -280,9 +322,33 @@ def non_null(kind: Any) -> Any:
 
 
 def _inconsistency(s: Settings) -> str | None:
-    """What makes a set of well-typed settings impossible, or None."""
-    if s.use_dynamic_global_batch_size and s.disable_rollout_trim_samples:
-        return "use_dynamic_global_batch_size needs trimming: drop disable_rollout_trim_samples"
+    """What makes a set of well-typed settings impossible, or None: the trainer's profile
+    (`pipeline.trainers`) words what its trainer refuses."""
+    from pipeline import trainers
+
+    if s.trainer not in trainers.NAMES:
+        return f"trainer: {s.trainer!r} is not a trainer; one of {', '.join(trainers.NAMES)}"
+    profile = trainers.profile(s.trainer)
+    foreign = [
+        f.name
+        for f in dataclasses.fields(s)
+        if f.name not in COMMON_SETTINGS
+        and f.name not in profile.settings
+        and getattr(s, f.name) != f.default
+    ]
+    if foreign:
+        return (
+            f"{', '.join(foreign)}: not a setting of the {s.trainer} trainer "
+            f"(its settings: {', '.join(sorted(profile.settings))})"
+        )
+    return profile.check(s)
+
+
+def batch_inconsistency(s: Settings) -> str | None:
+    """The inconsistencies of the batch settings that miles and slime share (Megatron's
+    data-parallel layout and micro-batch schedule)."""
+    if s.global_batch_size is None:
+        return "global_batch_size: Field required"
     if s.global_batch_size % s.dp_size:
         return (
             f"global_batch_size={s.global_batch_size} must be divisible by "

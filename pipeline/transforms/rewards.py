@@ -1,4 +1,6 @@
-"""Reward normalization per prompt group (SEMANTICS section 5), in float32 as miles."""
+"""Reward normalization within groups of rollouts (SEMANTICS section 5), in float32 as
+torch computes it; which groups, and whether to scale by the std, is the trainer's
+(`pipeline.trainers`)."""
 
 from __future__ import annotations
 
@@ -6,29 +8,9 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.columns import GROUP, ROLLOUT_REWARD
-from pipeline.settings import Settings
 from pipeline.transforms.torch_float import grouped_mean_std
 
 EPS = 1e-6
-
-
-def prompt_groups(light: pl.LazyFrame, n_rows: int, settings: Settings) -> pl.Expr:
-    """Group id per row: group_index when every row has one, else fixed fan-out, else one."""
-    all_grouped = light.select(pl.col(c.GROUP_INDEX).is_not_null().all()).collect().item()
-    if all_grouped:
-        return pl.col(c.GROUP_INDEX)
-    n, rbs = settings.n_samples_per_prompt, settings.rollout_batch_size
-    if n is not None and rbs is not None and n_rows == n * rbs:
-        return pl.col(c.POSITION) // n
-    return pl.lit(0, dtype=pl.Int64)
-
-
-def _uses_std(settings: Settings) -> bool:
-    return (
-        settings.advantage_estimator in ("grpo", "gspo")
-        and settings.grpo_std_normalization
-        and settings.n_samples_per_prompt != 1
-    )
 
 
 def normalized_rollout_rewards(rollouts: pl.DataFrame, use_std: bool) -> pl.DataFrame:
@@ -74,7 +56,7 @@ def normalized_rollout_rewards(rollouts: pl.DataFrame, use_std: bool) -> pl.Data
 def _rollouts_are_runs(keys: pl.DataFrame | pl.LazyFrame) -> bool:
     """Whether each rollout's rows are together (one run per group and rollout key) and
     each group's rows are together: then the first row of each run, in order, lists the
-    rollouts as `with_rewards` does (the common case: every step miles writes, whose
+    rollouts as `group_normalized` does (the common case: every step miles writes, whose
     leaves of a trajectory follow each other and whose groups do)."""
     rollout = pl.struct(GROUP, c.ROLLOUT_KEY)
     return bool(
@@ -88,12 +70,12 @@ def _rollouts_are_runs(keys: pl.DataFrame | pl.LazyFrame) -> bool:
     )
 
 
-def with_rewards(light: pl.LazyFrame, n_rows: int, settings: Settings) -> tuple[pl.LazyFrame, int]:
-    """`rewards` (float64 of the float32 result) per row, and the count of equal-reward groups."""
-    if not settings.normalizes_rewards:
-        return light.with_columns(pl.col(c.REWARD_VALUE).alias(c.REWARDS)), 0
-    grouped = light.with_columns(prompt_groups(light, n_rows, settings).alias(GROUP))
-    use_std = _uses_std(settings)
+def group_normalized(
+    light: pl.LazyFrame, groups: pl.Expr, use_std: bool
+) -> tuple[pl.LazyFrame, int]:
+    """`rewards` per row (float64 of the float32 result), normalized within each group of
+    `groups` over its rollouts, and the count of equal-reward groups."""
+    grouped = light.with_columns(groups.alias(GROUP))
     # each row's group, rollout key and float32 reward, computed once for both paths
     keys = grouped.select(
         GROUP, c.ROLLOUT_KEY, pl.col(c.REWARD_VALUE).cast(pl.Float32).alias(ROLLOUT_REWARD)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline import columns as c
 from pipeline.settings import Settings
 from pipeline.transforms.layout import UNTRAINED, Layout, rank_sizes, rows_within_ranks
 
@@ -71,14 +70,3 @@ def plain_layout(keys: pl.Series, lengths: pl.Series, settings: Settings) -> Lay
         num_microbatches=None,
         steps_per_rank=steps_per_rank,
     )
-
-
-def batch_layout(light: pl.DataFrame, settings: Settings) -> Layout:
-    """The rollout-side schedule when cp_size is set and there are enough rollouts, else plain."""
-    keys = light.get_column(c.ROLLOUT_IDS)
-    lengths = light.get_column(c.TOTAL_LENGTHS).cast(pl.Int64)
-    if settings.uses_schedule and keys.n_unique() >= settings.global_batch_size:
-        from pipeline.transforms.schedule import rollout_schedule  # numpy
-
-        return rollout_schedule(keys.to_numpy(), lengths.to_numpy(), settings)
-    return plain_layout(keys, lengths, settings)

@@ -40,10 +40,12 @@ def problems(values: dict[str, Any]) -> str:
 
 def test_make_settings_names_every_problem_then_the_inconsistency() -> None:
     assert problems({"dp_size": "8", "balance_data": "maybe", "foo": 1}) == (
-        "global_batch_size: Field required; dp_size: Input should be a valid integer; "
+        "dp_size: Input should be a valid integer; "
         "balance_data: Input should be a valid boolean, unable to interpret input; "
         "foo: Extra inputs are not permitted"
     )
+    # the trainer's own requirements come once the values are well typed
+    assert problems({"dp_size": 8}) == "global_batch_size: Field required"
     assert problems({"global_batch_size": 6, "dp_size": 4}).startswith(
         "global_batch_size=6 must be divisible by dp_size=4"
     )
@@ -56,7 +58,7 @@ def test_make_settings_names_every_problem_then_the_inconsistency() -> None:
         (True, "Input should be a valid integer"),  # integers are strict
         (8.0, "Input should be a valid integer"),
         ("8", "Input should be a valid integer"),
-        (None, "Input should be a valid integer"),
+        (None, "Field required"),  # the miles trainer needs one (its profile's check)
         ([8], "Input should be a valid integer"),
     ],
 )
@@ -105,8 +107,11 @@ def test_settings_are_frozen_and_checked_when_replaced() -> None:
     assert settings.replace(global_batch_size=4).global_batch_size == 4
     with pytest.raises(ValueError, match="must be divisible"):
         settings.replace(global_batch_size=3)
-    assert settings.to_json().startswith('{"global_batch_size":8,"dp_size":2,')
-    assert list(settings.to_dict()) == [name for name, _, _ in setting_fields()]
+    assert settings.to_json().startswith('{"trainer":"miles","global_batch_size":8,"dp_size":2,')
+    # run options (stream_above) change no output byte: not recorded
+    recorded = [name for name, _, _ in setting_fields() if name != "stream_above"]
+    assert list(settings.to_dict()) == recorded
+    assert list(settings.values()) == [name for name, _, _ in setting_fields()]
 
 
 def test_setting_fields_give_what_the_flags_and_run_config_need() -> None:
@@ -266,7 +271,7 @@ class _Reference(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    global_batch_size: int = Field(strict=True, ge=1)
+    global_batch_size: int | None = Field(None, strict=True, ge=1)
     dp_size: int = Field(1, strict=True, ge=1)
     balance_data: bool = False
     advantage_estimator: Literal[
@@ -278,7 +283,7 @@ class _Reference(BaseModel):
 
 
 CANDIDATES: dict[str, list[Any]] = {
-    "global_batch_size": [8, 0, -1, True, 8.0, "8", None, [8], 2**70],
+    "global_batch_size": [8, 0, -1, True, 8.0, "8", [8], 2**70],
     "dp_size": [2, 0, False, 2.0, "2", None],
     "balance_data": [True, False, 1, 0, 2, 1.0, "yes", "off", "maybe", None, [True], b"true"],
     "advantage_estimator": ["gspo", "GSPO", "dpo", 3, None, b"grpo"],
@@ -323,7 +328,7 @@ def test_the_row_settings_check_their_own_fields_and_ignore_the_rest() -> None:
     with pytest.raises(UsageError, match="^invalid settings: on_invalid: Input should be 'fail'"):
         make_row_settings({"on_invalid": "drop"})
     assert setting_defaults()["on_invalid"] == RowSettings().on_invalid == "fail"
-    assert "global_batch_size" not in setting_defaults()
+    assert setting_defaults()["global_batch_size"] is None  # the trainer's profile asks for it
 
 
 def test_well_typed_settings_do_not_load_pydantic() -> None:

@@ -12,7 +12,6 @@ from pipeline import columns as c
 from pipeline.errors import StepError, UsageError
 from pipeline.settings import make_settings
 from pipeline.step.plan import untrained_warning
-from pipeline.transforms.trim import dynamic_global_batch_size
 from tests.conftest import build, plan, ranks, sample, write_step
 
 
@@ -28,9 +27,11 @@ def rule_of(excinfo: pytest.ExceptionInfo[StepError]) -> list[str]:
 # Dynamic global batch size ---------------------------------------------------------
 
 
-@pytest.mark.parametrize(("rows", "expected"), [(13, 12), (16, 16), (2, 4)])
-def test_dynamic_global_batch_size(rows: int, expected: int) -> None:
-    assert dynamic_global_batch_size(rows, 4) == expected
+@pytest.mark.parametrize(("rows", "expected"), [(13, 12), (16, 16), (7, 4)])
+def test_dynamic_global_batch_size(rows_dir: Path, rows: int, expected: int) -> None:
+    write_step(rows_dir, [sample(i) for i in range(rows)])
+    batch = plan(rows_dir, global_batch_size=4, dp_size=4, use_dynamic_global_batch_size=True)
+    assert batch.meta.dynamic_global_batch_size == expected
 
 
 def test_dynamic_batch_of_13_rows_on_4_ranks_keeps_12(rows_dir: Path) -> None:

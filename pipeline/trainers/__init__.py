@@ -1,0 +1,70 @@
+"""Trainer profiles: what differs between the trainers a step is built for.
+
+Every trainer reads the same checked rows; what it then does with them differs: how rewards
+are normalized, whether and how the batch is trimmed, how rows are split across data-parallel
+ranks and micro-batches, and so what each rank file holds. A profile declares exactly that,
+one module per trainer in this package (`miles.py`, ...), each exposing `PROFILE`. Everything
+outside this package reaches a profile through `profile(name)`, keyed by the `trainer`
+setting, and never imports a trainer's module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import polars as pl
+
+from pipeline.transforms.layout import Layout
+
+if TYPE_CHECKING:
+    from pipeline.settings import Settings
+
+# The profiles by the name the `trainer` setting takes.
+_MODULES = {"miles": "pipeline.trainers.miles"}
+NAMES = tuple(_MODULES)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What a trainer makes of a step's valid rows: which leading rows it keeps, each kept
+    row's shard scalars (`light`, batch order) and where every kept row trains (`layout`)."""
+
+    kept: int  # rows kept from the head of the batch
+    trimmed: int
+    is_compact: bool  # some row has a rollout id: kept in whole rollouts
+    global_batch_size: int
+    dynamic_global_batch_size: int | None
+    light: pl.DataFrame  # the kept rows' light and shard scalar columns, in batch order
+    layout: Layout
+    equal_reward_groups: int
+    untrained_ranks: list[int]
+
+
+class Profile(Protocol):
+    """One trainer's conversion of checked rows into its ranks' training data."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def settings(self) -> frozenset[str]:
+        """The settings this trainer reads besides the common ones
+        (`pipeline.settings.COMMON_SETTINGS`); any other given is refused."""
+
+    def check(self, settings: Settings) -> str | None:
+        """What this trainer refuses of well-typed settings (a usage error), or None."""
+
+    def plan(
+        self, light: pl.LazyFrame, schema: pl.Schema, height: int, settings: Settings, step: int
+    ) -> BatchPlan:
+        """The batch plan of a step's `height` valid rows: `light` holds their light columns
+        (`transforms.samples.light_frame`) in batch order, `schema` the rows' columns."""
+
+
+def profile(name: str) -> Profile:
+    """The profile of the trainer `name` (one of `NAMES`)."""
+    module = importlib.import_module(_MODULES[name])
+    found: Profile = module.PROFILE
+    return found

@@ -1,0 +1,235 @@
+"""miles' conversion of a step's checked rows (radixark/miles at HEAD): what it does that
+another trainer does not.
+
+- Rewards: normalized per prompt group (`group_index`, else a fixed fan-out, else one group)
+  and per rollout, in float32, divided by the group std for grpo and gspo (SEMANTICS 5).
+- Trimming: trailing rows cut to whole global batches, or one optimizer step per rollout
+  step with the dynamic global batch size; compact batches (v2 multi-leaf rollout ids) are
+  never trimmed by row count (SEMANTICS 3).
+- The DP split: strided or token-balanced ranks, or with `cp_size` the rollout-side
+  schedule of whole rollouts and micro-batches (SEMANTICS 6 and 7); layouts on which
+  Megatron would train nothing, hang or assert are refused (SEMANTICS 6.1).
+- Rank files: `columns.DATASET_COLUMNS`, which the loader turns into miles' rank dict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import polars as pl
+
+from pipeline import columns as c
+from pipeline.errors import StepError, Violation, step_error
+from pipeline.settings import COMMON_SETTINGS, Settings, batch_inconsistency
+from pipeline.trainers import BatchPlan
+from pipeline.transforms.layout import Layout, rank_sizes, rows_within_ranks
+from pipeline.transforms.rewards import group_normalized
+from pipeline.transforms.shard_columns import light_shard_columns, raw_reward
+from pipeline.transforms.split import plain_layout
+from pipeline.transforms.trim import is_compact
+
+ROWS_NAMED = 10
+AVOID_UNTRAINED = (
+    "set cp_size (with micro_batch_size or use_dynamic_batch_size) for the rollout-side "
+    "schedule, or keep trimming on (drop disable_rollout_trim_samples)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrimPlan:
+    global_batch_size: int
+    dynamic_global_batch_size: int | None
+    kept: int  # rows kept from the head of the batch
+    trimmed: int
+
+
+def dynamic_global_batch_size(n_rows: int, dp_size: int) -> int:
+    """One optimizer step per rollout step: the largest multiple of dp_size, at least dp_size."""
+    return max(n_rows // dp_size * dp_size, dp_size)
+
+
+def plan_trim(n_rows: int, settings: Settings, compact: bool, step: int) -> TrimPlan:
+    """How many leading rows form whole optimizer batches; refuse what cannot train."""
+    dynamic = None
+    size = settings.global_batch_size
+    assert size is not None, "checked with the settings"
+    if settings.use_dynamic_global_batch_size:
+        if compact:
+            raise step_error(
+                "dynamic_global_batch_size_on_compact",
+                "use_dynamic_global_batch_size cannot apply to a compact batch (v2 multi-leaf "
+                "rollout ids present): turn it off or drop the rollout ids",
+                step,
+            )
+        dynamic = size = dynamic_global_batch_size(n_rows, settings.dp_size)
+    if compact or settings.disable_rollout_trim_samples:
+        return TrimPlan(size, dynamic, n_rows, 0)
+    kept = n_rows // size * size
+    if kept == 0:
+        raise step_error(
+            "not_enough_samples",
+            f"not enough samples {n_rows} for global_batch_size {size}",
+            step,
+        )
+    return TrimPlan(size, dynamic, kept, n_rows - kept)
+
+
+def prompt_groups(light: pl.LazyFrame, n_rows: int, settings: Settings) -> pl.Expr:
+    """Group id per row: group_index when every row has one, else fixed fan-out, else one."""
+    all_grouped = light.select(pl.col(c.GROUP_INDEX).is_not_null().all()).collect().item()
+    if all_grouped:
+        return pl.col(c.GROUP_INDEX)
+    n, rbs = settings.n_samples_per_prompt, settings.rollout_batch_size
+    if n is not None and rbs is not None and n_rows == n * rbs:
+        return pl.col(c.POSITION) // n
+    return pl.lit(0, dtype=pl.Int64)
+
+
+def with_rewards(light: pl.LazyFrame, n_rows: int, settings: Settings) -> tuple[pl.LazyFrame, int]:
+    """`rewards` (float64 of the float32 result) per row, and the count of equal-reward groups."""
+    if not settings.normalizes_rewards:
+        return light.with_columns(pl.col(c.REWARD_VALUE).alias(c.REWARDS)), 0
+    use_std = (
+        settings.advantage_estimator in ("grpo", "gspo")
+        and settings.grpo_std_normalization
+        and settings.n_samples_per_prompt != 1
+    )
+    return group_normalized(light, prompt_groups(light, n_rows, settings), use_std)
+
+
+def batch_layout(light: pl.DataFrame, settings: Settings) -> Layout:
+    """The rollout-side schedule when cp_size is set and there are enough rollouts, else plain."""
+    keys = light.get_column(c.ROLLOUT_IDS)
+    lengths = light.get_column(c.TOTAL_LENGTHS).cast(pl.Int64)
+    assert settings.global_batch_size is not None, "checked with the settings"
+    if settings.uses_schedule and keys.n_unique() >= settings.global_batch_size:
+        from pipeline.transforms.schedule import rollout_schedule  # numpy
+
+        return rollout_schedule(keys.to_numpy(), lengths.to_numpy(), settings)
+    return plain_layout(keys, lengths, settings)
+
+
+def _check_every_rank_has_rows(ranks: pl.Series, dp_size: int, step: int) -> None:
+    """A rank without rows would get an empty shard file: the settings ask for more ranks
+    than the step has rows to give."""
+    filled = ranks.n_unique()
+    if filled < dp_size:
+        raise step_error(
+            "not_enough_samples_for_dp_size",
+            f"dp_size {dp_size} is larger than the step can fill: {len(ranks)} rows "
+            f"written reach only {filled} rank(s), so rank files would be empty; "
+            "lower dp_size or raise global_batch_size",
+            step,
+        )
+
+
+def _refusal(
+    light: pl.DataFrame, positions: pl.Series, rule: str, step: int, message: str
+) -> StepError:
+    """A step refused by `rule`, naming the (index, leaf) of the first rows at `positions`
+    of the batch."""
+    shown = light[positions.head(ROWS_NAMED)]
+    rows = list(
+        zip(
+            shown.get_column(c.SAMPLE_INDICES).to_list(),
+            shown.get_column(c.LEAF).to_list(),
+            strict=True,
+        )
+    )
+    return StepError([Violation(rule, message, step=step, rows=rows, n_rows=len(positions))])
+
+
+def _refuse_what_cannot_train(
+    light: pl.DataFrame, layout: Layout, settings: Settings, step: int
+) -> list[int]:
+    """SEMANTICS 6.1: refuse a layout on which the trainer would train nothing (no whole
+    optimizer step), hang (ranks running different numbers of steps) or crash (untrained
+    rows under use_dynamic_batch_size); return the ranks holding rows it never trains."""
+    ranks = layout.rank.gather(layout.untrained).unique().sort().to_list()
+    assert settings.global_batch_size is not None, "checked with the settings"
+    local = settings.global_batch_size // settings.dp_size
+    sizes = rank_sizes(layout.rank, settings.dp_size)
+    if not layout.num_rollouts:
+        raise _refusal(
+            light,
+            layout.order.gather(layout.untrained),
+            "no_train_steps",
+            step,
+            f"the trainer would run 0 optimizer steps on this step: its {len(layout.order)} "
+            f"rows fill no rank's first step of global_batch_size={settings.global_batch_size}"
+            f" // dp_size={settings.dp_size} = {local} rows per rank (rank sizes {sizes}); "
+            "lower global_batch_size, or set cp_size for the rollout-side schedule",
+        )
+    if len(set(layout.steps_per_rank)) > 1:
+        # the rows past the fewest steps any rank runs: where the ranks part ways
+        local_row = rows_within_ranks(layout.rank, settings.dp_size)
+        excess = (local_row >= min(layout.steps_per_rank) * local).arg_true()
+        excess_ranks = layout.rank.gather(excess).unique().sort().to_list()
+        raise _refusal(
+            light,
+            layout.order.gather(excess),
+            "ranks_run_different_steps",
+            step,
+            f"ranks would run different numbers of optimizer steps "
+            f"{layout.steps_per_rank} (rank sizes {sizes}, global_batch_size="
+            f"{settings.global_batch_size} // dp_size={settings.dp_size} = {local} rows per "
+            f"step and rank), so the trainer's collectives would hang on the "
+            f"{len(excess)} rows on ranks {excess_ranks} past step "
+            f"{min(layout.steps_per_rank)}: {AVOID_UNTRAINED}, "
+            "or change global_batch_size or dp_size",
+        )
+    if len(layout.untrained) and settings.use_dynamic_batch_size:
+        raise _refusal(
+            light,
+            layout.order.gather(layout.untrained),
+            "untrained_rows_with_dynamic_batch_size",
+            step,
+            f"{len(layout.untrained)} rows on ranks {ranks} fall past the last whole step of "
+            f"{local} rows per rank, and with use_dynamic_batch_size the trainer asserts that "
+            f"its micro-batches cover every row: {AVOID_UNTRAINED}, "
+            "or turn off use_dynamic_batch_size",
+        )
+    return [int(rank) for rank in ranks]
+
+
+@dataclasses.dataclass(frozen=True)
+class Miles:
+    """The miles profile (`pipeline.trainers.Profile`)."""
+
+    name: str = "miles"
+    # every setting of the model is miles' (the model was made for it)
+    settings: frozenset[str] = frozenset(
+        f.name for f in dataclasses.fields(Settings) if f.name not in COMMON_SETTINGS
+    )
+
+    def check(self, settings: Settings) -> str | None:
+        if settings.use_dynamic_global_batch_size and settings.disable_rollout_trim_samples:
+            return "use_dynamic_global_batch_size needs trimming: drop disable_rollout_trim_samples"
+        return batch_inconsistency(settings)
+
+    def plan(
+        self, light: pl.LazyFrame, schema: pl.Schema, height: int, settings: Settings, step: int
+    ) -> BatchPlan:
+        compact = is_compact(light)
+        trim = plan_trim(height, settings, compact, step)
+        kept = light_shard_columns(light.head(trim.kept)).with_columns(raw_reward(schema))
+        kept, equal_groups = with_rewards(kept, trim.kept, settings)
+        frame = kept.collect()
+        effective = settings.replace(global_batch_size=trim.global_batch_size)
+        layout = batch_layout(frame, effective)
+        _check_every_rank_has_rows(layout.rank, settings.dp_size, step)
+        untrained_ranks = _refuse_what_cannot_train(frame, layout, effective, step)
+        return BatchPlan(
+            kept=trim.kept,
+            trimmed=trim.trimmed,
+            is_compact=compact,
+            global_batch_size=trim.global_batch_size,
+            dynamic_global_batch_size=trim.dynamic_global_batch_size,
+            light=frame,
+            layout=layout,
+            equal_reward_groups=equal_groups,
+            untrained_ranks=untrained_ranks,
+        )
+
+
+PROFILE = Miles()
