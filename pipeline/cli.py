@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from pipeline.errors import StepError, UsageError, os_violation, printable
 from pipeline.io.background import HeadStart
 from pipeline.process import tune_process
-from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
+from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields, valued_booleans
 
 PROG = "rollout-shards"
 
@@ -52,7 +52,16 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             )
             continue
         base = non_null(annotation)
-        if base is bool:
+        if name in valued_booleans():
+            # a text the settings model reads as a boolean ("true", "false", "yes", ...)
+            group.add_argument(
+                _flag(name),
+                dest=name,
+                metavar="true|false",
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+        elif base is bool:
             group.add_argument(
                 _flag(name),
                 dest=name,
@@ -88,17 +97,6 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _mebibytes(text: str) -> int:
-    """A size in MiB, as bytes."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number of MiB >= 0, got {text!r}")
-    return value << 20
-
-
 class _Version(argparse.Action):
     """`--version`: the installed version, looked up only when asked (reading the package's
     metadata would delay every command)."""
@@ -119,13 +117,6 @@ def parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="rebuild steps whose folder is already current (same inputs and settings)",
-    )
-    build.add_argument(
-        "--stream-above",
-        type=_mebibytes,
-        metavar="MIB",
-        help="hold a step's per-token lists one part or one rank at a time when its input "
-        "files take more than MIB on disk (default 256; 0: every step)",
     )
     validate = commands.add_parser("validate", help="check inputs and settings, write nothing")
     validate.add_argument("inputs", nargs="+", metavar="INPUT")

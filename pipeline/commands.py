@@ -165,11 +165,6 @@ def _build_one(
             reporter=report,
             skipped=skipped,
             early=args.early_digests,
-            **(
-                {}
-                if (above := getattr(args, "stream_above", None)) is None
-                else {"stream_above": above}
-            ),
         )
     except StepError as exc:
         progress.step_done()

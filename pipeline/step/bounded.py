@@ -255,7 +255,7 @@ class SpilledRows(RankRows):
         loaded: pl.Series,
         schema: dict[str, pl.DataType],
     ) -> None:
-        super().__init__(rows.scalars, rows.inputs, rows.optional, rows.order)
+        super().__init__(rows.scalars, rows.inputs, rows.optional, rows.order, rows.columns)
         self.parts = parts  # each part's file, first loaded position and rows
         self.loaded = loaded  # the loaded position of each batch position
         self.schema = schema  # every list column any part has
@@ -277,4 +277,4 @@ class SpilledRows(RankRows):
         written = picked.select(
             pl.col(c.TOKENS), loss_masks(picked), *optional_shard_columns(self.optional)
         )
-        return compact(self.scalars, start, length).hstack(written).select(*c.DATASET_COLUMNS)
+        return compact(self.scalars, start, length).hstack(written).select(*self.columns)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from pipeline.settings import Settings
 
 # The profiles by the name the `trainer` setting takes.
-_MODULES = {"miles": "pipeline.trainers.miles"}
+_MODULES = {"miles": "pipeline.trainers.miles", "verl": "pipeline.trainers.verl"}
 NAMES = tuple(_MODULES)
 
 
@@ -52,6 +52,11 @@ class Profile(Protocol):
     def settings(self) -> frozenset[str]:
         """The settings this trainer reads besides the common ones
         (`pipeline.settings.COMMON_SETTINGS`); any other given is refused."""
+
+    @property
+    def rank_columns(self) -> tuple[str, ...]:
+        """The columns of its rank files, in order (`columns.DATASET_COLUMNS` and any of
+        the light frame's own columns the trainer's loader needs besides)."""
 
     def check(self, settings: Settings) -> str | None:
         """What this trainer refuses of well-typed settings (a usage error), or None."""
