@@ -255,7 +255,7 @@ def case_rows(
     for g, group in enumerate(ids):
         equal = g == 1
         for _ in range(n):
-            prompt = max_prompt if full else rng.randint(1, max_prompt)
+            prompt = max_prompt if full else rng.randint(0, max_prompt)
             truncated = full or rng.random() < 0.33
             length = max_response if truncated else rng.randint(0, max_response)
             mask = [1] * length
