@@ -179,8 +179,14 @@ def read_rank(step_folder: str | Path, rank: int, *, verify: bool = True) -> Any
     """Rank `rank`'s `verl.DataProto` of a step built with `--trainer verl`: the chunk verl's
     trainer hands that rank (module docstring). With `verify`, every rank file is checked
     against the manifest's sha256 and row count (ShardVerificationError)."""
-    from tensordict import TensorDict
-    from verl import DataProto
+    try:
+        from tensordict import TensorDict
+        from verl import DataProto
+    except ModuleNotFoundError as missing:
+        raise ImportError(
+            f"rollout_shards_loader.verl.read_rank runs in verl's environment ({missing.name} "
+            "is not installed): install the loader where verl 0.9.1 is"
+        ) from None
 
     manifest, table, lengths = _step_files(step_folder, rank, verify)
     tensors = rank_tensors(table, manifest)
