@@ -267,3 +267,39 @@ def test_the_process_settings_keep_openblas_to_one_thread() -> None:
     assert _threads_after(f"{tuned}; import numpy", env) == 1
     assert _threads_after(f"import numpy; {tuned}", env) == alone
     assert _threads_after(f"{tuned}; import numpy", {**env, BLAS_THREADS_ENV: "2"}) == 2
+
+
+def _imported(path: Path) -> set[str]:
+    """Every module `path` imports, by its full name (relative imports left out)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_verl_is_imported_by_the_loaders_verl_module_alone() -> None:
+    loader = REPO / "loader" / "rollout_shards_loader"
+    files = sorted(PACKAGE.rglob("*.py")) + sorted(loader.rglob("*.py"))
+    importers = [
+        path.relative_to(REPO).as_posix()
+        for path in files
+        if any(name == "verl" or name.startswith("verl.") for name in _imported(path))
+    ]
+    assert importers == ["loader/rollout_shards_loader/verl.py"]
+
+
+def test_profiles_are_reached_through_the_registry() -> None:
+    trainers = PACKAGE / "trainers"
+    reaching = [
+        path.relative_to(REPO).as_posix()
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if trainers not in path.parents
+        and any(name.startswith("pipeline.trainers.") for name in _imported(path))
+    ]
+    assert reaching == []
