@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 from rollout_shards_loader.verl import read_rank
-from verl_support import case_rows, trainer_ranks
 
 from tests.conftest import build, write_step
+from tests.loader.verl_support import case_rows, trainer_ranks
 
 # every dp x n pair; balance, std normalization, full-length rows, log probs and the pad id
 # take both values across them, and the last pair runs all four balance x std combinations

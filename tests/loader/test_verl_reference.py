@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from verl_support import case_rows, trainer_ranks
 
+from tests.loader.verl_support import case_rows, trainer_ranks
 from tests.reference import verl_reference
 
 CASES = [

@@ -31,7 +31,7 @@ import sys
 import types
 from typing import Any
 
-from miles_support import _StubLoader, _StubModule
+from tests.loader.miles_support import _StubLoader, _StubModule
 
 VERSION = "0.9.1"
 INSTALL = f"pip install --no-deps verl=={VERSION} (the project's `verl` extra; docs/verl.md)"
