@@ -135,3 +135,11 @@ def test_the_cli_writes_the_valid_step_and_refuses_the_other(tmp_path: Path) -> 
     assert not (tmp_path / "out" / "step=2").exists()
     usage = cli("build", tmp_path / "in", "--out", tmp_path / "o2", *FLAGS, "--adv-estimator=gae")
     assert usage.returncode == 2 and len(usage.stderr.splitlines()) == 1
+
+
+def test_validate_checks_verls_batch(tmp_path: Path) -> None:
+    write_step(tmp_path / "in", rows(), step=1)
+    assert cli("validate", tmp_path / "in", *FLAGS).returncode == 0
+    result = cli("validate", tmp_path / "in", *FLAGS, "--train-batch-size=4")
+    assert result.returncode == 1
+    assert "rule train_batch_size_groups: 12 rows make 3 prompt groups" in result.stderr
