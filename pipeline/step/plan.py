@@ -85,9 +85,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     light = (samples.light if samples.light is not None else _light(frame, settings, step)).lazy()
     profile = trainers.profile(settings.trainer)
     try:
-        plan = profile.plan(
-            light, frame.schema, frame.height, settings, step
-        )
+        plan = profile.plan(light, frame.schema, frame.height, settings, step)
     except StepError as error:
         if samples.quarantine is not None:
             for violation in error.violations:
