@@ -25,6 +25,7 @@ from pipeline.io.ipc import read_ipc
 from pipeline.io.jsonl import JsonLinesError, read_jsonl
 from pipeline.io.miles_dump import read_miles_dump
 from pipeline.io.parquet import Mapper, read_parquet
+from pipeline.io.verl_dump import read_verl_dump
 from pipeline.speed import (
     Digest,
     EarlyDigests,
@@ -197,7 +198,11 @@ def _read_dump(source: SourceFile, step: int | None) -> ReadFile:
     """A miles dump, hashed before it is parsed; a dump that changed in between (another
     inode, size, or modification) fails the step rather than vouch for other bytes."""
     data, before = _read_bytes(source.path, step)
-    frame = read_miles_dump(source.path, source.session_version)
+    if source.kind == "verl":
+        assert source.step is not None, "a verl dump's step comes from its path"
+        frame = read_verl_dump(source.path, source.step)
+    else:
+        frame = read_miles_dump(source.path, source.session_version)
     _check_unchanged(source.path, before, step)
     return ReadFile(frame, hashlib.sha256(data).hexdigest(), before.st_size)
 
@@ -205,7 +210,7 @@ def _read_dump(source: SourceFile, step: int | None) -> ReadFile:
 def read_source(
     source: SourceFile, step: int | None = None, early: EarlyDigest | None = None
 ) -> ReadFile:
-    if source.kind == "miles":
+    if source.kind in ("miles", "verl"):
         return _read_dump(source, step)
     return read_file(source.path, step, early)
 

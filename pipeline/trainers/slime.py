@@ -162,7 +162,13 @@ class Slime:
     # slime normalizes by position: rows of one rollout may hold different rewards
     sibling_rewards: bool = False
     settings: frozenset[str] = SLIME_SETTINGS
-    extra_columns: tuple[str, ...] = (SOURCE_NAMES,)
+    # slime's dict carries `source_names`: after the optional columns, before step and rank
+    rank_columns: tuple[str, ...] = (
+        *c.SHARD_COLUMNS,
+        *c.OPTIONAL_SHARD_COLUMNS,
+        SOURCE_NAMES,
+        *c.PARTITION_COLUMNS,
+    )
 
     def check(self, settings: Settings) -> str | None:
         return slime_settings_problem(settings)
@@ -202,7 +208,6 @@ class Slime:
             layout=layout,
             equal_reward_groups=equal_groups,
             untrained_ranks=[],
-            extra_columns=self.extra_columns,
         )
 
 
