@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from rollout_shards_loader._folder import MANIFEST, Replaced, open_folder, rank_name
 from rollout_shards_loader._manifest import ATTEMPTS, load_manifest
-from rollout_shards_loader._verify import Checks, open_other_file, open_own_file
+from rollout_shards_loader._verify import DIGESTED, Checks, open_other_file, open_own_file
 
 T = TypeVar("T")
 # Seconds between two looks for a step's manifest while waiting for it.
@@ -63,13 +63,17 @@ def read_rank_files(
     global_batch_size: int | None,
     verify: bool,
     convert: Callable[[RankFiles], T],
+    other_columns: Sequence[str] = DIGESTED,
 ) -> T:
     """`convert` of rank `rank`'s files of the step, all of one build (up to ATTEMPTS
-    reads while rebuilds replace the folder, then RuntimeError)."""
+    reads while rebuilds replace the folder, then RuntimeError); `other_columns` are the
+    columns read of every other rank's file (`RankFiles.parts`)."""
     folder = Path(step_folder)
     for attempt in range(ATTEMPTS):
         try:
-            return read_once(folder, rank, dp_size, global_batch_size, verify, convert)
+            return read_once(
+                folder, rank, dp_size, global_batch_size, verify, convert, other_columns
+            )
         except Replaced:
             time.sleep(0.002 * (attempt + 1))
     raise RuntimeError(
@@ -84,13 +88,14 @@ def read_once(
     global_batch_size: int | None,
     verify: bool,
     convert: Callable[[RankFiles], T],
+    other_columns: Sequence[str] = DIGESTED,
 ) -> T:
     """One read (`Replaced` when the folder was swapped under it)."""
     folder = open_folder(path)
     try:
         manifest = load_manifest(folder)
         step_dp = manifest["settings"]["dp_size"]
-        step_gbs = manifest["settings"]["global_batch_size"]
+        step_gbs = manifest["settings"].get("global_batch_size")
         if dp_size is not None and dp_size != step_dp:
             raise ValueError(
                 f"dp_size={dp_size} but the step {path} was built for dp_size={step_dp}"
@@ -113,7 +118,7 @@ def read_once(
                 for r in range(step_dp):
                     if r != rank:
                         files[r], handle, parts[r] = open_other_file(
-                            folder, manifest, rank_name(r), verify, checks
+                            folder, manifest, rank_name(r), verify, checks, other_columns
                         )
                         handles.append(handle)
                 ordered = [files[r] for r in range(step_dp)]

@@ -17,11 +17,6 @@ and `meta_info` {"global_token_num": ...} of the whole step, every rank's rows i
 
 from __future__ import annotations
 
-import errno
-import hashlib
-import json
-import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -29,96 +24,42 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rollout_shards_loader._read import ShardVerificationError
+from rollout_shards_loader._folder import MANIFEST
+from rollout_shards_loader._manifest import INTEGER, built_for, check_record
+from rollout_shards_loader._step import RankFiles, read_rank_files
 
-MANIFEST = "manifest.json"
-STEP_NAME = re.compile(r"^step=(\d+)$")
-OWN_COLUMNS = (
-    "tokens",
-    "response_lengths",
-    "total_lengths",
-    "loss_masks",
-    "rewards",
-    "raw_reward",
-    "group_index",
-)
-
-
-def _read(folder_fd: int, folder: Path, name: str) -> bytes:
-    """The whole file `name` of the open step folder, never through a symbolic link: the
-    files of one build, also while the folder is replaced by a rebuild."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder_fd)
-    except FileNotFoundError:
-        if name == MANIFEST:
-            raise FileNotFoundError(
-                errno.ENOENT, f"no manifest, so {folder} is not a complete step", str(folder)
-            ) from None
-        raise
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise ShardVerificationError(
-                f"{folder / name}: a symbolic link; a step folder's files must be its own"
-            ) from None
-        raise
-    with os.fdopen(fd, "rb") as handle:
-        return handle.read()
-
-
-def _checked(data: bytes, record: dict[str, Any] | None, path: Path) -> None:
-    if record is None:
-        raise ShardVerificationError(f"{path}: not among the files the manifest lists")
-    if hashlib.sha256(data).hexdigest() != record["sha256"]:
-        raise ShardVerificationError(
-            f"{path}: its sha256 is not the manifest's ({record['sha256'][:12]}...): the file "
-            "is not the one this step's build wrote"
-        )
+# The settings the batch tensors are shaped by, each an integer in the manifest.
+SHAPE_SETTINGS = dict.fromkeys(("max_prompt_length", "max_response_length"), INTEGER)
+SHAPE_SETTINGS["pad_token_id"] = INTEGER
 
 
 def _step_files(
     step_folder: str | Path, rank: int, verify: bool
 ) -> tuple[dict[str, Any], pa.Table, list[int]]:
-    """The manifest, rank `rank`'s table and every rank's total lengths in rank order."""
-    folder = Path(step_folder)
-    folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        manifest = json.loads(_read(folder_fd, folder, MANIFEST))
-        settings = manifest.get("settings", {})
-        if settings.get("trainer") != "verl":
-            raise ValueError(
-                f"{folder}: built for the {settings.get('trainer', 'miles')} trainer, not verl: "
-                "build it with --trainer verl, or read it with that trainer's loader"
-            )
-        dp = settings["dp_size"]
-        if not 0 <= rank < dp:
-            raise ValueError(f"rank {rank} is not a rank of this step (dp_size {dp})")
-        match = STEP_NAME.match(folder.name)
-        if verify and match and int(manifest["step"]) != int(match.group(1)):
-            raise ShardVerificationError(
-                f"{folder / MANIFEST}: the manifest of step {manifest['step']}, in the folder "
-                f"of step {match.group(1)}"
-            )
-        records = {output["path"]: output for output in manifest.get("outputs", [])}
-        table, lengths = None, []
-        for r in range(dp):
-            name = f"rank={r}.parquet"
-            data = _read(folder_fd, folder, name)
-            if verify:
-                _checked(data, records.get(name), folder / name)
-            columns = None if r == rank else ["total_lengths"]
-            read = pq.read_table(pa.BufferReader(data), columns=columns)
-            if verify and read.num_rows != records[name]["rows"]:
-                raise ShardVerificationError(
-                    f"{folder / name}: {read.num_rows} rows, the manifest says "
-                    f"{records[name]['rows']}"
-                )
-            lengths.extend(read.column("total_lengths").to_pylist())
-            if r == rank:
-                table = read
-    finally:
-        os.close(folder_fd)
-    assert table is not None
-    return manifest, table, lengths
+    """The manifest, rank `rank`'s table and every rank's total lengths in rank order, from
+    one build of the step, every file checked as `rollout_shards_loader.read_rank` checks
+    them (another rank's file, of which `total_lengths` is read, by its whole sha256)."""
+    return read_rank_files(
+        step_folder,
+        rank,
+        None,
+        None,
+        verify,
+        lambda read: _rank_table(read, rank),
+        other_columns=("total_lengths",),
+    )
+
+
+def _rank_table(read: RankFiles, rank: int) -> tuple[dict[str, Any], pa.Table, list[int]]:
+    built_for(read.manifest, "verl")
+    settings = read.manifest["settings"]
+    check_record(settings, SHAPE_SETTINGS, {}, "settings.", read.folder / MANIFEST)
+    table = pq.read_table(pa.BufferReader(read.own))
+    lengths: list[int] = []
+    for r in range(len(read.files)):
+        part = table if r == rank else read.parts[r]
+        lengths.extend(part.column("total_lengths").to_pylist())
+    return read.manifest, table, lengths
 
 
 def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
