@@ -33,9 +33,16 @@ from pipeline.settings import (
     setting_types,
     setting_values,
 )
-from pipeline.step.build import STAGE_NAMES, build_step, summary_line, warning_lines
-from pipeline.step.ingest import load_samples
-from pipeline.step.plan import plan_batch
+from pipeline.step import ROLLOUT_SAMPLES, TRAIN_BATCH
+from pipeline.step.build import (
+    STAGE_NAMES,
+    StepJob,
+    build_step,
+    run_step,
+    summary_line,
+    warning_lines,
+)
+from pipeline.step.tables import SampleTable, TrainBatch
 
 PROG = "rollout-shards"
 
@@ -210,7 +217,7 @@ def skipped_files(skipped: Sequence[Path], step: int) -> list[str]:
     this step (in any case), and those naming no step at all."""
     kept = []
     for path in skipped:
-        named = re.findall(r"(?i)step=(\d+)", str(path))
+        named = re.findall(r"(?i)step=([0-9]+)", str(path))
         if not named or int(named[-1]) == step:
             kept.append(str(path))
     return kept
@@ -248,14 +255,16 @@ def run_validate(args: argparse.Namespace) -> int:
     stages = STAGE_NAMES[:2] if isinstance(settings, Settings) else STAGE_NAMES[:1]
     progress = Progress(len(steps), stages, quiet=args.format == "json")
     for step, sources in steps.items():
+        # the build's own driver, stopped before the write (rows only: after the read)
+        job = StepJob(step, sources, settings, None, early=args.early_digests)
+        last = TRAIN_BATCH if isinstance(settings, Settings) else ROLLOUT_SAMPLES
         try:
-            progress.begin(step, STAGE_NAMES[0])
-            samples = load_samples(step, sources, settings, args.early_digests)
-            progress.end(step, STAGE_NAMES[0], f"{samples.ingested} rows read")
-            if isinstance(settings, Settings):
-                progress.begin(step, STAGE_NAMES[1])
-                counts = plan_batch(samples, settings).meta
-                _warn("validate", counts)
+            for _, value in run_step(job, last=last, reporter=_StepReport(progress)):
+                if isinstance(value, SampleTable):
+                    samples = value
+                elif isinstance(value, TrainBatch):
+                    counts = value.meta
+                    _warn("validate", counts)
         except StepError as exc:
             progress.step_done()
             report.append({"step": step, "valid": False, "violations": exc.violations})
@@ -301,6 +310,8 @@ def run_metrics(args: argparse.Namespace) -> int:
 
     if args.tensorboard is None and args.jsonl is None:
         raise UsageError("metrics: give --tensorboard DIR, --jsonl FILE or both")
+    jsonl = None if args.jsonl in (None, "-") else Path(args.jsonl)
+    metrics_export.check_targets(args.tensorboard, jsonl)
     steps = metrics_export.root_metrics(args.root)
     written = []
     if args.tensorboard is not None:

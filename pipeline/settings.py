@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import operator
+import os
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pipeline.errors import UsageError
+from pipeline.miles_flags import FIELDS as MILES_FIELDS
+from pipeline.miles_flags import MilesFlags, derived_global_batch_size
+from pipeline.spelling import unknown_names
+from pipeline.verl_settings import FIELDS as VERL_FIELDS
+from pipeline.verl_settings import VerlSettings
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -46,17 +52,12 @@ SIZE = _Size()
 Size = Annotated[int, SIZE]
 
 
-def _setting(
-    description: str,
-    default: Any = dataclasses.MISSING,
-    recorded: bool = True,
-    trainer: str | None = None,
-) -> Any:
+def _setting(description: str, default: Any = dataclasses.MISSING, recorded: bool = True) -> Any:
     """A field of the settings; `recorded=False`: a run option that does not change what is
-    built (not in the manifest, not in the rerun digests); `trainer`: a setting of that
-    trainer alone, named after its own configuration key."""
-    metadata = {"description": description, "recorded": recorded, "trainer": trainer}
-    return dataclasses.field(default=default, metadata=metadata)
+    built (not in the manifest, not in the rerun digests)."""
+    return dataclasses.field(
+        default=default, metadata={"description": description, "recorded": recorded}
+    )
 
 
 class SettingsError(ValueError):
@@ -65,7 +66,7 @@ class SettingsError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Settings:
+class Settings(MilesFlags, VerlSettings):
     """Effective settings of one build; shared by the CLI, the Dagster run config and tests.
 
     Checked when made: each value against its field's type (integers strictly, booleans
@@ -121,39 +122,6 @@ class Settings:
     require_success_marker: bool = _setting(
         "Read a step folder only once its producer wrote step=<N>/_SUCCESS.", False
     )
-    rollout_n: Count | None = _setting(
-        "verl's actor_rollout_ref.rollout.n: responses per prompt; each prompt group is "
-        "exactly this many contiguous rows.",
-        None,
-        trainer="verl",
-    )
-    train_batch_size: Count | None = _setting(
-        "verl's data.train_batch_size: prompt groups per step.", None, trainer="verl"
-    )
-    max_prompt_length: Count | None = _setting(
-        "verl's data.max_prompt_length: prompts are left-padded to it.", None, trainer="verl"
-    )
-    max_response_length: Count | None = _setting(
-        "verl's data.max_response_length: responses are right-padded to it.",
-        None,
-        trainer="verl",
-    )
-    adv_estimator: str = _setting(
-        "verl's algorithm.adv_estimator: grpo (the only one built).", "grpo", trainer="verl"
-    )
-    norm_adv_by_std_in_grpo: bool = _setting(
-        "verl's algorithm.norm_adv_by_std_in_grpo: divide by the group std.", True, trainer="verl"
-    )
-    balance_batch: bool = _setting(
-        "verl's trainer.balance_batch: reorder rows to balance tokens across ranks.",
-        True,
-        trainer="verl",
-    )
-    pad_token_id: Size | None = _setting(
-        "The tokenizer's pad token id, which verl pads prompts and responses with.",
-        None,
-        trainer="verl",
-    )
     stream_above: Size | None = _setting(
         "MiB of input files on disk above which a step holds its per-token lists one part "
         "or one rank at a time (0: every step; null: never).",
@@ -184,7 +152,7 @@ class Settings:
 
     def values(self) -> dict[str, Any]:
         """Every setting by name, run options included (what a worker is handed)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {f.name: getattr(self, f.name) for f in _fields()}
 
     def to_dict(self) -> dict[str, Any]:
         """Every recorded setting of this trainer by name, as JSON values (the manifest's
@@ -195,7 +163,7 @@ class Settings:
         read = trainers.profile(self.trainer).settings
         return {
             f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
+            for f in _fields()
             if f.metadata.get("recorded", True) and (f.name in COMMON_SETTINGS or f.name in read)
         }
 
@@ -241,6 +209,21 @@ Model = type
 
 
 @functools.cache
+def _fields() -> tuple[dataclasses.Field[Any], ...]:
+    """The fields of `Settings` in the contract's order: its own, then verl's settings and
+    miles' data-path flags (`pipeline.verl_settings`, `pipeline.miles_flags`, base
+    classes, whose fields dataclasses list first)."""
+    fields = dataclasses.fields(Settings)
+    return tuple(sorted(fields, key=lambda f: (f.name in MILES_FIELDS, f.name in VERL_FIELDS)))
+
+
+def _minimum(kind: Any) -> int:
+    """The least value of a marked integer (a count: 1)."""
+    mark = typing.get_args(kind)[1]
+    return 0 if mark is SIZE else int(getattr(mark, "value", 1))
+
+
+@functools.cache
 def _hints(model: Model) -> dict[str, Any]:
     """Each field's type as annotated (a count keeps its mark)."""
     return typing.get_type_hints(model, include_extras=True)
@@ -259,8 +242,9 @@ def _exact(kind: Any, value: Any) -> bool:
     if origin in (typing.Union, types.UnionType):
         return any(_exact(arg, value) for arg in typing.get_args(kind))
     if origin is Annotated:  # a count, or a size
-        least = 0 if SIZE in typing.get_args(kind) else 1
-        return type(value) is int and value >= least
+        return type(value) is int and value >= _minimum(kind)
+    if origin is list:
+        return type(value) is list and all(_exact(typing.get_args(kind)[0], v) for v in value)
     if origin is Literal:
         return type(value) is str and value in typing.get_args(kind)
     if kind is type(None):
@@ -295,8 +279,9 @@ def _pydantic_model(model: Model) -> type[BaseModel]:
         if typing.get_origin(kind) in (typing.Union, types.UnionType):
             return functools.reduce(operator.or_, map(typed, typing.get_args(kind)))
         if typing.get_origin(kind) is Annotated:
-            least = 0 if SIZE in typing.get_args(kind) else 1
-            return Annotated[int, Field(strict=True, ge=least)]
+            return Annotated[int, Field(strict=True, ge=_minimum(kind))]
+        if typing.get_origin(kind) is list:
+            return list[typed(typing.get_args(kind)[0])]  # type: ignore[misc]
         return kind
 
     kinds = _hints(model)
@@ -323,33 +308,6 @@ COMMON_SETTINGS = frozenset(
 )
 
 
-def trainer_settings(trainer: str) -> frozenset[str]:
-    """The settings marked as `trainer`'s alone (named after its configuration keys)."""
-    return frozenset(
-        f.name for f in dataclasses.fields(Settings) if f.metadata.get("trainer") == trainer
-    )
-
-
-def valued_booleans() -> frozenset[str]:
-    """Boolean settings named after another trainer's configuration key, given on the
-    command line with a value as there (`--balance-batch false`), not as a bare flag."""
-    kinds = setting_types()
-    return frozenset(
-        f.name
-        for f in dataclasses.fields(Settings)
-        if f.metadata.get("trainer") is not None and kinds[f.name] is bool
-    )
-
-
-def shared_settings() -> frozenset[str]:
-    """The settings of no one trainer and not common: miles' flags, which slime shares."""
-    return frozenset(
-        f.name
-        for f in dataclasses.fields(Settings)
-        if f.metadata.get("trainer") is None and f.name not in COMMON_SETTINGS
-    )
-
-
 def _plain(kind: Any) -> Any:
     """A field's type without its mark: `int | None` of `Count | None`."""
     if typing.get_origin(kind) is Annotated:
@@ -368,18 +326,12 @@ def setting_types() -> dict[str, Any]:
 def setting_fields() -> list[tuple[str, Any, str]]:
     """(name, type, description) of every setting, in the contract's order."""
     kinds = setting_types()
-    return [
-        (f.name, kinds[f.name], f.metadata["description"]) for f in dataclasses.fields(Settings)
-    ]
+    return [(f.name, kinds[f.name], f.metadata["description"]) for f in _fields()]
 
 
 def setting_defaults() -> dict[str, Any]:
     """Each setting's default; the required ones are left out."""
-    return {
-        f.name: f.default
-        for f in dataclasses.fields(Settings)
-        if f.default is not dataclasses.MISSING
-    }
+    return {f.name: f.default for f in _fields() if f.default is not dataclasses.MISSING}
 
 
 def non_null(kind: Any) -> Any:
@@ -447,18 +399,14 @@ def read_config(path: str | Path | None) -> dict[str, Any]:
     """Settings from a YAML file (a mapping of setting names), or {} without one."""
     if path is None:
         return {}
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise UsageError(f"cannot read config {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError:
-        raise UsageError(f"config {path} is not a text (UTF-8) YAML file") from None
-    from pipeline.yaml_config import ConfigError, load_mapping
+    from pipeline.yaml_config import ConfigError, load_mapping, read_text
 
     try:
-        data = load_mapping(text)
+        data = load_mapping(read_text(Path(path)))
     except ConfigError as exc:
         raise UsageError(f"config {path}{exc}") from None
+    if (unknown := unknown_names(data, [*setting_types(), *DISABLE_FLAGS.values()])) is not None:
+        raise UsageError(f"config {path}: {unknown}")
     for setting, flag in DISABLE_FLAGS.items():
         if flag not in data:
             continue
@@ -483,6 +431,8 @@ def _boolean(flag: str, value: Any) -> bool:
 def make_settings(values: Mapping[str, Any]) -> Settings:
     """Settings from plain values (files, flags, run config); a usage error names every
     problem: missing, unknown or mistyped settings first, else the first inconsistency."""
+    if values.get("global_batch_size") is None and (derived := derived_global_batch_size(values)):
+        values = {**values, "global_batch_size": derived}  # from num_steps_per_rollout
     try:
         return Settings(**_checked(Settings, values))
     except SettingsError as exc:
@@ -502,9 +452,10 @@ def data_settings_files(inputs: Sequence[str | Path]) -> list[Path]:
     for raw in inputs:
         path = Path(raw)
         root = path if path.is_dir() else path.parent
-        if root.name.lower().startswith("step=") and not (root / DATA_SETTINGS).is_file():
+        # Anything under the name is read (a FIFO or a folder there is refused, not passed over).
+        if root.name.lower().startswith("step=") and not os.path.lexists(root / DATA_SETTINGS):
             root = root.parent
-        if (root / DATA_SETTINGS).is_file() and root / DATA_SETTINGS not in found:
+        if os.path.lexists(root / DATA_SETTINGS) and root / DATA_SETTINGS not in found:
             found.append(root / DATA_SETTINGS)
     return found
 

@@ -113,7 +113,8 @@ class Plan(NamedTuple):
 def _plan(frame: pl.DataFrame, name: str, target: pl.DataType, json_numbers: bool) -> Plan:
     source = frame.schema[name]
     value = pl.col(name)
-    if name in JSON_TEXT_COLUMNS and dtype_kind(source) in ("list", "struct"):
+    json_kind = dtype_kind(source) in ("list", "struct") and not _holds_binary(source)
+    if name in JSON_TEXT_COLUMNS and json_kind:
         return Plan(json_text(value).alias(name), None)
     if not _stored_fits(source, target, json_numbers):
         refused = pl.lit(None, dtype=target).alias(name)
@@ -144,14 +145,26 @@ def contract_types(frame: pl.DataFrame) -> dict[str, pl.DataType]:
     return types
 
 
+def _holds_binary(dtype: PolarsDataType) -> bool:
+    """Whether a type is or holds bytes (Polars panics writing them as JSON)."""
+    if isinstance(dtype, pl.List | pl.Array):
+        return _holds_binary(dtype.inner)
+    if isinstance(dtype, pl.Struct):
+        return any(_holds_binary(f.dtype) for f in dtype.fields)
+    return dtype == pl.Binary
+
+
 def value_text(frame: pl.DataFrame, name: str, bad: pl.Series) -> str:
-    """The first refused value of a column as written (JSON text where it has one)."""
+    """The first refused value of a column as written (JSON text where it has one; bytes,
+    which JSON has no text for, as Python writes them: b'\\x0b')."""
     first = frame.filter(bad).get_column(name).head(1)
     value = first[0]
     if isinstance(value, float) and not math.isfinite(value):
         # JSON has no text for NaN or infinity (Polars encodes them as null): named as the
         # line's rows name them, never as a null the file does not hold.
         text = str(value)
+    elif _holds_binary(first.dtype):
+        text = str(first.to_list()[0])
     else:
         try:
             text = first.to_frame().select(json_text(pl.col(name))).to_series()[0]
@@ -169,15 +182,34 @@ def cast_column(
     return plan.cast, _bad_rows(frame, {name: plan})[name]
 
 
+def refuse_not_carried(frame: pl.DataFrame, names: list[str], path: Path, step: int | None) -> None:
+    """Fail the step when a column miles trains on but the shards cannot carry
+    (`c.NOT_CARRIED`) holds a value: the shards would train otherwise."""
+    held = [name for name in names if frame.get_column(name).null_count() < frame.height]
+    if held:
+        raise StepError(
+            [
+                Violation(
+                    rule="input_not_carried",
+                    message=f"column(s) {', '.join(held)} hold values miles trains on (images "
+                    "or audio, multi-LoRA adapters), which the shards do not carry: convert "
+                    "such steps in miles",
+                    step=step,
+                    files=[str(path)],
+                )
+            ]
+        )
+
+
 def conform(
     frame: pl.DataFrame, path: Path, step: int | None, json_numbers: bool = False
-) -> tuple[pl.DataFrame, list[str], list[Violation]]:
+) -> tuple[pl.DataFrame, list[str], list[tuple[str, Violation]]]:
     """Cast every contract column to its type. Rows whose values do not fit, or whose
     column is stored as another type, are marked in TYPE_ERROR and named in one
     `column_type` violation per column (their values become null); keys the JSON Lines
     reader flagged as given twice are `duplicate_key` violations. A missing required
     column fails the whole file (StepError). Returns the typed frame, the extra
-    (ignored) columns and the violations."""
+    (ignored) columns and the violations, each with the column it names."""
     missing = [name for name in c.REQUIRED_COLUMNS if name not in frame.columns]
     if missing:
         raise StepError(
@@ -198,7 +230,9 @@ def conform(
     }
     internal = [n for n in frame.columns if n.startswith((JSON_RULE, JSON_VALUE))]
     flagged_keys = [n.removeprefix(JSON_RULE) for n in internal if n.startswith(JSON_RULE)]
-    cast_columns, reasons, violations = [], [], []
+    cast_columns: list[pl.Expr] = []
+    reasons: list[pl.Expr] = []
+    violations: list[tuple[str, Violation]] = []
     masks = _bad_rows(frame, plans)
     for name in dict.fromkeys([*plans, *flagged_keys]):
         bad = masks.get(name, pl.repeat(False, frame.height, eager=True))
@@ -221,7 +255,7 @@ def conform(
             )
             stored_as = plans[name].stored_as if name in plans else None
             violations.append(
-                _row_violation(frame, name, mask, rule, expected, stored_as, path, step)
+                (name, _row_violation(frame, name, mask, rule, expected, stored_as, path, step))
             )
             reasons.append(pl.when(pl.lit(mask)).then(pl.lit(f"{rule}: {expected}")))
     type_error = (
@@ -234,6 +268,7 @@ def conform(
         for name in frame.columns
         if name not in types and name != c.SOURCE_ROW and name not in internal
     ]
+    refuse_not_carried(frame, [name for name in extra if name in c.NOT_CARRIED], path, step)
     typed = frame.with_columns(*cast_columns, type_error.alias(TYPE_ERROR)).drop(extra, *internal)
     return typed, extra, violations
 
@@ -281,7 +316,11 @@ def _row_violation(
     )
 
 
-def index_leaf_pairs(rows: pl.DataFrame, limit: int = 5) -> list[tuple[int, int]]:
+# The (index, leaf) pairs a violation names; the others are counted.
+ROWS_NAMED = 5
+
+
+def index_leaf_pairs(rows: pl.DataFrame, limit: int = ROWS_NAMED) -> list[tuple[int, int]]:
     index = rows.get_column(c.INDEX).head(limit) if c.INDEX in rows.columns else None
     leaf = rows.get_column(c.LEAF).head(limit) if c.LEAF in rows.columns else None
     if index is None:

@@ -61,6 +61,15 @@ class RankRows:
         scalars = compact(self.scalars, start, length)
         return scalars.hstack(lists).select(*self.columns)
 
+    def for_rank(self, start: int, length: int) -> RankRows:
+        """Rows [start, start + length) alone, with only their own lists (what one rank's
+        writer is shipped)."""
+        order = self.order.slice(start, length)
+        own = pl.int_range(length, dtype=pl.Int64, eager=True)
+        return RankRows(
+            compact(self.scalars, start, length), self.inputs[order], self.optional, own
+        )
+
 
 def compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
     """Rows [start, start + length) copied into buffers of their own. Polars sizes Parquet

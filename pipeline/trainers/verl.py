@@ -25,12 +25,13 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
-from pipeline.settings import Settings, trainer_settings
+from pipeline.settings import Settings
 from pipeline.trainers import BatchPlan
 from pipeline.transforms.layout import Layout
 from pipeline.transforms.shard_columns import light_shard_columns
 from pipeline.transforms.torch_float import torch_mean_std
 from pipeline.transforms.trim import is_compact
+from pipeline.verl_settings import FIELDS
 
 ROWS_NAMED = 10
 # compute_grpo_outcome_advantage's epsilon, added to the std in float32
@@ -193,9 +194,7 @@ class Verl:
     """The verl profile (`pipeline.trainers.Profile`)."""
 
     name: str = "verl"
-    settings: frozenset[str] = dataclasses.field(
-        default_factory=lambda: trainer_settings("verl") | {"dp_size"}
-    )
+    settings: frozenset[str] = FIELDS | {"dp_size"}
     rank_columns: tuple[str, ...] = (*c.DATASET_COLUMNS, c.GROUP_INDEX)
 
     def check(self, settings: Settings) -> str | None:
