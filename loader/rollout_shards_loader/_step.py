@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rollout_shards_loader._folder import MANIFEST, Replaced, open_folder, rank_name
-from rollout_shards_loader._manifest import ATTEMPTS, load_manifest
+from rollout_shards_loader._manifest import ATTEMPTS, load_manifest, trainer_of
 from rollout_shards_loader._verify import Checks, open_other_file, open_own_file
 
 T = TypeVar("T")
@@ -86,6 +86,11 @@ def read_once(
     folder = open_folder(path)
     try:
         manifest = load_manifest(folder)
+        if trainer_of(manifest) != "miles":
+            raise ValueError(
+                f"{path}: built for the {trainer_of(manifest)} trainer, not miles: read its "
+                f"ranks with rollout_shards_loader.{trainer_of(manifest)}.read_rank"
+            )
         step_dp = manifest["settings"]["dp_size"]
         step_gbs = manifest["settings"]["global_batch_size"]
         if dp_size is not None and dp_size != step_dp:

@@ -18,8 +18,6 @@ and `meta_info` {"global_token_num": ...} of the whole step, every rank's rows i
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -35,10 +33,8 @@ from rollout_shards_loader._folder import (
     open_folder,
     rank_name,
 )
-from rollout_shards_loader._manifest import ATTEMPTS
+from rollout_shards_loader._manifest import ATTEMPTS, load_manifest, trainer_of
 
-MANIFEST = "manifest.json"
-STEP_NAME = re.compile(r"^step=(\d+)$")
 OWN_COLUMNS = (
     "tokens",
     "response_lengths",
@@ -81,27 +77,15 @@ def _step_files(
 def _read_step(
     folder: Folder, rank: int, verify: bool
 ) -> tuple[dict[str, Any], pa.Table, list[int]]:
-    try:
-        manifest = json.loads(bytes(folder.read(MANIFEST)))
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"{folder.path / MANIFEST}: no manifest, so {folder.path} is not a complete step"
-        ) from None
-    settings = manifest.get("settings", {})
-    if settings.get("trainer") != "verl":
+    manifest = load_manifest(folder)
+    if trainer_of(manifest) != "verl":
         raise ValueError(
-            f"{folder.path}: built for the {settings.get('trainer', 'miles')} trainer, not "
-            "verl: build it with --trainer verl, or read it with that trainer's loader"
+            f"{folder.path}: built for the {trainer_of(manifest)} trainer, not verl: build it "
+            "with --trainer verl, or read it with that trainer's loader"
         )
-    dp = settings["dp_size"]
+    dp = manifest["settings"]["dp_size"]
     if not 0 <= rank < dp:
         raise ValueError(f"rank {rank} is not a rank of this step (dp_size {dp})")
-    match = STEP_NAME.match(folder.path.name)
-    if verify and match and int(manifest["step"]) != int(match.group(1)):
-        raise ShardVerificationError(
-            f"{folder.path / MANIFEST}: the manifest of step {manifest['step']}, in the "
-            f"folder of step {match.group(1)}"
-        )
     records = {output["path"]: output for output in manifest.get("outputs", [])}
     table, lengths = None, []
     for r in range(dp):
