@@ -32,8 +32,10 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
     from pydantic_core import ErrorDetails
 
-Estimator = Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
-NORMALIZING_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
+Estimator = Literal[
+    "grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
+]
+NORMALIZING_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 
 
 class _Count:
@@ -188,6 +190,7 @@ class RowSettings:
     """The settings of `Settings` that reading and validating rows needs (`validate` without
     a global batch size checks the rows alone); the fields are `Settings`' own."""
 
+    trainer: str = _as_in_settings("trainer")
     advantage_estimator: Estimator = _as_in_settings("advantage_estimator")
     rewards_normalization: bool = _as_in_settings("rewards_normalization")
     reward_key: str | None = _as_in_settings("reward_key")
@@ -210,11 +213,11 @@ Model = type
 
 @functools.cache
 def _fields() -> tuple[dataclasses.Field[Any], ...]:
-    """The fields of `Settings` in the contract's order: its own, then verl's settings and
-    miles' data-path flags (`pipeline.verl_settings`, `pipeline.miles_flags`, base
+    """The fields of `Settings` in the contract's order: its own, then miles' data-path
+    flags and verl's settings (`pipeline.miles_flags`, `pipeline.verl_settings`, base
     classes, whose fields dataclasses list first)."""
     fields = dataclasses.fields(Settings)
-    return tuple(sorted(fields, key=lambda f: (f.name in MILES_FIELDS, f.name in VERL_FIELDS)))
+    return tuple(sorted(fields, key=lambda f: (f.name in VERL_FIELDS, f.name in MILES_FIELDS)))
 
 
 def _minimum(kind: Any) -> int:

@@ -66,9 +66,8 @@ class RankRows:
         writer is shipped)."""
         order = self.order.slice(start, length)
         own = pl.int_range(length, dtype=pl.Int64, eager=True)
-        return RankRows(
-            compact(self.scalars, start, length), self.inputs[order], self.optional, own
-        )
+        scalars = compact(self.scalars, start, length)
+        return RankRows(scalars, self.inputs[order], self.optional, own, self.columns)
 
 
 def compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:

@@ -16,13 +16,18 @@ from typing import TYPE_CHECKING, Protocol
 
 import polars as pl
 
+from pipeline.schemas.rules import Model
 from pipeline.transforms.layout import Layout
 
 if TYPE_CHECKING:
     from pipeline.settings import Settings
 
 # The profiles by the name the `trainer` setting takes.
-_MODULES = {"miles": "pipeline.trainers.miles", "verl": "pipeline.trainers.verl"}
+_MODULES = {
+    "miles": "pipeline.trainers.miles",
+    "slime": "pipeline.trainers.slime",
+    "verl": "pipeline.trainers.verl",
+}
 NAMES = tuple(_MODULES)
 
 
@@ -47,6 +52,14 @@ class Profile(Protocol):
 
     @property
     def name(self) -> str: ...
+
+    @property
+    def row_rules(self) -> Model:
+        """The rules across rows this trainer holds the rows to (rollout ids)."""
+
+    @property
+    def sibling_rewards(self) -> bool:
+        """Whether a rollout's rows must share one reward when rewards are normalized."""
 
     @property
     def settings(self) -> frozenset[str]:

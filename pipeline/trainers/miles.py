@@ -21,6 +21,7 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
 from pipeline.miles_flags import miles_flag_problem
+from pipeline.schemas.rules import ROWS, Model
 from pipeline.settings import COMMON_SETTINGS, Settings, batch_inconsistency
 from pipeline.trainers import BatchPlan
 from pipeline.transforms.layout import Layout, rank_sizes, rows_within_ranks
@@ -207,6 +208,8 @@ class Miles:
     """The miles profile (`pipeline.trainers.Profile`)."""
 
     name: str = "miles"
+    row_rules: Model = ROWS
+    sibling_rewards: bool = True
     # every setting of the model but verl's own is miles' (the model was made for it)
     settings: frozenset[str] = frozenset(
         f.name
@@ -216,6 +219,8 @@ class Miles:
     rank_columns: tuple[str, ...] = c.DATASET_COLUMNS
 
     def check(self, settings: Settings) -> str | None:
+        if settings.advantage_estimator == "cispo":
+            return "advantage_estimator: cispo is slime's estimator, not miles' (--trainer slime)"
         if settings.use_dynamic_global_batch_size and settings.disable_rollout_trim_samples:
             return "use_dynamic_global_batch_size needs trimming: drop disable_rollout_trim_samples"
         return batch_inconsistency(settings) or miles_flag_problem(settings)

@@ -25,6 +25,7 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
+from pipeline.schemas.rules import ROWS, Model
 from pipeline.settings import Settings
 from pipeline.trainers import BatchPlan
 from pipeline.transforms.layout import Layout
@@ -194,6 +195,10 @@ class Verl:
     """The verl profile (`pipeline.trainers.Profile`)."""
 
     name: str = "verl"
+    # the input contract's rules; verl itself knows no rollout ids
+    row_rules: Model = ROWS
+    # each row's own score: rows of one rollout may hold different rewards
+    sibling_rewards: bool = False
     settings: frozenset[str] = FIELDS | {"dp_size"}
     rank_columns: tuple[str, ...] = (*c.DATASET_COLUMNS, c.GROUP_INDEX)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from rollout_shards_loader import StepNotBuiltError, read_rank
+from rollout_shards_loader import _hook as hook_internals
 from rollout_shards_loader import miles as hook
 
 from pipeline.settings import load_settings
@@ -276,7 +277,7 @@ def test_runtime_env_runs_the_setup_hook(monkeypatch: pytest.MonkeyPatch, tmp_pa
         hook.setup_hook()
     monkeypatch.setenv(hook.ROOT_ENV, str(tmp_path))
     hook.setup_hook()
-    assert hook._Finder.root == tmp_path
+    assert hook_internals._Finder.root == tmp_path
 
 
 def _trainer_on_a_step(miles: Any, tmp_path: Path) -> tuple[Any, Any, list[dict[str, Any]]]:
@@ -343,4 +344,4 @@ def test_the_wait_is_a_number_of_seconds(monkeypatch: pytest.MonkeyPatch, tmp_pa
     with pytest.raises(ValueError, match="wait_s=True"):
         hook.install(tmp_path, wait_s=True)
     hook.install(tmp_path)
-    assert hook._Finder.wait_s == hook.WAIT_S
+    assert hook_internals._Finder.wait_s == hook.WAIT_S
