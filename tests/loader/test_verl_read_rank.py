@@ -20,25 +20,29 @@ from tests.loader.verl_support import case_rows, trainer_ranks, verl_modules
 # every dp x n pair; balance, std normalization, full-length rows, log probs and the pad id
 # take both values across them, and the last pair runs all four balance x std combinations
 PAIRS = list(itertools.product((1, 2, 4), (1, 4, 8)))
-CASES = [
-    {
-        "dp": dp,
-        "n": n,
-        "balance": i % 2 == 0,
-        "std": i // 2 % 2 == 0,
-        "full": i % 3 == 2,
-        "log_probs": i % 4 != 3,
-        "pad": (0, 151643)[i // 3 % 2],
-    }
-    for i, (dp, n) in enumerate(PAIRS)
-] + [
-    {"dp": 4, "n": 8, "balance": b, "std": s, "full": False, "log_probs": True, "pad": 7}
-    for b, s in ((True, True), (False, True), (True, False))
-] + [
-    # torch's float32 sums change order past 8 values a group, and with odd sizes
-    {"dp": 2, "n": n, "balance": True, "std": True, "full": False, "log_probs": True, "pad": 0}
-    for n in (5, 16)
-]
+CASES = (
+    [
+        {
+            "dp": dp,
+            "n": n,
+            "balance": i % 2 == 0,
+            "std": i // 2 % 2 == 0,
+            "full": i % 3 == 2,
+            "log_probs": i % 4 != 3,
+            "pad": (0, 151643)[i // 3 % 2],
+        }
+        for i, (dp, n) in enumerate(PAIRS)
+    ]
+    + [
+        {"dp": 4, "n": 8, "balance": b, "std": s, "full": False, "log_probs": True, "pad": 7}
+        for b, s in ((True, True), (False, True), (True, False))
+    ]
+    + [
+        # torch's float32 sums change order past 8 values a group, and with odd sizes
+        {"dp": 2, "n": n, "balance": True, "std": True, "full": False, "log_probs": True, "pad": 0}
+        for n in (5, 16)
+    ]
+)
 
 
 def _id(case: dict[str, Any]) -> str:
