@@ -136,6 +136,11 @@ def test_groups_set_aside_are_the_ones_miles_buffer_drops(
         for reason, group in zip(quarantine["reason"], quarantine["group_index"], strict=True):
             assert reason.startswith(f"max_weight_staleness: prompt group {group} is ")
             assert f"(step {STEP}, oldest weight version " in reason
+    # the rank-bounded build sets the same groups aside, byte for byte
+    bounded = build(
+        tmp_path / "in", tmp_path / "bounded", max_weight_staleness=budget, stream_above=0, **chosen
+    )
+    assert [o["sha256"] for o in bounded["outputs"]] == [o["sha256"] for o in meta["outputs"]]
     # the rest is built exactly as the kept rows alone
     kept = [row for row in rows if row["group_index"] not in dropped]
     write_step(tmp_path / "kept", kept, step=STEP)
