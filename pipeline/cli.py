@@ -1,15 +1,12 @@
-"""The command line: `rollout-shards build` and `rollout-shards validate` (CONTRACT section 4),
-and `rollout-shards parity` (issue 7).
+"""The command line: `rollout-shards build`, `validate`, `parity` and `metrics`
+(CONTRACT section 4).
 
 This module parses the arguments and imports only the standard library and the settings;
 the commands themselves (`pipeline.commands`, Polars with them) load once the arguments
 are known, after `main` has set the process settings a build wants
-(`pipeline.process.tune_process`). It runs the same stage functions as the Dagster assets
-and never imports Dagster.
-
-`build` and `validate` hash their input files while the program loads
-(`pipeline.io.background.HeadStart`): loading is single-threaded, and a core it leaves idle
-takes the sha256 the read would otherwise take beside its decoders (bench/results/).
+(`pipeline.speed.tune_process`), while the head start hashes the inputs
+(`pipeline.speed.HeadStart`). It runs the same driver as the Dagster assets and never
+imports Dagster.
 """
 
 from __future__ import annotations
@@ -23,10 +20,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, os_violation, printable
-from pipeline.io.background import HeadStart
 from pipeline.miles_flags import FLAG_READERS
-from pipeline.process import tune_process
-from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
+from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields, valued_booleans
+from pipeline.speed import HeadStart, on, tune_process
+from pipeline.streams import end_on_interrupt, kept_streams, program_streams_and_signals
 
 PROG = "rollout-shards"
 
@@ -53,7 +50,16 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             )
             continue
         base = non_null(annotation)
-        if name in FLAG_READERS or typing.get_origin(base) is list:
+        if name in valued_booleans():
+            # a text the settings model reads as a boolean ("true", "false", "yes", ...)
+            group.add_argument(
+                _flag(name),
+                dest=name,
+                metavar="true|false",
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+        elif name in FLAG_READERS or typing.get_origin(base) is list:
             _add_shaped_flag(group, name, base, help_text)
         elif base is bool:
             group.add_argument(
@@ -171,18 +177,19 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
-def _run(args: argparse.Namespace, head_start: HeadStart | None = None) -> int:
+def _run(
+    args: argparse.Namespace, head_start: HeadStart | None = None, program: bool = False
+) -> int:
     from pipeline import commands  # Polars and the stages: after the process settings
+
+    if program:
+        end_on_interrupt()  # again: importing Polars installed its own SIGINT handler
 
     if head_start is not None:
         head_start.loaded()
 
     try:
         return commands.COMMANDS[args.command](args)
-    except BrokenPipeError:
-        # The reader went away (`| head`): stop quietly, as other command-line tools do.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
     except UsageError as exc:
         print(f"{PROG}: usage error: {printable(str(exc))}", file=sys.stderr)
         return 2
@@ -201,28 +208,28 @@ def exit_now(status: int) -> NoReturn:
     takes a tenth of a second or more after a big step). By now every step folder is
     committed and fsynced and every thread pool of the stages is joined (the head start
     may still be on a file no step read); only the output streams may hold text, and they
-    are flushed first."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BrokenPipeError:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
-            status = status or 1
+    are flushed first (`streams.KeptStream`: a stream that went away drops it)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The program (`rollout-shards`). Called with `argv` it returns the exit status (tests,
-    other Python code); as the program itself (no `argv`) it exits when done."""
-    tune_process()
-    args = parser().parse_args(argv)
-    head_start = None
-    if args.command in ("build", "validate"):
-        head_start = HeadStart(args.inputs)
-        args.early_digests = head_start.digest
-    status = _run(args, head_start)
+    other Python code); as the program itself (no `argv`) it exits when done. Output that
+    cannot be written (a closed stdout, a reader gone) is dropped and changes nothing else."""
     if argv is None:
-        exit_now(status)
+        program_streams_and_signals()
+    tune_process()
+    with kept_streams():
+        args = parser().parse_args(argv)
+        head_start = None
+        if args.command in ("build", "validate") and on("head_start"):
+            head_start = HeadStart(args.inputs)
+            args.early_digests = head_start.digest
+        status = _run(args, head_start, program=argv is None)
+        if argv is None:
+            exit_now(status)
     return status
 
 

@@ -339,6 +339,7 @@ METADATA_OBJECT = "_metadata_object"
 LOG_PROBS_FINITE = "_log_probs_finite"  # every rollout and teacher log prob finite
 TRAJECTORY_SIZE = "_trajectory_size"
 ROLLOUT_KEY = "_rollout_key"
+SOURCE_NAME = "_source_name"  # metadata's "source_name" (slime's `get_source`)
 REWARD_VALUE = "_reward"
 GROUP = "_group"
 ROLLOUT_REWARD = "_r"

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import operator
+import os
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -23,13 +24,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pipeline.errors import UsageError
 from pipeline.miles_flags import FIELDS as MILES_FIELDS
 from pipeline.miles_flags import MilesFlags, derived_global_batch_size
+from pipeline.spelling import unknown_names
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
     from pydantic_core import ErrorDetails
 
-Estimator = Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
-NORMALIZING_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
+Estimator = Literal[
+    "grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
+]
+NORMALIZING_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 
 
 class _Count:
@@ -48,12 +52,17 @@ SIZE = _Size()
 Size = Annotated[int, SIZE]
 
 
-def _setting(description: str, default: Any = dataclasses.MISSING, recorded: bool = True) -> Any:
+def _setting(
+    description: str,
+    default: Any = dataclasses.MISSING,
+    recorded: bool = True,
+    trainer: str | None = None,
+) -> Any:
     """A field of the settings; `recorded=False`: a run option that does not change what is
-    built (not in the manifest, not in the rerun digests)."""
-    return dataclasses.field(
-        default=default, metadata={"description": description, "recorded": recorded}
-    )
+    built (not in the manifest, not in the rerun digests); `trainer`: a setting of that
+    trainer alone, named after its own configuration key."""
+    metadata = {"description": description, "recorded": recorded, "trainer": trainer}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 class SettingsError(ValueError):
@@ -118,6 +127,39 @@ class Settings(MilesFlags):
     require_success_marker: bool = _setting(
         "Read a step folder only once its producer wrote step=<N>/_SUCCESS.", False
     )
+    rollout_n: Count | None = _setting(
+        "verl's actor_rollout_ref.rollout.n: responses per prompt; each prompt group is "
+        "exactly this many contiguous rows.",
+        None,
+        trainer="verl",
+    )
+    train_batch_size: Count | None = _setting(
+        "verl's data.train_batch_size: prompt groups per step.", None, trainer="verl"
+    )
+    max_prompt_length: Count | None = _setting(
+        "verl's data.max_prompt_length: prompts are left-padded to it.", None, trainer="verl"
+    )
+    max_response_length: Count | None = _setting(
+        "verl's data.max_response_length: responses are right-padded to it.",
+        None,
+        trainer="verl",
+    )
+    adv_estimator: str = _setting(
+        "verl's algorithm.adv_estimator: grpo (the only one built).", "grpo", trainer="verl"
+    )
+    norm_adv_by_std_in_grpo: bool = _setting(
+        "verl's algorithm.norm_adv_by_std_in_grpo: divide by the group std.", True, trainer="verl"
+    )
+    balance_batch: bool = _setting(
+        "verl's trainer.balance_batch: reorder rows to balance tokens across ranks.",
+        True,
+        trainer="verl",
+    )
+    pad_token_id: Size | None = _setting(
+        "The tokenizer's pad token id, which verl pads prompts and responses with.",
+        None,
+        trainer="verl",
+    )
     stream_above: Size | None = _setting(
         "MiB of input files on disk above which a step holds its per-token lists one part "
         "or one rank at a time (0: every step; null: never).",
@@ -151,10 +193,16 @@ class Settings(MilesFlags):
         return {f.name: getattr(self, f.name) for f in _fields()}
 
     def to_dict(self) -> dict[str, Any]:
-        """Every recorded setting by name, as JSON values (the manifest's `settings`): the
-        run options, which change no output byte, are left out."""
+        """Every recorded setting of this trainer by name, as JSON values (the manifest's
+        `settings`): the run options, which change no output byte, and the settings of
+        other trainers are left out."""
+        from pipeline import trainers
+
+        read = trainers.profile(self.trainer).settings
         return {
-            f.name: getattr(self, f.name) for f in _fields() if f.metadata.get("recorded", True)
+            f.name: getattr(self, f.name)
+            for f in _fields()
+            if f.metadata.get("recorded", True) and (f.name in COMMON_SETTINGS or f.name in read)
         }
 
     def to_json(self) -> str:
@@ -178,6 +226,7 @@ class RowSettings:
     """The settings of `Settings` that reading and validating rows needs (`validate` without
     a global batch size checks the rows alone); the fields are `Settings`' own."""
 
+    trainer: str = _as_in_settings("trainer")
     advantage_estimator: Estimator = _as_in_settings("advantage_estimator")
     rewards_normalization: bool = _as_in_settings("rewards_normalization")
     reward_key: str | None = _as_in_settings("reward_key")
@@ -297,6 +346,33 @@ COMMON_SETTINGS = frozenset(
 )
 
 
+def trainer_settings(trainer: str) -> frozenset[str]:
+    """The settings marked as `trainer`'s alone (named after its configuration keys)."""
+    return frozenset(
+        f.name for f in dataclasses.fields(Settings) if f.metadata.get("trainer") == trainer
+    )
+
+
+def valued_booleans() -> frozenset[str]:
+    """Boolean settings named after another trainer's configuration key, given on the
+    command line with a value as there (`--balance-batch false`), not as a bare flag."""
+    kinds = setting_types()
+    return frozenset(
+        f.name
+        for f in dataclasses.fields(Settings)
+        if f.metadata.get("trainer") is not None and kinds[f.name] is bool
+    )
+
+
+def shared_settings() -> frozenset[str]:
+    """The settings of no one trainer and not common: miles' flags, which slime shares."""
+    return frozenset(
+        f.name
+        for f in dataclasses.fields(Settings)
+        if f.metadata.get("trainer") is None and f.name not in COMMON_SETTINGS
+    )
+
+
 def _plain(kind: Any) -> Any:
     """A field's type without its mark: `int | None` of `Count | None`."""
     if typing.get_origin(kind) is Annotated:
@@ -388,18 +464,14 @@ def read_config(path: str | Path | None) -> dict[str, Any]:
     """Settings from a YAML file (a mapping of setting names), or {} without one."""
     if path is None:
         return {}
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise UsageError(f"cannot read config {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError:
-        raise UsageError(f"config {path} is not a text (UTF-8) YAML file") from None
-    from pipeline.yaml_config import ConfigError, load_mapping
+    from pipeline.yaml_config import ConfigError, load_mapping, read_text
 
     try:
-        data = load_mapping(text)
+        data = load_mapping(read_text(Path(path)))
     except ConfigError as exc:
         raise UsageError(f"config {path}{exc}") from None
+    if (unknown := unknown_names(data, [*setting_types(), *DISABLE_FLAGS.values()])) is not None:
+        raise UsageError(f"config {path}: {unknown}")
     for setting, flag in DISABLE_FLAGS.items():
         if flag not in data:
             continue
@@ -445,9 +517,10 @@ def data_settings_files(inputs: Sequence[str | Path]) -> list[Path]:
     for raw in inputs:
         path = Path(raw)
         root = path if path.is_dir() else path.parent
-        if root.name.lower().startswith("step=") and not (root / DATA_SETTINGS).is_file():
+        # Anything under the name is read (a FIFO or a folder there is refused, not passed over).
+        if root.name.lower().startswith("step=") and not os.path.lexists(root / DATA_SETTINGS):
             root = root.parent
-        if (root / DATA_SETTINGS).is_file() and root / DATA_SETTINGS not in found:
+        if os.path.lexists(root / DATA_SETTINGS) and root / DATA_SETTINGS not in found:
             found.append(root / DATA_SETTINGS)
     return found
 

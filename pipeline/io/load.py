@@ -18,19 +18,22 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.columns import PATH_STEP, TYPE_ERROR
 from pipeline.errors import StepError, Violation, first_line, printable
-from pipeline.io.arrow_types import panics_kept_off_stderr, returning_arrow_pool, unsupported_in
-from pipeline.io.background import Digest, EarlyDigests, Identity, read_pool
+from pipeline.io.arrow_types import panics_kept_off_stderr, unsupported_in
 from pipeline.io.conform import ROWS_NAMED, cast_column, conform, index_leaf_pairs, value_text
 from pipeline.io.discovery import TABLE_SUFFIXES, SourceFile
 from pipeline.io.ipc import read_ipc
 from pipeline.io.jsonl import JsonLinesError, read_jsonl
 from pipeline.io.miles_dump import read_miles_dump
 from pipeline.io.parquet import Mapper, read_parquet
-
-# The read's threads: the file's sha256 is taken while its columns decode (hashlib and
-# Polars release the GIL), and a Parquet file's list columns decode side by side.
-READ_THREADS = max(2, os.cpu_count() or 1)
-
+from pipeline.io.verl_dump import read_verl_dump
+from pipeline.speed import (
+    Digest,
+    EarlyDigests,
+    Identity,
+    read_threads,
+    returning_arrow_pool,
+    thread_pool,
+)
 
 # Bytes a Parquet read in parts buffers of a column at a time.
 PART_BUFFER = 1 << 20
@@ -159,16 +162,20 @@ def read_file(path: Path, step: int | None = None, early: EarlyDigest | None = N
         except OSError as exc:
             raise _unreadable(path, step, f"cannot read the file ({exc.strerror})") from None
         try:
-            with panics_kept_off_stderr() as panicked, read_pool(READ_THREADS) as pool:
-                digest = pool.submit(_digest, handle, data) if early is None else None
+            threads = read_threads()
+            with panics_kept_off_stderr() as panicked, thread_pool(threads) as pool:
+                parallel = threads > 1
+                digest = pool.submit(_digest, handle, data) if early is None and parallel else None
                 try:
-                    frame = READERS[kind](data if data is not None else str(path), pool.map)
+                    mapper = pool.map if parallel else map
+                    frame = READERS[kind](data if data is not None else str(path), mapper)
                 except pl.exceptions.PanicException:  # a BaseException: it would end the run
                     panicked[0] = True
                     raise
-                sha256 = (
-                    _taken(early, info) or (digest or pool.submit(_digest, handle, data)).result()
-                )
+                taken = _taken(early, info)
+                if taken is None and digest is None:
+                    digest = pool.submit(_digest, handle, data) if parallel else None
+                sha256 = taken or (digest.result() if digest else _digest(handle, data))
         except JsonLinesError as exc:
             raise _unreadable(path, step, str(exc)) from None
         except OSError as exc:
@@ -191,7 +198,11 @@ def _read_dump(source: SourceFile, step: int | None) -> ReadFile:
     """A miles dump, hashed before it is parsed; a dump that changed in between (another
     inode, size, or modification) fails the step rather than vouch for other bytes."""
     data, before = _read_bytes(source.path, step)
-    frame = read_miles_dump(source.path, source.session_version)
+    if source.kind == "verl":
+        assert source.step is not None, "a verl dump's step comes from its path"
+        frame = read_verl_dump(source.path, source.step)
+    else:
+        frame = read_miles_dump(source.path, source.session_version)
     _check_unchanged(source.path, before, step)
     return ReadFile(frame, hashlib.sha256(data).hexdigest(), before.st_size)
 
@@ -199,7 +210,7 @@ def _read_dump(source: SourceFile, step: int | None) -> ReadFile:
 def read_source(
     source: SourceFile, step: int | None = None, early: EarlyDigest | None = None
 ) -> ReadFile:
-    if source.kind == "miles":
+    if source.kind in ("miles", "verl"):
         return _read_dump(source, step)
     return read_file(source.path, step, early)
 
@@ -375,7 +386,7 @@ def read_in_parts(
     import pyarrow.parquet as pq
 
     handle, info = _opened(path, step)
-    with handle, read_pool(1) as pool, returning_arrow_pool():
+    with handle, thread_pool(1) as pool, returning_arrow_pool():
         taken = _taken(early, info)
         digest = None if taken is not None else pool.submit(_digest, handle, None)
 

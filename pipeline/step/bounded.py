@@ -35,12 +35,12 @@ from pipeline import columns as c
 from pipeline.columns import ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError
 from pipeline.io import writer
-from pipeline.io.background import EarlyDigests
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import LoadedStep, StepFiles, read_in_parts
 from pipeline.schemas.rules import TABLE_LISTS, TABLE_ROWS
 from pipeline.schemas.validate import passes
 from pipeline.settings import RowSettings, Settings
+from pipeline.speed import EarlyDigests
 from pipeline.step.ingest import checked, quarantine_table, repair_and_validate
 from pipeline.step.tables import RankRows, SampleTable, TrainBatch, compact
 from pipeline.transforms import samples as s
@@ -255,7 +255,7 @@ class SpilledRows(RankRows):
         loaded: pl.Series,
         schema: dict[str, pl.DataType],
     ) -> None:
-        super().__init__(rows.scalars, rows.inputs, rows.optional, rows.order)
+        super().__init__(rows.scalars, rows.inputs, rows.optional, rows.order, rows.columns)
         self.parts = parts  # each part's file, first loaded position and rows
         self.loaded = loaded  # the loaded position of each batch position
         self.schema = schema  # every list column any part has
@@ -268,6 +268,7 @@ class SpilledRows(RankRows):
             self.inputs,
             self.optional,
             self.order.slice(start, length),
+            self.columns,
         )
         return SpilledRows(mine, self.parts, self.loaded, self.schema)
 
@@ -288,4 +289,4 @@ class SpilledRows(RankRows):
         written = picked.select(
             pl.col(c.TOKENS), loss_masks(picked), *optional_shard_columns(self.optional)
         )
-        return compact(self.scalars, start, length).hstack(written).select(*c.DATASET_COLUMNS)
+        return compact(self.scalars, start, length).hstack(written).select(*self.columns)

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Protocol
 
 from pipeline.io import writer
-from pipeline.io.background import EarlyDigests
 from pipeline.io.discovery import SourceFile
 from pipeline.manifest import Manifest
 from pipeline.settings import RowSettings, Settings
+from pipeline.speed import EarlyDigests
 from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, TRAINING_SHARDS, bounded
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples

@@ -152,19 +152,29 @@ def karmarkar_karp(
 
 def first_fit_decreasing(lengths: Sequence[int] | np.ndarray, cap: int) -> list[list[int]]:
     """Bins of positions: rows by length descending (ties by position), each into the
-    first bin, in creation order, that stays within `cap`; an oversized row gets its own.
+    first bin, in creation order, that stays within `cap`; an oversized row gets its own."""
+    values = _non_negative(lengths)
+    return _first_fit(values.tolist(), np.argsort(-values, kind="stable").tolist(), cap)
+
+
+def first_fit(lengths: Sequence[int] | np.ndarray, cap: int) -> list[list[int]]:
+    """Bins of positions: rows in order, each into the first bin, in creation order, that
+    stays within `cap`; an oversized row gets its own (slime's `first_fit_pack`)."""
+    values = _non_negative(lengths)
+    return _first_fit(values.tolist(), list(range(len(values))), cap)
+
+
+def _first_fit(sizes: list[int], order: list[int], cap: int) -> list[list[int]]:
+    """Rows visited in `order`, each into the leftmost bin with room.
 
     A max-tree over the bins' free space finds the first fitting bin in O(log n), which
     keeps steps with thousands of micro-batches fast. Bins not yet opened sit at full
     capacity to the right of the open ones, so the leftmost fit is either an open bin or
     the next one to open.
     """
-    values = _non_negative(lengths)
-    n = len(values)
+    n = len(sizes)
     if n == 0:
         return []
-    order = np.argsort(-values, kind="stable").tolist()
-    sizes = values.tolist()
     leaves = 1
     while leaves < n:
         leaves *= 2
