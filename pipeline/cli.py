@@ -21,10 +21,9 @@ from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, os_violation, printable
 from pipeline.miles_flags import FLAG_READERS
-from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
+from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields, valued_booleans
 from pipeline.speed import HeadStart, on, tune_process
 from pipeline.streams import end_on_interrupt, kept_streams, program_streams_and_signals
-from pipeline.verl_settings import BOOLEANS as VERL_BOOLEANS
 
 PROG = "rollout-shards"
 
@@ -51,7 +50,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             )
             continue
         base = non_null(annotation)
-        if name in VERL_BOOLEANS:
+        if name in valued_booleans():
             # a text the settings model reads as a boolean ("true", "false", "yes", ...)
             group.add_argument(
                 _flag(name),

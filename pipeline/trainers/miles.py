@@ -22,14 +22,13 @@ from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
 from pipeline.miles_flags import miles_flag_problem
 from pipeline.schemas.rules import ROWS, Model
-from pipeline.settings import COMMON_SETTINGS, Settings, batch_inconsistency
+from pipeline.settings import Settings, batch_inconsistency, shared_settings
 from pipeline.trainers import BatchPlan
 from pipeline.transforms.layout import Layout, rank_sizes, rows_within_ranks
 from pipeline.transforms.rewards import group_normalized
 from pipeline.transforms.shard_columns import light_shard_columns, raw_reward
 from pipeline.transforms.split import plain_layout
 from pipeline.transforms.trim import is_compact
-from pipeline.verl_settings import FIELDS as VERL_FIELDS
 
 ROWS_NAMED = 10
 AVOID_UNTRAINED = (
@@ -210,12 +209,9 @@ class Miles:
     name: str = "miles"
     row_rules: Model = ROWS
     sibling_rewards: bool = True
-    # every setting of the model but verl's own is miles' (the model was made for it)
-    settings: frozenset[str] = frozenset(
-        f.name
-        for f in dataclasses.fields(Settings)
-        if f.name not in COMMON_SETTINGS and f.name not in VERL_FIELDS
-    )
+    # every setting of the model that no other trainer owns is miles' (the model was made
+    # for it)
+    settings: frozenset[str] = dataclasses.field(default_factory=shared_settings)
     rank_columns: tuple[str, ...] = c.DATASET_COLUMNS
 
     def check(self, settings: Settings) -> str | None:

@@ -26,13 +26,12 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
 from pipeline.schemas.rules import ROWS, Model
-from pipeline.settings import Settings
+from pipeline.settings import Settings, trainer_settings
 from pipeline.trainers import BatchPlan
 from pipeline.transforms.layout import Layout
 from pipeline.transforms.shard_columns import light_shard_columns
 from pipeline.transforms.torch_float import torch_mean_std
 from pipeline.transforms.trim import is_compact
-from pipeline.verl_settings import FIELDS
 
 ROWS_NAMED = 10
 # compute_grpo_outcome_advantage's epsilon, added to the std in float32
@@ -195,11 +194,13 @@ class Verl:
     """The verl profile (`pipeline.trainers.Profile`)."""
 
     name: str = "verl"
-    # the input contract's rules; verl itself knows no rollout ids
+    # the contract's rollout-id rule; each row is scored and normalized on its own (GRPO by
+    # uid), so the rows of one rollout need not share a reward
     row_rules: Model = ROWS
-    # each row's own score: rows of one rollout may hold different rewards
     sibling_rewards: bool = False
-    settings: frozenset[str] = FIELDS | {"dp_size"}
+    settings: frozenset[str] = dataclasses.field(
+        default_factory=lambda: trainer_settings("verl") | {"dp_size"}
+    )
     rank_columns: tuple[str, ...] = (*c.DATASET_COLUMNS, c.GROUP_INDEX)
 
     def check(self, settings: Settings) -> str | None:
