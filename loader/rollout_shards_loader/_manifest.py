@@ -78,6 +78,7 @@ OPTIONAL: dict[str, Check] = {
 # chosen trainer's settings; one without `trainer` is miles').
 SETTINGS: dict[str, dict[str, Check]] = {
     "miles": {"dp_size": INTEGER, "global_batch_size": INTEGER},
+    "slime": {"dp_size": INTEGER, "global_batch_size": INTEGER},
     "verl": {
         "dp_size": INTEGER,
         "max_prompt_length": INTEGER,
