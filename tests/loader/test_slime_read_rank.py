@@ -80,3 +80,24 @@ def test_no_slime_source_fails_in_one_line(tmp_path: Path, monkeypatch: pytest.M
         ss.slime_source()
     message = str(caught.value)
     assert ss.SOURCE_ENV in message and "\n" not in message
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_read_rank_is_slimes_dict_on_random_cases(slime: Any, tmp_path: Path, seed: int) -> None:
+    """Drawn cases (tests/loader/test_slime_reference.py): where slime's code builds the
+    dicts, each rank read back equals them; where it asserts, the build refuses the step."""
+    from pipeline.errors import StepError
+    from tests.loader.test_slime_reference import _random_case
+
+    rows, settings = _random_case(seed)
+    write_step(tmp_path / "in", copy.deepcopy(rows))
+    try:
+        theirs = ss.rank_dicts(slime, settings, copy.deepcopy(rows))
+    except AssertionError:
+        with pytest.raises(StepError):
+            build(tmp_path / "in", tmp_path / "out", trainer="slime", **settings)
+        return
+    build(tmp_path / "in", tmp_path / "out", trainer="slime", **settings)
+    folder = tmp_path / "out" / "step=1"
+    ours = [slime_loader.read_rank(folder, rank) for rank in range(len(theirs))]
+    assert [ss.canonical(d) for d in ours] == [ss.canonical(d) for d in theirs]
