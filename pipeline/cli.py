@@ -23,6 +23,7 @@ from pipeline.errors import StepError, UsageError, os_violation, printable
 from pipeline.miles_flags import FLAG_READERS
 from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
 from pipeline.speed import HeadStart, on, tune_process
+from pipeline.streams import end_on_interrupt, kept_streams, program_streams_and_signals
 
 PROG = "rollout-shards"
 
@@ -78,9 +79,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             )
 
 
-def _add_shaped_flag(
-    group: argparse._ArgumentGroup, name: str, base: Any, help_text: str
-) -> None:
+def _add_shaped_flag(group: argparse._ArgumentGroup, name: str, base: Any, help_text: str) -> None:
     """A setting whose value is not one scalar: a list (`--ft-components rollout train`,
     miles' nargs) or a value read by its own reader (`--moe-layer-freq ([0]+[1]*3)`)."""
     if name in FLAG_READERS:
@@ -169,18 +168,19 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
-def _run(args: argparse.Namespace, head_start: HeadStart | None = None) -> int:
+def _run(
+    args: argparse.Namespace, head_start: HeadStart | None = None, program: bool = False
+) -> int:
     from pipeline import commands  # Polars and the stages: after the process settings
+
+    if program:
+        end_on_interrupt()  # again: importing Polars installed its own SIGINT handler
 
     if head_start is not None:
         head_start.loaded()
 
     try:
         return commands.COMMANDS[args.command](args)
-    except BrokenPipeError:
-        # The reader went away (`| head`): stop quietly, as other command-line tools do.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
     except UsageError as exc:
         print(f"{PROG}: usage error: {printable(str(exc))}", file=sys.stderr)
         return 2
@@ -199,28 +199,28 @@ def exit_now(status: int) -> NoReturn:
     takes a tenth of a second or more after a big step). By now every step folder is
     committed and fsynced and every thread pool of the stages is joined (the head start
     may still be on a file no step read); only the output streams may hold text, and they
-    are flushed first."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BrokenPipeError:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
-            status = status or 1
+    are flushed first (`streams.KeptStream`: a stream that went away drops it)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The program (`rollout-shards`). Called with `argv` it returns the exit status (tests,
-    other Python code); as the program itself (no `argv`) it exits when done."""
-    tune_process()
-    args = parser().parse_args(argv)
-    head_start = None
-    if args.command in ("build", "validate") and on("head_start"):
-        head_start = HeadStart(args.inputs)
-        args.early_digests = head_start.digest
-    status = _run(args, head_start)
+    other Python code); as the program itself (no `argv`) it exits when done. Output that
+    cannot be written (a closed stdout, a reader gone) is dropped and changes nothing else."""
     if argv is None:
-        exit_now(status)
+        program_streams_and_signals()
+    tune_process()
+    with kept_streams():
+        args = parser().parse_args(argv)
+        head_start = None
+        if args.command in ("build", "validate") and on("head_start"):
+            head_start = HeadStart(args.inputs)
+            args.early_digests = head_start.digest
+        status = _run(args, head_start, program=argv is None)
+        if argv is None:
+            exit_now(status)
     return status
 
 

@@ -217,7 +217,7 @@ def skipped_files(skipped: Sequence[Path], step: int) -> list[str]:
     this step (in any case), and those naming no step at all."""
     kept = []
     for path in skipped:
-        named = re.findall(r"(?i)step=(\d+)", str(path))
+        named = re.findall(r"(?i)step=([0-9]+)", str(path))
         if not named or int(named[-1]) == step:
             kept.append(str(path))
     return kept
@@ -308,6 +308,8 @@ def run_metrics(args: argparse.Namespace) -> int:
 
     if args.tensorboard is None and args.jsonl is None:
         raise UsageError("metrics: give --tensorboard DIR, --jsonl FILE or both")
+    jsonl = None if args.jsonl in (None, "-") else Path(args.jsonl)
+    metrics_export.check_targets(args.tensorboard, jsonl)
     steps = metrics_export.root_metrics(args.root)
     written = []
     if args.tensorboard is not None:

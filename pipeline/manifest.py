@@ -163,8 +163,11 @@ class Manifest(_Record):
 
     @classmethod
     def read(cls, path: Path) -> Manifest | None:
-        """The manifest at `path`; None when it is missing, unreadable or of another shape."""
+        """The manifest at `path`; None when it is missing, unreadable, not a regular file
+        (a FIFO there is never waited on) or of another shape."""
+        from pipeline.io.regular import read_regular
+
         try:
-            return cls.from_json(path.read_bytes())
+            return cls.from_json(read_regular(path))
         except (OSError, ValueError):
             return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 if TYPE_CHECKING:
@@ -56,7 +57,13 @@ MODEL_SHAPE = (
     "v_head_dim",
 )
 # Without a default in Megatron's parser (or one it derives from a flag we do not take).
-REQUIRED_SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "ffn_hidden_size")
+REQUIRED_SHAPE = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "vocab_size",
+    "ffn_hidden_size",
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -123,7 +130,7 @@ def parse_layer_pattern(text: str) -> int | list[int]:
     """`--moe-layer-freq` as Megatron reads it: an integer, or a list expression of
     integers, `+` and `*` (`([0]+[1]*23)`), evaluated here without `eval`."""
     try:
-        value = _pattern(ast.parse(text.strip(), mode="eval").body)
+        value: int | list[int] = _pattern(ast.parse(text.strip(), mode="eval").body)
     except (SyntaxError, ValueError, RecursionError):
         raise ValueError(f"not an integer or a layer pattern like [0,1,1,1]: {text!r}") from None
     return value
@@ -204,7 +211,7 @@ def _steps_per_rollout_problem(s: Settings) -> str | None:
     return None
 
 
-def derived_global_batch_size(values: dict[str, Any]) -> int | None:
+def derived_global_batch_size(values: Mapping[str, Any]) -> int | None:
     """The global batch size `--num-steps-per-rollout` gives (miles' `miles_validate_args`),
     or None when not set or not computable (the check above words why)."""
     steps, rollouts = values.get("num_steps_per_rollout"), values.get("rollout_batch_size")

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import operator
+import os
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pipeline.errors import UsageError
 from pipeline.miles_flags import FIELDS as MILES_FIELDS
 from pipeline.miles_flags import MilesFlags, derived_global_batch_size
+from pipeline.spelling import unknown_names
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -150,7 +152,7 @@ class Settings(MilesFlags):
 
     def values(self) -> dict[str, Any]:
         """Every setting by name, run options included (what a worker is handed)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {f.name: getattr(self, f.name) for f in _fields()}
 
     def to_dict(self) -> dict[str, Any]:
         """Every recorded setting by name, as JSON values (the manifest's `settings`): the
@@ -391,18 +393,14 @@ def read_config(path: str | Path | None) -> dict[str, Any]:
     """Settings from a YAML file (a mapping of setting names), or {} without one."""
     if path is None:
         return {}
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise UsageError(f"cannot read config {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError:
-        raise UsageError(f"config {path} is not a text (UTF-8) YAML file") from None
-    from pipeline.yaml_config import ConfigError, load_mapping
+    from pipeline.yaml_config import ConfigError, load_mapping, read_text
 
     try:
-        data = load_mapping(text)
+        data = load_mapping(read_text(Path(path)))
     except ConfigError as exc:
         raise UsageError(f"config {path}{exc}") from None
+    if (unknown := unknown_names(data, [*setting_types(), *DISABLE_FLAGS.values()])) is not None:
+        raise UsageError(f"config {path}: {unknown}")
     for setting, flag in DISABLE_FLAGS.items():
         if flag not in data:
             continue
@@ -448,9 +446,10 @@ def data_settings_files(inputs: Sequence[str | Path]) -> list[Path]:
     for raw in inputs:
         path = Path(raw)
         root = path if path.is_dir() else path.parent
-        if root.name.lower().startswith("step=") and not (root / DATA_SETTINGS).is_file():
+        # Anything under the name is read (a FIFO or a folder there is refused, not passed over).
+        if root.name.lower().startswith("step=") and not os.path.lexists(root / DATA_SETTINGS):
             root = root.parent
-        if (root / DATA_SETTINGS).is_file() and root / DATA_SETTINGS not in found:
+        if os.path.lexists(root / DATA_SETTINGS) and root / DATA_SETTINGS not in found:
             found.append(root / DATA_SETTINGS)
     return found
 

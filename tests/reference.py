@@ -619,6 +619,67 @@ def micro_batch_runs(train_steps: list[int], micro_batches: list[int]) -> list[l
     return runs
 
 
+# --- balance_by_flops: one row's forward FLOPs (miles' flops_utils, per sample) ---------
+
+
+def forward_flops(lengths: Sequence[int], args: Any) -> list[float]:
+    """Each length's forward FLOPs in Python arithmetic, one row at a time, from miles'
+    args (Megatron's names, every default filled): the QKV projections, causal attention,
+    the output projection and a gated MLP per layer, then the LM head."""
+    h, heads, groups = args.hidden_size, args.num_attention_heads, args.num_query_groups
+    kv, qk, pos, v = args.kv_channels, args.qk_head_dim, args.qk_pos_emb_head_dim, args.v_head_dim
+    layers: list[tuple[int, int]] = [(args.ffn_hidden_size, args.num_layers)]
+    if args.num_experts is not None:
+        expert = args.moe_ffn_hidden_size * args.moe_router_topk
+        expert += args.moe_shared_expert_intermediate_size or 0
+        freq = args.moe_layer_freq
+        pattern = (
+            freq if isinstance(freq, list) else [int(i % freq == 0) for i in range(args.num_layers)]
+        )
+        layers = [
+            (args.ffn_hidden_size, pattern.count(0)),
+            (expert, len(pattern) - pattern.count(0)),
+        ]
+    out = []
+    for s in lengths:
+        if args.q_lora_rank is None:
+            q = 2 * s * h * heads * kv
+        else:
+            q = 2 * s * args.q_lora_rank * (h + heads * (qk + pos))
+        if args.kv_lora_rank is None:
+            kvp = 4 * s * h * groups * kv
+        else:
+            kvp = 2 * s * (args.kv_lora_rank * (h + heads * (qk + v)) + h * pos)
+        attention = heads * s * s * (qk + pos if pos else kv) / 1  # one rounding, as x*2/2
+        attention = attention + float(heads * s * s * (v if v else kv))
+        total: float = 0
+        for ffn, count in layers:
+            if count:
+                layer = float(q + kvp) + attention + float(2 * s * h * h)
+                total = total + (layer + float(6 * s * h * ffn)) * count
+        out.append(total + float(2 * s * h * args.vocab_size))
+    return out
+
+
+# --- max_weight_staleness: miles' buffer filter, per group --------------------------
+
+
+def stale_groups(rows: list[Row], step: int, budget: int) -> list[Any]:
+    """The group_index of each group the buffer sets aside: its rows' oldest numeric
+    weight version lags `step` by more than `budget` (a group with none is kept)."""
+    oldest: dict[Any, int | None] = {}
+    for row in rows:
+        group = row["group_index"]
+        mine = oldest_weight_version(row)
+        have = oldest.get(group)
+        oldest[group] = mine if have is None else have if mine is None else min(have, mine)
+    return [
+        group
+        for group, version in oldest.items()
+        if version is not None and step - version > budget
+    ]
+
+
 # --- slime (THUDM/slime at the pinned commit): rows -> the rank dicts its trainer holds --
 #
 # Written from reading slime's `RolloutManager` (`_get_rollout_data`,

@@ -26,17 +26,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rollout_shards_loader import miles as _hook
-from rollout_shards_loader._read import (
-    BATCH_POSITION,
-    RAW_REWARD,
-    _batch_raw_reward,
-    _micro_batch_indices,
-    _present,
-    _ragged,
-    _scalars,
-    read_with,
-)
+from rollout_shards_loader import _hook
+from rollout_shards_loader._convert import ragged, scalars
+from rollout_shards_loader._rank import batch_raw_reward, built_for, micro_batch_indices, present
+from rollout_shards_loader._step import RankFiles, read_rank_files
+from rollout_shards_loader._verify import BATCH_POSITION, RAW_REWARD
 
 TRAINER = "slime"
 DATA_MODULE = "slime.backends.megatron_utils.actor"
@@ -84,7 +78,9 @@ def read_rank(
     step), when given, must match the step's, else ValueError; a step built for another
     trainer is a ValueError too. Every file is checked against the manifest as
     `rollout_shards_loader.read_rank` checks it (`verify=False` skips the digests)."""
-    return read_with(step_folder, rank, _slime_dict, dp_size, global_batch_size, verify)
+    return read_rank_files(
+        step_folder, rank, dp_size, global_batch_size, verify, lambda read: _slime_dict(read, rank)
+    )
 
 
 def _tensors(column: pa.ChunkedArray, dtype: str) -> list[Any]:
@@ -92,32 +88,22 @@ def _tensors(column: pa.ChunkedArray, dtype: str) -> list[Any]:
     (null rows as empty tensors; the rules leave none where slime reads one)."""
     import torch
 
-    ragged = _ragged(column)
-    values = np.array(ragged.values, dtype=dtype)  # a writable copy in the tensor's dtype
-    pieces = np.split(values, ragged.offsets[1:-1]) if len(ragged.offsets) > 1 else []
+    rows = ragged(column)
+    values = np.array(rows.values, dtype=dtype)  # a writable copy in the tensor's dtype
+    pieces = np.split(values, rows.offsets[1:-1]) if len(rows.offsets) > 1 else []
     return [torch.from_numpy(piece) for piece in pieces]
 
 
-def _slime_dict(
-    manifest: dict[str, Any],
-    files: list[pq.ParquetFile],
-    parts: dict[int, pa.Table],
-    rank: int,
-    own: pa.Buffer,
-) -> dict[str, Any]:
+def _slime_dict(read: RankFiles, rank: int) -> dict[str, Any]:
     import torch
 
-    trainer = manifest["settings"].get("trainer", "miles")
-    if trainer != TRAINER:
-        raise ValueError(
-            f"the step was built for the {trainer} trainer (--trainer {trainer}); slime's dict "
-            "comes from a step built with --trainer slime"
-        )
-    present = _present(manifest, files)
-    wanted = [k for k in ROW_KEYS if k not in OPTIONAL or k in present]
+    manifest, parts, own = read.manifest, read.parts, read.own
+    built_for(manifest, TRAINER)
+    has = present(manifest, read.files, OPTIONAL)
+    wanted = [k for k in ROW_KEYS if k not in OPTIONAL or k in has]
     extra = [BATCH_POSITION, RAW_REWARD, "total_lengths", "train_step", "micro_batch"]
     table = pq.read_table(pa.BufferReader(own), columns=[*wanted, *extra])
-    partition = _scalars(table.column(BATCH_POSITION))
+    partition = scalars(table.column(BATCH_POSITION))
     data: dict[str, Any] = {"partition": partition}
     for key in wanted:
         column = table.column(key)
@@ -127,14 +113,14 @@ def _slime_dict(
             sums = column.to_numpy().astype(np.float32)
             data[key] = torch.from_numpy(sums)
         else:
-            data[key] = _scalars(column)
-    raw_reward = _batch_raw_reward(manifest, parts, rank, table, False)
+            data[key] = scalars(column)
+    raw_reward = batch_raw_reward(manifest, parts, rank, table, False)
     data["raw_reward"] = raw_reward
-    data["total_lengths"] = _scalars(table.column("total_lengths"))
+    data["total_lengths"] = scalars(table.column("total_lengths"))
     steps = int(manifest["num_train_steps"])
     data["global_batch_sizes"] = [int(manifest["global_batch_size"])] * steps
     data["num_microbatches"] = list(manifest["num_microbatches"])
-    data["micro_batch_indices"] = _micro_batch_indices(table)
+    data["micro_batch_indices"] = micro_batch_indices(table)
     data["local_raw_reward"] = [raw_reward[i] for i in partition]
     return data
 
@@ -147,15 +133,7 @@ def runtime_env(root: str | Path, base: dict[str, Any] | None = None) -> dict[st
 
 def setup_hook() -> None:
     """Ray's `worker_process_setup_hook`: `install($ROLLOUT_SHARDS_ROOT)`."""
-    import os
-
-    root = os.environ.get(_hook.ROOT_ENV)
-    if not root:
-        raise RuntimeError(
-            f"{SETUP_HOOK} needs {_hook.ROOT_ENV} in the runtime env's env_vars "
-            "(rollout_shards_loader.slime.runtime_env(root) sets both)"
-        )
-    install(root)
+    install(_hook.setup_root(SETUP_HOOK))
 
 
 def install(

@@ -17,8 +17,9 @@ DUMP_SUFFIX = ".pt"
 
 # `--save-debug-rollout-data` is a template, so besides `<step>.pt` accept a prefix
 # ending in `_`, `-` or `=` (`rollout_12.pt`); eval dumps put `eval_` before the step.
-_EVAL_STEM = re.compile(r"^(?:.*[_=-])?eval_(\d+)$")
-_STEP_STEM = re.compile(r"^(?:.*[_=-])?(\d+)$")
+# Digits are ASCII (`int` would read `١٢` as 12).
+_EVAL_STEM = re.compile(r"^(?:.*[_=-])?eval_([0-9]+)$")
+_STEP_STEM = re.compile(r"^(?:.*[_=-])?([0-9]+)$")
 
 
 def eval_step(path: Path) -> int | None:

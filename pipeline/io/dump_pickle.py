@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pipeline.errors import StepError, step_error
 
-# A dump may build at most ARRAYS_PER_BYTE bytes of arrays and, in `pipeline.io.miles_dump`,
+# A dump may build at most ARRAYS_PER_BYTE bytes of arrays and, in `pipeline.io.dump_values`,
 # VALUES_PER_BYTE column values per byte of its file, and at least FLOOR of either. A
 # bfloat16 storage is read (2 bytes an element), widened to float32 (4) and copied out as a
 # tensor (4): 5 per byte of file, the most a real dump needs.

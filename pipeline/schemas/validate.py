@@ -96,7 +96,7 @@ def _failure_cases(model: Model, frame: pl.DataFrame) -> pl.DataFrame | None:
     from pipeline.schemas.samples import SCHEMAS
 
     # Pandera runs one small query per check: Polars' in-memory engine starts each one
-    # faster than the streaming engine that Polars 2 picks by default.
+    # with less overhead than the streaming engine that Polars 2 picks by default.
     with (
         config_context(validation_depth=ValidationDepth.SCHEMA_AND_DATA),
         pl.Config(engine_affinity="in-memory"),

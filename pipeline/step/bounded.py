@@ -154,7 +154,7 @@ def load_samples(
         # rows as the in-memory read finds them
         raise StepError(verdict.violations)
     quarantine = None
-    if verdict.violations:
+    if not verdict.failing.is_empty():  # invalid trajectories, or stale groups
         quarantine = _quarantine(original, verdict.failing, spill, list(order))
         spill.kept = verdict.valid.get_column(ROW_ID)
     return SampleTable(

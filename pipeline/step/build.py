@@ -25,6 +25,7 @@ from pipeline.step.plan import plan_batch, untrained_warning
 from pipeline.step.tables import SampleTable, TrainBatch
 from pipeline.step.write import write_shards
 from pipeline.transforms import metrics
+from pipeline.transforms.staleness import STALE_GROUPS, STALE_ROWS
 
 # A step is worth a look when more than half of its prompt groups have one reward (GRPO
 # learns nothing from them) or more than a tenth of its samples were truncated.
@@ -172,11 +173,20 @@ def summary_line(manifest: Manifest, folder: Path) -> str:
     kind = "compact" if manifest.is_compact else "not compact"
     repaired = f"{n.repaired} repaired, " if n.repaired else ""
     return (
-        f"step {manifest.step}: {n.ingested} rows in, {n.quarantined} quarantined, "
+        f"step {manifest.step}: {n.ingested} rows in, {n.quarantined} quarantined"
+        f"{_stale(manifest)}, "
         f"{n.trimmed} trimmed, {n.dropped} dropped, {n.written} written to "
         f"{_count(manifest.dp_size, 'rank')}, {n.untrained} untrained, {repaired}"
         f"{_count(manifest.num_train_steps, 'train step')}, {kind} -> {folder}"
     )
+
+
+def _stale(manifest: Manifest) -> str:
+    """With max_weight_staleness, the groups and rows of `quarantined` it set aside."""
+    if STALE_GROUPS not in manifest.stats:
+        return ""
+    groups, rows = int(manifest.stats[STALE_GROUPS]), int(manifest.stats[STALE_ROWS])
+    return f" ({_count(groups, 'stale group')}, {_count(rows, 'row')})"
 
 
 def _count(number: int, thing: str) -> str:

@@ -50,7 +50,10 @@ def _folder_matches(manifest: Manifest, folder: Path, hash_outputs: bool) -> boo
         return False
     if not hash_outputs:
         return True
-    return all(sha256_of(folder / output.path) == output.sha256 for output in manifest.outputs)
+    try:
+        return all(sha256_of(folder / o.path) == o.sha256 for o in manifest.outputs)
+    except OSError:  # a file gone, or no longer a regular file (a FIFO is never read)
+        return False
 
 
 def shards_are_current(

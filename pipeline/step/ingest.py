@@ -5,6 +5,7 @@ The `rollout_samples` asset and `rollout-shards validate` stop here; `plan` take
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import polars as pl
@@ -21,6 +22,7 @@ from pipeline.settings import RowSettings, Settings
 from pipeline.speed import EarlyDigests
 from pipeline.step.tables import SampleTable
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
+from pipeline.transforms.staleness import stale_rows
 
 PROVENANCE = (c.SOURCE_FILE, c.SOURCE_ROW, PATH_STEP)
 # Provenance as the quarantine table names it: where to find the row as it was written.
@@ -82,7 +84,26 @@ def repair_and_validate(
         table=table,
         row_rules=profile.row_rules,
     )
-    return verdict, repaired
+    return _without_stale_groups(verdict, step, settings), repaired
+
+
+def _without_stale_groups(verdict: Verdict, step: int, settings: Settings | RowSettings) -> Verdict:
+    """miles' weight-staleness budget (`transforms.staleness`): the groups it sets aside
+    leave the valid rows for the quarantine, whatever on_invalid says (the trainer's
+    filter, not invalid data). miles-specific: the miles profile's to own."""
+    budget = getattr(settings, "max_weight_staleness", None)
+    if budget is None:
+        return verdict
+    stale = stale_rows(verdict.valid, step, budget)
+    if stale.is_empty():
+        return verdict
+    ids = stale.get_column(ROW_ID).implode()
+    return dataclasses.replace(
+        verdict,
+        valid=verdict.valid.filter(~pl.col(ROW_ID).is_in(ids)),
+        failing=pl.concat([verdict.failing, stale], how="vertical_relaxed"),
+        light=None,  # positions moved: the plan computes them again
+    )
 
 
 def load_samples(
@@ -113,7 +134,7 @@ def checked(loaded: LoadedStep, settings: Settings | RowSettings) -> SampleTable
     if verdict.violations and not (quarantining and verdict.settled):
         raise StepError(verdict.violations)
     quarantine = None
-    if verdict.violations:
+    if not verdict.failing.is_empty():  # invalid trajectories, or stale groups
         quarantine = quarantine_table(original, verdict.failing)
     return SampleTable(
         step=step,

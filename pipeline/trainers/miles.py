@@ -100,14 +100,22 @@ def with_rewards(light: pl.LazyFrame, n_rows: int, settings: Settings) -> tuple[
 
 
 def batch_layout(light: pl.DataFrame, settings: Settings) -> Layout:
-    """The rollout-side schedule when cp_size is set and there are enough rollouts, else plain."""
+    """The rollout-side schedule when cp_size is set, miles splits on the rollout side
+    (not delay_split_train_data_by_dp, nor the trainer's fault tolerance) and there are
+    enough rollouts (`can_schedule_on_rollout_side`), else plain; by FLOPs with
+    balance_by_flops (SEMANTICS 7.7)."""
     keys = light.get_column(c.ROLLOUT_IDS)
     lengths = light.get_column(c.TOTAL_LENGTHS).cast(pl.Int64)
     assert settings.global_batch_size is not None, "checked with the settings"
-    if settings.uses_schedule and keys.n_unique() >= settings.global_batch_size:
-        from pipeline.transforms.schedule import rollout_schedule  # numpy
+    scheduled = settings.uses_schedule and not settings.splits_on_trainer
+    if scheduled and keys.n_unique() >= settings.global_batch_size:
+        from pipeline.transforms.flops import forward_flops, miles_model_shape  # numpy
+        from pipeline.transforms.schedule import rollout_schedule
 
-        return rollout_schedule(keys.to_numpy(), lengths.to_numpy(), settings)
+        flops = None
+        if settings.balance_by_flops:
+            flops = forward_flops(lengths.to_numpy(), miles_model_shape(settings))
+        return rollout_schedule(keys.to_numpy(), lengths.to_numpy(), settings, flops)
     return plain_layout(keys, lengths, settings)
 
 

@@ -202,8 +202,9 @@ LIST_REDUCTIONS = (N_TOKENS, MASK_LEN, MASK_BINARY, MASK_SUM, RLP_LEN, TLP_LEN)
 
 def light_frame(frame: pl.DataFrame, reward_key: str | None, step: int) -> pl.DataFrame:
     """The light columns of `frame`, one row per row of it. Finiteness of the log probs is
-    first judged by their sums (0.08 s for 124M values against 0.16 s for `is_finite` on
-    each), then decided value by value on the rows whose sum is not finite."""
+    first judged by their sums (a sum is finite only if every value is, and summing is
+    cheaper than `is_finite` on each value), then decided value by value on the rows whose
+    sum is not finite."""
     light = light_columns(frame.lazy(), reward_key, step).collect()
     if N_TOKENS in frame.columns:  # reduced lists: LOG_PROBS_FINITE is exact already
         return light

@@ -294,3 +294,52 @@ def test_no_module_is_over_450_lines() -> None:
         if (length := len(path.read_text().splitlines())) > 450
     }
     assert long == {}
+
+
+# A figure of speed or size: `1.5x`, `3-4x`, `12%`, `0.08 s`, `40 ms`, `156 MiB`, `2 cpu-s`,
+# or a word that says how fast. Comments and docstrings say why; figures live in bench/.
+FIGURE = re.compile(
+    r"(?<![\w.])(?!0x)\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?"
+    r"(?:x\b|\s?%|\s?ms\b|\s?s\b|\s?(?:[KMG]iB|[KMG]B)\b|\s?cpu-s\b)"
+    r"|\b(?:faster|slower|quicker|speed-?up)\b",
+    re.IGNORECASE,
+)
+
+
+def _comments_and_docstrings(path: Path) -> list[tuple[int, str]]:
+    import ast
+    import io
+    import tokenize
+
+    source = path.read_text()
+    found = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                first = node.body[0].lineno
+                found += [(first + i, line) for i, line in enumerate(doc.splitlines())]
+    return found
+
+
+def test_comments_and_docstrings_hold_no_figures() -> None:
+    files = [*sorted(PACKAGE.rglob("*.py")), *sorted((REPO / "loader").rglob("*.py"))]
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {text.strip()}"
+        for path in files
+        if "__pycache__" not in path.parts
+        for line, text in _comments_and_docstrings(path)
+        if FIGURE.search(text)
+    ]
+    assert found == []
+
+
+def test_the_figure_check_finds_figures() -> None:
+    figures = ["3-4x the", "1.5x", "12%", "0.08 s for", "40 ms", "156 MiB", "2 cpu-s", "faster"]
+    other = ["0x10", "up to 8 times", "step 3", "v2", "a 1024-row group", "sha256"]
+    assert [bool(FIGURE.search(t)) for t in figures] == [True] * len(figures)
+    assert [bool(FIGURE.search(t)) for t in other] == [False] * len(other)
