@@ -28,9 +28,10 @@ from pipeline.miles_flags import REQUIRED_SHAPE
 from pipeline.schemas.rules import SLIME_ROWS, Model
 from pipeline.settings import Settings
 from pipeline.trainers import BatchPlan
-from pipeline.trainers.slime_schedule import ModelShape, SlimeLayout, slime_layout
+from pipeline.trainers.slime_schedule import SlimeLayout, slime_layout
+from pipeline.transforms.flops import slime_model_shape
 from pipeline.transforms.layout import rank_sizes
-from pipeline.transforms.shard_columns import light_shard_columns, raw_reward
+from pipeline.transforms.shard_columns import filled_rollout_ids, light_shard_columns, raw_reward
 from pipeline.transforms.torch_float import torch_dim_std, torch_sums
 from pipeline.transforms.trim import is_compact
 
@@ -75,24 +76,6 @@ SLIME_SETTINGS = frozenset(
         "moe_shared_expert_intermediate_size",
     )
 )
-
-
-def filled_rollout_ids(ids: pl.Series) -> pl.Series:
-    """slime's fill: each missing id, in batch order, becomes the smallest integer not
-    used yet (by a given id or an earlier fill): the first m integers >= 0 outside the
-    given ids, in order."""
-    missing = int(ids.null_count())
-    if not missing:
-        return ids
-    used = ids.drop_nulls().unique()
-    candidates = pl.int_range(0, missing + len(used), dtype=pl.Int64, eager=True)
-    free = candidates.filter(~candidates.is_in(used.implode())).head(missing)
-    slots = ids.is_null().cum_sum().cast(pl.Int64) - 1
-    return (
-        pl.select(pl.when(ids.is_null()).then(free.gather(slots.clip(0))).otherwise(ids))
-        .to_series()
-        .alias(ids.name)
-    )
 
 
 def positional_rewards(raw: pl.Series, settings: Settings) -> tuple[pl.Series, int]:
@@ -149,7 +132,7 @@ def _layout_plan(settings: Settings) -> SlimeLayout:
         micro_batch_size=settings.micro_batch_size or 1,
         balance_data=settings.balance_data or settings.balance_by_flops,
         balance_by_flops=settings.balance_by_flops,
-        shape=ModelShape.of(settings) if needs_shape else None,
+        shape=slime_model_shape(settings) if needs_shape else None,
     )
 
 

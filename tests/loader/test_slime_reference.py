@@ -59,13 +59,13 @@ def test_flops_are_slimes(slime: Any, shape: dict[str, Any]) -> None:
     import numpy as np
 
     from pipeline.settings import load_settings
-    from pipeline.trainers.slime_schedule import ModelShape, forward_flops
+    from pipeline.transforms.flops import forward_flops, slime_model_shape
 
     lengths = [1, 7, 4096, 32768, 131072]
     args = ss.slime_args(shape)
     theirs = [slime.flops.calculate_fwd_flops([n], args) for n in lengths]
     settings = load_settings(trainer="slime", global_batch_size=1, rollout_batch_size=1, **shape)
-    ours = forward_flops(np.asarray(lengths), ModelShape.of(settings)).tolist()
+    ours = forward_flops(np.asarray(lengths), slime_model_shape(settings)).tolist()
     assert [float(v).hex() for v in ours] == [float(v).hex() for v in theirs]
     if shape is BIG_DENSE:  # the reference models dense layers and all-MoE models
         merged = reference.slime_settings(shape)
