@@ -82,7 +82,7 @@ def positional_rewards(raw: pl.Series, settings: Settings) -> tuple[pl.Series, i
     """`rewards` (float64 of the float32 result) and the count of positional groups whose
     raw rewards are all equal (their normalized values are rounding noise over 1e-6)."""
     normalizes = settings.advantage_estimator in NORMALIZING and settings.rewards_normalization
-    if not normalizes:
+    if not normalizes or not len(raw):
         return raw, 0
     n = settings.n_samples_per_prompt or 1
     rbs = settings.rollout_batch_size or 0
