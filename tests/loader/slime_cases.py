@@ -107,6 +107,15 @@ def _extras(rows: Rows) -> Rows:
     return rows
 
 
+def _mixed_raw_reward(rows: Rows) -> Rows:
+    """raw_reward on some rows only (slime's mixed-source batches): the others take the
+    reward."""
+    for position, row in enumerate(rows):
+        if position % 3 == 1:
+            row["raw_reward"] = 5.0 + position
+    return rows
+
+
 def _no_group_index(rows: Rows) -> Rows:
     for row in rows:
         del row["group_index"]
@@ -227,6 +236,10 @@ CASES: dict[str, tuple[Rows, dict[str, Any]]] = {
     "reward_key": (
         _struct(grouped([2, 2, 2, 2])),
         {**BASE, "global_batch_size": 4, "dp_size": 2, "reward_key": "score"},
+    ),
+    "mixed_raw_reward": (
+        _mixed_raw_reward(grouped([2, 2, 2, 2])),
+        {**BASE, "global_batch_size": 4, "dp_size": 2},
     ),
     "no_group_index": (
         _no_group_index(grouped([2, 2, 2, 2])),
