@@ -268,6 +268,7 @@ class SpilledRows(RankRows):
             self.inputs,
             self.optional,
             self.order.slice(start, length),
+            self.columns,
         )
         return SpilledRows(mine, self.parts, self.loaded, self.schema)
 

@@ -68,7 +68,11 @@ class RankRows:
         order = self.order.slice(start, length)
         own = pl.int_range(length, dtype=pl.Int64, eager=True)
         return RankRows(
-            compact(self.scalars, start, length), self.inputs[order], self.optional, own
+            compact(self.scalars, start, length),
+            self.inputs[order],
+            self.optional,
+            own,
+            self.columns,
         )
 
 

@@ -101,3 +101,23 @@ def test_read_rank_is_slimes_dict_on_random_cases(slime: Any, tmp_path: Path, se
     folder = tmp_path / "out" / "step=1"
     ours = [slime_loader.read_rank(folder, rank) for rank in range(len(theirs))]
     assert [ss.canonical(d) for d in ours] == [ss.canonical(d) for d in theirs]
+
+
+def test_a_rank_shipped_alone_keeps_slimes_columns(tmp_path: Path) -> None:
+    """What one rank's writer is shipped (`RankRows.for_rank`, the Ray rank writers) writes
+    the same rows and columns as the whole batch, `source_names` included."""
+    from tests.conftest import plan
+
+    rows, settings = CASES["extras_round_raw_source"]
+    write_step(tmp_path / "in", copy.deepcopy(rows))
+    batch = plan(tmp_path / "in", trainer="slime", **settings)
+    rank_rows = batch.rank_rows
+    assert rank_rows is not None
+    whole = rank_rows.rows(0, rank_rows.scalars.height)
+    assert "source_names" in whole.columns
+    start = 0
+    for rank in range(settings["dp_size"]):
+        size = int((whole.get_column("rank") == rank).sum())
+        alone = rank_rows.for_rank(start, size)
+        assert alone.rows(0, size).equals(whole.slice(start, size))
+        start += size
