@@ -121,3 +121,27 @@ def test_a_rank_shipped_alone_keeps_slimes_columns(tmp_path: Path) -> None:
         alone = rank_rows.for_rank(start, size)
         assert alone.rows(0, size).equals(whole.slice(start, size))
         start += size
+
+
+def test_stages_run_apart_build_the_same_slime_step(tmp_path: Path) -> None:
+    """Each stage run on its own (the Dagster assets materialized apart, through staging)
+    gives the bytes of a build in one go."""
+    import hashlib
+
+    from pipeline.settings import load_settings
+    from pipeline.step import stages
+    from pipeline.step.roots import StepRoots
+
+    rows, settings = CASES["extras_round_raw_source"]
+    write_step(tmp_path / "in", copy.deepcopy(rows))
+    build(tmp_path / "in", tmp_path / "a", trainer="slime", **settings)
+    roots = StepRoots(tmp_path / "in", tmp_path / "b")
+    config = load_settings(trainer="slime", **settings)
+    for name in stages.STAGES:
+        list(stages.run_stages([name], roots, 1, config))
+
+    def digests(root: Path) -> dict[str, str]:
+        folder = root / "step=1"
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+
+    assert digests(tmp_path / "a") == digests(tmp_path / "b")
