@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, os_violation, printable
 from pipeline.miles_flags import FLAG_READERS
-from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
+from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields, valued_booleans
 from pipeline.speed import HeadStart, on, tune_process
 from pipeline.streams import end_on_interrupt, kept_streams, program_streams_and_signals
 
@@ -50,7 +50,16 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             )
             continue
         base = non_null(annotation)
-        if name in FLAG_READERS or typing.get_origin(base) is list:
+        if name in valued_booleans():
+            # a text the settings model reads as a boolean ("true", "false", "yes", ...)
+            group.add_argument(
+                _flag(name),
+                dest=name,
+                metavar="true|false",
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+        elif name in FLAG_READERS or typing.get_origin(base) is list:
             _add_shaped_flag(group, name, base, help_text)
         elif base is bool:
             group.add_argument(

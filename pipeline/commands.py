@@ -242,7 +242,9 @@ def run_validate(args: argparse.Namespace) -> int:
     _inputs_exist(args.inputs)
     values = _setting_values(args)
     settings: Settings | RowSettings
-    if "global_batch_size" in values:
+    # miles' batch is checked once its global batch size is given; another trainer's
+    # settings are checked whole (its profile names any missing)
+    if "global_batch_size" in values or values.get("trainer", "miles") != "miles":
         settings = make_settings(values)
     else:
         settings = make_row_settings(values)

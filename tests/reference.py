@@ -1061,3 +1061,149 @@ def slime_rank_dicts(rows: list[Row], settings: dict[str, Any]) -> list[dict[str
         shard["local_raw_reward"] = [data["raw_reward"][j] for j in partition]
         out.append(shard)
     return out
+
+
+# --- verl 0.9.1 (RayPPOTrainer.fit, GRPO): the DataProto each data-parallel rank gets ---
+#
+# From reading verl/experimental/agent_loop/agent_loop.py (_agent_loop_postprocess,
+# _postprocess), verl/trainer/ppo/ray_trainer.py (fit, _balance_batch, compute_advantage),
+# verl/utils/seqlen_balancing.py and verl/trainer/ppo/core_algos.py
+# (compute_grpo_outcome_advantage). One dict per sample, numpy at the end.
+
+VERL_EPSILON = np.float32(1e-6)
+
+
+def verl_padded_sample(row: Row, settings: dict[str, Any]) -> dict[str, Any]:
+    """One sample as the agent loop pads it: the prompt left-padded to max_prompt_length,
+    the response right-padded to max_response_length, the score at the last response
+    token (the last column when the response is empty)."""
+    pad = settings["pad_token_id"]
+    max_prompt, max_response = settings["max_prompt_length"], settings["max_response_length"]
+    tokens, length = list(row["tokens"]), row["response_length"]
+    prompt, response = tokens[: len(tokens) - length], tokens[len(tokens) - length :]
+    mask = [1] * length if row.get("loss_mask") is None else list(row["loss_mask"])
+    prompt_pad, response_pad = max_prompt - len(prompt), max_response - length
+    attention = [0] * prompt_pad + [1] * len(prompt) + [1] * length + [0] * response_pad
+    positions, seen = [], 0
+    for a in attention:
+        seen += a
+        positions.append(max(seen - 1, 0))
+    scores = [np.float32(0.0)] * max_response
+    scores[(length - 1) % max_response] = np.float32(row["reward"])
+    out: dict[str, Any] = {
+        "prompts": [pad] * prompt_pad + prompt,
+        "responses": response + [pad] * response_pad,
+        "response_mask": mask + [0] * response_pad,
+        "input_ids": [pad] * prompt_pad + prompt + response + [pad] * response_pad,
+        "attention_mask": attention,
+        "position_ids": positions,
+        "scores": scores,
+        "uid": str(row["group_index"]),
+    }
+    if row.get("rollout_log_probs") is not None:
+        out["rollout_log_probs"] = [np.float32(x) for x in row["rollout_log_probs"]] + [
+            np.float32(0.0)
+        ] * response_pad
+    return out
+
+
+def verl_largest_differencing(values: list[int], k: int) -> list[list[int]]:
+    """verl's karmarkar_karp(equal_size=True): states of k items each (ascending by
+    value, then position), merged largest spread first; sets compare by (sum, size,
+    items); the partitions in the final state's order, each sorted."""
+    ranked = sorted((v, i) for i, v in enumerate(values))
+
+    def sort_sets(sets: list[list[Any]]) -> list[list[Any]]:
+        return sorted(sets, key=lambda s: (s[0], len(s[1]), s[1]), reverse=True)
+
+    states = []
+    for start in range(0, len(ranked), k):
+        sets = [[v, [(i, v)]] for v, i in ranked[start : start + k]]
+        states.append(sort_sets(sets))
+
+    def priority(state: list[list[Any]]) -> tuple[Any, ...]:
+        first = state[0]
+        return (first[0] - state[-1][0], (first[0], len(first[1]), first[1]))
+
+    while len(states) > 1:
+        # pop the largest spread, ties to the larger first set (a min-heap on the inverse)
+        states.sort(key=priority, reverse=True)
+        a, b = states.pop(0), states.pop(0)
+        merged = [[a[i][0] + b[k - 1 - i][0], a[i][1] + b[k - 1 - i][1]] for i in range(k)]
+        states.append(sort_sets(merged))
+    return [sorted(i for i, _ in s[1]) for s in states[0]]
+
+
+def verl_balanced_order(lengths: list[int], dp_size: int) -> list[int]:
+    """_balance_batch's order: partitions of the workload 24576 L + L^2, each sorted by
+    (workload, position) and laid out smallest at both ends."""
+    workload = [24576 * n + n * n for n in lengths]
+    order: list[int] = []
+    for part in verl_largest_differencing(workload, dp_size):
+        part = sorted(part, key=lambda i: (workload[i], i))
+        order.extend(part[::2] + part[1::2][::-1])
+    return order
+
+
+def verl_grpo(samples: list[dict[str, Any]], norm_by_std: bool) -> list[np.float32]:
+    """compute_grpo_outcome_advantage per sample: the score against its uid group's mean
+    (and std), groups of one taken as mean 0 and std 1."""
+    scores = [np.float32(0.0) + np.float32(sum(s["scores"], np.float32(0.0))) for s in samples]
+    groups: dict[str, list[np.float32]] = {}
+    for s, score in zip(samples, scores, strict=True):
+        groups.setdefault(s["uid"], []).append(score)
+    stats = {
+        uid: (np.float32(0.0), np.float32(1.0))
+        if len(values) == 1
+        else (torch_f32_mean(values), torch_f32_std(values))
+        for uid, values in groups.items()
+    }
+    out = []
+    for s, score in zip(samples, scores, strict=True):
+        mean, std = stats[s["uid"]]
+        centered = np.float32(score - mean)
+        out.append(
+            np.float32(centered / np.float32(std + VERL_EPSILON)) if norm_by_std else centered
+        )
+    return out
+
+
+def verl_reference(rows: list[Row], settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per rank: each batch tensor as a numpy array (verl's dtypes), `uid` and
+    `global_token_num`, for a step whose rows come in prompt groups of rollout_n."""
+    dp = settings["dp_size"]
+    samples = [verl_padded_sample(row, settings) for row in rows]
+    lengths = [sum(s["attention_mask"]) for s in samples]
+    order = list(range(len(samples)))
+    if settings["balance_batch"]:
+        order = verl_balanced_order(lengths, dp)
+    samples = [samples[i] for i in order]
+    advantages = verl_grpo(samples, settings["norm_adv_by_std_in_grpo"])
+    per_rank = len(samples) // dp
+    ranks = []
+    for r in range(dp):
+        chosen = range(r * per_rank, (r + 1) * per_rank)
+        batch: dict[str, Any] = {"dummy_tensor": np.zeros((per_rank, 1), dtype=np.uint8)}
+        for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask"):
+            batch[key] = np.array([samples[i][key] for i in chosen], dtype=np.int64)
+        batch["position_ids"] = np.array([samples[i]["position_ids"] for i in chosen], np.int64)
+        if "rollout_log_probs" in samples[0]:
+            batch["rollout_log_probs"] = np.array(
+                [samples[i]["rollout_log_probs"] for i in chosen], dtype=np.float32
+            )
+        scores = np.array([samples[i]["scores"] for i in chosen], dtype=np.float32)
+        batch["rm_scores"] = scores
+        batch["token_level_scores"] = scores
+        batch["token_level_rewards"] = scores
+        mask = batch["response_mask"].astype(np.float32)
+        advantage = np.array([advantages[i] for i in chosen], dtype=np.float32)[:, None] * mask
+        batch["advantages"] = advantage
+        batch["returns"] = advantage
+        ranks.append(
+            {
+                "batch": batch,
+                "uid": [samples[i]["uid"] for i in chosen],
+                "global_token_num": [lengths[i] for i in order],
+            }
+        )
+    return ranks

@@ -31,10 +31,12 @@ def _rank_rows(
     light: pl.DataFrame,
     layout: Layout,
     optional: list[str],
-    extra: tuple[str, ...] = (),
+    columns: tuple[str, ...],
 ) -> RankRows:
-    """The scalar shard columns in write order. The list columns are left in batch order,
-    to be gathered once, rank by rank, as they are written."""
+    """The scalar shard columns in write order (`columns`: the trainer's rank-file columns,
+    those beyond `c.DATASET_COLUMNS` taken from the light frame). The list columns are left
+    in batch order, to be gathered once, rank by rank, as they are written."""
+    own = [name for name in columns if name not in c.DATASET_COLUMNS]
     train_step = layout.train_step.alias(c.TRAIN_STEP)
     micro_batch = (
         layout.micro_batch.alias(c.MICRO_BATCH)
@@ -51,7 +53,7 @@ def _rank_rows(
         c.SAMPLE_INDICES,
         c.ROLLOUT_IDS,
         c.ROLLOUT_MASK_SUMS,
-        *extra,
+        *own,
     )[layout.order].with_columns(
         pl.when(train_step != UNTRAINED).then(train_step).alias(c.TRAIN_STEP),
         micro_batch,
@@ -60,7 +62,6 @@ def _rank_rows(
     )
     needed = [c.TOKENS, c.LOSS_MASK, c.RESPONSE_LENGTH, c.REMOVE_SAMPLE, *optional]
     inputs = head.select(name for name in needed if name in head.columns)
-    columns = (*c.SHARD_COLUMNS, *c.OPTIONAL_SHARD_COLUMNS, *extra, *c.PARTITION_COLUMNS)
     return RankRows(
         scalars=scalars, inputs=inputs, optional=optional, order=layout.order, columns=columns
     )
@@ -83,10 +84,9 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     manifest; the batch in write order."""
     step, frame = samples.step, samples.frame
     light = (samples.light if samples.light is not None else _light(frame, settings, step)).lazy()
+    profile = trainers.profile(settings.trainer)
     try:
-        plan = trainers.profile(settings.trainer).plan(
-            light, frame.schema, frame.height, settings, step
-        )
+        plan = profile.plan(light, frame.schema, frame.height, settings, step)
     except StepError as error:
         if samples.quarantine is not None:
             for violation in error.violations:
@@ -98,7 +98,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     head = frame.head(plan.kept)
     layout, light_df = plan.layout, plan.light
     optional = optional_columns(head)
-    rows = _rank_rows(step, head, light_df, layout, optional, plan.extra_columns)
+    rows = _rank_rows(step, head, light_df, layout, optional, profile.rank_columns)
     quarantined = samples.quarantine.height if samples.quarantine is not None else 0
     counts = Counts(
         ingested=samples.ingested,

@@ -46,8 +46,7 @@ class RankRows:
     inputs: pl.DataFrame  # the input columns the list shard columns come from, in batch order
     optional: list[str]  # optional input columns that go into shards, in shard order
     order: pl.Series  # the batch position of each row in write order
-    # the rank files' columns in file order (a trainer may add some: `BatchPlan`)
-    columns: tuple[str, ...] = c.DATASET_COLUMNS
+    columns: tuple[str, ...] = c.DATASET_COLUMNS  # the rank files' columns (the trainer's)
     # Ranks the writer may gather and write at once (each holds its rows in memory).
     parallel_ranks: ClassVar[int] = 2
 
@@ -67,13 +66,8 @@ class RankRows:
         writer is shipped)."""
         order = self.order.slice(start, length)
         own = pl.int_range(length, dtype=pl.Int64, eager=True)
-        return RankRows(
-            compact(self.scalars, start, length),
-            self.inputs[order],
-            self.optional,
-            own,
-            self.columns,
-        )
+        scalars = compact(self.scalars, start, length)
+        return RankRows(scalars, self.inputs[order], self.optional, own, self.columns)
 
 
 def compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:

@@ -23,7 +23,11 @@ if TYPE_CHECKING:
     from pipeline.settings import Settings
 
 # The profiles by the name the `trainer` setting takes.
-_MODULES = {"miles": "pipeline.trainers.miles", "slime": "pipeline.trainers.slime"}
+_MODULES = {
+    "miles": "pipeline.trainers.miles",
+    "slime": "pipeline.trainers.slime",
+    "verl": "pipeline.trainers.verl",
+}
 NAMES = tuple(_MODULES)
 
 
@@ -41,9 +45,6 @@ class BatchPlan:
     layout: Layout
     equal_reward_groups: int
     untrained_ranks: list[int]
-    # columns of `light` the trainer's rank files carry beyond the common ones (written
-    # after the optional columns, before `step` and `rank`)
-    extra_columns: tuple[str, ...] = ()
 
 
 class Profile(Protocol):
@@ -64,6 +65,11 @@ class Profile(Protocol):
     def settings(self) -> frozenset[str]:
         """The settings this trainer reads besides the common ones
         (`pipeline.settings.COMMON_SETTINGS`); any other given is refused."""
+
+    @property
+    def rank_columns(self) -> tuple[str, ...]:
+        """The columns of its rank files, in order (`columns.DATASET_COLUMNS` and any of
+        the light frame's own columns the trainer's loader needs besides)."""
 
     def check(self, settings: Settings) -> str | None:
         """What this trainer refuses of well-typed settings (a usage error), or None."""

@@ -22,7 +22,7 @@ from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
 from pipeline.miles_flags import miles_flag_problem
 from pipeline.schemas.rules import ROWS, Model
-from pipeline.settings import COMMON_SETTINGS, Settings, batch_inconsistency
+from pipeline.settings import Settings, batch_inconsistency, shared_settings
 from pipeline.trainers import BatchPlan
 from pipeline.transforms.layout import Layout, rank_sizes, rows_within_ranks
 from pipeline.transforms.rewards import group_normalized
@@ -209,10 +209,10 @@ class Miles:
     name: str = "miles"
     row_rules: Model = ROWS
     sibling_rewards: bool = True
-    # every setting of the model is miles' (the model was made for it)
-    settings: frozenset[str] = frozenset(
-        f.name for f in dataclasses.fields(Settings) if f.name not in COMMON_SETTINGS
-    )
+    # every setting of the model that no other trainer owns is miles' (the model was made
+    # for it)
+    settings: frozenset[str] = dataclasses.field(default_factory=shared_settings)
+    rank_columns: tuple[str, ...] = c.DATASET_COLUMNS
 
     def check(self, settings: Settings) -> str | None:
         if settings.advantage_estimator == "cispo":

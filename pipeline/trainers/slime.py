@@ -10,7 +10,7 @@ miles does not (`RolloutManager._convert_samples_to_train_data`, `_post_process_
 - Rollout ids: a missing id becomes the smallest integer not used yet, in batch order;
   `rollout_ids` and `rollout_mask_sums` are over these ids, not `index`.
 - No trimming and no dynamic global batch size: every row is kept, and the schedule
-  (`slime_schedule`), which slime always runs on the rollout side, drops the rows of
+  (`transforms.slime_schedule`), which slime always runs on the rollout side, drops the rows of
   trailing rollouts past the last whole train step of `global_batch_size` rollouts.
 - Rank files: the common columns plus `source_names` (`metadata`'s `source_name`, else
   "unknown"), which the loader's `rollout_shards_loader.slime` turns into slime's dict.
@@ -28,10 +28,11 @@ from pipeline.miles_flags import REQUIRED_SHAPE
 from pipeline.schemas.rules import SLIME_ROWS, Model
 from pipeline.settings import Settings
 from pipeline.trainers import BatchPlan
-from pipeline.trainers.slime_schedule import SlimeLayout, slime_layout
 from pipeline.transforms.flops import slime_model_shape
 from pipeline.transforms.layout import rank_sizes
-from pipeline.transforms.shard_columns import filled_rollout_ids, light_shard_columns, raw_reward
+from pipeline.transforms.repair import filled_rollout_ids
+from pipeline.transforms.shard_columns import light_shard_columns, raw_reward
+from pipeline.transforms.slime_schedule import SlimeLayout, slime_layout
 from pipeline.transforms.torch_float import torch_dim_std, torch_sums
 from pipeline.transforms.trim import is_compact
 
@@ -145,7 +146,13 @@ class Slime:
     # slime normalizes by position: rows of one rollout may hold different rewards
     sibling_rewards: bool = False
     settings: frozenset[str] = SLIME_SETTINGS
-    extra_columns: tuple[str, ...] = (SOURCE_NAMES,)
+    # slime's dict carries `source_names`: after the optional columns, before step and rank
+    rank_columns: tuple[str, ...] = (
+        *c.SHARD_COLUMNS,
+        *c.OPTIONAL_SHARD_COLUMNS,
+        SOURCE_NAMES,
+        *c.PARTITION_COLUMNS,
+    )
 
     def check(self, settings: Settings) -> str | None:
         return slime_settings_problem(settings)
@@ -185,7 +192,6 @@ class Slime:
             layout=layout,
             equal_reward_groups=equal_groups,
             untrained_ranks=[],
-            extra_columns=self.extra_columns,
         )
 
 

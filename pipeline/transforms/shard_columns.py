@@ -92,21 +92,3 @@ def optional_shard_columns(optional: list[str]) -> list[pl.Expr]:
         else pl.lit(None, dtype=c.DATASET_SCHEMA[name]).alias(name)
         for name, source in c.OPTIONAL_SHARD_SOURCES.items()
     ]
-
-
-def filled_rollout_ids(ids: pl.Series) -> pl.Series:
-    """`rollout_ids` as slime fills them: each missing id, in batch order, becomes the
-    smallest integer not used yet (by a given id or an earlier fill), which makes the
-    missing ones the first integers >= 0 outside the given ids, in order."""
-    missing = int(ids.null_count())
-    if not missing:
-        return ids
-    used = ids.drop_nulls().unique()
-    candidates = pl.int_range(0, missing + len(used), dtype=pl.Int64, eager=True)
-    free = candidates.filter(~candidates.is_in(used.implode())).head(missing)
-    slots = ids.is_null().cum_sum().cast(pl.Int64) - 1
-    return (
-        pl.select(pl.when(ids.is_null()).then(free.gather(slots.clip(0))).otherwise(ids))
-        .to_series()
-        .alias(ids.name)
-    )

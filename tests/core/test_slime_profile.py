@@ -12,7 +12,7 @@ import torch
 from pipeline.settings import load_settings
 from pipeline.transforms.flops import forward_flops, slime_model_shape
 from pipeline.transforms.packing import first_fit, karmarkar_karp
-from pipeline.transforms.shard_columns import filled_rollout_ids
+from pipeline.transforms.repair import filled_rollout_ids
 from pipeline.transforms.torch_float import torch_dim_std
 from tests import reference
 
