@@ -28,6 +28,17 @@ MOE = {
     "moe_shared_expert_intermediate_size": 16,
 }
 
+# a shape whose per-row FLOPs pass 2**53 at a few tokens: sums round, so their order counts
+GIANT = {
+    "num_layers": 4096,
+    "hidden_size": 65536,
+    "ffn_hidden_size": 1 << 20,
+    "num_attention_heads": 512,
+    "num_query_groups": 64,
+    "kv_channels": 128,
+    "vocab_size": 1 << 20,
+}
+
 
 def grouped(sizes: list[int], rewards: list[float] | None = None, **fields: Any) -> Rows:
     """Prompt groups of the given sizes, one sample per index, varied lengths. (Three
@@ -210,6 +221,30 @@ CASES: dict[str, tuple[Rows, dict[str, Any]]] = {
             "use_dynamic_batch_size": True,
             "max_tokens_per_gpu": 14,
             **DENSE,
+        },
+    ),
+    "balance_giant_model_static": (
+        grouped([2, 2, 2, 2, 2, 2, 2, 2]),
+        {
+            "rollout_batch_size": 8,
+            "n_samples_per_prompt": 2,
+            "global_batch_size": 16,
+            "dp_size": 4,
+            "balance_data": True,
+            **GIANT,
+        },
+    ),
+    "balance_by_flops_giant_model": (
+        grouped([2, 2, 2, 2, 2, 2, 2, 2]),
+        {
+            "rollout_batch_size": 8,
+            "n_samples_per_prompt": 2,
+            "global_batch_size": 16,
+            "dp_size": 2,
+            "balance_by_flops": True,
+            "use_dynamic_batch_size": True,
+            "max_tokens_per_gpu": 20,
+            **GIANT,
         },
     ),
     "no_normalization": (
