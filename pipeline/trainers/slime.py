@@ -201,6 +201,15 @@ def slime_settings_problem(s: Settings) -> str | None:
         return "rollout_batch_size: required by the slime trainer (slime's --rollout-batch-size)"
     if s.global_batch_size is None:
         return "global_batch_size: required (or num_steps_per_rollout, from which slime derives it)"
+    if s.num_steps_per_rollout is not None:
+        per_rollout = s.rollout_batch_size * (s.n_samples_per_prompt or 1)
+        derived = per_rollout // s.num_steps_per_rollout
+        if s.global_batch_size != derived:
+            return (
+                f"global_batch_size={s.global_batch_size} is not rollout_batch_size * "
+                f"n_samples_per_prompt // num_steps_per_rollout = {per_rollout} // "
+                f"{s.num_steps_per_rollout} = {derived} (slime asserts it): drop one of them"
+            )
     if s.global_batch_size % s.dp_size:
         return (
             f"global_batch_size={s.global_batch_size} must be divisible by dp_size={s.dp_size} "
