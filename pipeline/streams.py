@@ -84,8 +84,8 @@ def _stream(current: TextIO | None, fd: int) -> TextIO:
 def kept_streams() -> Iterator[None]:
     """sys.stdout and sys.stderr as KeptStreams while the block runs."""
     saved = sys.stdout, sys.stderr
-    sys.stdout = KeptStream(_stream(sys.stdout, 1))  # type: ignore[assignment]
-    sys.stderr = KeptStream(_stream(sys.stderr, 2))  # type: ignore[assignment]
+    sys.stdout = KeptStream(_stream(sys.stdout, 1))
+    sys.stderr = KeptStream(_stream(sys.stderr, 2))
     try:
         yield
     finally:
