@@ -53,7 +53,7 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "loader"))
 
-import rollout_shards_loader._read as reader  # noqa: E402
+import rollout_shards_loader._verify as verifier  # noqa: E402
 from rollout_shards_loader import read_rank  # noqa: E402
 
 
@@ -137,28 +137,28 @@ def main(argv: list[str] | None = None) -> int:
     paths = sorted(folder.glob("rank=*.parquet"))
 
     def loader() -> None:
-        reader._VERIFIED.clear()
+        verifier._VERIFIED.clear()
         for rank in range(len(paths)):
             read_rank(folder, rank)
 
     def loader_numpy() -> None:
-        reader._VERIFIED.clear()
+        verifier._VERIFIED.clear()
         for rank in range(len(paths)):
             read_rank(folder, rank, as_numpy=True)
 
     def loader_numpy_per_process() -> None:
         for rank in range(len(paths)):
-            reader._VERIFIED.clear()
+            verifier._VERIFIED.clear()
             read_rank(folder, rank, as_numpy=True)
 
     def loader_numpy_old_manifest() -> None:
-        reader._VERIFIED.clear()
+        verifier._VERIFIED.clear()
         for rank in range(len(paths)):
             read_rank(old, rank, as_numpy=True)
 
     def loader_numpy_old_manifest_per_process() -> None:
         for rank in range(len(paths)):
-            reader._VERIFIED.clear()
+            verifier._VERIFIED.clear()
             read_rank(old, rank, as_numpy=True)
 
     def loader_numpy_unverified() -> None:

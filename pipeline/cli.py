@@ -1,15 +1,12 @@
-"""The command line: `rollout-shards build` and `rollout-shards validate` (CONTRACT section 4),
-and `rollout-shards parity` (issue 7).
+"""The command line: `rollout-shards build`, `validate`, `parity` and `metrics`
+(CONTRACT section 4).
 
 This module parses the arguments and imports only the standard library and the settings;
 the commands themselves (`pipeline.commands`, Polars with them) load once the arguments
 are known, after `main` has set the process settings a build wants
-(`pipeline.process.tune_process`). It runs the same stage functions as the Dagster assets
-and never imports Dagster.
-
-`build` and `validate` hash their input files while the program loads
-(`pipeline.io.background.HeadStart`): loading is single-threaded, and a core it leaves idle
-takes the sha256 the read would otherwise take beside its decoders (bench/results/).
+(`pipeline.speed.tune_process`), while the head start hashes the inputs
+(`pipeline.speed.HeadStart`). It runs the same driver as the Dagster assets and never
+imports Dagster.
 """
 
 from __future__ import annotations
@@ -23,9 +20,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, os_violation, printable
-from pipeline.io.background import HeadStart
-from pipeline.process import tune_process
-from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
+from pipeline.miles_flags import FLAG_READERS
+from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields, valued_booleans
+from pipeline.speed import HeadStart, on, tune_process
 from pipeline.streams import end_on_interrupt, kept_streams, program_streams_and_signals
 
 PROG = "rollout-shards"
@@ -125,7 +122,18 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             )
             continue
         base = non_null(annotation)
-        if base is bool:
+        if name in valued_booleans():
+            # a text the settings model reads as a boolean ("true", "false", "yes", ...)
+            group.add_argument(
+                _flag(name),
+                dest=name,
+                metavar="true|false",
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+        elif name in FLAG_READERS or typing.get_origin(base) is list:
+            _add_shaped_flag(group, name, base, help_text)
+        elif base is bool:
             group.add_argument(
                 _flag(name),
                 dest=name,
@@ -150,6 +158,38 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
                 default=argparse.SUPPRESS,
                 help=help_text,
             )
+
+
+def _add_shaped_flag(group: argparse._ArgumentGroup, name: str, base: Any, help_text: str) -> None:
+    """A setting whose value is not one scalar: a list (`--ft-components rollout train`,
+    miles' nargs) or a value read by its own reader (`--moe-layer-freq ([0]+[1]*3)`)."""
+    if name in FLAG_READERS:
+
+        def reader(text: str) -> Any:
+            try:
+                return FLAG_READERS[name](text)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+
+        group.add_argument(
+            _flag(name),
+            dest=name,
+            type=reader,
+            metavar=name.upper(),
+            default=argparse.SUPPRESS,
+            help=help_text,
+        )
+        return
+    (item,) = typing.get_args(base)
+    choices = typing.get_args(item) if typing.get_origin(item) is typing.Literal else None
+    group.add_argument(
+        _flag(name),
+        dest=name,
+        nargs="+",
+        choices=choices,
+        default=argparse.SUPPRESS,
+        help=help_text,
+    )
 
 
 def _version() -> str:
@@ -256,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with kept_streams():
         args = parser().parse_args(argv)
         head_start = None
-        if args.command in ("build", "validate"):
+        if args.command in ("build", "validate") and on("head_start"):
             head_start = HeadStart(args.inputs)
             args.early_digests = head_start.digest
         status = _run(args, head_start, program=argv is None)

@@ -318,6 +318,12 @@ TRAJECTORY = (STEP, INDEX)
 
 # Provenance added on ingest, never written to shards.
 SOURCE_FILE = "_file"
+# Inputs miles trains on that the contract does not carry: a step holding a value in one
+# is refused (miles' `multimodal_train_inputs` takes the plain DP split, its `adapter` the
+# multi-LoRA path; shards without them would train otherwise).
+MULTIMODAL_TRAIN_INPUTS = "multimodal_train_inputs"
+ADAPTER = "adapter"
+NOT_CARRIED = (MULTIMODAL_TRAIN_INPUTS, ADAPTER)
 SOURCE_ROW = "_row"
 
 # Internal columns: computed while a step is processed, never written to shards.
@@ -333,6 +339,7 @@ METADATA_OBJECT = "_metadata_object"
 LOG_PROBS_FINITE = "_log_probs_finite"  # every rollout and teacher log prob finite
 TRAJECTORY_SIZE = "_trajectory_size"
 ROLLOUT_KEY = "_rollout_key"
+SOURCE_NAME = "_source_name"  # metadata's "source_name" (slime's `get_source`)
 REWARD_VALUE = "_reward"
 GROUP = "_group"
 ROLLOUT_REWARD = "_r"

@@ -33,9 +33,16 @@ from pipeline.settings import (
     setting_types,
     setting_values,
 )
-from pipeline.step.build import STAGE_NAMES, build_step, summary_line, warning_lines
-from pipeline.step.ingest import load_samples
-from pipeline.step.plan import plan_batch
+from pipeline.step import ROLLOUT_SAMPLES, TRAIN_BATCH
+from pipeline.step.build import (
+    STAGE_NAMES,
+    StepJob,
+    build_step,
+    run_step,
+    summary_line,
+    warning_lines,
+)
+from pipeline.step.tables import SampleTable, TrainBatch
 
 PROG = "rollout-shards"
 
@@ -165,7 +172,6 @@ def _build_one(
             reporter=report,
             skipped=skipped,
             early=args.early_digests,
-            stream_above=settings.stream_above_bytes,
         )
     except StepError as exc:
         progress.step_done()
@@ -245,11 +251,11 @@ def run_validate(args: argparse.Namespace) -> int:
     _inputs_exist(args.inputs)
     values = _setting_values(args)
     settings: Settings | RowSettings
-    try:
+    # miles' batch is checked once its global batch size is given; another trainer's
+    # settings are checked whole (its profile names any missing)
+    if "global_batch_size" in values or values.get("trainer", "miles") != "miles":
         settings = make_settings(values)
-    except UsageError:
-        if "global_batch_size" in values:
-            raise
+    else:
         _all_but_the_batch_size(values)
         settings = make_row_settings(values)
         print(f"{PROG}: note: {ROWS_ONLY}", file=sys.stderr)
@@ -259,14 +265,16 @@ def run_validate(args: argparse.Namespace) -> int:
     stages = STAGE_NAMES[:2] if isinstance(settings, Settings) else STAGE_NAMES[:1]
     progress = Progress(len(steps), stages, quiet=args.format == "json")
     for step, sources in steps.items():
+        # the build's own driver, stopped before the write (rows only: after the read)
+        job = StepJob(step, sources, settings, None, early=args.early_digests)
+        last = TRAIN_BATCH if isinstance(settings, Settings) else ROLLOUT_SAMPLES
         try:
-            progress.begin(step, STAGE_NAMES[0])
-            samples = load_samples(step, sources, settings, args.early_digests)
-            progress.end(step, STAGE_NAMES[0], f"{samples.ingested} rows read")
-            if isinstance(settings, Settings):
-                progress.begin(step, STAGE_NAMES[1])
-                counts = plan_batch(samples, settings).meta
-                _warn("validate", counts)
+            for _, value in run_step(job, last=last, reporter=_StepReport(progress)):
+                if isinstance(value, SampleTable):
+                    samples = value
+                elif isinstance(value, TrainBatch):
+                    counts = value.meta
+                    _warn("validate", counts)
         except StepError as exc:
             progress.step_done()
             report.append({"step": step, "valid": False, "violations": exc.violations})

@@ -218,14 +218,14 @@ def check_targets(tensorboard: Path | None, jsonl: Path | None) -> None:
     or whose file is not a regular file."""
     if tensorboard is not None:
         if tensorboard.exists() and not tensorboard.is_dir():
-            folder = kind_of(os.stat(tensorboard).st_mode)
-            raise UsageError(f"--tensorboard {tensorboard} is {folder}, not a folder")
+            what = kind_of(os.stat(tensorboard).st_mode)
+            raise UsageError(f"--tensorboard {tensorboard} is {what}, not a folder")
         path = tensorboard / EVENTS_FILE
-        if (events := _not_replaceable(path)) is not None:
-            raise UsageError(f"--tensorboard {tensorboard}: {path} is {events}, not a regular file")
-    if jsonl is not None and (what := _not_replaceable(jsonl)) is not None:
+        if (kind := _not_replaceable(path)) is not None:
+            raise UsageError(f"--tensorboard {tensorboard}: {path} is {kind}, not a regular file")
+    if jsonl is not None and (kind := _not_replaceable(jsonl)) is not None:
         raise UsageError(
-            f"--jsonl {jsonl} is {what}, not a regular file: give a file to write, or - for stdout"
+            f"--jsonl {jsonl} is {kind}, not a regular file: give a file to write, or - for stdout"
         )
 
 

@@ -22,14 +22,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pipeline.errors import UsageError
+from pipeline.miles_flags import FIELDS as MILES_FIELDS
+from pipeline.miles_flags import MilesFlags, derived_global_batch_size
 from pipeline.spelling import unknown_names
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
     from pydantic_core import ErrorDetails
 
-Estimator = Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
-NORMALIZING_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
+Estimator = Literal[
+    "grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
+]
+NORMALIZING_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 
 
 class _Count:
@@ -48,12 +52,17 @@ SIZE = _Size()
 Size = Annotated[int, SIZE]
 
 
-def _setting(description: str, default: Any = dataclasses.MISSING, recorded: bool = True) -> Any:
+def _setting(
+    description: str,
+    default: Any = dataclasses.MISSING,
+    recorded: bool = True,
+    trainer: str | None = None,
+) -> Any:
     """A field of the settings; `recorded=False`: a run option that does not change what is
-    built (not in the manifest, not in the rerun digests)."""
-    return dataclasses.field(
-        default=default, metadata={"description": description, "recorded": recorded}
-    )
+    built (not in the manifest, not in the rerun digests); `trainer`: a setting of that
+    trainer alone, named after its own configuration key."""
+    metadata = {"description": description, "recorded": recorded, "trainer": trainer}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 class SettingsError(ValueError):
@@ -62,7 +71,7 @@ class SettingsError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Settings:
+class Settings(MilesFlags):
     """Effective settings of one build; shared by the CLI, the Dagster run config and tests.
 
     Checked when made: each value against its field's type (integers strictly, booleans
@@ -118,6 +127,39 @@ class Settings:
     require_success_marker: bool = _setting(
         "Read a step folder only once its producer wrote step=<N>/_SUCCESS.", False
     )
+    rollout_n: Count | None = _setting(
+        "verl's actor_rollout_ref.rollout.n: responses per prompt; each prompt group is "
+        "exactly this many contiguous rows.",
+        None,
+        trainer="verl",
+    )
+    train_batch_size: Count | None = _setting(
+        "verl's data.train_batch_size: prompt groups per step.", None, trainer="verl"
+    )
+    max_prompt_length: Count | None = _setting(
+        "verl's data.max_prompt_length: prompts are left-padded to it.", None, trainer="verl"
+    )
+    max_response_length: Count | None = _setting(
+        "verl's data.max_response_length: responses are right-padded to it.",
+        None,
+        trainer="verl",
+    )
+    adv_estimator: str = _setting(
+        "verl's algorithm.adv_estimator: grpo (the only one built).", "grpo", trainer="verl"
+    )
+    norm_adv_by_std_in_grpo: bool = _setting(
+        "verl's algorithm.norm_adv_by_std_in_grpo: divide by the group std.", True, trainer="verl"
+    )
+    balance_batch: bool = _setting(
+        "verl's trainer.balance_batch: reorder rows to balance tokens across ranks.",
+        True,
+        trainer="verl",
+    )
+    pad_token_id: Size | None = _setting(
+        "The tokenizer's pad token id, which verl pads prompts and responses with.",
+        None,
+        trainer="verl",
+    )
     stream_above: Size | None = _setting(
         "MiB of input files on disk above which a step holds its per-token lists one part "
         "or one rank at a time (0: every step; null: never).",
@@ -148,15 +190,19 @@ class Settings:
 
     def values(self) -> dict[str, Any]:
         """Every setting by name, run options included (what a worker is handed)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {f.name: getattr(self, f.name) for f in _fields()}
 
     def to_dict(self) -> dict[str, Any]:
-        """Every recorded setting by name, as JSON values (the manifest's `settings`): the
-        run options, which change no output byte, are left out."""
+        """Every recorded setting of this trainer by name, as JSON values (the manifest's
+        `settings`): the run options, which change no output byte, and the settings of
+        other trainers are left out."""
+        from pipeline import trainers
+
+        read = trainers.profile(self.trainer).settings
         return {
             f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.metadata.get("recorded", True)
+            for f in _fields()
+            if f.metadata.get("recorded", True) and (f.name in COMMON_SETTINGS or f.name in read)
         }
 
     def to_json(self) -> str:
@@ -180,6 +226,7 @@ class RowSettings:
     """The settings of `Settings` that reading and validating rows needs (`validate` without
     a global batch size checks the rows alone); the fields are `Settings`' own."""
 
+    trainer: str = _as_in_settings("trainer")
     advantage_estimator: Estimator = _as_in_settings("advantage_estimator")
     rewards_normalization: bool = _as_in_settings("rewards_normalization")
     reward_key: str | None = _as_in_settings("reward_key")
@@ -201,6 +248,20 @@ Model = type
 
 
 @functools.cache
+def _fields() -> tuple[dataclasses.Field[Any], ...]:
+    """The fields of `Settings` in the contract's order: its own, then miles' data-path
+    flags (`pipeline.miles_flags`, a base class, whose fields dataclasses list first)."""
+    fields = dataclasses.fields(Settings)
+    return tuple(sorted(fields, key=lambda f: f.name in MILES_FIELDS))
+
+
+def _minimum(kind: Any) -> int:
+    """The least value of a marked integer (a count: 1)."""
+    mark = typing.get_args(kind)[1]
+    return 0 if mark is SIZE else int(getattr(mark, "value", 1))
+
+
+@functools.cache
 def _hints(model: Model) -> dict[str, Any]:
     """Each field's type as annotated (a count keeps its mark)."""
     return typing.get_type_hints(model, include_extras=True)
@@ -219,8 +280,9 @@ def _exact(kind: Any, value: Any) -> bool:
     if origin in (typing.Union, types.UnionType):
         return any(_exact(arg, value) for arg in typing.get_args(kind))
     if origin is Annotated:  # a count, or a size
-        least = 0 if SIZE in typing.get_args(kind) else 1
-        return type(value) is int and value >= least
+        return type(value) is int and value >= _minimum(kind)
+    if origin is list:
+        return type(value) is list and all(_exact(typing.get_args(kind)[0], v) for v in value)
     if origin is Literal:
         return type(value) is str and value in typing.get_args(kind)
     if kind is type(None):
@@ -255,8 +317,9 @@ def _pydantic_model(model: Model) -> type[BaseModel]:
         if typing.get_origin(kind) in (typing.Union, types.UnionType):
             return functools.reduce(operator.or_, map(typed, typing.get_args(kind)))
         if typing.get_origin(kind) is Annotated:
-            least = 0 if SIZE in typing.get_args(kind) else 1
-            return Annotated[int, Field(strict=True, ge=least)]
+            return Annotated[int, Field(strict=True, ge=_minimum(kind))]
+        if typing.get_origin(kind) is list:
+            return list[typed(typing.get_args(kind)[0])]  # type: ignore[misc]
         return kind
 
     kinds = _hints(model)
@@ -283,6 +346,33 @@ COMMON_SETTINGS = frozenset(
 )
 
 
+def trainer_settings(trainer: str) -> frozenset[str]:
+    """The settings marked as `trainer`'s alone (named after its configuration keys)."""
+    return frozenset(
+        f.name for f in dataclasses.fields(Settings) if f.metadata.get("trainer") == trainer
+    )
+
+
+def valued_booleans() -> frozenset[str]:
+    """Boolean settings named after another trainer's configuration key, given on the
+    command line with a value as there (`--balance-batch false`), not as a bare flag."""
+    kinds = setting_types()
+    return frozenset(
+        f.name
+        for f in dataclasses.fields(Settings)
+        if f.metadata.get("trainer") is not None and kinds[f.name] is bool
+    )
+
+
+def shared_settings() -> frozenset[str]:
+    """The settings of no one trainer and not common: miles' flags, which slime shares."""
+    return frozenset(
+        f.name
+        for f in dataclasses.fields(Settings)
+        if f.metadata.get("trainer") is None and f.name not in COMMON_SETTINGS
+    )
+
+
 def _plain(kind: Any) -> Any:
     """A field's type without its mark: `int | None` of `Count | None`."""
     if typing.get_origin(kind) is Annotated:
@@ -301,18 +391,12 @@ def setting_types() -> dict[str, Any]:
 def setting_fields() -> list[tuple[str, Any, str]]:
     """(name, type, description) of every setting, in the contract's order."""
     kinds = setting_types()
-    return [
-        (f.name, kinds[f.name], f.metadata["description"]) for f in dataclasses.fields(Settings)
-    ]
+    return [(f.name, kinds[f.name], f.metadata["description"]) for f in _fields()]
 
 
 def setting_defaults() -> dict[str, Any]:
     """Each setting's default; the required ones are left out."""
-    return {
-        f.name: f.default
-        for f in dataclasses.fields(Settings)
-        if f.default is not dataclasses.MISSING
-    }
+    return {f.name: f.default for f in _fields() if f.default is not dataclasses.MISSING}
 
 
 def non_null(kind: Any) -> Any:
@@ -412,6 +496,8 @@ def _boolean(flag: str, value: Any) -> bool:
 def make_settings(values: Mapping[str, Any]) -> Settings:
     """Settings from plain values (files, flags, run config); a usage error names every
     problem: missing, unknown or mistyped settings first, else the first inconsistency."""
+    if values.get("global_batch_size") is None and (derived := derived_global_batch_size(values)):
+        values = {**values, "global_batch_size": derived}  # from num_steps_per_rollout
     try:
         return Settings(**_checked(Settings, values))
     except SettingsError as exc:

@@ -1,10 +1,15 @@
 """rollout-shards-loader: a trainer reads its rank's rollout data from a step folder.
 
 `read_rank(step_folder, rank)` gives the dict miles' trainer holds after
-`process_rollout_data` for that rank; `read_manifest(step_folder)` the step's manifest.
+`process_rollout_data` for that rank (`rollout_shards_loader.miles`, one module per
+trainer); `read_manifest(step_folder)` the step's manifest.
 """
 
-from rollout_shards_loader._read import Ragged, ShardVerificationError, read_manifest, read_rank
+from rollout_shards_loader._convert import Ragged
+from rollout_shards_loader._folder import ShardVerificationError
+from rollout_shards_loader._manifest import read_manifest
+from rollout_shards_loader._step import StepNotBuiltError
+from rollout_shards_loader.miles import read_rank
 
-__all__ = ["Ragged", "ShardVerificationError", "read_manifest", "read_rank"]
+__all__ = ["Ragged", "ShardVerificationError", "StepNotBuiltError", "read_manifest", "read_rank"]
 __version__ = "0.1.0"

@@ -93,25 +93,3 @@ def panics_kept_off_stderr() -> Iterator[list[bool]]:
                 held.seek(0)
                 if text := held.read():
                     os.write(2, text)
-
-
-@contextmanager
-def returning_arrow_pool() -> Iterator[None]:
-    """Arrow allocates from its jemalloc pool, set to give freed pages back at once, while
-    the block runs: its default pool (mimalloc) keeps what each decoding thread freed,
-    which grows a read in parts by several parts' worth of pages that the rest of the
-    build cannot reuse (Polars has an allocator of its own)."""
-    import pyarrow as pa
-
-    try:
-        returning = pa.jemalloc_memory_pool()
-        pa.jemalloc_set_decay_ms(0)
-    except NotImplementedError:  # a pyarrow built without jemalloc keeps its default
-        yield
-        return
-    previous = pa.default_memory_pool()
-    pa.set_memory_pool(returning)
-    try:
-        yield
-    finally:
-        pa.set_memory_pool(previous)

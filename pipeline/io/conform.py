@@ -182,15 +182,34 @@ def cast_column(
     return plan.cast, _bad_rows(frame, {name: plan})[name]
 
 
+def refuse_not_carried(frame: pl.DataFrame, names: list[str], path: Path, step: int | None) -> None:
+    """Fail the step when a column miles trains on but the shards cannot carry
+    (`c.NOT_CARRIED`) holds a value: the shards would train otherwise."""
+    held = [name for name in names if frame.get_column(name).null_count() < frame.height]
+    if held:
+        raise StepError(
+            [
+                Violation(
+                    rule="input_not_carried",
+                    message=f"column(s) {', '.join(held)} hold values miles trains on (images "
+                    "or audio, multi-LoRA adapters), which the shards do not carry: convert "
+                    "such steps in miles",
+                    step=step,
+                    files=[str(path)],
+                )
+            ]
+        )
+
+
 def conform(
     frame: pl.DataFrame, path: Path, step: int | None, json_numbers: bool = False
-) -> tuple[pl.DataFrame, list[str], list[Violation]]:
+) -> tuple[pl.DataFrame, list[str], list[tuple[str, Violation]]]:
     """Cast every contract column to its type. Rows whose values do not fit, or whose
     column is stored as another type, are marked in TYPE_ERROR and named in one
     `column_type` violation per column (their values become null); keys the JSON Lines
     reader flagged as given twice are `duplicate_key` violations. A missing required
     column fails the whole file (StepError). Returns the typed frame, the extra
-    (ignored) columns and the violations."""
+    (ignored) columns and the violations, each with the column it names."""
     missing = [name for name in c.REQUIRED_COLUMNS if name not in frame.columns]
     if missing:
         raise StepError(
@@ -211,7 +230,9 @@ def conform(
     }
     internal = [n for n in frame.columns if n.startswith((JSON_RULE, JSON_VALUE))]
     flagged_keys = [n.removeprefix(JSON_RULE) for n in internal if n.startswith(JSON_RULE)]
-    cast_columns, reasons, violations = [], [], []
+    cast_columns: list[pl.Expr] = []
+    reasons: list[pl.Expr] = []
+    violations: list[tuple[str, Violation]] = []
     masks = _bad_rows(frame, plans)
     for name in dict.fromkeys([*plans, *flagged_keys]):
         bad = masks.get(name, pl.repeat(False, frame.height, eager=True))
@@ -234,7 +255,7 @@ def conform(
             )
             stored_as = plans[name].stored_as if name in plans else None
             violations.append(
-                _row_violation(frame, name, mask, rule, expected, stored_as, path, step)
+                (name, _row_violation(frame, name, mask, rule, expected, stored_as, path, step))
             )
             reasons.append(pl.when(pl.lit(mask)).then(pl.lit(f"{rule}: {expected}")))
     type_error = (
@@ -247,6 +268,7 @@ def conform(
         for name in frame.columns
         if name not in types and name != c.SOURCE_ROW and name not in internal
     ]
+    refuse_not_carried(frame, [name for name in extra if name in c.NOT_CARRIED], path, step)
     typed = frame.with_columns(*cast_columns, type_error.alias(TYPE_ERROR)).drop(extra, *internal)
     return typed, extra, violations
 
@@ -294,7 +316,11 @@ def _row_violation(
     )
 
 
-def index_leaf_pairs(rows: pl.DataFrame, limit: int = 5) -> list[tuple[int, int]]:
+# The (index, leaf) pairs a violation names; the others are counted.
+ROWS_NAMED = 5
+
+
+def index_leaf_pairs(rows: pl.DataFrame, limit: int = ROWS_NAMED) -> list[tuple[int, int]]:
     index = rows.get_column(c.INDEX).head(limit) if c.INDEX in rows.columns else None
     leaf = rows.get_column(c.LEAF).head(limit) if c.LEAF in rows.columns else None
     if index is None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipeline.errors import StepError, UsageError, Violation, printable
 from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump
+from pipeline.io.verl_dump import find_verl_dumps, is_verl_dump
 
 TABLE_SUFFIXES = {".parquet": "parquet", ".arrow": "ipc", ".feather": "ipc", ".jsonl": "jsonl"}
 # Digits are ASCII: `step=١` (Arabic-Indic) or `step=７` (fullwidth), which `int` would
@@ -32,7 +33,7 @@ INT64_MAX = 2**63 - 1
 class SourceFile:
     path: Path
     step: int | None  # from the path; None when only the `step` column tells
-    kind: str = "table"  # or "miles": a miles `--dump-details` .pt file
+    kind: str = "table"  # or "miles": a miles `--dump-details` .pt file; "verl": a DataProto
     session_version: str | None = None  # overrides a miles dump's inferred session version
 
 
@@ -165,6 +166,12 @@ def find_sources(
             if notes is not None:
                 notes.extend(dump_notes)
             found.extend(SourceFile(p, step, "miles", session_version) for step, p in dumps.items())
+            continue
+        if is_verl_dump(path):
+            dumps, dump_notes = find_verl_dumps(path)
+            if notes is not None:
+                notes.extend(dump_notes)
+            found.extend(SourceFile(p, step, "verl") for step, p in dumps.items())
             continue
         step = _step_of(path)
         if _named_like_a_step(path):

@@ -18,19 +18,22 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.columns import PATH_STEP, TYPE_ERROR
 from pipeline.errors import StepError, Violation, first_line, printable
-from pipeline.io.arrow_types import panics_kept_off_stderr, returning_arrow_pool, unsupported_in
-from pipeline.io.background import Digest, EarlyDigests, Identity, read_pool
-from pipeline.io.conform import cast_column, conform, index_leaf_pairs, value_text
+from pipeline.io.arrow_types import panics_kept_off_stderr, unsupported_in
+from pipeline.io.conform import ROWS_NAMED, cast_column, conform, index_leaf_pairs, value_text
 from pipeline.io.discovery import TABLE_SUFFIXES, SourceFile
 from pipeline.io.ipc import read_ipc
 from pipeline.io.jsonl import JsonLinesError, read_jsonl
 from pipeline.io.miles_dump import read_miles_dump
 from pipeline.io.parquet import Mapper, read_parquet
-
-# The read's threads: the file's sha256 is taken while its columns decode (hashlib and
-# Polars release the GIL), and a Parquet file's list columns decode side by side.
-READ_THREADS = max(2, os.cpu_count() or 1)
-
+from pipeline.io.verl_dump import read_verl_dump
+from pipeline.speed import (
+    Digest,
+    EarlyDigests,
+    Identity,
+    read_threads,
+    returning_arrow_pool,
+    thread_pool,
+)
 
 # Bytes a Parquet read in parts buffers of a column at a time.
 PART_BUFFER = 1 << 20
@@ -159,16 +162,20 @@ def read_file(path: Path, step: int | None = None, early: EarlyDigest | None = N
         except OSError as exc:
             raise _unreadable(path, step, f"cannot read the file ({exc.strerror})") from None
         try:
-            with panics_kept_off_stderr() as panicked, read_pool(READ_THREADS) as pool:
-                digest = pool.submit(_digest, handle, data) if early is None else None
+            threads = read_threads()
+            with panics_kept_off_stderr() as panicked, thread_pool(threads) as pool:
+                parallel = threads > 1
+                digest = pool.submit(_digest, handle, data) if early is None and parallel else None
                 try:
-                    frame = READERS[kind](data if data is not None else str(path), pool.map)
+                    mapper = pool.map if parallel else map
+                    frame = READERS[kind](data if data is not None else str(path), mapper)
                 except pl.exceptions.PanicException:  # a BaseException: it would end the run
                     panicked[0] = True
                     raise
-                sha256 = (
-                    _taken(early, info) or (digest or pool.submit(_digest, handle, data)).result()
-                )
+                taken = _taken(early, info)
+                if taken is None and digest is None:
+                    digest = pool.submit(_digest, handle, data) if parallel else None
+                sha256 = taken or (digest.result() if digest else _digest(handle, data))
         except JsonLinesError as exc:
             raise _unreadable(path, step, str(exc)) from None
         except OSError as exc:
@@ -191,7 +198,11 @@ def _read_dump(source: SourceFile, step: int | None) -> ReadFile:
     """A miles dump, hashed before it is parsed; a dump that changed in between (another
     inode, size, or modification) fails the step rather than vouch for other bytes."""
     data, before = _read_bytes(source.path, step)
-    frame = read_miles_dump(source.path, source.session_version)
+    if source.kind == "verl":
+        assert source.step is not None, "a verl dump's step comes from its path"
+        frame = read_verl_dump(source.path, source.step)
+    else:
+        frame = read_miles_dump(source.path, source.session_version)
     _check_unchanged(source.path, before, step)
     return ReadFile(frame, hashlib.sha256(data).hexdigest(), before.st_size)
 
@@ -199,7 +210,7 @@ def _read_dump(source: SourceFile, step: int | None) -> ReadFile:
 def read_source(
     source: SourceFile, step: int | None = None, early: EarlyDigest | None = None
 ) -> ReadFile:
-    if source.kind == "miles":
+    if source.kind in ("miles", "verl"):
         return _read_dump(source, step)
     return read_file(source.path, step, early)
 
@@ -286,6 +297,8 @@ class StepFiles:
     files: list[dict[str, Any]] = field(default_factory=list)  # path, sha256, rows
     extras: set[str] = field(default_factory=set)
     type_violations: list[Violation] = field(default_factory=list)
+    # each type violation by (file, column, rule), with its place among the file's
+    _named: dict[tuple[str, str, str], tuple[int, int, Violation]] = field(default_factory=dict)
 
     def add_rows(self, source: SourceFile, frame: pl.DataFrame, first: int = 0) -> pl.DataFrame:
         """Rows `first`.. of `source` as stored, typed (`conform`), with provenance; rows of
@@ -296,10 +309,29 @@ class StepFiles:
         if source.step is None:
             frame = frame.filter(pl.col(c.STEP).cast(pl.Int64, strict=False) == self.step)
         json_numbers = source.kind == "table" and source.path.suffix == ".jsonl"
+        columns = frame.columns
         frame, extra, found = conform(frame, source.path, self.step, json_numbers)
         self.extras.update(extra)
-        self.type_violations += found
+        for name, violation in found:
+            self._add_type_violation(source, columns, name, violation)
         return _with_provenance(frame, source.path, source.step)
+
+    def _add_type_violation(
+        self, source: SourceFile, columns: list[str], name: str, violation: Violation
+    ) -> None:
+        """One file's violation of a rule by one column, whichever part of the file its
+        rows are in: a file read in parts gets the one line a whole read gives (its first
+        rows and first value, every row counted), in the file's column order."""
+        key = (str(source.path), name, violation.rule)
+        if key not in self._named:
+            place = columns.index(name) if name in columns else len(columns)
+            self._named[key] = (len(self.files), place, violation)
+        else:
+            earlier = self._named[key][2]
+            earlier.rows += violation.rows[: ROWS_NAMED - len(earlier.rows)]
+            earlier.n_rows += violation.n_rows
+        named = sorted(self._named.values(), key=lambda entry: entry[:2])
+        self.type_violations = [entry[2] for entry in named]
 
     def add_file(self, source: SourceFile, sha256: str, rows: int) -> None:
         self.files.append({"path": str(source.path), "sha256": sha256, "rows": rows})
@@ -350,18 +382,34 @@ def read_in_parts(
         read = read_source(source, step, early)
         take(read.frame, 0)
         return read.sha256
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     handle, info = _opened(path, step)
-    with handle, read_pool(1) as pool, returning_arrow_pool():
+    with handle, thread_pool(1) as pool, returning_arrow_pool():
         taken = _taken(early, info)
         digest = None if taken is not None else pool.submit(_digest, handle, None)
-        parquet = pq.ParquetFile(str(path), buffer_size=PART_BUFFER, pre_buffer=False)
-        meta = parquet.metadata
-        decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-        rows = max(1, part_bytes * max(meta.num_rows, 1) // max(decoded, 1))
+
+        def unreadable(exc: Exception) -> StepError:
+            problem = unsupported_in("parquet", path.read_bytes())
+            return _unreadable(path, step, problem or f"cannot read parquet: {first_line(exc)}")
+
+        try:
+            parquet = pq.ParquetFile(str(path), buffer_size=PART_BUFFER, pre_buffer=False)
+            meta = parquet.metadata
+            decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+            rows = max(1, part_bytes * max(meta.num_rows, 1) // max(decoded, 1))
+            batches = parquet.iter_batches(batch_size=rows, use_threads=True)
+        except (pa.ArrowException, OSError) as exc:
+            raise unreadable(exc) from None
         first = 0
-        for batch in parquet.iter_batches(batch_size=rows, use_threads=True):
+        while True:
+            try:  # pyarrow's errors only: `take`'s (a full spill disk, say) are its own
+                batch = next(batches, None)
+            except (pa.ArrowException, OSError) as exc:
+                raise unreadable(exc) from None
+            if batch is None:
+                break
             frame = pl.from_arrow(batch)
             assert isinstance(frame, pl.DataFrame)
             del batch

@@ -10,10 +10,10 @@ callers already turn into their own line (a usage error, a manifest counted as n
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO
 
 _KINDS = (
     (stat.S_ISDIR, "a folder"),
@@ -39,7 +39,7 @@ class NotRegularFile(OSError):
         super().__init__(errno.EINVAL, f"not a regular file ({what})", os.fspath(path))
 
 
-def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+def open_regular(path: str | os.PathLike[str]) -> io.BufferedReader:
     """`path` open for reading, once it is known to be a regular file; NotRegularFile
     (an OSError) otherwise, and any other OSError of the open as it is."""
     try:

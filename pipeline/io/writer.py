@@ -308,7 +308,7 @@ def raw_reward_sha256(frame: pl.DataFrame) -> str:
     written to it: sha256 over `batch_position` as int64 little-endian, then `raw_reward`
     as float64 little-endian (a null as 0.0), then one byte per row, 1 where `raw_reward`
     is set, all in row order. The loader computes it again from the two columns it reads
-    of another rank's file (rollout_shards_loader/_read.py), so those reads need not hash
+    of another rank's file (rollout_shards_loader/_verify.py), so those reads need not hash
     the whole file; both sides must keep this layout."""
     positions = frame.get_column(c.BATCH_POSITION).cast(pl.Int64)
     rewards = frame.get_column(c.RAW_REWARD).cast(pl.Float64)

@@ -47,8 +47,8 @@ from dagster_pipes import (  # noqa: E402
 from pipeline.cli import exit_now  # noqa: E402
 from pipeline.errors import StepError, UsageError, Violation, os_violation  # noqa: E402
 from pipeline.orchestration.ray_jobs import WarmQueue  # noqa: E402
-from pipeline.process import tune_process  # noqa: E402
 from pipeline.settings import Settings, make_settings  # noqa: E402
+from pipeline.speed import tune_process  # noqa: E402
 
 if TYPE_CHECKING:
     from pipeline.step.roots import StepRoots

@@ -3,11 +3,11 @@
 dagster-ray's reader (`PipesRayJobMessageReader`) follows the job's log over the
 dashboard's websocket (`tail_job_logs`). Ray's tailer sleeps a second whenever it reaches
 the end of the file (`JobManager.LOG_TAIL_SLEEP_S`) and ends the stream only after two
-such reads around the job turning terminal, and the reader waits for that end: about 3 s
-after the last message, besides the 1-1.5 s the messages take to come through. This reader
+such reads around the job turning terminal, and the reader waits for that end, seconds
+after the last message, on top of the tailer's own delay for each message. This reader
 fetches the log by HTTP instead (`GET /api/jobs/<id>/logs`), about once a second while the
 job runs (live logs) and once more when the session closes. The Ray session
-(`compute.StepCompute`) closes it only after the job is terminal, and the job's output goes
+(`compute.ray_job.ray_session`) closes it only after the job is terminal, and the job's output goes
 straight to that file, so the last fetch holds every message.
 """
 

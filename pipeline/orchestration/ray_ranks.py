@@ -22,15 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import polars as pl
 import ray
 
 from pipeline.io.discovery import SourceFile
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
-from pipeline.step.bounded import SpilledRows
 from pipeline.step.build import build_step
-from pipeline.step.tables import RankRows, TrainBatch, compact
+from pipeline.step.tables import TrainBatch
 from pipeline.step.write import RankFile, commit_shards, write_rank
 from pipeline.transforms.layout import rank_bounds
 
@@ -61,7 +59,6 @@ def build_step_on_ray(
     address: str | None = None,
     num_cpus: float = 1.0,
     force: bool = False,
-    stream_above: int | None = 0,
     runtime_env: dict[str, Any] | None = None,
     timeout_s: float | None = None,
 ) -> RayBuild:
@@ -71,8 +68,8 @@ def build_step_on_ray(
     task reserves `num_cpus`; the step fails, nothing published, when its tasks have not
     all written their files `timeout_s` seconds after they were submitted (None: no bound).
     The lists go through the spill folder unless the step's input files take no more than
-    `stream_above` bytes (None: never; the driver then holds the step and ships each rank
-    its lists)."""
+    the `stream_above` setting (null: never; the driver then holds the step and ships each
+    rank its lists)."""
     connected = ray.is_initialized()
     if not connected:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
@@ -92,7 +89,6 @@ def build_step_on_ray(
             settings,
             out_root,
             force=force,
-            stream_above=stream_above,
             write_batch=write_on_ray,
         )
     finally:
@@ -134,18 +130,7 @@ def _write_one_rank(batch: TrainBatch, rank: int, staged: str) -> tuple[RankFile
 def rank_batch(batch: TrainBatch, rank: int, bounds: list[int]) -> TrainBatch:
     """What one rank's writer needs of `batch`: that rank's planned rows, and its lists, or
     where they wait (spill files the worker reads itself); no other rank's lists."""
-    start, length = bounds[rank], bounds[rank + 1] - bounds[rank]
     rows = batch.rank_rows
     assert rows is not None, "a planned batch holds its lists in batch order"
-    scalars = compact(rows.scalars, start, length)
-    order = rows.order.slice(start, length)
-    if isinstance(rows, SpilledRows):
-        # Rows are found in the spilled parts by their batch position, so the rank keeps
-        # the inputs of every position: the light columns the lists are completed from.
-        mine = RankRows(scalars, rows.inputs, rows.optional, order)
-        spilled = SpilledRows(mine, rows.parts, rows.loaded, rows.schema)
-        return TrainBatch(batch.step, spilled, batch.meta)
-    own = pl.int_range(length, dtype=pl.Int64, eager=True)
-    return TrainBatch(
-        batch.step, RankRows(scalars, rows.inputs[order], rows.optional, own), batch.meta
-    )
+    mine = rows.for_rank(bounds[rank], bounds[rank + 1] - bounds[rank])
+    return TrainBatch(batch.step, mine, batch.meta)

@@ -16,17 +16,33 @@ from typing import Any
 import dagster as dg
 from pydantic import Field, create_model
 
+from pipeline.errors import UsageError
+from pipeline.miles_flags import FLAG_READERS
 from pipeline.settings import non_null, setting_fields
 
 
 def _optional(name: str, annotation: Any) -> Any:
-    """The type of a setting as an optional run-config field."""
+    """The type of a setting as an optional run-config field. A setting read from text on
+    the command line (`moe_layer_freq`: an integer or a layer pattern) is text here too;
+    a list of choices is a list of texts (the settings check the choices)."""
     base = non_null(annotation)
+    if name in FLAG_READERS:
+        return str | None
+    if typing.get_origin(base) is list:
+        return list[str] | None
     if typing.get_origin(base) is typing.Literal:
         values = typing.get_args(base)
         enum_name = "".join(part.title() for part in name.split("_"))
         base = StrEnum(enum_name, {value: value for value in values})
     return base | None
+
+
+def _read(name: str, text: str) -> Any:
+    """A text field read as its command-line flag is; a usage error naming it otherwise."""
+    try:
+        return FLAG_READERS[name](text)
+    except ValueError as exc:
+        raise UsageError(f"invalid settings: {name}: {exc}") from None
 
 
 class _Overrides(dg.Config):
@@ -35,7 +51,9 @@ class _Overrides(dg.Config):
         values = {}
         for name, _, _ in setting_fields():
             value = getattr(self, name)
-            if value is not None:
+            if value is not None and name in FLAG_READERS:
+                values[name] = _read(name, value)
+            elif value is not None:
                 values[name] = value.value if isinstance(value, Enum) else value
         return values
 

@@ -101,7 +101,7 @@ def _failure_cases(model: Model, frame: pl.DataFrame) -> pl.DataFrame | None:
     from pipeline.schemas.samples import SCHEMAS
 
     # Pandera runs one small query per check: Polars' in-memory engine starts each one
-    # faster than the streaming engine that Polars 2 picks by default.
+    # with less overhead than the streaming engine that Polars 2 picks by default.
     with (
         config_context(validation_depth=ValidationDepth.SCHEMA_AND_DATA),
         pl.Config(engine_affinity="in-memory"),
@@ -190,10 +190,13 @@ def check_columns(
     return _summarise(table_cases, light, step, messages)
 
 
-def check_rules(light: pl.DataFrame, step: int, sibling_rewards: bool) -> list[RuleFailure]:
-    """Row invariants and the rules across rows (rollout ids, sibling rewards)."""
+def check_rules(
+    light: pl.DataFrame, step: int, sibling_rewards: bool, rows: Model = ROWS
+) -> list[RuleFailure]:
+    """Row invariants and the rules across rows (rollout ids, sibling rewards); `rows`: the
+    trainer's row rules."""
     failures: list[RuleFailure] = []
-    for model in [ROWS] + ([SIBLINGS] if sibling_rewards else []):
+    for model in [rows] + ([SIBLINGS] if sibling_rewards else []):
         cases = _failure_cases(model, light)
         if cases is not None:
             failures += _summarise(cases, light, step, {})
@@ -238,6 +241,7 @@ def validate_step(
     sibling_rewards: bool,
     until_valid: bool,
     table: Model = TABLE,
+    row_rules: Model = ROWS,
 ) -> Verdict:
     """Check a loaded step (with ROW_ID and TYPE_ERROR columns). With `until_valid`, keep
     setting failing trajectories aside until the rest passes every rule."""
@@ -265,7 +269,7 @@ def validate_step(
     for _ in range(MAX_ROUNDS):
         # the light columns of the typed rows serve again while no row was set aside
         valid_light = typed_light if valid is typed else light(valid)
-        failures = check_rules(valid_light, step, sibling_rewards)
+        failures = check_rules(valid_light, step, sibling_rewards, row_rules)
         if not failures:
             break
         settled = settled and all(f.positions.len() for f in failures)

@@ -15,9 +15,10 @@ whole, and only one rank at a time. Here:
    into training order, one frame per rank file as the in-memory build writes it, so the
    files are byte-identical.
 
-A step that breaks any rule, or that this path cannot read, raises `Unbounded`, and the
-in-memory build takes it whole: that build reports a bad step exactly (its line, its
-quarantine), so this one need only be right for valid steps.
+The driver (`step.build`) chooses this read up front, from the size of the step's input
+files (the `stream_above` setting), and never reads a step twice: a step whose values or
+lists break a column's type or tests is taken back whole from its spill and checked as the
+in-memory read checks it, so a bad step gets the same lines and quarantine either way.
 """
 
 from __future__ import annotations
@@ -32,15 +33,15 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.columns import ROW_ID, TYPE_ERROR
+from pipeline.errors import StepError
 from pipeline.io import writer
-from pipeline.io.arrow_types import panics_kept_off_stderr
-from pipeline.io.background import EarlyDigests
 from pipeline.io.discovery import SourceFile
-from pipeline.io.load import StepFiles, read_in_parts
+from pipeline.io.load import LoadedStep, StepFiles, read_in_parts
 from pipeline.schemas.rules import TABLE_LISTS, TABLE_ROWS
 from pipeline.schemas.validate import passes
 from pipeline.settings import RowSettings, Settings
-from pipeline.step.ingest import quarantine_table, repair_and_validate
+from pipeline.speed import EarlyDigests
+from pipeline.step.ingest import checked, quarantine_table, repair_and_validate
 from pipeline.step.tables import RankRows, SampleTable, TrainBatch, compact
 from pipeline.transforms import samples as s
 from pipeline.transforms.shard_columns import loss_masks, optional_shard_columns
@@ -48,13 +49,6 @@ from pipeline.transforms.shard_columns import loss_masks, optional_shard_columns
 # Decoded bytes of one part of an input file: what the read holds at once beside the
 # rows without their lists.
 PART_BYTES = 16 << 20
-# Steps whose input files take more bytes on disk than this are built here by default;
-# smaller ones fit in memory, where the build skips the spill's writes and reads.
-STREAM_ABOVE = 256 << 20
-
-
-class Unbounded(Exception):
-    """The step is for the in-memory build: this build cannot vouch for it (why)."""
 
 
 def input_bytes(sources: Sequence[SourceFile]) -> int:
@@ -112,28 +106,38 @@ def load_samples(
     part_bytes: int | None = None,
     early: EarlyDigests | None = None,
 ) -> SampleTable:
-    """`ingest.load_samples` for a valid step, its lists spilled part by part (of
-    `part_bytes`, by default `PART_BYTES`); `Unbounded` for any step that breaks a rule."""
+    """`ingest.load_samples` with the lists spilled part by part (of `part_bytes`, by default
+    `PART_BYTES`). A step whose values or lists break a column's type or tests is taken
+    back whole from its spill and checked as the in-memory read checks it (its lines and
+    quarantine are that read's); any other step is checked without its lists."""
     part_bytes = part_bytes or PART_BYTES
     files, order = StepFiles(step), {}
+    # each part's columns as typed, lists in place: a step taken back whole is these
+    part_columns: list[list[str]] = []
+    whole = False  # some part breaks a column's type or tests
+
     for source in sources:
         rows = 0
 
         def take(frame: pl.DataFrame, first: int, source: SourceFile = source) -> None:
-            nonlocal rows
+            nonlocal rows, whole
             typed = files.add_rows(source, frame, first)
-            if files.type_violations or typed.get_column(TYPE_ERROR).is_not_null().any():
-                raise Unbounded("a value is not of its contract type")
             lists = [name for name in c.PER_TOKEN_COLUMNS if name in typed.columns]
-            if passes(TABLE_LISTS, typed.select(lists)) is not True:
-                raise Unbounded("a list column fails its column tests")
+            whole = whole or bool(
+                files.type_violations
+                or typed.get_column(TYPE_ERROR).is_not_null().any()
+                or passes(TABLE_LISTS, typed.select(lists)) is not True
+            )
             order.update(dict.fromkeys(typed.columns))
+            part_columns.append(typed.columns)
             spill.add(typed.select(lists))
             files.frames.append(typed.drop(lists).hstack(s.reduced_lists(typed)))
             rows += typed.height
 
         taken = early(source.path) if early is not None else None
         files.add_file(source, read_in_parts(source, step, part_bytes, take, taken), rows)
+    if whole:
+        return checked(_taken_back(files, part_columns, spill), settings)
     loaded = files.loaded()
     original = loaded.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(ROW_ID))
     # the loaded columns in the in-memory build's order: the files' (lists in place), then
@@ -146,9 +150,11 @@ def load_samples(
     verdict, repaired = repair_and_validate(frame, [], step, settings, TABLE_ROWS)
     quarantining = settings.on_invalid == "quarantine"
     if verdict.violations and not (quarantining and verdict.settled):
-        raise Unbounded("a rule fails")
+        # the lists passed their tests, so what fails is the rows' rules, found on the same
+        # rows as the in-memory read finds them
+        raise StepError(verdict.violations)
     quarantine = None
-    if verdict.violations:
+    if not verdict.failing.is_empty():  # invalid trajectories, or stale groups
         quarantine = _quarantine(original, verdict.failing, spill, list(order))
         spill.kept = verdict.valid.get_column(ROW_ID)
     return SampleTable(
@@ -168,23 +174,17 @@ def load_samples(
     )
 
 
-def samples_or_none(
-    step: int,
-    sources: Sequence[SourceFile],
-    settings: Settings | RowSettings,
-    spill: Spill,
-    early: EarlyDigests | None = None,
-) -> SampleTable | None:
-    """`load_samples`, or None when the in-memory build must take the step: it reads the
-    step again and reports whatever this read could not vouch for."""
-    with panics_kept_off_stderr() as panicked:
-        try:
-            return load_samples(step, sources, settings, spill, early=early)
-        except pl.exceptions.PanicException:  # a BaseException: it would end the run
-            panicked[0] = True
-        except Exception:  # noqa: BLE001 - the in-memory build says why
-            pass
-    return None
+def _taken_back(files: StepFiles, part_columns: list[list[str]], spill: Spill) -> LoadedStep:
+    """The step as the in-memory read loads it: each part's rows with their lists back
+    from the spill, in the columns it was typed with. Only a step that breaks a column's
+    type or tests comes here, to be reported (or quarantined) exactly."""
+    frames = []
+    parts = zip(files.frames, part_columns, spill.parts, strict=True)
+    for reduced, columns, (path, _, _) in parts:
+        lists = pl.read_ipc(path)
+        frames.append(reduced.hstack(lists).select(columns))
+    files.frames = frames
+    return files.loaded()
 
 
 def _quarantine(
@@ -255,10 +255,22 @@ class SpilledRows(RankRows):
         loaded: pl.Series,
         schema: dict[str, pl.DataType],
     ) -> None:
-        super().__init__(rows.scalars, rows.inputs, rows.optional, rows.order)
+        super().__init__(rows.scalars, rows.inputs, rows.optional, rows.order, rows.columns)
         self.parts = parts  # each part's file, first loaded position and rows
         self.loaded = loaded  # the loaded position of each batch position
         self.schema = schema  # every list column any part has
+
+    def for_rank(self, start: int, length: int) -> RankRows:
+        """Rows [start, start + length) alone; their lists stay in the spilled parts, where
+        they are found by batch position, so every position's light inputs are kept."""
+        mine = RankRows(
+            compact(self.scalars, start, length),
+            self.inputs,
+            self.optional,
+            self.order.slice(start, length),
+            self.columns,
+        )
+        return SpilledRows(mine, self.parts, self.loaded, self.schema)
 
     def rows(self, start: int, length: int) -> pl.DataFrame:
         positions = self.order.slice(start, length)
@@ -277,4 +289,4 @@ class SpilledRows(RankRows):
         written = picked.select(
             pl.col(c.TOKENS), loss_masks(picked), *optional_shard_columns(self.optional)
         )
-        return compact(self.scalars, start, length).hstack(written).select(*c.DATASET_COLUMNS)
+        return compact(self.scalars, start, length).hstack(written).select(*self.columns)

@@ -1,28 +1,31 @@
-"""One step from sample files to a committed shard folder: ingest, plan, write.
+"""The one driver of a step: `run_step` reads, validates, plans, writes and commits it.
 
-`rollout-shards build` calls `build_step`; the Dagster assets call the three stages one
-by one (`pipeline.step.stages`).
+The CLI's `build` (`build_step`) and `validate`, the Dagster assets in process or in a Pipes
+worker on another process, Ray node or Kubernetes pod (`stages.run_stages`), and the Ray
+rank writer (`orchestration/ray_ranks.py`, through `build_step`) all run it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from pipeline.io import writer
-from pipeline.io.background import EarlyDigests
 from pipeline.io.discovery import SourceFile
 from pipeline.manifest import Manifest
-from pipeline.settings import Settings
-from pipeline.step import bounded
+from pipeline.settings import RowSettings, Settings
+from pipeline.speed import EarlyDigests
+from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, TRAINING_SHARDS, bounded
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch, untrained_warning
-from pipeline.step.tables import TrainBatch
+from pipeline.step.tables import SampleTable, TrainBatch
 from pipeline.step.write import write_shards
 from pipeline.transforms import metrics
+from pipeline.transforms.staleness import STALE_GROUPS, STALE_ROWS
 
 # A step is worth a look when more than half of its prompt groups have one reward (GRPO
 # learns nothing from them) or more than a tenth of its samples were truncated.
@@ -54,6 +57,84 @@ class _Silent:
         pass
 
 
+@dataclass(frozen=True)
+class StepJob:
+    """One step to build: its files, settings and where it goes, and how its ranks are
+    written (`write_batch`: in this process, or Ray tasks, `orchestration/ray_ranks.py`)."""
+
+    step: int
+    sources: Sequence[SourceFile]
+    settings: Settings | RowSettings  # RowSettings: the rows alone (`validate` without a batch)
+    out_root: Path | None  # None: nothing is written (`validate`)
+    skipped: Sequence[str] = ()  # look-alike files the readers passed over, kept in the manifest
+    early: EarlyDigests | None = None  # digests of input files taken before the build
+    write_batch: Callable[[TrainBatch, Path], Manifest] = write_shards
+
+    def streamed(self) -> bool:
+        """Whether the step is read in parts with its lists spilled (`bounded`), chosen up
+        front from the size of its input files on disk and `stream_above`: only a build that
+        writes holds the lists until then."""
+        if self.out_root is None or not isinstance(self.settings, Settings):
+            return False
+        above = self.settings.stream_above_bytes
+        return above is not None and bounded.input_bytes(self.sources) > above
+
+
+Stage = SampleTable | TrainBatch | Manifest
+
+
+def run_step(
+    job: StepJob,
+    first: str = ROLLOUT_SAMPLES,
+    last: str = TRAINING_SHARDS,
+    given: SampleTable | TrainBatch | None = None,
+    reporter: StageReporter | None = None,
+) -> Iterator[tuple[str, Stage]]:
+    """THE build of a step: read -> validate -> plan -> write -> commit, from stage `first`
+    through `last` (`step.STAGES`), yielding each stage's result as soon as it is done. A
+    run from a later stage than the read starts from `given` (what an earlier run of the
+    previous stage staged). Every path that builds a step runs this: `build_step` (the CLI,
+    the Ray rank writer), `stages.run_stages` (Dagster, in process or in a Pipes worker),
+    and `validate`, which stops after the plan."""
+    report = reporter or _Silent()
+    read, plan, write = STAGE_NAMES
+    selected = STAGES[STAGES.index(first) : STAGES.index(last) + 1]
+    step = job.step
+    with ExitStack() as stack:
+        spill = None
+        samples = given if isinstance(given, SampleTable) else None
+        batch = given if isinstance(given, TrainBatch) else None
+        if ROLLOUT_SAMPLES in selected:
+            report.begin(step, read)
+            if job.streamed() and last == TRAINING_SHARDS:
+                assert job.out_root is not None
+                spill = stack.enter_context(bounded.Spill(job.out_root, step))
+                samples = bounded.load_samples(
+                    step, job.sources, job.settings, spill, early=job.early
+                )
+            else:
+                samples = load_samples(step, job.sources, job.settings, job.early)
+            report.end(step, read, f"{samples.ingested} rows read")
+            yield ROLLOUT_SAMPLES, samples
+        if TRAIN_BATCH in selected:
+            assert samples is not None, "the plan starts from the step's samples"
+            assert isinstance(job.settings, Settings), "a plan needs the batch settings"
+            report.begin(step, plan)
+            batch = plan_batch(samples, job.settings)
+            del samples  # the batch keeps what it needs of the rows
+            batch.meta = batch.meta.replace(skipped_files=list(job.skipped))
+            if spill is not None:
+                batch = bounded.spilled(batch, spill)
+            report.end(step, plan, f"{batch.meta.counts.written} rows to write")
+            yield TRAIN_BATCH, batch
+        if TRAINING_SHARDS in selected:
+            assert batch is not None and job.out_root is not None, "the write needs a batch"
+            report.begin(step, write)
+            manifest = job.write_batch(batch, job.out_root)
+            report.end(step, write, f"{len(manifest.outputs)} files")
+            yield TRAINING_SHARDS, manifest
+
+
 def build_step(
     step: int,
     sources: Sequence[SourceFile],
@@ -62,63 +143,24 @@ def build_step(
     force: bool = False,
     reporter: StageReporter | None = None,
     skipped: Sequence[str] = (),
-    stream_above: int | None = bounded.STREAM_ABOVE,
     write_batch: Callable[[TrainBatch, Path], Manifest] = write_shards,
     early: EarlyDigests | None = None,
 ) -> Manifest:
-    """The whole build of one step; returns its manifest. A step folder that is current
-    (`current_manifest`) is kept as it is unless `force`; any other is replaced whole.
-    `skipped` names look-alike files the readers passed over, kept in the manifest;
-    `early` gives digests of input files taken before the build (`load_step`). Builds
-    of one step run one at a time (`writer.step_lock`), so the last published read the
-    newest inputs. A step whose input files take more than `stream_above` bytes on disk
-    holds its per-token lists one part or one rank at a time (`bounded`; None: never).
-    `write_batch` writes and commits the planned batch (Ray tasks: `orchestration/ray_ranks.py`)."""
+    """The whole build of one step (`run_step`); returns its manifest. A step folder that is
+    current (`current_manifest`) is kept as it is unless `force`; any other is replaced
+    whole. Builds of one step run one at a time (`writer.step_lock`), so the last published
+    read the newest inputs."""
     report = reporter or _Silent()
     with writer.step_lock(out_root, step):
         if not force and (manifest := current_manifest(step, sources, settings, out_root)):
             report.up_to_date(step, writer.step_folder(out_root, step))
             return manifest
-        streamed = stream_above is not None and bounded.input_bytes(sources) > stream_above
-        return _build(
-            step, sources, settings, out_root, report, skipped, streamed, write_batch, early
-        )
-
-
-def _build(
-    step: int,
-    sources: Sequence[SourceFile],
-    settings: Settings,
-    out_root: Path,
-    report: StageReporter,
-    skipped: Sequence[str],
-    streamed: bool = False,
-    write_batch: Callable[[TrainBatch, Path], Manifest] = write_shards,
-    early: EarlyDigests | None = None,
-) -> Manifest:
-    read, plan, write = STAGE_NAMES
-    with ExitStack() as stack:
-        report.begin(step, read)
-        spill = stack.enter_context(bounded.Spill(out_root, step)) if streamed else None
-        samples = bounded.samples_or_none(step, sources, settings, spill, early) if spill else None
-        if samples is None:
-            stack.close()
-            spill = None
-            samples = load_samples(step, sources, settings, early)
-        report.end(step, read, f"{samples.ingested} rows read")
-
-        report.begin(step, plan)
-        batch = plan_batch(samples, settings)
-        del samples  # the batch keeps what it needs of the rows
-        batch.meta = batch.meta.replace(skipped_files=list(skipped))
-        if spill is not None:
-            batch = bounded.spilled(batch, spill)
-        report.end(step, plan, f"{batch.meta.counts.written} rows to write")
-
-        report.begin(step, write)
-        manifest = write_batch(batch, out_root)
-        report.end(step, write, f"{len(manifest.outputs)} files")
-    return manifest
+        job = StepJob(step, sources, settings, out_root, skipped, early, write_batch)
+        built: Stage | None = None
+        for stage in run_step(job, reporter=report):
+            built = stage[1]  # each stage's result is let go as the next is made
+        assert isinstance(built, Manifest)
+        return built
 
 
 def summary_line(manifest: Manifest, folder: Path) -> str:
@@ -131,11 +173,20 @@ def summary_line(manifest: Manifest, folder: Path) -> str:
     kind = "compact" if manifest.is_compact else "not compact"
     repaired = f"{n.repaired} repaired, " if n.repaired else ""
     return (
-        f"step {manifest.step}: {n.ingested} rows in, {n.quarantined} quarantined, "
+        f"step {manifest.step}: {n.ingested} rows in, {n.quarantined} quarantined"
+        f"{_stale(manifest)}, "
         f"{n.trimmed} trimmed, {n.dropped} dropped, {n.written} written to "
         f"{_count(manifest.dp_size, 'rank')}, {n.untrained} untrained, {repaired}"
         f"{_count(manifest.num_train_steps, 'train step')}, {kind} -> {folder}"
     )
+
+
+def _stale(manifest: Manifest) -> str:
+    """With max_weight_staleness, the groups and rows of `quarantined` it set aside."""
+    if STALE_GROUPS not in manifest.stats:
+        return ""
+    groups, rows = int(manifest.stats[STALE_GROUPS]), int(manifest.stats[STALE_ROWS])
+    return f" ({_count(groups, 'stale group')}, {_count(rows, 'row')})"
 
 
 def _count(number: int, thing: str) -> str:

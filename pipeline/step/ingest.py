@@ -5,21 +5,24 @@ The `rollout_samples` asset and `rollout-shards validate` stop here; `plan` take
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import polars as pl
 
 from pipeline import columns as c
+from pipeline import trainers
 from pipeline.columns import PATH_STEP, REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError, Violation
-from pipeline.io.background import EarlyDigests
 from pipeline.io.discovery import SourceFile
-from pipeline.io.load import load_step
+from pipeline.io.load import LoadedStep, load_step
 from pipeline.schemas.rules import TABLE, Model
 from pipeline.schemas.validate import Verdict, validate_step
 from pipeline.settings import RowSettings, Settings
+from pipeline.speed import EarlyDigests
 from pipeline.step.tables import SampleTable
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
+from pipeline.transforms.staleness import stale_rows
 
 PROVENANCE = (c.SOURCE_FILE, c.SOURCE_ROW, PATH_STEP)
 # Provenance as the quarantine table names it: where to find the row as it was written.
@@ -70,16 +73,37 @@ def repair_and_validate(
     repaired = {CLEARED: 0, STAMPED: 0}
     if settings.rollout_id_policy == "repair":
         frame, repaired = repair_rollout_ids(frame)
+    profile = trainers.profile(settings.trainer)
     verdict = validate_step(
         frame,
         type_violations,
         step,
         settings.reward_key,
-        settings.normalizes_rewards,
+        settings.normalizes_rewards and profile.sibling_rewards,
         until_valid=settings.on_invalid == "quarantine",
         table=table,
+        row_rules=profile.row_rules,
     )
-    return verdict, repaired
+    return _without_stale_groups(verdict, step, settings), repaired
+
+
+def _without_stale_groups(verdict: Verdict, step: int, settings: Settings | RowSettings) -> Verdict:
+    """miles' weight-staleness budget (`transforms.staleness`): the groups it sets aside
+    leave the valid rows for the quarantine, whatever on_invalid says (the trainer's
+    filter, not invalid data). miles-specific: the miles profile's to own."""
+    budget = getattr(settings, "max_weight_staleness", None)
+    if budget is None:
+        return verdict
+    stale = stale_rows(verdict.valid, step, budget)
+    if stale.is_empty():
+        return verdict
+    ids = stale.get_column(ROW_ID).implode()
+    return dataclasses.replace(
+        verdict,
+        valid=verdict.valid.filter(~pl.col(ROW_ID).is_in(ids)),
+        failing=pl.concat([verdict.failing, stale], how="vertical_relaxed"),
+        light=None,  # positions moved: the plan computes them again
+    )
 
 
 def load_samples(
@@ -88,13 +112,18 @@ def load_samples(
     settings: Settings | RowSettings,
     early: EarlyDigests | None = None,
 ) -> SampleTable:
-    """Read a step, repair legacy ids if asked, validate. With `on_invalid: fail` any broken
-    rule fails the step; with `quarantine` the trajectories holding a failing row are set
-    aside whole and the rest goes on. Problems that name no rows (an unreadable file, a
-    missing column, a column of an impossible type, a struct reward without reward_key)
-    fail the step in both modes: there is nothing to set aside and nothing to count.
-    `early` gives digests of the files taken before the read (`load_step`)."""
-    loaded = load_step(step, sources, early)
+    """Read a step whole (`load_step`; `early` gives digests of the files taken before the
+    read) and check it (`checked`)."""
+    return checked(load_step(step, sources, early), settings)
+
+
+def checked(loaded: LoadedStep, settings: Settings | RowSettings) -> SampleTable:
+    """Repair legacy ids if asked, validate. With `on_invalid: fail` any broken rule fails
+    the step; with `quarantine` the trajectories holding a failing row are set aside whole
+    and the rest goes on. Problems that name no rows (an unreadable file, a missing column,
+    a column of an impossible type, a struct reward without reward_key) fail the step in
+    both modes: there is nothing to set aside and nothing to count."""
+    step = loaded.step
     original = loaded.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(ROW_ID))
     type_errors = loaded.type_errors
     if type_errors is None:
@@ -105,7 +134,7 @@ def load_samples(
     if verdict.violations and not (quarantining and verdict.settled):
         raise StepError(verdict.violations)
     quarantine = None
-    if verdict.violations:
+    if not verdict.failing.is_empty():  # invalid trajectories, or stale groups
         quarantine = quarantine_table(original, verdict.failing)
     return SampleTable(
         step=step,

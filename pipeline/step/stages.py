@@ -1,10 +1,10 @@
 """What each asset of a step computes, without Dagster: the same code in process or in a
 Pipes worker (`pipeline.orchestration.pipes_worker`) on another process, Ray node or Kubernetes pod.
 
-`run_stages` runs the selected stages of a step in order: the first reads the step's tables
-(or the previous stage's staging folder when that stage ran on its own), each calls the core
-(`load_samples`, `plan_batch`, `write_shards`) on what the one before handed it in memory
-and each yields a `StageReport`: one
+`run_stages` runs the selected stages of a step in order through the one driver
+(`build.run_step`): the first reads the step's tables (or the previous stage's staging
+folder when that stage ran on its own), each stage takes what the one before handed it in
+memory, and each yields a `StageReport`: one
 log line and the materialization metadata in the Pipes wire format (`{"type": ...,
 "raw_value": ...}`), which `pipeline.orchestration.reporting.dagster_metadata` turns into
 Dagster's metadata values in process and Dagster Pipes does for a worker.
@@ -13,7 +13,6 @@ Dagster's metadata values in process and Dagster Pipes does for a worker.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,13 +23,12 @@ from pipeline import columns as c
 from pipeline.errors import UsageError
 from pipeline.io import writer
 from pipeline.manifest import Manifest
-from pipeline.settings import Settings
-from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, bounded, staging
-from pipeline.step.ingest import PROVENANCE, load_samples
-from pipeline.step.plan import plan_batch
+from pipeline.settings import Settings, make_settings
+from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, TRAINING_SHARDS, staging
+from pipeline.step.build import StepJob, run_step
+from pipeline.step.ingest import PROVENANCE
 from pipeline.step.roots import StepRoots
 from pipeline.step.tables import SampleTable, TrainBatch
-from pipeline.step.write import write_shards
 
 Metadata = dict[str, dict[str, Any]]
 
@@ -221,45 +219,52 @@ def run_stages(
         yield from _run_selected(stages, roots, step, settings)
 
 
+def _runs(stages: list[str]) -> list[list[str]]:
+    """The selected stages as runs of consecutive stages (`STAGES` order)."""
+    runs: list[list[str]] = []
+    for name in stages:
+        if runs and STAGES.index(name) == STAGES.index(runs[-1][-1]) + 1:
+            runs[-1].append(name)
+        else:
+            runs.append([name])
+    return runs
+
+
 def _run_selected(
     stages: list[str], roots: StepRoots, step: int, settings: Settings | None
 ) -> Iterator[tuple[str, StageReport]]:
-    samples: tuple[SampleTable, Settings] | None = None
-    batch: TrainBatch | None = None
-    with ExitStack() as stack:
-        # All three stages in one run hand the batch on in memory: a big step's lists can
-        # wait in a spill instead, as `rollout-shards build` keeps them (`bounded`).
-        spill = None
-        sources = roots.step_sources(step) if ROLLOUT_SAMPLES in stages else []
-        if len(stages) == len(STAGES) and bounded.input_bytes(sources) > bounded.STREAM_ABOVE:
-            spill = stack.enter_context(bounded.Spill(roots.output_root, step))
-        for position, name in enumerate(stages):
-            following = STAGES.index(name) + 1
-            hand_on = following < len(STAGES) and STAGES[following] in stages[position + 1 :]
-            if name == ROLLOUT_SAMPLES:
-                if settings is None:
-                    raise UsageError(f"step {step}: {ROLLOUT_SAMPLES} needs the run's settings")
-                table = bounded.samples_or_none(step, sources, settings, spill) if spill else None
-                if table is None:
-                    stack.close()
-                    spill = None
-                    table = load_samples(step, sources, settings)
-                samples = (table, settings)
+    for run in _runs(stages):
+        first, last = run[0], run[-1]
+        given: SampleTable | TrainBatch | None = None
+        run_settings = settings
+        if first == ROLLOUT_SAMPLES and settings is None:
+            raise UsageError(f"step {step}: {ROLLOUT_SAMPLES} needs the run's settings")
+        if first == TRAIN_BATCH:
+            given, run_settings = staging.load_samples(roots, step)  # planned as validated
+        elif first == TRAINING_SHARDS:
+            given = staging.load_batch(roots, step)
+            run_settings = run_settings or make_settings(given.meta.settings)
+        assert run_settings is not None
+        sources = roots.step_sources(step) if first == ROLLOUT_SAMPLES else []
+        job = StepJob(step, sources, run_settings, roots.output_root)
+        batch = given if isinstance(given, TrainBatch) else None
+        for name, value in run_step(job, first, last, given):
+            # the next stage takes this one's output in memory, or a later run of its own
+            # takes it from staging
+            hand_on = name != last
+            if isinstance(value, SampleTable):
                 staged = _hand_on_or_stage(
-                    hand_on, roots, name, step, staging.save_samples, *samples
+                    hand_on, roots, name, step, staging.save_samples, value, run_settings
                 )
-                yield name, _samples_report(samples[0], staged)
-            elif name == TRAIN_BATCH:
-                table, planned_with = samples or staging.load_samples(roots, step)
-                batch = plan_batch(table, planned_with)
-                if spill is not None:
-                    batch = bounded.spilled(batch, spill)
-                staged = _hand_on_or_stage(hand_on, roots, name, step, staging.save_batch, batch)
-                yield name, _batch_report(batch, staged)
+                yield name, _samples_report(value, staged)
+            elif isinstance(value, TrainBatch):
+                staged = _hand_on_or_stage(hand_on, roots, name, step, staging.save_batch, value)
+                batch = value
+                yield name, _batch_report(value, staged)
             else:
-                batch = batch or staging.load_batch(roots, step)
-                manifest = write_shards(batch, roots.output_root)
-                yield name, _shards_report(batch, manifest, roots.step_folder(step))
+                assert batch is not None and isinstance(value, Manifest)
+                yield name, _shards_report(batch, value, roots.step_folder(step))
+            del value
 
 
 def _hand_on_or_stage(

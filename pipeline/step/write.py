@@ -6,7 +6,7 @@ import contextlib
 import hashlib
 import re
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import NamedTuple
 
@@ -15,6 +15,7 @@ from pipeline.errors import StepError, Violation
 from pipeline.io import writer
 from pipeline.io.regular import read_regular
 from pipeline.manifest import MANIFEST, Manifest
+from pipeline.speed import thread_pool, write_threads
 from pipeline.step.tables import TrainBatch
 from pipeline.step.verify import blocking_problems, footer_rows
 from pipeline.transforms.layout import rank_bounds
@@ -23,10 +24,6 @@ from pipeline.transforms.layout import rank_bounds
 # step's rank files through its `configs` (docs/dataset.md).
 DATASET_CARD = "README.md"
 RANK_FILES = "step=*/rank=*.parquet"
-
-# Threads that seal written rank files (sha256 from the page cache, fsync, footer). With
-# one, the files written last waited for each other after the writers were done.
-SEALERS = 2
 
 
 class RankFile(NamedTuple):
@@ -54,18 +51,24 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
     dp = batch.meta.dp_size
     bounds = rank_bounds(batch.ranks(), dp)
 
+    ranks_at_once, sealers = write_threads()
+
     def write_ranks(staged: Path) -> list[RankFile]:
         def write(rank: int) -> tuple[str, int, int, str, Future[tuple[str, int | str]]]:
             name, rows, tokens, rewards = _write_rank_file(batch, rank, bounds, staged)
-            return name, rows, tokens, rewards, sealer.submit(_seal_rank, staged / name)
+            if sealers:
+                return name, rows, tokens, rewards, sealer.submit(_seal_rank, staged / name)
+            sealed: Future[tuple[str, int | str]] = Future()
+            sealed.set_result(_seal_rank(staged / name))
+            return name, rows, tokens, rewards, sealed
 
         # Polars gathers and encodes, and hashlib hashes, without the GIL: two ranks at a
         # time keep two cores busy where one small file leaves one idle, and the sealers
         # seal each written file (its digest, fsync and footer) while the writers go on
         # to the next ranks. A file's bytes do not depend on the threads.
         with (
-            ThreadPoolExecutor(max_workers=batch.parallel_ranks) as pool,
-            ThreadPoolExecutor(max_workers=SEALERS) as sealer,
+            thread_pool(min(ranks_at_once, batch.parallel_ranks)) as pool,
+            thread_pool(max(sealers, 1)) as sealer,
         ):
             return [
                 RankFile(name, rows, tokens, rewards, *sealing.result())

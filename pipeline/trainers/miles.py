@@ -20,7 +20,9 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
-from pipeline.settings import COMMON_SETTINGS, Settings, batch_inconsistency
+from pipeline.miles_flags import miles_flag_problem
+from pipeline.schemas.rules import ROWS, Model
+from pipeline.settings import Settings, batch_inconsistency, shared_settings
 from pipeline.trainers import BatchPlan
 from pipeline.transforms.layout import Layout, rank_sizes, rows_within_ranks
 from pipeline.transforms.rewards import group_normalized
@@ -98,14 +100,22 @@ def with_rewards(light: pl.LazyFrame, n_rows: int, settings: Settings) -> tuple[
 
 
 def batch_layout(light: pl.DataFrame, settings: Settings) -> Layout:
-    """The rollout-side schedule when cp_size is set and there are enough rollouts, else plain."""
+    """The rollout-side schedule when cp_size is set, miles splits on the rollout side
+    (not delay_split_train_data_by_dp, nor the trainer's fault tolerance) and there are
+    enough rollouts (`can_schedule_on_rollout_side`), else plain; by FLOPs with
+    balance_by_flops (SEMANTICS 7.7)."""
     keys = light.get_column(c.ROLLOUT_IDS)
     lengths = light.get_column(c.TOTAL_LENGTHS).cast(pl.Int64)
     assert settings.global_batch_size is not None, "checked with the settings"
-    if settings.uses_schedule and keys.n_unique() >= settings.global_batch_size:
-        from pipeline.transforms.schedule import rollout_schedule  # numpy
+    scheduled = settings.uses_schedule and not settings.splits_on_trainer
+    if scheduled and keys.n_unique() >= settings.global_batch_size:
+        from pipeline.transforms.flops import forward_flops, miles_model_shape  # numpy
+        from pipeline.transforms.schedule import rollout_schedule
 
-        return rollout_schedule(keys.to_numpy(), lengths.to_numpy(), settings)
+        flops = None
+        if settings.balance_by_flops:
+            flops = forward_flops(lengths.to_numpy(), miles_model_shape(settings))
+        return rollout_schedule(keys.to_numpy(), lengths.to_numpy(), settings, flops)
     return plain_layout(keys, lengths, settings)
 
 
@@ -197,15 +207,19 @@ class Miles:
     """The miles profile (`pipeline.trainers.Profile`)."""
 
     name: str = "miles"
-    # every setting of the model is miles' (the model was made for it)
-    settings: frozenset[str] = frozenset(
-        f.name for f in dataclasses.fields(Settings) if f.name not in COMMON_SETTINGS
-    )
+    row_rules: Model = ROWS
+    sibling_rewards: bool = True
+    # every setting of the model that no other trainer owns is miles' (the model was made
+    # for it)
+    settings: frozenset[str] = dataclasses.field(default_factory=shared_settings)
+    rank_columns: tuple[str, ...] = c.DATASET_COLUMNS
 
     def check(self, settings: Settings) -> str | None:
+        if settings.advantage_estimator == "cispo":
+            return "advantage_estimator: cispo is slime's estimator, not miles' (--trainer slime)"
         if settings.use_dynamic_global_batch_size and settings.disable_rollout_trim_samples:
             return "use_dynamic_global_batch_size needs trimming: drop disable_rollout_trim_samples"
-        return batch_inconsistency(settings)
+        return batch_inconsistency(settings) or miles_flag_problem(settings)
 
     def plan(
         self, light: pl.LazyFrame, schema: pl.Schema, height: int, settings: Settings, step: int

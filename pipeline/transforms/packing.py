@@ -17,11 +17,11 @@ class _Part:
 
     __slots__ = ("total", "positions")
 
-    def __init__(self, total: int = 0, positions: list[int] | None = None) -> None:
-        self.total = total
+    def __init__(self, total: float = 0, positions: list[int] | None = None) -> None:
+        self.total = total  # an int, or a float for float values
         self.positions: list[int] = positions if positions is not None else []
 
-    def order(self) -> tuple[int, int, list[int]]:
+    def order(self) -> tuple[float, int, list[int]]:
         # Positions alone order item lists exactly as (position, value) pairs would: the
         # lists compared are disjoint, so the first pair that differs differs in position.
         return self.total, len(self.positions), self.positions
@@ -55,17 +55,23 @@ def _state(values: list[int], positions: list[int], k: int) -> _State:
     return parts
 
 
-def _heap_entry(state: _State) -> tuple[int, int, int, _LargerFirst, _State]:
+def _heap_entry(state: _State) -> tuple[float, float, int, _LargerFirst, _State]:
     """Min-heap key: larger spread first, then the larger first set."""
     first = state[0]
     spread = first.total - state[-1].total
     return (-spread, -first.total, -len(first.positions), _LargerFirst(first.positions), state)
 
 
-def _merge_states(into: _State, other: _State) -> None:
-    """Set i of `into` takes set k-1-i of `other`, then the sets are re-sorted."""
+def _merge_states(into: _State, other: _State, floats: list[float] | None) -> None:
+    """Set i of `into` takes set k-1-i of `other`, then the sets are re-sorted. Float
+    values (`floats`) are added to a set's sum one item at a time, in the order the items
+    join it, as miles' `Set.merge` adds them: float sums depend on that order."""
     for part, taken in zip(into, reversed(other), strict=True):
-        part.total += taken.total
+        if floats is None:
+            part.total += taken.total
+        else:
+            for position in taken.positions:
+                part.total += floats[position]
         part.positions.extend(taken.positions)
     into.sort(key=_Part.order, reverse=True)
 
@@ -82,20 +88,29 @@ def _initial_states(array: np.ndarray, k: int, equal_size: bool) -> list[_State]
     ]
 
 
-def _non_negative(values: Sequence[int] | np.ndarray) -> np.ndarray:
-    array = np.asarray(values, dtype=np.int64).reshape(-1)
+def _non_negative(
+    values: Sequence[int] | Sequence[float] | np.ndarray, floats: bool = False
+) -> np.ndarray:
+    """The values as int64, or as float64 when `floats` and they are floats."""
+    array = np.asarray(values).reshape(-1)
+    if not (floats and array.dtype.kind == "f"):
+        array = array.astype(np.int64)
     if len(array) and array.min() < 0:
         raise ValueError(f"lengths must be non-negative, got {int(array.min())}")
     return array
 
 
-def karmarkar_karp(values: Sequence[int] | np.ndarray, k: int, equal_size: bool) -> list[list[int]]:
+def karmarkar_karp(
+    values: Sequence[int] | Sequence[float] | np.ndarray, k: int, equal_size: bool
+) -> list[list[int]]:
     """Largest differencing partition of `values` into `k` sets of positions.
 
     With `equal_size` every set gets len(values) / k items. The partitions come back in
-    the final state's set order (largest sum first), each sorted ascending.
+    the final state's set order (largest sum first), each sorted ascending. Float values
+    (FLOPs) are summed as miles sums them (`_merge_states`).
     """
-    array = _non_negative(values)
+    array = _non_negative(values, floats=True)
+    floats = array.tolist() if array.dtype.kind == "f" else None
     n = len(array)
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
@@ -112,26 +127,36 @@ def karmarkar_karp(values: Sequence[int] | np.ndarray, k: int, equal_size: bool)
     while len(heap) > 1:
         into = heapq.heappop(heap)[-1]
         other = heapq.heappop(heap)[-1]
-        _merge_states(into, other)
+        _merge_states(into, other, floats)
         heapq.heappush(heap, _heap_entry(into))
     return [sorted(part.positions) for part in heap[0][-1]]
 
 
 def first_fit_decreasing(lengths: Sequence[int] | np.ndarray, cap: int) -> list[list[int]]:
     """Bins of positions: rows by length descending (ties by position), each into the
-    first bin, in creation order, that stays within `cap`; an oversized row gets its own.
+    first bin, in creation order, that stays within `cap`; an oversized row gets its own."""
+    values = _non_negative(lengths)
+    return _first_fit(values.tolist(), np.argsort(-values, kind="stable").tolist(), cap)
+
+
+def first_fit(lengths: Sequence[int] | np.ndarray, cap: int) -> list[list[int]]:
+    """Bins of positions: rows in order, each into the first bin, in creation order, that
+    stays within `cap`; an oversized row gets its own (slime's `first_fit_pack`)."""
+    values = _non_negative(lengths)
+    return _first_fit(values.tolist(), list(range(len(values))), cap)
+
+
+def _first_fit(sizes: list[int], order: list[int], cap: int) -> list[list[int]]:
+    """Rows visited in `order`, each into the leftmost bin with room.
 
     A max-tree over the bins' free space finds the first fitting bin in O(log n), which
     keeps steps with thousands of micro-batches fast. Bins not yet opened sit at full
     capacity to the right of the open ones, so the leftmost fit is either an open bin or
     the next one to open.
     """
-    values = _non_negative(lengths)
-    n = len(values)
+    n = len(sizes)
     if n == 0:
         return []
-    order = np.argsort(-values, kind="stable").tolist()
-    sizes = values.tolist()
     leaves = 1
     while leaves < n:
         leaves *= 2

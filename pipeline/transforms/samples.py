@@ -153,6 +153,16 @@ def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.Laz
         else pl.lit(None, dtype=pl.Boolean)
     )
     key = pl.coalesce(_or_null(schema, c.ROLLOUT_ID, pl.Int64()), pl.col(c.INDEX))
+    # slime names each sample's source from its metadata; a substring test first keeps the
+    # JSON parse off the rows (and steps) that have none
+    meta = pl.col(c.METADATA)
+    source_name = (
+        pl.when(meta.str.contains("source_name", literal=True))
+        .then(meta.str.json_path_match("$.source_name"))
+        .otherwise(pl.lit(None, dtype=pl.String))
+        if c.METADATA in schema and schema[c.METADATA] == pl.String
+        else pl.lit(None, dtype=pl.String)
+    )
     return lf.select(
         pl.int_range(pl.len(), dtype=pl.Int64).alias(POSITION),
         pl.col(c.STEP),
@@ -181,6 +191,7 @@ def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.Laz
         _or_null(schema, c.RAW_REWARD, pl.Float64()).alias(c.RAW_REWARD),
         pl.len().over(TRAJECTORY).cast(pl.Int64).alias(TRAJECTORY_SIZE),
         key.alias(ROLLOUT_KEY),
+        source_name.alias(c.SOURCE_NAME),
         pl.col(c.SOURCE_FILE),
         _or_null(schema, "_path_step", pl.Int64()).alias("_path_step"),
     )
@@ -191,8 +202,9 @@ LIST_REDUCTIONS = (N_TOKENS, MASK_LEN, MASK_BINARY, MASK_SUM, RLP_LEN, TLP_LEN)
 
 def light_frame(frame: pl.DataFrame, reward_key: str | None, step: int) -> pl.DataFrame:
     """The light columns of `frame`, one row per row of it. Finiteness of the log probs is
-    first judged by their sums (0.08 s for 124M values against 0.16 s for `is_finite` on
-    each), then decided value by value on the rows whose sum is not finite."""
+    first judged by their sums (a sum is finite only if every value is, and summing is
+    cheaper than `is_finite` on each value), then decided value by value on the rows whose
+    sum is not finite."""
     light = light_columns(frame.lazy(), reward_key, step).collect()
     if N_TOKENS in frame.columns:  # reduced lists: LOG_PROBS_FINITE is exact already
         return light

@@ -159,9 +159,34 @@ def _static_micro_batches(n_rows: int, plan: _Plan, step: int) -> list[list[int]
     return [list(range(start, min(start + size, n_rows))) for start in range(0, n_rows, size)]
 
 
-def _dynamic_micro_batches(lengths: np.ndarray, plan: _Plan, step: int) -> list[list[int]]:
+def _flops_micro_batches(
+    lengths: np.ndarray, flops: np.ndarray, cap: int, step: int
+) -> list[list[int]]:
+    """balance_by_flops (SEMANTICS 7.7): as many micro-batches as the step's tokens fill at
+    the cap, balanced by FLOPs (the cap itself is not kept), or one row each when that
+    many would be at least the rows."""
+    count = max(1, -(-int(lengths.sum()) // cap))
+    if count >= len(lengths):
+        return [[row] for row in range(len(lengths))]
+    bins = karmarkar_karp(flops, count, equal_size=False)
+    if not all(bins):
+        raise step_error(
+            "schedule_empty_micro_batch",
+            f"train step {step}: balancing {len(lengths)} rows by FLOPs into {count} "
+            "micro-batches leaves one empty (miles asserts there): turn off balance_by_flops "
+            "or change max_tokens_per_gpu",
+        )
+    return bins
+
+
+def _dynamic_micro_batches(
+    lengths: np.ndarray, plan: _Plan, step: int, flops: np.ndarray | None
+) -> list[list[int]]:
     assert plan.token_cap is not None
-    bins = first_fit_decreasing(lengths, plan.token_cap)
+    if flops is None:
+        bins = first_fit_decreasing(lengths, plan.token_cap)
+    else:
+        bins = _flops_micro_batches(lengths, flops, plan.token_cap, step)
     target = _aligned_count(len(bins), plan.align)
     if len(bins) != target:
         bins = split_bins(bins, lengths, target)
@@ -175,15 +200,25 @@ def _dynamic_micro_batches(lengths: np.ndarray, plan: _Plan, step: int) -> list[
     return bins
 
 
-def _micro_batches_per_rank(bin_sums: np.ndarray, plan: _Plan) -> list[list[int]]:
+def _micro_batches_per_rank(
+    bin_sums: np.ndarray, plan: _Plan, bins: list[list[int]], flops: np.ndarray | None
+) -> list[list[int]]:
     count = len(bin_sums)
+    if flops is not None:
+        # each micro-batch's FLOPs summed row by row in its order, as miles' `sum` does
+        row_flops = flops.tolist()
+        weights = [sum((row_flops[row] for row in rows), 0.0) for rows in bins]
+        return karmarkar_karp(weights, plan.dp_size, equal_size=True)
     if plan.balance_data:
         return karmarkar_karp(bin_sums.tolist(), plan.dp_size, equal_size=True)
     return [list(range(rank, count, plan.dp_size)) for rank in range(plan.dp_size)]
 
 
-def _schedule_step(rows: np.ndarray, lengths: np.ndarray, plan: _Plan, step: int) -> _StepRows:
-    """Pack one train step's rows into micro-batches and deal them out to the ranks."""
+def _schedule_step(
+    rows: np.ndarray, lengths: np.ndarray, plan: _Plan, step: int, flops: np.ndarray | None
+) -> _StepRows:
+    """Pack one train step's rows into micro-batches and deal them out to the ranks (by
+    FLOPs when `flops`, each row's forward FLOPs in batch order, is given)."""
     if len(rows) < plan.dp_size:
         raise step_error(
             "schedule_too_few_rows",
@@ -191,17 +226,19 @@ def _schedule_step(rows: np.ndarray, lengths: np.ndarray, plan: _Plan, step: int
             "some rank would get none: lower dp_size or raise global_batch_size",
         )
     step_lengths = lengths[rows]
+    step_flops = None if flops is None else flops[rows]
     if plan.token_cap is None:
         bins = _static_micro_batches(len(rows), plan, step)
     else:
-        bins = _dynamic_micro_batches(step_lengths, plan, step)
+        bins = _dynamic_micro_batches(step_lengths, plan, step, step_flops)
     local = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=len(rows))
     sizes = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
     bin_of_entry = np.repeat(np.arange(len(bins)), sizes)
     bin_sums = np.add.reduceat(step_lengths[local], np.cumsum(sizes) - sizes)
     # Rank r's micro-batches take write slots r*per_rank .. (r+1)*per_rank-1.
     slot_of_bin = np.empty(len(bins), dtype=np.int64)
-    slot_of_bin[np.concatenate(_micro_batches_per_rank(bin_sums, plan))] = np.arange(len(bins))
+    per_rank_bins = _micro_batches_per_rank(bin_sums, plan, bins, step_flops)
+    slot_of_bin[np.concatenate(per_rank_bins)] = np.arange(len(bins))
     slot_of_entry = slot_of_bin[bin_of_entry]
     write = np.argsort(slot_of_entry, kind="stable")
     per_rank = len(bins) // plan.dp_size
@@ -213,11 +250,15 @@ def _schedule_step(rows: np.ndarray, lengths: np.ndarray, plan: _Plan, step: int
     )
 
 
-def rollout_schedule(rollout_keys: np.ndarray, lengths: np.ndarray, settings: Any) -> Layout:
+def rollout_schedule(
+    rollout_keys: np.ndarray, lengths: np.ndarray, settings: Any, flops: np.ndarray | None = None
+) -> Layout:
     """Train steps of whole rollouts, packed into micro-batches and spread over dp ranks.
 
     `rollout_keys` holds each row's rollout key (rollout_id, else index) in batch order,
     `lengths` its total token length; `settings` has the names of CONTRACT section 3.
+    `flops` (float64 per row, `transforms.flops`) balances micro-batches and ranks by
+    FLOPs instead of tokens (balance_by_flops; dynamic micro-batches only).
     """
     plan = _schedule_plan(settings)
     keys = np.asarray(rollout_keys, dtype=np.int64)
@@ -229,7 +270,7 @@ def rollout_schedule(rollout_keys: np.ndarray, lengths: np.ndarray, settings: An
     for step, count in enumerate(num_rollouts):
         start = rollouts.starts[first_rollout]
         end = rollouts.starts[first_rollout + count]
-        steps.append(_schedule_step(rollouts.rows[start:end], row_lengths, plan, step))
+        steps.append(_schedule_step(rollouts.rows[start:end], row_lengths, plan, step, flops))
         first_rollout += count
     rank = np.concatenate([part.rank for part in steps])
     rank_major = np.argsort(rank, kind="stable")

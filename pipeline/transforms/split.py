@@ -16,6 +16,7 @@ def plain_layout(keys: pl.Series, lengths: pl.Series, settings: Settings) -> Lay
     global_batch_size // dp_size (SEMANTICS 6.1), whatever their batch positions."""
     n = len(keys)
     dp = settings.dp_size
+    assert settings.global_batch_size is not None, "a trainer's profile requires it"
     local_batch = settings.global_batch_size // dp
     if settings.balance_data:
         from pipeline.transforms.schedule import balanced_rank_partitions  # numpy

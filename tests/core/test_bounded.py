@@ -21,6 +21,7 @@ from pipeline.io.discovery import SourceFile, find_sources
 from pipeline.io.load import group_steps
 from pipeline.settings import Settings
 from pipeline.step import bounded
+from pipeline.step import build as build_module
 from pipeline.step.build import build_step
 from tests.conftest import generated_step
 
@@ -30,10 +31,15 @@ SMALL_PARTS = 64 << 10
 
 @pytest.fixture
 def streamed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """What each bounded read ended with ("ok", or the exception that sent the step to the
-    in-memory build), its parts small."""
+    """What each bounded read ended with ("ok", or the exception it raised), its parts
+    small, and "memory" for each in-memory read (the driver reads a step once, one way)."""
     outcomes: list[str] = []
     load = bounded.load_samples
+    whole = build_module.load_samples
+
+    def in_memory(*args: Any, **kwargs: Any) -> Any:
+        outcomes.append("memory")
+        return whole(*args, **kwargs)
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -45,6 +51,7 @@ def streamed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         return table
 
     monkeypatch.setattr(bounded, "load_samples", recorded)
+    monkeypatch.setattr(build_module, "load_samples", in_memory)
     monkeypatch.setattr(bounded, "PART_BYTES", SMALL_PARTS)
     yield outcomes
 
@@ -61,7 +68,7 @@ def _build_both(
     for name, above in (("memory", None), ("bounded", 0)):
         root = out / name
         for step, files in _sources(folder).items():
-            build_step(step, files, settings, root, stream_above=above)
+            build_step(step, files, settings.replace(stream_above=above), root)
         results.append(
             {
                 str(path.relative_to(root)): path.read_bytes()
@@ -145,7 +152,7 @@ def test_same_bytes_as_in_memory(
 ) -> None:
     folder = INPUTS[inputs](tmp_path / "in")
     memory, spilled = _build_both(folder, tmp_path / "out", Settings(**SETTINGS[settings]))
-    assert streamed and set(streamed) == {"ok"}
+    assert streamed and streamed.count("memory") == streamed.count("ok") == len(streamed) // 2
     assert sorted(memory) == sorted(spilled)
     assert [name for name in memory if memory[name] != spilled[name]] == []
     assert any(name.endswith("rank=1.parquet") for name in memory)
@@ -155,7 +162,7 @@ def test_non_compact_step_is_trimmed_alike(tmp_path: Path, streamed: list[str]) 
     folder = generated_step(tmp_path / "in", non_compact=True)
     settings = Settings(global_batch_size=64, dp_size=4)
     memory, spilled = _build_both(folder, tmp_path / "out", settings)
-    assert streamed == ["ok"]
+    assert streamed == ["memory", "ok"]
     assert memory == spilled
     manifest = json.loads(memory["step=0/manifest.json"])
     assert manifest["counts"]["trimmed"] > 0
@@ -176,7 +183,7 @@ def test_repaired_ids_alike(tmp_path: Path, streamed: list[str]) -> None:
     folder = _changed_step(tmp_path, "rollout_id", legacy.otherwise(pl.col("rollout_id")))
     settings = Settings(global_batch_size=64, dp_size=4, rollout_id_policy="repair")
     memory, spilled = _build_both(folder, tmp_path / "out", settings)
-    assert streamed == ["ok"]
+    assert streamed == ["memory", "ok"]
     assert memory == spilled
     assert json.loads(memory["step=0/manifest.json"])["counts"]["repaired"] > 0
 
@@ -184,7 +191,7 @@ def test_repaired_ids_alike(tmp_path: Path, streamed: list[str]) -> None:
 def _refusal(folder: Path, root: Path, settings: Settings, above: int | None) -> str:
     (step, files), *_ = _sources(folder).items()
     with pytest.raises(StepError) as caught:
-        build_step(step, files, settings, root, stream_above=above)
+        build_step(step, files, settings.replace(stream_above=above), root)
     return str(caught.value)
 
 
@@ -204,7 +211,8 @@ def test_a_value_of_another_type_in_a_later_part_is_reported_as_in_memory(
     settings = Settings(global_batch_size=64, dp_size=4)
     memory = _refusal(folder, tmp_path / "memory", settings, None)
     spilled = _refusal(folder, tmp_path / "bounded", settings, 0)
-    assert len(streamed) == 1 and "Unbounded" in streamed[0]
+    # each build read the step once: in memory, then in parts (taken back from its spill)
+    assert streamed[0] == "memory" and streamed[1].startswith("StepError") and len(streamed) == 2
     assert spilled == memory and "column_type" in memory
     # nothing written, no spill left: the root the build made is gone again
     assert not (tmp_path / "bounded").exists()
@@ -226,7 +234,7 @@ def test_quarantined_trajectories_as_in_memory(
     folder = _changed_step(tmp_path, "response_length", broken.otherwise(pl.col("response_length")))
     settings = Settings(global_batch_size=64, dp_size=4, on_invalid="quarantine")
     memory, spilled = _build_both(folder, tmp_path / "out", settings)
-    assert streamed == ["ok"]
+    assert streamed == ["memory", "ok"]
     assert sorted(memory) == sorted(spilled)
     assert [name for name in memory if memory[name] != spilled[name]] == []
     assert "_quarantine/step=0.parquet" in memory
@@ -242,7 +250,7 @@ def test_a_rule_broken_without_quarantine_is_reported_as_in_memory(
     settings = Settings(global_batch_size=64, dp_size=4)
     memory = _refusal(folder, tmp_path / "memory", settings, None)
     spilled = _refusal(folder, tmp_path / "bounded", settings, 0)
-    assert len(streamed) == 1 and "Unbounded" in streamed[0]
+    assert streamed[0] == "memory" and streamed[1].startswith("StepError") and len(streamed) == 2
     assert spilled == memory and "response_within_tokens" in memory
 
 
@@ -257,7 +265,7 @@ def test_no_spill_is_left_and_a_killed_builds_is_removed(
     dead.mkdir()
     (dead / "part=0.arrow").write_bytes(b"left by a killed build")
     (step, files), *_ = _sources(folder).items()
-    build_step(step, files, Settings(global_batch_size=64, dp_size=4), root, stream_above=0)
+    build_step(step, files, Settings(global_batch_size=64, dp_size=4, stream_above=0), root)
     assert streamed == ["ok"]
     assert sorted(p.name for p in root.iterdir()) == [".locks", "README.md", "step=0"]
 
@@ -267,7 +275,9 @@ def test_the_threshold_is_the_inputs_size_on_disk(tmp_path: Path, streamed: list
     size = os.stat(folder / "step=0.parquet").st_size
     (step, files), *_ = _sources(folder).items()
     settings = Settings(global_batch_size=64, dp_size=4)
-    build_step(step, files, settings, tmp_path / "a", stream_above=size)
-    assert streamed == []
-    build_step(step, files, settings, tmp_path / "b", stream_above=size - 1)
-    assert streamed == ["ok"]
+    # stream_above is in MiB: a step above it is streamed, one at or below it is not
+    at_or_above = settings.replace(stream_above=-(-size // 2**20))
+    build_step(step, files, at_or_above, tmp_path / "a")
+    assert streamed == ["memory"]
+    build_step(step, files, settings.replace(stream_above=size // 2**20), tmp_path / "b")
+    assert streamed == ["memory", "ok"]

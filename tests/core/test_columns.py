@@ -17,7 +17,7 @@ from pipeline import columns as c
 from pipeline.schemas.rules import ROWS, TABLE
 from tests.conftest import REPO
 
-LOADER = REPO / "loader" / "rollout_shards_loader" / "_read.py"
+LOADER = REPO / "loader" / "rollout_shards_loader" / "miles.py"
 CONTRACT = REPO / "docs" / "contract.md"
 # The loader reads these two apart from its per-row keys: `raw_reward` batch-wide (every
 # rank's rows and the dropped ones), `total_lengths` for the rank's own rows.

@@ -76,7 +76,6 @@ def test_a_slow_build_of_older_inputs_does_not_replace_a_newer_step(
         return loaded
 
     monkeypatch.setattr(build_module, "load_samples", load_then_rewrite)
-    monkeypatch.setattr(stages, "load_samples", load_then_rewrite)
     build_step(1, sources, SETTINGS, out)  # build A
     others[0].join(120)
 

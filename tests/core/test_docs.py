@@ -199,7 +199,7 @@ def broken_anchors(text: str, source: Path) -> list[str]:
 
 def missing_names(text: str, repo: Path) -> list[str]:
     """Dotted names of the package in backticks that are neither a module nor a name a
-    module defines at its top level (`pipeline.process.tune_process`)."""
+    module defines at its top level (`pipeline.speed.tune_process`)."""
     missing = []
     for dotted in named_modules(text):
         parts = dotted.split(".")
@@ -228,11 +228,59 @@ def test_the_performance_guide_names_what_exists() -> None:
     assert [s for s in scripts if not (REPO / "bench" / f"{s}.py").is_file()] == []
 
 
-def test_bench_run_finds_its_markers_in_the_performance_guide() -> None:
-    text = PERFORMANCE.read_text()
+def test_bench_run_finds_its_markers_in_the_results() -> None:
+    text = (RESULTS / "build.md").read_text()
     begin, end = RUN_MARKERS
     assert text.count(begin) == 1 and text.count(end) == 1
     assert text.index(begin) < text.index(end)
+
+
+# A tracker's number (`issue 33`, `(issues 6, 13)`) or a date; miles' PRs (`miles PR #2536`)
+# name the peer's code and stay.
+DIARY = re.compile(r"\bissues? \d+|\d{4}-\d{2}-\d{2}|\b(?:19|20)\d{2}-\d{2}\b")
+
+
+def test_the_docs_keep_no_dated_runs_or_tracker_numbers() -> None:
+    """Docs are a guide: dated runs and tracker numbers live in bench/results/."""
+    sources = [README, REPO / "loader" / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    found = {
+        f"{source.relative_to(REPO)}:{number}": line
+        for source in sources
+        for number, line in enumerate(source.read_text().splitlines(), 1)
+        if DIARY.search(line)
+    }
+    assert found == {}
+
+
+# A path of the machine the project was written on; `/tmp/...` in a record of a run is not.
+MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:work|home|Users)/")
+MACHINE_SUFFIXES = (".py", ".md", ".toml", ".yaml", ".yml", ".json", ".cfg", ".txt", ".sh")
+
+
+def test_nothing_names_a_path_of_this_machine() -> None:
+    """A fresh clone on another machine runs as it is: no file names a folder of the
+    machine it was written on (the tests get peers' source from an env variable or a
+    clone of the public URL)."""
+    files = [REPO / "README.md", REPO / "Makefile", REPO / "pyproject.toml"]
+    for folder in ("docs", "tests", "pipeline", "loader", "bench", "data"):
+        files += [
+            path
+            for path in sorted((REPO / folder).rglob("*"))
+            if path.suffix in MACHINE_SUFFIXES and "__pycache__" not in path.parts
+        ]
+    found = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in files
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if MACHINE_PATH.search(line)
+    ]
+    assert found == []
+
+
+def test_the_machine_path_check_finds_one() -> None:
+    named = [f"cd {'/'}work/main", f"'{'/'}home/me/x'", f"({'/'}Users/a/b)"]
+    kept = ["/tmp/bench33/work/inputs", "~/.cache/rollout-shards", "$HOME/x", "a/work/b"]
+    assert [bool(MACHINE_PATH.search(s)) for s in named + kept] == [True] * 3 + [False] * 4
 
 
 def test_links_to_sections_of_the_docs_resolve() -> None:

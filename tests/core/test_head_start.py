@@ -13,8 +13,8 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.io import discovery
-from pipeline.io.background import TABLE_SUFFIXES, HeadStart, Identity
 from pipeline.io.load import read_file
+from pipeline.speed import TABLE_SUFFIXES, HeadStart, Identity
 from tests.conftest import sample, write_step
 
 

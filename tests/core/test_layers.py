@@ -35,9 +35,9 @@ def test_the_core_is_every_module_outside_the_orchestration_layer() -> None:
     assert not any("orchestration" in name or "assets" in name for name in modules)
 
 
-def test_threads_start_in_two_core_modules() -> None:
-    """The build reads top to bottom: work on other threads starts only in the read's
-    background module (the CLI's head start, the read's pool) and in the writer."""
+def test_threads_start_in_one_core_module() -> None:
+    """The build reads top to bottom: work on other threads starts only in the speed
+    module (the CLI's head start, the read's and the writer's pools), each behind a switch."""
     starting = re.compile(r"\b(threading|ThreadPoolExecutor|ProcessPoolExecutor|_thread)\b")
 
     def source(name: str) -> str:
@@ -47,7 +47,7 @@ def test_threads_start_in_two_core_modules() -> None:
         ).read_text()
 
     found = sorted(name for name in core_modules() if starting.search(source(name)))
-    assert found == ["pipeline.io.background", "pipeline.step.write"]
+    assert found == ["pipeline.speed"]
 
 
 def test_cli_and_core_import_without_dagster() -> None:
@@ -176,12 +176,12 @@ def test_polars_allocator_takes_the_package_settings() -> None:
     stopped reading `_RJEM_MALLOC_CONF` would fail here, not only in the benchmark."""
     import os
 
-    from pipeline.process import ALLOCATOR_ENV
+    from pipeline.speed import ALLOCATOR_ENV
 
     env = {k: v for k, v in os.environ.items() if k != ALLOCATOR_ENV}
     script = (
         "import os\n"
-        "from pipeline.process import tune_process\n"
+        "from pipeline.speed import tune_process\n"
         "tune_process()\n"
         "os.environ['_RJEM_MALLOC_CONF'] += ',stats_print:true,stats_print_opts:mdablxe'\n"
         "import polars as pl\n"
@@ -223,7 +223,7 @@ def test_the_program_runs_with_the_package_allocator_settings(tmp_path: Path) ->
     settings whatever its input; a user's own setting is left as it is."""
     import os
 
-    from pipeline.process import ALLOCATOR_CONF, ALLOCATOR_ENV
+    from pipeline.speed import ALLOCATOR_CONF, ALLOCATOR_ENV
 
     env = {k: v for k, v in os.environ.items() if k != ALLOCATOR_ENV}
     polars_own = "dirty_decay_ms:500,muzzy_decay_ms:1000"
@@ -257,13 +257,114 @@ def test_the_process_settings_keep_openblas_to_one_thread() -> None:
     threads or numpy was loaded first. Importing the package alone changes nothing."""
     import os
 
-    from pipeline.process import BLAS_THREADS_ENV
+    from pipeline.speed import BLAS_THREADS_ENV
 
     env = {k: v for k, v in os.environ.items() if k != BLAS_THREADS_ENV}
-    tuned = "from pipeline.process import tune_process; tune_process()"
+    tuned = "from pipeline.speed import tune_process; tune_process()"
     alone = _threads_after("import numpy", env)
     assert alone == os.cpu_count() > 1  # the main thread and one more per further core
     assert _threads_after("import pipeline, numpy", env) == alone
     assert _threads_after(f"{tuned}; import numpy", env) == 1
     assert _threads_after(f"import numpy; {tuned}", env) == alone
     assert _threads_after(f"{tuned}; import numpy", {**env, BLAS_THREADS_ENV: "2"}) == 2
+
+
+def test_a_trainer_module_is_reached_only_through_the_registry() -> None:
+    """`pipeline/trainers/<name>.py` is imported by nothing outside `pipeline/trainers/`
+    (nor by tests, bench or the loader): the profile comes from `trainers.profile(name)`."""
+    trainer_module = re.compile(
+        r"(from\s+pipeline\.trainers\.\w+\s+import|import\s+pipeline\.trainers\.\w+"
+        r"|from\s+pipeline\.trainers\s+import\s+(?!BatchPlan|Profile|NAMES|profile)\w+)"
+    )
+    offenders = [
+        str(path.relative_to(REPO))
+        for folder in ("pipeline", "tests", "bench", "loader")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if (REPO / "pipeline" / "trainers") not in path.parents
+        and trainer_module.search(path.read_text())
+    ]
+    assert offenders == []
+
+
+def test_no_module_is_over_450_lines() -> None:
+    long = {
+        str(path.relative_to(REPO)): length
+        for folder in ("pipeline", "loader")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if (length := len(path.read_text().splitlines())) > 450
+    }
+    assert long == {}
+
+
+# A figure of speed or size: `1.5x`, `3-4x`, `12%`, `0.08 s`, `40 ms`, `156 MiB`, `2 cpu-s`,
+# or a word that says how fast. Comments and docstrings say why; figures live in bench/.
+FIGURE = re.compile(
+    r"(?<![\w.])(?!0x)\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?"
+    r"(?:x\b|\s?%|\s?ms\b|\s?s\b|\s?(?:[KMG]iB|[KMG]B)\b|\s?cpu-s\b)"
+    r"|\b(?:faster|slower|quicker|speed-?up)\b",
+    re.IGNORECASE,
+)
+
+
+def _comments_and_docstrings(path: Path) -> list[tuple[int, str]]:
+    import ast
+    import io
+    import tokenize
+
+    source = path.read_text()
+    found = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                first = node.body[0].lineno
+                found += [(first + i, line) for i, line in enumerate(doc.splitlines())]
+    return found
+
+
+def test_comments_and_docstrings_hold_no_figures() -> None:
+    files = [*sorted(PACKAGE.rglob("*.py")), *sorted((REPO / "loader").rglob("*.py"))]
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {text.strip()}"
+        for path in files
+        if "__pycache__" not in path.parts
+        for line, text in _comments_and_docstrings(path)
+        if FIGURE.search(text)
+    ]
+    assert found == []
+
+
+def test_the_figure_check_finds_figures() -> None:
+    figures = ["3-4x the", "1.5x", "12%", "0.08 s for", "40 ms", "156 MiB", "2 cpu-s", "faster"]
+    other = ["0x10", "up to 8 times", "step 3", "v2", "a 1024-row group", "sha256"]
+    assert [bool(FIGURE.search(t)) for t in figures] == [True] * len(figures)
+    assert [bool(FIGURE.search(t)) for t in other] == [False] * len(other)
+
+
+def _imported(path: Path) -> set[str]:
+    """Every module `path` imports, by its full name (relative imports left out)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_verl_is_imported_by_the_loaders_verl_module_alone() -> None:
+    loader = REPO / "loader" / "rollout_shards_loader"
+    files = sorted(PACKAGE.rglob("*.py")) + sorted(loader.rglob("*.py"))
+    importers = [
+        path.relative_to(REPO).as_posix()
+        for path in files
+        if any(name == "verl" or name.startswith("verl.") for name in _imported(path))
+    ]
+    assert importers == ["loader/rollout_shards_loader/verl.py"]

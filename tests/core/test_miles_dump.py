@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 import torch
 
+from pipeline import columns as c
 from pipeline.errors import StepError, UsageError
 from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump, read_miles_dump
 
@@ -182,6 +183,25 @@ def test_what_is_not_a_miles_dump(tmp_path: Path) -> None:
 
 
 # --- reading: columns, types, values -------------------------------------------
+
+
+def test_a_dump_with_every_field_has_the_column_table_s_input_columns(tmp_path: Path) -> None:
+    """The reader takes its columns and their types from the column table: a sample with
+    every field set gives exactly the table's input columns, in its order."""
+    full = sample_dict(
+        group_index=0,
+        rollout_id=4,
+        prompt="p",
+        loss_mask=[1, 1],
+        rollout_log_probs=[-0.5, -0.25],
+        teacher_log_probs=[-0.5, -0.25],
+        weight_versions=["1"],
+        metadata={"raw_reward": 1.0, "round_number": 0, "leaf": 0},
+        train_metadata={"a": 1},
+    )
+    frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, [full]))
+    table = [(col.name, col.input) for col in c.INPUT_COLUMNS]
+    assert list(frame.schema.items()) == table
 
 
 def test_every_column_type_and_value(tmp_path: Path) -> None:

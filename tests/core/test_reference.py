@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from reference import (
+
+from tests.reference import (
     reference_build,
     torch_f32_mean,
     torch_f32_std,

@@ -1,11 +1,14 @@
 """miles' own trainer code on CPU, as a test fixture: its source, its modules imported with
 the third-party packages it needs stubbed, and its rollout-side conversion run on rows.
 
-Nothing of miles is in this repository. Its source comes from, in order: `MILES_SOURCE`
-(a folder holding `miles/`, or a git directory whose HEAD is used), else the mirror that
-the `fetch` tool leaves at `/work/.mirror/radixark+miles/repo` (miles HEAD); the release
-on PyPI (`miles-rl`, an older miles whose `process_rollout_data` returns the rank dict)
-comes from `pip download`.
+Nothing of miles is in this repository. Its source at PIN comes from `MILES_SOURCE` (a
+folder holding `miles/`, or a git directory of radixark/miles holding PIN), else from
+`git clone https://github.com/radixark/miles` checked out at PIN into the user's cache
+(`$XDG_CACHE_HOME` or `~/.cache`, then `rollout-shards/miles-<PIN>`); a machine without
+GitHub maps that URL to a copy of its own with git's `url.<base>.insteadOf`. With neither,
+the caller gets `SourceMissing`, one line saying what to set. The release on PyPI
+(`miles-rl`, an older miles whose `process_rollout_data` returns the rank dict) comes from
+`pip download`.
 
 Imports made by miles' own modules resolve to real packages for the standard library,
 torch, numpy and miles itself, and to permissive stand-ins for everything else (Ray,
@@ -26,9 +29,11 @@ import inspect
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import types
 import zipfile
 from argparse import Namespace
@@ -36,34 +41,96 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-MIRROR = Path("/work/.mirror/radixark+miles/repo")
+import pytest
+
+URL = "https://github.com/radixark/miles"
+PIN = "31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
 SOURCE_ENV = "MILES_SOURCE"
 RELEASE = "miles-rl==0.0.2"
 REAL = {"miles", "torch", "numpy", "typing_extensions", "pyarrow", "rollout_shards_loader"}
 
 
-def head_source(cache: Path) -> Path:
-    """A folder holding miles HEAD's `miles/` package."""
-    given = os.environ.get(SOURCE_ENV)
-    origin = Path(given) if given else MIRROR
-    if (origin / "miles" / "__init__.py").is_file():
-        return origin
-    if not (origin / "HEAD").is_file():
-        raise FileNotFoundError(
-            f"no miles source: set {SOURCE_ENV} to a checkout of radixark/miles (or its git "
-            f"directory); {origin} holds neither"
-        )
-    out = cache / "miles-head"
-    if not (out / "miles" / "__init__.py").is_file():
-        out.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(
-            ["git", f"--git-dir={origin}", "archive", "HEAD", "miles"],
-            check=True,
-            capture_output=True,
-        ).stdout
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(out, filter="data")
+class SourceMissing(RuntimeError):
+    """Neither MILES_SOURCE nor a clone of miles' public repository is available."""
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rollout-shards"
+
+
+def _git(*args: str) -> bytes:
+    done = subprocess.run(["git", *args], capture_output=True, check=False)
+    if done.returncode:
+        message = done.stderr.decode(errors="replace").strip().splitlines()
+        raise SourceMissing(message[-1] if message else f"git {args[0]} failed")
+    return done.stdout
+
+
+def _published(partial: Path, out: Path) -> Path:
+    """`partial` renamed to `out`, unless another process published `out` first."""
+    try:
+        partial.rename(out)
+    except OSError:
+        if not (out / "miles" / "__init__.py").is_file():
+            raise
+        shutil.rmtree(partial, ignore_errors=True)
     return out
+
+
+def head_source(cache: Path | None = None) -> Path:
+    """A folder holding the `miles/` package of miles at PIN (the module's docstring says
+    from where); without one the test fails with the one line saying what to set.
+    `cache` is unused, kept for callers that pass a scratch folder."""
+    try:
+        return miles_source()
+    except SourceMissing as exc:
+        missing = str(exc)
+    pytest.fail(missing, pytrace=False)
+
+
+def miles_source() -> Path:
+    """A folder holding the `miles/` package of miles at PIN; SourceMissing without one."""
+    given = os.environ.get(SOURCE_ENV)
+    if given:
+        origin = Path(given)
+        if (origin / "miles" / "__init__.py").is_file():
+            return origin
+        if not ((origin / "HEAD").is_file() or (origin / ".git").exists()):
+            raise SourceMissing(
+                f"{SOURCE_ENV}={given} is neither a checkout of {URL} nor its git directory"
+            )
+        git_dir = origin / ".git" if (origin / ".git").is_dir() else origin
+        out = cache_root() / f"miles-src-{PIN}"
+        if (out / "miles" / "__init__.py").is_file():
+            return out
+        try:
+            archive = _git(f"--git-dir={git_dir}", "archive", PIN, "miles")
+        except SourceMissing as exc:
+            raise SourceMissing(f"{SOURCE_ENV}={given} has no miles commit {PIN}: {exc}") from None
+        partial = Path(tempfile.mkdtemp(prefix=out.name, dir=_made(out.parent)))
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(partial, filter="data")
+        return _published(partial, out)
+    out = cache_root() / f"miles-{PIN}"
+    if (out / "miles" / "__init__.py").is_file():
+        return out
+    partial = Path(tempfile.mkdtemp(prefix=out.name, dir=_made(out.parent)))
+    try:
+        _git("clone", "-q", "--no-checkout", URL, str(partial))
+        _git("-C", str(partial), "checkout", "-q", PIN)
+    except SourceMissing as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise SourceMissing(
+            f"no miles source: set {SOURCE_ENV} to a checkout of {URL} at {PIN} "
+            f"(git clone {URL} failed: {exc})"
+        ) from None
+    return _published(partial, out)
+
+
+def _made(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def release_source(cache: Path) -> Path:

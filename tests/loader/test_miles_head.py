@@ -7,14 +7,18 @@ micro-batch `get_batch` builds), must be the same, tensors and floats bit for bi
 
 from __future__ import annotations
 
+import os
 import shutil
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rollout_shards_loader import StepNotBuiltError, read_rank
+from rollout_shards_loader import _hook as hook_internals
 from rollout_shards_loader import miles as hook
-from rollout_shards_loader import read_rank
 
 from pipeline.settings import load_settings
 from tests.conftest import REPO, build, sample, write_step
@@ -91,6 +95,66 @@ CASES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
         {"global_batch_size": 4, "dp_size": 2, "micro_batch_size": 2},
     ),
 }
+
+
+# Every model flag given, so that miles' args (the settings as they are) hold what
+# Megatron's parser would: balance_by_flops reads them all.
+_SHAPE = {
+    "num_layers": 2,
+    "hidden_size": 32,
+    "ffn_hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_query_groups": 2,
+    "kv_channels": 8,
+    "vocab_size": 100,
+    "kv_lora_rank": 32,
+    "qk_head_dim": 128,
+    "qk_pos_emb_head_dim": 64,
+    "v_head_dim": 128,
+}
+_BY_FLOPS = {
+    "global_batch_size": 4,
+    "dp_size": 2,
+    "cp_size": 1,
+    "use_dynamic_batch_size": True,
+    "max_tokens_per_gpu": 60,
+    "balance_by_flops": True,
+}
+_SHAPES = {
+    "gqa": _SHAPE,
+    "moe": {
+        **_SHAPE,
+        "num_experts": 4,
+        "moe_router_topk": 2,
+        "moe_ffn_hidden_size": 16,
+        "moe_layer_freq": [0, 1],
+    },
+    "mla_q_lora": {
+        **_SHAPE,
+        "q_lora_rank": 8,
+        "kv_lora_rank": 8,
+        "qk_head_dim": 8,
+        "qk_pos_emb_head_dim": 4,
+        "v_head_dim": 8,
+    },
+}
+
+
+def _uneven_rows() -> list[dict[str, Any]]:
+    lengths = [1, 40, 3, 90, 7, 12, 60, 2, 33, 5, 70, 9]
+    return [sample(i, response_length=n, reward=float(i % 3)) for i, n in enumerate(lengths)]
+
+
+CASES.update(
+    {
+        f"scheduled_by_flops_{name}": (_uneven_rows(), {**_BY_FLOPS, **shape})
+        for name, shape in _SHAPES.items()
+    }
+)
+CASES["scheduled_by_flops_compact"] = (
+    _scheduled_rows(),
+    {**_BY_FLOPS, **_SHAPE, "global_batch_size": 2, "max_tokens_per_gpu": 8},
+)
 
 
 def _embedded_cases() -> dict[str, tuple[Path, dict[str, Any]]]:
@@ -213,4 +277,71 @@ def test_runtime_env_runs_the_setup_hook(monkeypatch: pytest.MonkeyPatch, tmp_pa
         hook.setup_hook()
     monkeypatch.setenv(hook.ROOT_ENV, str(tmp_path))
     hook.setup_hook()
-    assert hook._Finder.root == tmp_path
+    assert hook_internals._Finder.root == tmp_path
+
+
+def _trainer_on_a_step(miles: Any, tmp_path: Path) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """miles' trainer for rank 0 of a dp-2 run, the rollout side's refs, and what its
+    `train()` holds; the step itself is built into `tmp_path / "built"`."""
+    rows = [sample(i, reward=float(i)) for i in range(4)]
+    write_step(tmp_path / "in", rows, step=3)
+    build(tmp_path / "in", tmp_path / "built", global_batch_size=2, dp_size=2)
+    settings = load_settings(global_batch_size=2, dp_size=2).to_dict()
+    args = ms.miles_args(settings)
+    refs = ms.rollout_side(miles, args, rows, ms.train_parallel_config(settings))
+    actor, seen = ms.trainer(miles, args)
+    ms.set_rank(miles, 0, settings)
+    return actor, refs, seen
+
+
+def test_train_waits_for_a_step_built_alongside(miles: Any, tmp_path: Path) -> None:
+    """Training alongside the build: `train(3)` before step 3 is committed waits for its
+    manifest and then trains on it."""
+    actor, refs, seen = _trainer_on_a_step(miles, tmp_path)
+    (tmp_path / "out").mkdir()
+    commit = threading.Timer(
+        0.5, os.rename, (tmp_path / "built" / "step=3", tmp_path / "out" / "step=3")
+    )
+    hook.install(tmp_path / "out", wait_s=60)
+    started = time.monotonic()
+    commit.start()
+    try:
+        actor.train(3, refs)
+    finally:
+        commit.join()
+    assert time.monotonic() - started >= 0.5
+    assert seen[0]["sample_indices"] == [0, 2]
+
+
+def test_train_on_a_step_never_built_fails_naming_the_build(
+    miles: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No build commits step 3: after the wait (here from the environment, as a Ray job's
+    runtime env sets it) `train(3)` fails with one line naming the command that builds it."""
+    actor, refs, seen = _trainer_on_a_step(miles, tmp_path)
+    monkeypatch.setenv(hook.WAIT_ENV, "0.2")
+    hook.install(tmp_path / "out")
+    started = time.monotonic()
+    with pytest.raises(StepNotBuiltError) as failure:
+        actor.train(3, refs)
+    assert time.monotonic() - started >= 0.2
+    message = str(failure.value)
+    assert "\n" not in message and "waiting 0.2 s" in message
+    assert (
+        f"rollout-shards build <the rollouts folder holding step=3> --out {tmp_path / 'out'}`"
+        in message
+    )
+    assert seen == []
+
+
+def test_the_wait_is_a_number_of_seconds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert hook.runtime_env(tmp_path, wait_s=30)["env_vars"][hook.WAIT_ENV] == "30.0"
+    for bad in ("soon", "-1", "inf", "nan"):
+        monkeypatch.setenv(hook.WAIT_ENV, bad)
+        with pytest.raises(ValueError, match=f"{hook.WAIT_ENV}='{bad}': the wait for a step"):
+            hook.install(tmp_path)
+    monkeypatch.delenv(hook.WAIT_ENV)
+    with pytest.raises(ValueError, match="wait_s=True"):
+        hook.install(tmp_path, wait_s=True)
+    hook.install(tmp_path)
+    assert hook_internals._Finder.wait_s == hook.WAIT_S

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,8 +20,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import rollout_shards_loader._read as reader
-from rollout_shards_loader import ShardVerificationError, read_rank
+import rollout_shards_loader._step as step_reader
+import rollout_shards_loader._verify as verifier
+from rollout_shards_loader import ShardVerificationError, read_manifest, read_rank
 
 from pipeline.io import writer
 from tests.conftest import REPO, build, sample, write_step
@@ -127,7 +129,7 @@ def test_a_manifest_without_the_column_digest_checks_whole_files(tmp_path: Path)
     for output in manifest["outputs"]:
         del output["raw_reward_sha256"]
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    reader._VERIFIED.clear()
+    verifier._VERIFIED.clear()
     assert [read_rank(folder, rank) for rank in range(2)] == want
     path = folder / "rank=1.parquet"
     pq.write_table(pq.read_table(path), path, compression="snappy")  # same rows, other bytes
@@ -158,7 +160,7 @@ def test_the_writer_and_the_loader_compute_one_digest(rewards: list[float | None
     table = pq.read_table(buffer)
     assert table.column("raw_reward").num_chunks == max(1, -(-len(rewards) // 1024))
     digest = writer.raw_reward_sha256(frame)
-    assert reader._raw_reward_sha256(table) == digest
+    assert verifier._raw_reward_sha256(table) == digest
     if rewards:  # each value flipped in sign (NaN and the null kept): another digest
         flipped = frame.with_columns(-pl.col("raw_reward"))
         assert writer.raw_reward_sha256(flipped) != digest
@@ -239,6 +241,65 @@ def test_a_manifest_of_another_shape_is_named(tmp_path: Path) -> None:
         read_rank(folder, 0)
 
 
+WRONG_TYPES = {
+    "step": ("step", True),
+    "step as a string": ("step", "1"),
+    "step as a float": ("step", 1.0),
+    "settings.dp_size": ("settings.dp_size", True),
+    "settings.global_batch_size": ("settings.global_batch_size", "4"),
+    "outputs[0].rows": ("outputs.0.rows", True),
+    "outputs[1].sha256": ("outputs.1.sha256", 7),
+    "outputs[0].raw_reward_sha256": ("outputs.0.raw_reward_sha256", False),
+    "outputs[0]": ("outputs.0", "rank=0.parquet"),
+    "present_columns": ("present_columns", "weight_versions"),
+    "num_microbatches": ("num_microbatches", [1, True]),
+    "num_rollouts": ("num_rollouts", None),
+    "dynamic_global_batch_size": ("dynamic_global_batch_size", 4.0),
+    "dropped_positions": ("dropped_positions", [False]),
+    "dropped_raw_reward": ("dropped_raw_reward", ["0.5"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRONG_TYPES))
+def test_a_manifest_field_of_another_json_type_is_named(tmp_path: Path, case: str) -> None:
+    """`"step": true` is not step 1, nor `"4"` the integer 4: a field the loader reads
+    that is not of the type the build writes is one error naming the field, for
+    `read_rank` and `read_manifest` alike."""
+    folder = _step(tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    where, value = WRONG_TYPES[case]
+    *parents, last = [int(k) if k.isdigit() else k for k in where.split(".")]
+    record = manifest
+    for key in parents:
+        record = record[key]
+    record[last] = value
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    field = re.escape(f"`{case.split()[0]}` is {json.dumps(value)} (JSON ")
+    for read in (lambda: read_rank(folder, 0), lambda: read_manifest(folder)):
+        with pytest.raises(ShardVerificationError, match=rf"manifest\.json: {field}") as error:
+            read()
+        assert "\n" not in str(error.value)
+
+
+def test_a_manifest_of_inconsistent_fields_is_named(tmp_path: Path) -> None:
+    folder = _step(tmp_path)
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps({**manifest, "dropped_raw_reward": [0.5]}))
+    with pytest.raises(ShardVerificationError, match="1 values for 0 `dropped_positions`"):
+        read_rank(folder, 0)
+    # a batch position given twice would leave a value of the batch-wide raw_reward unset
+    path.write_text(json.dumps({**manifest, "dropped_positions": [0], "dropped_raw_reward": [1]}))
+    with pytest.raises(ShardVerificationError, match=r"not each of 0\.\.8 once"):
+        read_rank(folder, 0)
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ShardVerificationError, match="manifest.json: not a JSON manifest"):
+        read_rank(folder, 0)
+    path.write_text("[1]")
+    with pytest.raises(ShardVerificationError, match="not a rollout-shards manifest"):
+        read_manifest(folder)
+
+
 def test_a_missing_rank_file_and_a_missing_step(tmp_path: Path) -> None:
     folder = _step(tmp_path)
     (folder / "rank=1.parquet").unlink()
@@ -291,16 +352,16 @@ def test_rebuilds_racing_hundreds_of_reads_never_mix(
     one reads it: every read is wholly one build's, also the reads during which the
     folder was swapped (counted, and awaited: at least three)."""
     raced = []
-    once = reader._read_rank_once
+    once = step_reader.read_once
 
     def counted(*args: Any) -> Any:
         try:
             return once(*args)
-        except reader._Replaced:
+        except step_reader.Replaced:
             raced.append(1)
             raise
 
-    monkeypatch.setattr(reader, "_read_rank_once", counted)
+    monkeypatch.setattr(step_reader, "read_once", counted)
     folder_a = _step(tmp_path, "a", reward=1.0, n=400)
     folder_b = _step(tmp_path, "b", reward=-3.0, n=400)
     wants = [

@@ -234,15 +234,16 @@ def test_dagster_shards_are_byte_identical_to_the_cli(
 def test_a_step_above_the_spill_threshold_is_built_rank_by_rank_alike(
     instance: dg.DagsterInstance, roots: Roots, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A whole-step run takes a step above `bounded.STREAM_ABOVE` through the rank-bounded
-    build, with the same shards and the loaded columns (lists included) in the UI."""
+    """A whole-step run takes a step above the `stream_above` setting (run config, as the
+    CLI's flag) through the rank-bounded build, with the same shards and the loaded columns
+    (lists included) in the UI."""
     ran: list[int] = []
     spilled = bounded.spilled
-    monkeypatch.setattr(bounded, "STREAM_ABOVE", 0)
     monkeypatch.setattr(
         bounded, "spilled", lambda batch, spill: ran.append(1) or spilled(batch, spill)
     )
-    result = materialize(instance, "00000001")
+    run_config = {"ops": {"rollout_samples": {"config": {"stream_above": 0}}}}
+    result = materialize(instance, "00000001", run_config)
     assert result.success and ran == [1]
     cli_out = tmp_path / "cli"
     assert cli.main(["build", str(roots.input), "--out", str(cli_out)]) == 0

@@ -43,8 +43,8 @@ from pipeline.orchestration.ray_ranks import build_step_on_ray
 from pipeline.settings import Settings
 from pipeline.step import bounded
 
-# Whether the step took the rank-bounded path (its lists spilled):
-# a step that path cannot vouch for goes to the in-memory build without a word.
+# Whether the step took the rank-bounded path (its lists spilled), which the driver
+# chooses up front from the stream_above setting.
 routed = []
 route = bounded.spilled
 bounded.spilled = lambda batch, spill: routed.append(batch.step) or route(batch, spill)
@@ -53,10 +53,9 @@ inputs, out, settings, address, stream_above, timeout = sys.argv[1:]
 built = build_step_on_ray(
     0,
     group_steps(find_sources([Path(inputs)]))[0],
-    Settings(**json.loads(settings)),
+    Settings(**json.loads(settings), stream_above=json.loads(stream_above)),
     Path(out),
     address=address,
-    stream_above=json.loads(stream_above),
     timeout_s=float(timeout),
 )
 print(json.dumps({

@@ -1,26 +1,49 @@
-"""Work a build does on other threads: the only place of the core, the writer's rank
-threads aside (`pipeline.step.write`), that starts any.
+"""Every speed trick of a build, in one module, each behind one switch.
 
-- `HeadStart`: `rollout-shards build` and `validate` hash their input files while the
-  program loads, before Polars: loading is single-threaded, and a core it leaves idle takes
-  the sha256 the read would otherwise take beside its decoders (bench/results/).
-- `read_pool`: the read's threads (`pipeline.io.load`): a file's sha256 taken while its
-  columns decode, and a Parquet file's list columns decoded side by side (hashlib and
-  Polars let the GIL go).
+A build is correct without any of them: each trades threads, memory or start-up for time,
+and stays only where `bench/ab.py` shows, on an idle machine, that it pays (the A/B runs
+are in bench/results/). `ROLLOUT_SHARDS_OFF` turns switches off for a process, as a comma
+list or `all`, so one tree can be measured against itself
+(`bench/ab.py STEP --tree on=. --tree off=. --env off:ROLLOUT_SHARDS_OFF=head_start`).
 
-It imports the standard library only: the head start begins before Polars loads.
+- `head_start`: `build` and `validate` hash their input files on a thread while the
+  program loads (`HeadStart`): loading is single-threaded and leaves a core idle.
+- `read_threads`: a file's sha256 is taken while its columns decode, and a large Parquet
+  file's list columns decode side by side (`thread_pool`, `io.parquet`).
+- `write_threads`: two ranks gathered and encoded at once, and each written file sealed
+  (sha256, fsync, footer) on other threads while the next ranks are written.
+- `arrow_pool`: a read in parts allocates from Arrow's jemalloc pool, set to give pages
+  back at once (`returning_arrow_pool`).
+- `process`: the programs that build (the CLI, the Pipes worker) give Polars' allocator one
+  arena whose freed pages are kept a while, and OpenBLAS one thread (`tune_process`).
+
+It imports the standard library only: the head start begins before Polars loads, and
+importing it changes nothing global (only `tune_process`, which a program calls, does).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
 import stat
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+
+OFF_ENV = "ROLLOUT_SHARDS_OFF"
+SWITCHES = ("head_start", "read_threads", "write_threads", "arrow_pool", "process")
+
+
+def on(switch: str) -> bool:
+    """Whether the trick `switch` (one of `SWITCHES`) is on in this process."""
+    assert switch in SWITCHES, switch
+    off = {name.strip() for name in os.environ.get(OFF_ENV, "").split(",")}
+    return switch not in off and "all" not in off
+
 
 # The table files a build reads (pipeline.io.discovery.TABLE_SUFFIXES, which loads Polars).
 TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".jsonl")
@@ -119,6 +142,63 @@ class HeadStart:
                 digest.set_result(None)
 
 
-def read_pool(threads: int) -> ThreadPoolExecutor:
-    """A pool for one read's threads (`pipeline.io.load`), closed by its `with`."""
+def thread_pool(threads: int) -> ThreadPoolExecutor:
+    """A pool of `threads` threads, closed by its `with`: the one way the core starts
+    threads (a read's decoders and digest, the writer's ranks and sealers)."""
     return ThreadPoolExecutor(max_workers=threads)
+
+
+def read_threads() -> int:
+    """Threads of one file's read: its decoders and its digest (1: all on the caller's)."""
+    return max(2, os.cpu_count() or 1) if on("read_threads") else 1
+
+
+def write_threads() -> tuple[int, int]:
+    """Ranks written at once, and threads sealing written files (0: sealed by the writer)."""
+    return (2, 2) if on("write_threads") else (1, 0)
+
+
+@contextlib.contextmanager
+def returning_arrow_pool() -> Iterator[None]:
+    """Arrow allocates from its jemalloc pool, set to give freed pages back at once, while
+    the block runs: its default pool (mimalloc) keeps what each decoding thread freed,
+    which grows a read in parts by several parts' worth of pages that the rest of the
+    build cannot reuse (Polars has an allocator of its own)."""
+    if not on("arrow_pool"):
+        yield
+        return
+    import pyarrow as pa
+
+    try:
+        returning = pa.jemalloc_memory_pool()
+        pa.jemalloc_set_decay_ms(0)
+    except NotImplementedError:  # a pyarrow built without jemalloc keeps its default
+        yield
+        return
+    previous = pa.default_memory_pool()
+    pa.set_memory_pool(returning)
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(previous)
+
+
+ALLOCATOR_ENV = "_RJEM_MALLOC_CONF"
+# one arena for every thread and size, so a rank's gathered lists reuse the pages the read
+# and earlier ranks freed; freed pages kept long enough to outlast validation and the plan
+ALLOCATOR_CONF = "dirty_decay_ms:2000,muzzy_decay_ms:0,narenas:1,oversize_threshold:0"
+BLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
+
+
+def tune_process() -> None:
+    """Set Polars' allocator and numpy's OpenBLAS threads for this process, before either
+    loads (a value the user set is kept). Called by the programs that build, never on
+    import: a trainer or a notebook that imports `pipeline` keeps its own. OpenBLAS starts
+    a spinning thread per core when numpy loads, which competes with Polars' decoders, and
+    the package calls no BLAS routine."""
+    if not on("process"):
+        return
+    if "polars" not in sys.modules:
+        os.environ.setdefault(ALLOCATOR_ENV, ALLOCATOR_CONF)
+    if "numpy" not in sys.modules:
+        os.environ.setdefault(BLAS_THREADS_ENV, "1")

@@ -1,0 +1,128 @@
+"""One read of a rank's files, all of one build: the step folder opened, its manifest
+checked against the settings the trainer runs with, the rank's own file mapped and the
+other ranks' digest-covered columns read, every file verified; the read starts over when
+a rebuild replaces the folder. Also the wait for a step that is not built yet."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rollout_shards_loader._folder import MANIFEST, Replaced, open_folder, rank_name
+from rollout_shards_loader._manifest import ATTEMPTS, load_manifest
+from rollout_shards_loader._verify import Checks, open_other_file, open_own_file
+
+T = TypeVar("T")
+# Seconds between two looks for a step's manifest while waiting for it.
+WAIT_POLL_S = 0.5
+
+
+class RankFiles(NamedTuple):
+    """What one read has open: the manifest, every rank's ParquetFile in rank order, the
+    other ranks' `batch_position` and `raw_reward`, and the reading rank's file mapped."""
+
+    manifest: dict[str, Any]
+    files: list[pq.ParquetFile]
+    parts: dict[int, pa.Table]
+    own: pa.Buffer
+
+
+class StepNotBuiltError(TimeoutError):
+    """A step the trainer asked for has no manifest after the wait: nothing built it."""
+
+
+def wait_for_step(step_folder: Path, timeout_s: float) -> None:
+    """Return once `step_folder` has its manifest (the build's last write), waiting up to
+    `timeout_s` seconds; then StepNotBuiltError, one line naming the command that builds
+    the step."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.isfile(step_folder / MANIFEST):
+        if time.monotonic() >= deadline:
+            raise StepNotBuiltError(
+                f"{step_folder}: the step is not built (no {MANIFEST} after waiting "
+                f"{timeout_s:g} s): build it with `rollout-shards build <the rollouts "
+                f"folder holding {step_folder.name}> --out {step_folder.parent}`, before "
+                "training or alongside it"
+            )
+        time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+
+
+def read_rank_files(
+    step_folder: str | Path,
+    rank: int,
+    dp_size: int | None,
+    global_batch_size: int | None,
+    verify: bool,
+    convert: Callable[[RankFiles], T],
+) -> T:
+    """`convert` of rank `rank`'s files of the step, all of one build (up to ATTEMPTS
+    reads while rebuilds replace the folder, then RuntimeError)."""
+    folder = Path(step_folder)
+    for attempt in range(ATTEMPTS):
+        try:
+            return read_once(folder, rank, dp_size, global_batch_size, verify, convert)
+        except Replaced:
+            time.sleep(0.002 * (attempt + 1))
+    raise RuntimeError(
+        f"{folder}: replaced by other builds {ATTEMPTS} times while it was read; try again"
+    )
+
+
+def read_once(
+    path: Path,
+    rank: int,
+    dp_size: int | None,
+    global_batch_size: int | None,
+    verify: bool,
+    convert: Callable[[RankFiles], T],
+) -> T:
+    """One read (`Replaced` when the folder was swapped under it)."""
+    folder = open_folder(path)
+    try:
+        manifest = load_manifest(folder)
+        step_dp = manifest["settings"]["dp_size"]
+        step_gbs = manifest["settings"]["global_batch_size"]
+        if dp_size is not None and dp_size != step_dp:
+            raise ValueError(
+                f"dp_size={dp_size} but the step {path} was built for dp_size={step_dp}"
+            )
+        if global_batch_size is not None and global_batch_size != step_gbs:
+            raise ValueError(
+                f"global_batch_size={global_batch_size} but the step {path} was built for "
+                f"global_batch_size={step_gbs}"
+            )
+        if not 0 <= rank < step_dp:
+            raise ValueError(f"rank={rank} is outside the step's dp_size={step_dp} ranks")
+        files: dict[int, pq.ParquetFile] = {}
+        parts: dict[int, pa.Table] = {}
+        handles: list[Any] = []
+        checks = Checks(folder)
+        try:
+            try:
+                # the own file first: its sha256 runs on a thread while the rest is read
+                files[rank], own = open_own_file(folder, manifest, rank_name(rank), verify, checks)
+                for r in range(step_dp):
+                    if r != rank:
+                        files[r], handle, parts[r] = open_other_file(
+                            folder, manifest, rank_name(r), verify, checks
+                        )
+                        handles.append(handle)
+                ordered = [files[r] for r in range(step_dp)]
+                data = convert(RankFiles(manifest, ordered, parts, own))
+            except Exception:
+                checks.wait()  # a file that is not the manifest's is the error to report
+                raise
+            checks.wait()
+            return data
+        finally:
+            checks.close()
+            for handle in handles:
+                handle.close()
+    finally:
+        folder.close()

@@ -1,0 +1,47 @@
+"""Every speed trick is behind one switch (`pipeline.speed`), and none changes a byte."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import speed
+from tests.conftest import REPO, generated_step
+
+
+def _build(inputs: Path, out: Path, off: str | None) -> dict[str, bytes]:
+    """A whole `rollout-shards build` process (the head start and process settings are the
+    program's), with `off` switched off; every written file by name."""
+    env = {"PATH": "/usr/bin:/bin"} | ({speed.OFF_ENV: off} if off is not None else {})
+    command = [sys.executable, "-m", "pipeline.cli", "build", str(inputs), "--out", str(out)]
+    flags = ["--global-batch-size", "64", "--dp-size", "4", "--stream-above", "1"]
+    subprocess.run([*command, *flags], cwd=REPO, env=env, check=True, capture_output=True)
+    return {
+        str(path.relative_to(out)): path.read_bytes()
+        for path in sorted(out.rglob("*"))
+        if path.is_file() and ".locks" not in path.parts
+    }
+
+
+def test_each_switch_turned_off_gives_the_same_bytes(tmp_path: Path) -> None:
+    inputs = generated_step(tmp_path / "in", samples=6000)
+    assert (inputs / "step=0.parquet").stat().st_size > 1 << 20  # read in parts too
+    small = generated_step(tmp_path / "small", samples=600)
+    for folder in (inputs, small):
+        expected = _build(folder, tmp_path / "on" / folder.name, None)
+        assert "step=0/rank=3.parquet" in expected
+        for off in (*speed.SWITCHES, "all"):
+            assert _build(folder, tmp_path / off / folder.name, off) == expected, off
+
+
+@pytest.mark.parametrize("value", ["", "head_start", " all", "process, arrow_pool"])
+def test_the_switches_read_the_environment(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(speed.OFF_ENV, value)
+    off = {name.strip() for name in value.split(",")}
+    for switch in speed.SWITCHES:
+        assert speed.on(switch) is not (switch in off or "all" in off)
+    assert speed.read_threads() == (1 if "all" in off else max(2, os.cpu_count() or 1))

@@ -1,0 +1,89 @@
+"""rollout_shards_loader.verl.read_rank against verl 0.9.1's own trainer path on CPU
+(tests/loader/verl_support.py): the same rows built with `--trainer verl` and read back give,
+on every rank, the DataProto `DataProto.chunk` hands that rank: every batch tensor equal by
+torch.equal with the same dtype and shape (and the same bits), `non_tensor_batch` exactly
+{"uid": ...} of str in the same order, `meta_info["global_token_num"]` equal."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from rollout_shards_loader.verl import read_rank
+
+from tests.conftest import build, write_step
+from tests.loader.verl_support import case_rows, trainer_ranks
+
+# every dp x n pair; balance, std normalization, full-length rows, log probs and the pad id
+# take both values across them, and the last pair runs all four balance x std combinations
+PAIRS = list(itertools.product((1, 2, 4), (1, 4, 8)))
+CASES = [
+    {
+        "dp": dp,
+        "n": n,
+        "balance": i % 2 == 0,
+        "std": i // 2 % 2 == 0,
+        "full": i % 3 == 2,
+        "log_probs": i % 4 != 3,
+        "pad": (0, 151643)[i // 3 % 2],
+    }
+    for i, (dp, n) in enumerate(PAIRS)
+] + [
+    {"dp": 4, "n": 8, "balance": b, "std": s, "full": False, "log_probs": True, "pad": 7}
+    for b, s in ((True, True), (False, True), (True, False))
+]
+
+
+def _id(case: dict[str, Any]) -> str:
+    flags = [k for k in ("balance", "std", "full", "log_probs") if case[k]]
+    return f"dp{case['dp']}-n{case['n']}-pad{case['pad']}-" + "-".join(flags)
+
+
+def verl_settings(case: dict[str, Any], groups: int) -> dict[str, Any]:
+    return {
+        "trainer": "verl",
+        "dp_size": case["dp"],
+        "rollout_n": case["n"],
+        "train_batch_size": groups,
+        "max_prompt_length": 6,
+        "max_response_length": 7,
+        "pad_token_id": case["pad"],
+        "balance_batch": case["balance"],
+        "norm_adv_by_std_in_grpo": case["std"],
+    }
+
+
+def assert_same(got: Any, want: Any) -> None:
+    assert list(got.batch.keys()) == list(want.batch.keys())
+    for key in want.batch.keys():
+        a, b = got.batch[key], want.batch[key]
+        assert a.dtype == b.dtype and a.shape == b.shape, key
+        assert torch.equal(a, b), key
+        assert a.numpy().tobytes() == b.contiguous().numpy().tobytes(), key  # -0.0 too
+    assert list(got.non_tensor_batch) == ["uid"]
+    uid = got.non_tensor_batch["uid"]
+    assert uid.dtype == object and all(type(u) is str for u in uid)
+    assert uid.tolist() == want.non_tensor_batch["uid"].tolist()
+    assert got.meta_info == {"global_token_num": want.meta_info["global_token_num"]}
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_read_rank_is_verls_chunk(tmp_path: Path, case: dict[str, Any]) -> None:
+    groups = 8 if case["n"] == 1 else 4
+    rows = case_rows(
+        groups=groups,
+        n=case["n"],
+        seed=len(_id(case)) + case["dp"] * 7 + case["n"],
+        log_probs=case["log_probs"],
+        full=case["full"],
+    )
+    settings = verl_settings(case, groups)
+    write_step(tmp_path / "in", rows)
+    manifest = build(tmp_path / "in", tmp_path / "out", **settings)
+    assert manifest["settings"]["trainer"] == "verl"
+    want = trainer_ranks(rows, {**settings, "rollout_n": case["n"]})
+    for rank in range(case["dp"]):
+        assert_same(read_rank(tmp_path / "out" / "step=1", rank), want[rank])
