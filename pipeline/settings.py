@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import json
 import operator
-import os
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -23,8 +22,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pipeline.errors import UsageError
 from pipeline.miles_flags import FIELDS as MILES_FIELDS
-from pipeline.miles_flags import MilesFlags, derived_global_batch_size
-from pipeline.spelling import unknown_names
+from pipeline.miles_flags import MilesFlags, NonNegative, derived_global_batch_size
+from pipeline.settings_files import DATA_SETTINGS as DATA_SETTINGS
+from pipeline.settings_files import DISABLE_FLAGS as DISABLE_FLAGS
+from pipeline.settings_files import data_settings_files as data_settings_files
+from pipeline.settings_files import read_config as read_config
+from pipeline.settings_files import setting_values as setting_values
+from pipeline.verl_settings import FIELDS as VERL_FIELDS
+from pipeline.verl_settings import VerlSettings
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -42,14 +47,6 @@ class _Count:
 
 COUNT = _Count()
 Count = Annotated[int, COUNT]
-
-
-class _Size:
-    """The mark of a size: an integer of at least 0, never a bool, a float or a text."""
-
-
-SIZE = _Size()
-Size = Annotated[int, SIZE]
 
 
 def _setting(
@@ -71,7 +68,7 @@ class SettingsError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Settings(MilesFlags):
+class Settings(MilesFlags, VerlSettings):
     """Effective settings of one build; shared by the CLI, the Dagster run config and tests.
 
     Checked when made: each value against its field's type (integers strictly, booleans
@@ -127,40 +124,7 @@ class Settings(MilesFlags):
     require_success_marker: bool = _setting(
         "Read a step folder only once its producer wrote step=<N>/_SUCCESS.", False
     )
-    rollout_n: Count | None = _setting(
-        "verl's actor_rollout_ref.rollout.n: responses per prompt; each prompt group is "
-        "exactly this many contiguous rows.",
-        None,
-        trainer="verl",
-    )
-    train_batch_size: Count | None = _setting(
-        "verl's data.train_batch_size: prompt groups per step.", None, trainer="verl"
-    )
-    max_prompt_length: Count | None = _setting(
-        "verl's data.max_prompt_length: prompts are left-padded to it.", None, trainer="verl"
-    )
-    max_response_length: Count | None = _setting(
-        "verl's data.max_response_length: responses are right-padded to it.",
-        None,
-        trainer="verl",
-    )
-    adv_estimator: str = _setting(
-        "verl's algorithm.adv_estimator: grpo (the only one built).", "grpo", trainer="verl"
-    )
-    norm_adv_by_std_in_grpo: bool = _setting(
-        "verl's algorithm.norm_adv_by_std_in_grpo: divide by the group std.", True, trainer="verl"
-    )
-    balance_batch: bool = _setting(
-        "verl's trainer.balance_batch: reorder rows to balance tokens across ranks.",
-        True,
-        trainer="verl",
-    )
-    pad_token_id: Size | None = _setting(
-        "The tokenizer's pad token id, which verl pads prompts and responses with.",
-        None,
-        trainer="verl",
-    )
-    stream_above: Size | None = _setting(
+    stream_above: NonNegative | None = _setting(
         "MiB of input files on disk above which a step holds its per-token lists one part "
         "or one rank at a time (0: every step; null: never).",
         256,
@@ -250,15 +214,16 @@ Model = type
 @functools.cache
 def _fields() -> tuple[dataclasses.Field[Any], ...]:
     """The fields of `Settings` in the contract's order: its own, then miles' data-path
-    flags (`pipeline.miles_flags`, a base class, whose fields dataclasses list first)."""
+    flags (`pipeline.miles_flags`), then verl's (`pipeline.verl_settings`): base classes,
+    whose fields dataclasses list first."""
     fields = dataclasses.fields(Settings)
-    return tuple(sorted(fields, key=lambda f: f.name in MILES_FIELDS))
+    return tuple(sorted(fields, key=lambda f: (f.name in VERL_FIELDS, f.name in MILES_FIELDS)))
 
 
 def _minimum(kind: Any) -> int:
     """The least value of a marked integer (a count: 1)."""
     mark = typing.get_args(kind)[1]
-    return 0 if mark is SIZE else int(getattr(mark, "value", 1))
+    return int(getattr(mark, "value", 1))
 
 
 @functools.cache
@@ -453,46 +418,6 @@ def batch_inconsistency(s: Settings) -> str | None:
     return None
 
 
-# Boolean settings that default to on are turned off by a miles-style --disable-* flag.
-DISABLE_FLAGS = {
-    "rewards_normalization": "disable_rewards_normalization",
-    "grpo_std_normalization": "disable_grpo_std_normalization",
-}
-
-
-def read_config(path: str | Path | None) -> dict[str, Any]:
-    """Settings from a YAML file (a mapping of setting names), or {} without one."""
-    if path is None:
-        return {}
-    from pipeline.yaml_config import ConfigError, load_mapping, read_text
-
-    try:
-        data = load_mapping(read_text(Path(path)))
-    except ConfigError as exc:
-        raise UsageError(f"config {path}{exc}") from None
-    if (unknown := unknown_names(data, [*setting_types(), *DISABLE_FLAGS.values()])) is not None:
-        raise UsageError(f"config {path}: {unknown}")
-    for setting, flag in DISABLE_FLAGS.items():
-        if flag not in data:
-            continue
-        if setting in data:
-            raise UsageError(f"config {path} sets both {setting} and {flag}: keep one")
-        data[setting] = not _boolean(flag, data.pop(flag))
-    return data
-
-
-def _boolean(flag: str, value: Any) -> bool:
-    """A --disable-* flag's value in a settings file, read as a boolean setting is."""
-    if type(value) is bool:
-        return value
-    from pydantic import TypeAdapter, ValidationError
-
-    try:
-        return TypeAdapter(bool).validate_python(value)
-    except ValidationError as exc:
-        raise UsageError(f"invalid settings: {flag}: {exc.errors()[0]['msg']}") from None
-
-
 def make_settings(values: Mapping[str, Any]) -> Settings:
     """Settings from plain values (files, flags, run config); a usage error names every
     problem: missing, unknown or mistyped settings first, else the first inconsistency."""
@@ -502,40 +427,6 @@ def make_settings(values: Mapping[str, Any]) -> Settings:
         return Settings(**_checked(Settings, values))
     except SettingsError as exc:
         raise UsageError(f"invalid settings: {exc}") from None
-
-
-# An input root may carry the settings its data was written for; they rank below
-# --config and flags.
-DATA_SETTINGS = "rollout-shards.yaml"
-
-
-def data_settings_files(inputs: Sequence[str | Path]) -> list[Path]:
-    """The settings file of each input's root: an input root holds it; a step file or
-    folder given alone finds the one of the root it sits in (`root/step=<N>.parquet`,
-    `root/step=<N>/part.jsonl`)."""
-    found: list[Path] = []
-    for raw in inputs:
-        path = Path(raw)
-        root = path if path.is_dir() else path.parent
-        # Anything under the name is read (a FIFO or a folder there is refused, not passed over).
-        if root.name.lower().startswith("step=") and not os.path.lexists(root / DATA_SETTINGS):
-            root = root.parent
-        if os.path.lexists(root / DATA_SETTINGS) and root / DATA_SETTINGS not in found:
-            found.append(root / DATA_SETTINGS)
-    return found
-
-
-def setting_values(
-    config: str | Path | None = None, data_configs: Sequence[Path] = (), **overrides: Any
-) -> dict[str, Any]:
-    """The settings given: beside the data, then the YAML file, then explicit overrides
-    (flags or run config), each above the one before."""
-    values: dict[str, Any] = {}
-    for path in data_configs:
-        values.update(read_config(path))
-    values.update(read_config(config))
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return values
 
 
 def load_settings(

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import StepError, UsageError, Violation, printable
+from pipeline.io.dump_files import find_verl_dumps, is_verl_dump
 from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump
-from pipeline.io.verl_dump import find_verl_dumps, is_verl_dump
 
 TABLE_SUFFIXES = {".parquet": "parquet", ".arrow": "ipc", ".feather": "ipc", ".jsonl": "jsonl"}
 # Digits are ASCII: `step=١` (Arabic-Indic) or `step=７` (fullwidth), which `int` would

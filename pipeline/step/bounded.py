@@ -36,7 +36,8 @@ from pipeline.columns import ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError
 from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
-from pipeline.io.load import LoadedStep, StepFiles, read_in_parts
+from pipeline.io.load import read_in_parts
+from pipeline.io.step_files import LoadedStep, StepFiles
 from pipeline.schemas.rules import TABLE_LISTS, TABLE_ROWS
 from pipeline.schemas.validate import passes
 from pipeline.settings import RowSettings, Settings

@@ -15,7 +15,8 @@ from pipeline import trainers
 from pipeline.columns import PATH_STEP, REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError, Violation
 from pipeline.io.discovery import SourceFile
-from pipeline.io.load import LoadedStep, load_step
+from pipeline.io.load import load_step
+from pipeline.io.step_files import LoadedStep
 from pipeline.schemas.rules import TABLE, Model
 from pipeline.schemas.validate import Verdict, validate_step
 from pipeline.settings import RowSettings, Settings

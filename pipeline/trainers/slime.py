@@ -10,7 +10,7 @@ miles does not (`RolloutManager._convert_samples_to_train_data`, `_post_process_
 - Rollout ids: a missing id becomes the smallest integer not used yet, in batch order;
   `rollout_ids` and `rollout_mask_sums` are over these ids, not `index`.
 - No trimming and no dynamic global batch size: every row is kept, and the schedule
-  (`slime_schedule`), which slime always runs on the rollout side, drops the rows of
+  (`transforms.slime_schedule`), which slime always runs on the rollout side, drops the rows of
   trailing rollouts past the last whole train step of `global_batch_size` rollouts.
 - Rank files: the common columns plus `source_names` (`metadata`'s `source_name`, else
   "unknown"), which the loader's `rollout_shards_loader.slime` turns into slime's dict.
@@ -28,9 +28,10 @@ from pipeline.miles_flags import REQUIRED_SHAPE
 from pipeline.schemas.rules import SLIME_ROWS, Model
 from pipeline.settings import Settings
 from pipeline.trainers import BatchPlan
-from pipeline.trainers.slime_schedule import ModelShape, SlimeLayout, slime_layout
 from pipeline.transforms.layout import rank_sizes
+from pipeline.transforms.repair import filled_rollout_ids
 from pipeline.transforms.shard_columns import light_shard_columns, raw_reward
+from pipeline.transforms.slime_schedule import ModelShape, SlimeLayout, slime_layout
 from pipeline.transforms.torch_float import torch_dim_std, torch_sums
 from pipeline.transforms.trim import is_compact
 
@@ -75,24 +76,6 @@ SLIME_SETTINGS = frozenset(
         "moe_shared_expert_intermediate_size",
     )
 )
-
-
-def filled_rollout_ids(ids: pl.Series) -> pl.Series:
-    """slime's fill: each missing id, in batch order, becomes the smallest integer not
-    used yet (by a given id or an earlier fill): the first m integers >= 0 outside the
-    given ids, in order."""
-    missing = int(ids.null_count())
-    if not missing:
-        return ids
-    used = ids.drop_nulls().unique()
-    candidates = pl.int_range(0, missing + len(used), dtype=pl.Int64, eager=True)
-    free = candidates.filter(~candidates.is_in(used.implode())).head(missing)
-    slots = ids.is_null().cum_sum().cast(pl.Int64) - 1
-    return (
-        pl.select(pl.when(ids.is_null()).then(free.gather(slots.clip(0))).otherwise(ids))
-        .to_series()
-        .alias(ids.name)
-    )
 
 
 def positional_rewards(raw: pl.Series, settings: Settings) -> tuple[pl.Series, int]:

@@ -25,6 +25,7 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
+from pipeline.schemas.rules import ROWS, Model
 from pipeline.settings import Settings, trainer_settings
 from pipeline.trainers import BatchPlan
 from pipeline.transforms.layout import Layout
@@ -193,6 +194,10 @@ class Verl:
     """The verl profile (`pipeline.trainers.Profile`)."""
 
     name: str = "verl"
+    # the contract's rollout-id rule; each row is scored and normalized on its own (GRPO by
+    # uid), so the rows of one rollout need not share a reward
+    row_rules: Model = ROWS
+    sibling_rewards: bool = False
     settings: frozenset[str] = dataclasses.field(
         default_factory=lambda: trainer_settings("verl") | {"dp_size"}
     )

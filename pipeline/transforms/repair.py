@@ -70,3 +70,21 @@ def repair_rollout_ids(frame: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, int
         .alias(c.ROLLOUT_ID)
     ).drop(CLEARED, STAMPED, "_stamp")
     return repaired, counts
+
+
+def filled_rollout_ids(ids: pl.Series) -> pl.Series:
+    """slime's fill: each missing id, in batch order, becomes the smallest integer not
+    used yet (by a given id or an earlier fill): the first m integers >= 0 outside the
+    given ids, in order."""
+    missing = int(ids.null_count())
+    if not missing:
+        return ids
+    used = ids.drop_nulls().unique()
+    candidates = pl.int_range(0, missing + len(used), dtype=pl.Int64, eager=True)
+    free = candidates.filter(~candidates.is_in(used.implode())).head(missing)
+    slots = ids.is_null().cum_sum().cast(pl.Int64) - 1
+    return (
+        pl.select(pl.when(ids.is_null()).then(free.gather(slots.clip(0))).otherwise(ids))
+        .to_series()
+        .alias(ids.name)
+    )

@@ -77,7 +77,7 @@ def test_booleans_are_read_as_pydantic_reads_them(value: Any, read: bool) -> Non
 
 def test_choices_and_texts() -> None:
     assert problems({"global_batch_size": 8, "advantage_estimator": "dpo"}) == (
-        "advantage_estimator: Input should be 'grpo', 'gspo', 'reinforce_plus_plus', "
+        "advantage_estimator: Input should be 'grpo', 'gspo', 'cispo', 'reinforce_plus_plus', "
         "'reinforce_plus_plus_baseline' or 'ppo'"
     )
     assert problems({"global_batch_size": 8, "reward_key": 3}) == (

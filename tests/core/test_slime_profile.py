@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 import torch
 
-from pipeline.trainers.slime import filled_rollout_ids
-from pipeline.trainers.slime_schedule import differencing
 from pipeline.transforms.packing import first_fit
+from pipeline.transforms.repair import filled_rollout_ids
+from pipeline.transforms.slime_schedule import differencing
 from pipeline.transforms.torch_float import torch_dim_std
 from tests import reference
 

@@ -59,7 +59,7 @@ def test_flops_are_slimes(slime: Any, shape: dict[str, Any]) -> None:
     import numpy as np
 
     from pipeline.settings import load_settings
-    from pipeline.trainers.slime_schedule import ModelShape, forward_flops
+    from pipeline.transforms.slime_schedule import ModelShape, forward_flops
 
     lengths = [1, 7, 4096, 32768, 131072]
     args = ss.slime_args(shape)
