@@ -13,7 +13,6 @@ models, so the order decides the bits and the partitions).
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -22,8 +21,9 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import step_error
+from pipeline.transforms import flops
 from pipeline.transforms.layout import Layout
-from pipeline.transforms.packing import first_fit
+from pipeline.transforms.packing import first_fit, karmarkar_karp
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,32 @@ class ModelShape:
             moe_layer_freq=s.moe_layer_freq if s.moe_layer_freq is not None else 1,
         )
 
+    def flops_shape(self) -> flops.ModelShape:
+        """The shape as the shared FLOPs arithmetic reads it: no MLA, so plain query and
+        key-value projections and kv_channels-wide attention."""
+        dense, moe = self.layer_counts()
+        kv = self.kv_channels
+        return flops.ModelShape(
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            num_query_groups=self.num_query_groups,
+            kv_channels=kv,
+            vocab_size=self.vocab_size,
+            dense_ffn=self.ffn_hidden_size,
+            moe_ffn=self.moe_ffn_hidden_size * self.moe_router_topk
+            + self.moe_shared_expert_intermediate_size,
+            dense_layers=dense,
+            moe_layers=moe,
+            q_lora_rank=None,
+            kv_lora_rank=None,
+            q_head_dim=kv,
+            qk_head_dim=0,
+            qk_pos_emb_head_dim=0,
+            v_head_dim=0,
+            attention_qk_dim=kv,
+            attention_v_dim=kv,
+        )
+
     def layer_counts(self) -> tuple[int, int]:
         """(dense layers, MoE layers)."""
         if self.num_experts is None:
@@ -72,74 +98,16 @@ class ModelShape:
 
 
 def forward_flops(lengths: np.ndarray, shape: ModelShape) -> np.ndarray:
-    """Each row's `calculate_fwd_flops([length], args)`: integer products exact in int64,
-    each conversion to float64 and each float operation where Python makes it."""
-    s = lengths.astype(np.int64)
-    h, heads, kv = shape.hidden_size, shape.num_attention_heads, shape.kv_channels
-
-    def layer(ffn: int) -> np.ndarray:
-        qkv = 2 * s * h * heads * kv + 2 * 2 * s * h * shape.num_query_groups * kv
-        attention = (2 * heads * s * s * kv).astype(np.float64) / 2.0
-        attention = attention + (heads * s * s * kv).astype(np.float64)
-        out = qkv.astype(np.float64) + attention
-        out = out + (2 * s * h * h).astype(np.float64)
-        return out + (2 * s * h * ffn * 3).astype(np.float64)
-
-    dense, moe = shape.layer_counts()
-    total = np.zeros(len(s))
-    if dense > 0:
-        total = total + layer(shape.ffn_hidden_size) * float(dense)
-    if moe > 0:
-        moe_ffn = (
-            shape.moe_ffn_hidden_size * shape.moe_router_topk
-            + shape.moe_shared_expert_intermediate_size
-        )
-        total = total + layer(moe_ffn) * float(moe)
-    return total + (2 * s * h * shape.vocab_size).astype(np.float64)
+    """Each row's `calculate_fwd_flops([length], args)` (`transforms.flops`, shared with
+    miles: slime's model without MLA, as its `multi_latent_attention` is not set)."""
+    return flops.forward_flops(lengths, shape.flops_shape())
 
 
 def differencing(values: list[float], k: int, equal_size: bool) -> list[list[int]]:
     """Largest differencing (SEMANTICS 7.3) over float weights, each set's sum grown one
-    item at a time as slime's sets are; partitions sorted ascending."""
-    items = sorted((v, i) for i, v in enumerate(values))
-    width = k if equal_size else 1
-    heap: list[tuple[Any, ...]] = []
-    for start in range(0, len(items), width):
-        chunk: list[tuple[float, list[int]]] = [(v, [i]) for v, i in items[start : start + width]]
-        heap.append(_entry(_sorted(chunk + [(0.0, [])] * (k - len(chunk)))))
-    heapq.heapify(heap)
-    while len(heap) > 1:
-        first = heapq.heappop(heap)[-1]
-        second = heapq.heappop(heap)[-1]
-        merged = []
-        for (total, rows), (_, taken) in zip(first, reversed(second), strict=True):
-            for row in taken:
-                total += values[row]
-            merged.append((total, rows + taken))
-        heapq.heappush(heap, _entry(_sorted(merged)))
-    return [sorted(rows) for _, rows in heap[0][-1]]
-
-
-def _sorted(sets: list[tuple[float, list[int]]]) -> list[tuple[float, list[int]]]:
-    # (sum, item count, items) descending, as slime orders a state's sets; the item lists
-    # of two sets are disjoint, so their positions order them as (position, value) would
-    return sorted(sets, key=lambda st: (st[0], len(st[1]), st[1]), reverse=True)
-
-
-class _Larger:
-    __slots__ = ("key",)
-
-    def __init__(self, key: Any) -> None:
-        self.key = key
-
-    def __lt__(self, other: _Larger) -> bool:
-        return bool(other.key < self.key)
-
-
-def _entry(sets: list[tuple[float, list[int]]]) -> tuple[Any, ...]:
-    """Min-heap key: the larger spread first, then the larger first set."""
-    first = sets[0]
-    return (-(first[0] - sets[-1][0]), _Larger((first[0], len(first[1]), first[1])), sets)
+    item at a time as slime's sets are (`packing.karmarkar_karp`); partitions sorted
+    ascending."""
+    return karmarkar_karp(values, k, equal_size)
 
 
 def split_to(bins: list[list[int]], target: int, lengths: list[int]) -> None:

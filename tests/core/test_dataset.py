@@ -107,7 +107,7 @@ def test_dataset_card_names_the_rank_files_and_every_column(tmp_path: Path) -> N
 RANK_ROWS_SEEN_BY_RAY = """
 import logging, sys
 import ray
-ray.init(num_cpus=1, include_dashboard=False, logging_level=logging.ERROR,
+ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level=logging.ERROR,
          log_to_driver=False)
 dataset = ray.data.read_parquet(sys.argv[1])
 print(dataset.count(), sorted(dataset.schema().names))
