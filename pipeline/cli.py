@@ -28,9 +28,81 @@ from pipeline.streams import end_on_interrupt, kept_streams, program_streams_and
 PROG = "rollout-shards"
 
 
+# Values a user may give a switch, which takes none (`--balance-data true`).
+_SWITCH_VALUES = frozenset(("true", "false", "yes", "no", "on", "off", "1", "0"))
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{PROG}: usage error: {message} (see {PROG} --help)\n")
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: None = None
+    ) -> argparse.Namespace:
+        """The arguments, with a settings file's spelling of a flag taken
+        (`--global_batch_size` for `--global-batch-size`); a switch given a value, or a
+        flag no command has, is a usage error naming the flag meant."""
+        flags = self._command_flags()
+        argv = [_dashed(arg, flags) for arg in (sys.argv[1:] if args is None else args)]
+        _no_switch_values(argv, flags)
+        parsed, extras = self.parse_known_args(argv)
+        if extras:
+            self.error(_unrecognized(extras, flags.get(getattr(parsed, "command", None), {})))
+        return parsed
+
+    def _command_flags(self) -> dict[str | None, dict[str, argparse.Action]]:
+        """Each command's flags (by option string), and every flag under None."""
+        found: dict[str | None, dict[str, argparse.Action]] = {None: {}}
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for command, sub in action.choices.items():
+                    found[command] = dict(sub._option_string_actions)
+                    found[None].update(sub._option_string_actions)
+        return found
+
+
+def _dashed(arg: str, flags: dict[str | None, dict[str, argparse.Action]]) -> str:
+    """`--global_batch_size[=V]` as `--global-batch-size[=V]` when that is a flag."""
+    name, equals, value = arg.partition("=")
+    dashed = name.replace("_", "-")
+    return dashed + equals + value if arg.startswith("--") and dashed in flags[None] else arg
+
+
+def _no_switch_values(argv: list[str], flags: dict[str | None, dict[str, argparse.Action]]) -> None:
+    for i, arg in enumerate(argv):
+        name, equals, value = arg.partition("=")
+        action = flags[None].get(name)
+        if action is None or action.nargs != 0 or not name.startswith("--"):
+            continue
+        given = value if equals else (argv[i + 1] if i + 1 < len(argv) else "")
+        if equals or (given.lower() in _SWITCH_VALUES and not os.path.exists(given)):
+            raise SystemExit(
+                _usage(f"{name} is a switch and takes no value ({given!r}): give {name} alone")
+            )
+
+
+def _usage(message: str) -> int:
+    print(f"{PROG}: usage error: {message} (see {PROG} --help)", file=sys.stderr)
+    return 2
+
+
+def _unrecognized(extras: list[str], flags: dict[str, argparse.Action]) -> str:
+    """`unrecognized arguments: ...`, naming the closest flag of the command for each
+    flag it does not have."""
+    from pipeline.spelling import closest
+
+    near = {
+        arg: found
+        for arg in extras
+        if arg.startswith("-") and (found := closest(arg.partition("=")[0], flags)) is not None
+    }
+    if len(near) == 1:
+        meant = f": did you mean {next(iter(near.values()))}?"
+    elif near:
+        meant = ": did you mean " + ", ".join(f"{f} (for {a})" for a, f in near.items()) + "?"
+    else:
+        meant = ""
+    return f"unrecognized arguments: {' '.join(extras)}{meant}"
 
 
 def _flag(name: str) -> str:

@@ -52,7 +52,7 @@ ROWS_ONLY = (
     "no global_batch_size given (--global-batch-size, --config, or rollout-shards.yaml in "
     "the input root): the row and file rules are checked; give --global-batch-size "
     "(and --dp-size and the other batch settings) to check trimming, the batch layout and "
-    "the ranks too"
+    "the ranks too; build needs it"
 )
 
 
@@ -238,6 +238,15 @@ def run_build(args: argparse.Namespace) -> int:
     return 0 if all(built) else 1
 
 
+def _all_but_the_batch_size(values: dict[str, Any]) -> None:
+    """Check the settings given as `build` does but for the missing global batch size (a
+    stand-in of dp_size keeps it from being the problem): `validate` that checks the rows
+    alone still refuses every setting `build` would refuse beside it."""
+    dp_size = values.get("dp_size", 1)
+    stand_in = dp_size if type(dp_size) is int and dp_size >= 1 else 1
+    make_settings({**values, "global_batch_size": stand_in})
+
+
 def run_validate(args: argparse.Namespace) -> int:
     _inputs_exist(args.inputs)
     values = _setting_values(args)
@@ -247,6 +256,7 @@ def run_validate(args: argparse.Namespace) -> int:
     if "global_batch_size" in values or values.get("trainer", "miles") != "miles":
         settings = make_settings(values)
     else:
+        _all_but_the_batch_size(values)
         settings = make_row_settings(values)
         print(f"{PROG}: note: {ROWS_ONLY}", file=sys.stderr)
     report: list[dict[str, Any]] = []

@@ -68,11 +68,23 @@ def _reader(cls: type) -> TypeAdapter[Any]:
 
 @dataclass
 class InputFile(_Record):
-    """One input file of the step, in batch order."""
+    """One input file of the step, in batch order; `path` as `input_path` records it."""
 
     path: str
     sha256: str
     rows: int
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> InputFile:
+        """The manifest's record of a read file (`path`, `sha256`, `rows`)."""
+        return cls(path=input_path(record["path"]), sha256=record["sha256"], rows=record["rows"])
+
+
+def input_path(path: str | Path) -> str:
+    """An input's path as a manifest records it and the rerun check compares it: absolute,
+    symbolic links resolved, so that the same file is the same input whatever the working
+    folder it was named from (`my/rollouts` from one folder, `rollouts` from `my/`)."""
+    return str(Path(path).resolve())
 
 
 @dataclass

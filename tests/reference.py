@@ -6,8 +6,9 @@ checked against it (differential tests) and benchmarked against it (bench/miles_
 
 Scope: compact detection, trimming, the dynamic global batch size, every shard column,
 reward normalization with torch's float32 arithmetic, and the strided data-parallel
-split. Not here: `balance_data`, the rollout-side schedule (SEMANTICS 7), the rollout-id
-schema rule, quarantine.
+split; per sample also a row's forward FLOPs (`balance_by_flops`, SEMANTICS 7.7) and the
+prompt groups the weight-staleness budget sets aside (3.2). Not here: `balance_data`, the
+rollout-side schedule (SEMANTICS 7), the rollout-id schema rule, quarantine.
 
 The last section is slime's conversion (docs/slime.md), whole: positional rewards,
 the rollout-id fill, slime's schedule with its FLOPs estimate, and each rank's dict

@@ -74,12 +74,17 @@ OPTIONAL: dict[str, Check] = {
     "dropped_positions": INTEGERS,
     "dropped_raw_reward": (_list_of(_is_number, null_items=True), "a list of numbers or nulls"),
 }
-SETTINGS: dict[str, Check] = {"dp_size": INTEGER}
-SETTINGS_OPTIONAL: dict[str, Check] = {
-    # null or absent for a trainer whose profile has none (verl)
-    "global_batch_size": (_or_null(_is_int), "an integer or null"),
-    # absent from manifests written before there was more than one trainer: miles
-    "trainer": TEXT,
+# The settings each trainer's reader takes from the manifest (a manifest records the
+# chosen trainer's settings; one without `trainer` is miles').
+SETTINGS: dict[str, dict[str, Check]] = {
+    "miles": {"dp_size": INTEGER, "global_batch_size": INTEGER},
+    "slime": {"dp_size": INTEGER, "global_batch_size": INTEGER},
+    "verl": {
+        "dp_size": INTEGER,
+        "max_prompt_length": INTEGER,
+        "max_response_length": INTEGER,
+        "pad_token_id": INTEGER,
+    },
 }
 OUTPUT: dict[str, Check] = {"path": TEXT, "sha256": TEXT, "rows": INTEGER}
 OUTPUT_OPTIONAL: dict[str, Check] = {"raw_reward_sha256": (_or_null(_is_text), "a string or null")}
@@ -123,12 +128,18 @@ def check_fields(manifest: Any, path: Path) -> None:
     """Every field the loader reads has the type the build writes."""
     if type(manifest) is not dict:
         raise ShardVerificationError(f"{path}: not a rollout-shards manifest (not an object)")
-    check_record(manifest, REQUIRED, OPTIONAL, "", path)
-    check_record(manifest["settings"], SETTINGS, SETTINGS_OPTIONAL, "settings.", path)
+    _check(manifest, REQUIRED, OPTIONAL, "", path)
+    trainer = trainer_of(manifest)
+    if trainer not in SETTINGS:
+        raise ShardVerificationError(
+            f"{path}: built for the {json.dumps(trainer)[:40]} trainer, which this loader "
+            f"does not read (it reads {', '.join(SETTINGS)})"
+        )
+    _check(manifest["settings"], SETTINGS[trainer], {}, "settings.", path)
     for i, output in enumerate(manifest["outputs"]):
         if type(output) is not dict:
             raise _wrong_type(path, f"outputs[{i}]", output, "an object")
-        check_record(output, OUTPUT, OUTPUT_OPTIONAL, f"outputs[{i}].", path)
+        _check(output, OUTPUT, OUTPUT_OPTIONAL, f"outputs[{i}].", path)
     dropped = len(manifest.get("dropped_positions", []))
     if len(manifest.get("dropped_raw_reward", [])) != dropped:
         raise ShardVerificationError(
@@ -141,26 +152,18 @@ def check_fields(manifest: Any, path: Path) -> None:
         )
 
 
-def built_for(manifest: dict[str, Any], trainer: str) -> None:
-    """A step built for another trainer is not this trainer's data: ValueError."""
-    built = manifest["settings"].get("trainer", "miles")
-    if built != trainer:
-        raise ValueError(
-            f"step {manifest['step']} was built for the {built} trainer (--trainer {built}): "
-            f"read it with rollout_shards_loader.{built}.read_rank; {trainer}'s rank data "
-            f"comes from a step built with --trainer {trainer}"
-        )
+def trainer_of(manifest: dict[str, Any]) -> Any:
+    """The trainer a step was built for (miles when the manifest predates the setting)."""
+    return manifest["settings"].get("trainer", "miles")
 
 
-def check_record(
+def _check(
     record: dict[str, Any],
     required: dict[str, Check],
     optional: dict[str, Check],
     prefix: str,
     path: Path,
 ) -> None:
-    """Each field of `record` (the manifest's, or an object in it named by `prefix`) has
-    its type: every one of `required`, and those of `optional` it has."""
     for name, (valid, expected) in required.items():
         if name not in record:
             raise ShardVerificationError(

@@ -14,7 +14,6 @@ import pyarrow.parquet as pq
 
 from rollout_shards_loader._convert import scalar_array
 from rollout_shards_loader._folder import ShardVerificationError
-from rollout_shards_loader._manifest import built_for as built_for
 from rollout_shards_loader._verify import BATCH_POSITION, RAW_REWARD
 
 

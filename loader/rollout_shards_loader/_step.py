@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rollout_shards_loader._folder import MANIFEST, Replaced, open_folder, rank_name
-from rollout_shards_loader._manifest import ATTEMPTS, load_manifest
+from rollout_shards_loader._manifest import ATTEMPTS, load_manifest, trainer_of
 from rollout_shards_loader._verify import DIGESTED, Checks, open_other_file, open_own_file
 
 T = TypeVar("T")
@@ -63,16 +63,17 @@ def read_rank_files(
     global_batch_size: int | None,
     verify: bool,
     convert: Callable[[RankFiles], T],
+    trainer: str = "miles",
     other_columns: Sequence[str] = DIGESTED,
 ) -> T:
-    """`convert` of rank `rank`'s files of the step, all of one build (up to ATTEMPTS
-    reads while rebuilds replace the folder, then RuntimeError); `other_columns` are the
-    columns read of every other rank's file (`RankFiles.parts`)."""
+    """`convert` of rank `rank`'s files of a step built for `trainer`, all of one build (up
+    to ATTEMPTS reads while rebuilds replace the folder, then RuntimeError);
+    `other_columns` are the columns read of every other rank's file (`RankFiles.parts`)."""
     folder = Path(step_folder)
     for attempt in range(ATTEMPTS):
         try:
             return read_once(
-                folder, rank, dp_size, global_batch_size, verify, convert, other_columns
+                folder, rank, dp_size, global_batch_size, verify, convert, trainer, other_columns
             )
         except Replaced:
             time.sleep(0.002 * (attempt + 1))
@@ -88,12 +89,19 @@ def read_once(
     global_batch_size: int | None,
     verify: bool,
     convert: Callable[[RankFiles], T],
+    trainer: str,
     other_columns: Sequence[str] = DIGESTED,
 ) -> T:
-    """One read (`Replaced` when the folder was swapped under it)."""
+    """One read (`Replaced` when the folder was swapped under it) of a step built for
+    `trainer` (another trainer's step is a ValueError naming its reader)."""
     folder = open_folder(path)
     try:
         manifest = load_manifest(folder)
+        if (built := trainer_of(manifest)) != trainer:
+            raise ValueError(
+                f"{path}: built for the {built} trainer, not {trainer}: read its "
+                f"ranks with rollout_shards_loader.{built}.read_rank"
+            )
         step_dp = manifest["settings"]["dp_size"]
         step_gbs = manifest["settings"].get("global_batch_size")
         if dp_size is not None and dp_size != step_dp:

@@ -24,13 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rollout_shards_loader._folder import MANIFEST
-from rollout_shards_loader._manifest import INTEGER, built_for, check_record
 from rollout_shards_loader._step import RankFiles, read_rank_files
-
-# The settings the batch tensors are shaped by, each an integer in the manifest.
-SHAPE_SETTINGS = dict.fromkeys(("max_prompt_length", "max_response_length"), INTEGER)
-SHAPE_SETTINGS["pad_token_id"] = INTEGER
 
 
 def _step_files(
@@ -46,14 +40,12 @@ def _step_files(
         None,
         verify,
         lambda read: _rank_table(read, rank),
+        trainer="verl",
         other_columns=("total_lengths",),
     )
 
 
 def _rank_table(read: RankFiles, rank: int) -> tuple[dict[str, Any], pa.Table, list[int]]:
-    built_for(read.manifest, "verl")
-    settings = read.manifest["settings"]
-    check_record(settings, SHAPE_SETTINGS, {}, "settings.", read.folder / MANIFEST)
     table = pq.read_table(pa.BufferReader(read.own))
     lengths: list[int] = []
     for r in range(len(read.files)):

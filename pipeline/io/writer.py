@@ -116,6 +116,18 @@ def step_lock(out_root: Path, step: int) -> Iterator[None]:
         raise
 
 
+@contextmanager
+def card_lock(out_root: Path) -> Iterator[None]:
+    """Hold the lock of the output root's dataset card (`.locks/README.md.lock`): a build
+    reads the card, writes the next one and commits its step under it, so that the card's
+    build id follows every commit in the order they happen."""
+    folder = out_root / LOCK_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "README.md.lock", "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        yield
+
+
 def _remove_if_only_locks(out_root: Path) -> None:
     """Remove an output root that holds nothing but its lock files (racing builds that
     wrote something in it meanwhile keep it)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from pipeline.io import writer
 from pipeline.io.checksums import input_digest, sha256_of
 from pipeline.io.discovery import SourceFile
-from pipeline.manifest import MANIFEST, Manifest
+from pipeline.manifest import MANIFEST, Manifest, input_path
 from pipeline.settings import Settings
 
 MISSING = "missing"
@@ -76,7 +76,7 @@ def current_manifest(
     manifest = read_manifest(out_root, step)
     if manifest is None:  # a first build: no need to hash the inputs here
         return None
-    if [record.path for record in manifest.inputs] != [str(source.path) for source in sources]:
+    if [record.path for record in manifest.inputs] != [input_path(s.path) for s in sources]:
         return None
     checksums = [input_digest(source.path) for source in sources]
     if not shards_are_current(manifest, checksums, settings):

@@ -123,7 +123,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     meta = Manifest(
         step=step,
         settings=settings.to_dict(),
-        inputs=[InputFile(**record) for record in samples.files],
+        inputs=[InputFile.of(record) for record in samples.files],
         counts=counts,
         repaired=samples.repaired,
         is_compact=plan.is_compact,

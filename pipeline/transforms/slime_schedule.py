@@ -13,133 +13,16 @@ models, so the order decides the bits and the partitions).
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
 
 import numpy as np
 import polars as pl
 
 from pipeline.errors import step_error
+from pipeline.transforms.flops import ModelShape, forward_flops
 from pipeline.transforms.layout import Layout
-from pipeline.transforms.packing import first_fit
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The model flags slime's FLOPs estimate reads, with Megatron's defaults applied."""
-
-    num_layers: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_attention_heads: int
-    num_query_groups: int
-    kv_channels: int
-    vocab_size: int
-    num_experts: int | None
-    moe_ffn_hidden_size: int
-    moe_router_topk: int
-    moe_shared_expert_intermediate_size: int
-    moe_layer_freq: int | list[int]
-
-    @classmethod
-    def of(cls, s: Any) -> ModelShape:
-        return cls(
-            num_layers=s.num_layers,
-            hidden_size=s.hidden_size,
-            ffn_hidden_size=s.ffn_hidden_size,
-            num_attention_heads=s.num_attention_heads,
-            num_query_groups=s.num_query_groups or 1,
-            kv_channels=s.kv_channels or s.hidden_size // s.num_attention_heads,
-            vocab_size=s.vocab_size,
-            num_experts=s.num_experts,
-            moe_ffn_hidden_size=s.moe_ffn_hidden_size or s.ffn_hidden_size,
-            moe_router_topk=s.moe_router_topk or 2,
-            moe_shared_expert_intermediate_size=s.moe_shared_expert_intermediate_size or 0,
-            moe_layer_freq=s.moe_layer_freq if s.moe_layer_freq is not None else 1,
-        )
-
-    def layer_counts(self) -> tuple[int, int]:
-        """(dense layers, MoE layers)."""
-        if self.num_experts is None:
-            return self.num_layers, 0
-        freq = self.moe_layer_freq
-        if isinstance(freq, list):
-            return sum(1 for f in freq if f == 0), sum(1 for f in freq if f > 0)
-        moe = sum(1 for i in range(self.num_layers) if i % freq == 0)
-        return self.num_layers - moe, moe
-
-
-def forward_flops(lengths: np.ndarray, shape: ModelShape) -> np.ndarray:
-    """Each row's `calculate_fwd_flops([length], args)`: integer products exact in int64,
-    each conversion to float64 and each float operation where Python makes it."""
-    s = lengths.astype(np.int64)
-    h, heads, kv = shape.hidden_size, shape.num_attention_heads, shape.kv_channels
-
-    def layer(ffn: int) -> np.ndarray:
-        qkv = 2 * s * h * heads * kv + 2 * 2 * s * h * shape.num_query_groups * kv
-        attention = (2 * heads * s * s * kv).astype(np.float64) / 2.0
-        attention = attention + (heads * s * s * kv).astype(np.float64)
-        out = qkv.astype(np.float64) + attention
-        out = out + (2 * s * h * h).astype(np.float64)
-        return out + (2 * s * h * ffn * 3).astype(np.float64)
-
-    dense, moe = shape.layer_counts()
-    total = np.zeros(len(s))
-    if dense > 0:
-        total = total + layer(shape.ffn_hidden_size) * float(dense)
-    if moe > 0:
-        moe_ffn = (
-            shape.moe_ffn_hidden_size * shape.moe_router_topk
-            + shape.moe_shared_expert_intermediate_size
-        )
-        total = total + layer(moe_ffn) * float(moe)
-    return total + (2 * s * h * shape.vocab_size).astype(np.float64)
-
-
-def differencing(values: list[float], k: int, equal_size: bool) -> list[list[int]]:
-    """Largest differencing (SEMANTICS 7.3) over float weights, each set's sum grown one
-    item at a time as slime's sets are; partitions sorted ascending."""
-    items = sorted((v, i) for i, v in enumerate(values))
-    width = k if equal_size else 1
-    heap: list[tuple[Any, ...]] = []
-    for start in range(0, len(items), width):
-        chunk: list[tuple[float, list[int]]] = [(v, [i]) for v, i in items[start : start + width]]
-        heap.append(_entry(_sorted(chunk + [(0.0, [])] * (k - len(chunk)))))
-    heapq.heapify(heap)
-    while len(heap) > 1:
-        first = heapq.heappop(heap)[-1]
-        second = heapq.heappop(heap)[-1]
-        merged = []
-        for (total, rows), (_, taken) in zip(first, reversed(second), strict=True):
-            for row in taken:
-                total += values[row]
-            merged.append((total, rows + taken))
-        heapq.heappush(heap, _entry(_sorted(merged)))
-    return [sorted(rows) for _, rows in heap[0][-1]]
-
-
-def _sorted(sets: list[tuple[float, list[int]]]) -> list[tuple[float, list[int]]]:
-    # (sum, item count, items) descending, as slime orders a state's sets; the item lists
-    # of two sets are disjoint, so their positions order them as (position, value) would
-    return sorted(sets, key=lambda st: (st[0], len(st[1]), st[1]), reverse=True)
-
-
-class _Larger:
-    __slots__ = ("key",)
-
-    def __init__(self, key: Any) -> None:
-        self.key = key
-
-    def __lt__(self, other: _Larger) -> bool:
-        return bool(other.key < self.key)
-
-
-def _entry(sets: list[tuple[float, list[int]]]) -> tuple[Any, ...]:
-    """Min-heap key: the larger spread first, then the larger first set."""
-    first = sets[0]
-    return (-(first[0] - sets[-1][0]), _Larger((first[0], len(first[1]), first[1])), sets)
+from pipeline.transforms.packing import first_fit, karmarkar_karp
 
 
 def split_to(bins: list[list[int]], target: int, lengths: list[int]) -> None:
@@ -171,7 +54,7 @@ class SlimeLayout:
     micro_batch_size: int
     balance_data: bool
     balance_by_flops: bool
-    shape: ModelShape | None
+    shape: ModelShape | None  # the model's, for FLOPs (`balance_data`, `balance_by_flops`)
 
 
 def _step_bins(lengths: list[int], plan: SlimeLayout, step: int) -> list[list[int]]:
@@ -184,7 +67,7 @@ def _step_bins(lengths: list[int], plan: SlimeLayout, step: int) -> list[list[in
             bins = [[i] for i in range(len(lengths))]
         else:
             flops = forward_flops(np.asarray(lengths), plan.shape).tolist()
-            bins = differencing(flops, wanted, equal_size=False)
+            bins = karmarkar_karp(flops, wanted, equal_size=False)
     else:
         bins = first_fit(lengths, plan.cap)
     target = max(-(-len(bins) // plan.align) * plan.align, plan.align)
@@ -247,7 +130,7 @@ def slime_layout(ids: np.ndarray, lengths: np.ndarray, plan: SlimeLayout) -> Lay
         if plan.balance_data and plan.shape is not None:
             flops = forward_flops(np.asarray(step_lengths), plan.shape).tolist()
             weights = [sum(flops[i] for i in b) for b in bins]
-            owners = differencing(weights, dp, equal_size=True)
+            owners = karmarkar_karp(weights, dp, equal_size=True)
         else:
             owners = [list(range(r, len(bins), dp)) for r in range(dp)]
         for r, owned in enumerate(owners):

@@ -278,7 +278,7 @@ class _Reference(BaseModel):
     dp_size: int = Field(1, strict=True, ge=1)
     balance_data: bool = False
     advantage_estimator: Literal[
-        "grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
+        "grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
     ] = "grpo"
     reward_key: str | None = None
     micro_batch_size: int | None = Field(None, strict=True, ge=1)

@@ -151,6 +151,10 @@ CASES.update(
         for name, shape in _SHAPES.items()
     }
 )
+CASES["delayed_split_with_cp_size"] = (
+    _uneven_rows(),
+    {**_BY_FLOPS, **_SHAPE, "balance_data": True, "delay_split_train_data_by_dp": True},
+)
 CASES["scheduled_by_flops_compact"] = (
     _scheduled_rows(),
     {**_BY_FLOPS, **_SHAPE, "global_batch_size": 2, "max_tokens_per_gpu": 8},
@@ -166,12 +170,33 @@ def _embedded_cases() -> dict[str, tuple[Path, dict[str, Any]]]:
     }
 
 
+def _delayed_refs(miles: Any, args: Any, rows: list[dict[str, Any]], config: dict) -> Any:
+    """miles' rollout manager under `--delay-split-train-data-by-dp`: the converted batch
+    goes whole into the store; each rank's `process_rollout_data` splits it."""
+    miles.object_store._INSTANCE = ms.memory_store(miles)
+    data, metadata = miles.postprocess.postprocess_rollout_data(
+        args, ms.samples(miles, rows), config
+    )
+    train_data = miles.conversion.convert_samples_to_train_data(
+        args,
+        data,
+        metadata=metadata,
+        custom_convert_samples_to_train_data_func=None,
+        custom_reward_post_process_func=None,
+    )
+    return miles.object_store._INSTANCE.put(train_data)
+
+
 def _both_paths(
     miles: Any, rows: list[dict[str, Any]], chosen: dict[str, Any], out: Path, rollout_id: int
 ) -> None:
     settings = load_settings(**chosen).to_dict()
     args = ms.miles_args(settings)
-    refs = ms.rollout_side(miles, args, rows, ms.train_parallel_config(settings))
+    config = ms.train_parallel_config(settings)
+    if settings["delay_split_train_data_by_dp"]:
+        refs = _delayed_refs(miles, args, rows, config)
+    else:
+        refs = ms.rollout_side(miles, args, rows, config)
     actor, seen = ms.trainer(miles, args)
     dp = settings["dp_size"]
     for rank in range(dp):  # miles' own path: train() on the rollout side's refs

@@ -420,20 +420,3 @@ def test_wait_for_step_returns_for_a_built_step_and_names_the_build_otherwise(
     assert time.monotonic() - started < 5
     with pytest.raises(StepNotBuiltError, match=r"step=2: the step is not built .* waiting 0 s"):
         wait_for_step(folder.with_name("step=2"), 0)
-
-
-def test_a_step_without_a_global_batch_size_reads_unless_one_is_asked_for(tmp_path: Path) -> None:
-    """A profile without a global batch size (verl) records null or nothing: the step
-    reads, and a trainer that names one is told the step has none."""
-    folder = _step(tmp_path)
-    want = read_rank(folder, 0)
-    path = folder / "manifest.json"
-    manifest = json.loads(path.read_text())
-    for value in (None, "absent"):
-        settings = {k: v for k, v in manifest["settings"].items() if k != "global_batch_size"}
-        if value is None:
-            settings["global_batch_size"] = None
-        path.write_text(json.dumps({**manifest, "settings": settings}))
-        assert read_rank(folder, 0) == want
-        with pytest.raises(ValueError, match="built for global_batch_size=None"):
-            read_rank(folder, 0, global_batch_size=4)
