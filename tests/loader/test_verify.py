@@ -253,7 +253,6 @@ WRONG_TYPES = {
     "step as a float": ("step", 1.0),
     "settings.dp_size": ("settings.dp_size", True),
     "settings.global_batch_size": ("settings.global_batch_size", "4"),
-    "settings.trainer": ("settings.trainer", 1),
     "outputs[0].rows": ("outputs.0.rows", True),
     "outputs[1].sha256": ("outputs.1.sha256", 7),
     "outputs[0].raw_reward_sha256": ("outputs.0.raw_reward_sha256", False),
@@ -299,10 +298,16 @@ def test_a_manifest_of_inconsistent_fields_is_named(tmp_path: Path) -> None:
     path.write_text(json.dumps({**manifest, "dropped_positions": [0], "dropped_raw_reward": [1]}))
     with pytest.raises(ShardVerificationError, match=r"not each of 0\.\.8 once"):
         read_rank(folder, 0)
-    verl = {**manifest["settings"], "trainer": "verl"}
-    path.write_text(json.dumps({**manifest, "settings": verl}))
-    with pytest.raises(ValueError, match=r"built for the verl trainer \(--trainer verl\)"):
+    slime = {**manifest["settings"], "trainer": "slime"}
+    path.write_text(json.dumps({**manifest, "settings": slime}))
+    with pytest.raises(
+        ValueError, match=r"not miles: read its ranks with rollout_shards_loader\.slime"
+    ):
         read_rank(folder, 0)
+    for trainer in (1, "torchtitan"):
+        path.write_text(json.dumps({**manifest, "settings": {**slime, "trainer": trainer}}))
+        with pytest.raises(ShardVerificationError, match="which this loader does not read"):
+            read_rank(folder, 0)
     path.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ShardVerificationError, match="manifest.json: not a JSON manifest"):
         read_rank(folder, 0)
