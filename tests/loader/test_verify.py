@@ -357,7 +357,10 @@ while not stop.exists():
         ((step, sources),) = group_steps(find_sources([out.parent / name])).items()
         build_step(step, sources, config, out)
         builds += 1
-        count.write_text(str(builds))
+        # replaced whole: the test reads it while builds go on (a rewrite in place can be
+        # read empty)
+        count.with_suffix(".tmp").write_text(str(builds))
+        count.with_suffix(".tmp").replace(count)
 """
 
 
