@@ -47,6 +47,8 @@ PIN = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 SOURCE_ENV = "SLIME_SOURCE"
 REPO = Path(__file__).resolve().parents[2]
 REAL = {"slime", "torch", "numpy", "typing_extensions", "pyarrow", "rollout_shards_loader"}
+# Installed packages that slime's code must see as stand-ins even when a test loaded them.
+SHADOWED = {"ray"}
 
 
 class SourceMissing(RuntimeError):
@@ -172,6 +174,9 @@ def slime_modules(source: Path) -> Iterator[types.SimpleNamespace]:
     it (and CUDA pointed at the CPU) undone on exit."""
     import torch
 
+    # A real Ray loaded by an earlier test (test_miles_ray, verl's modules) would make
+    # slime's `@ray.remote` classes Ray actors: slime gets the stand-in while it is loaded.
+    hidden = {n: sys.modules.pop(n) for n in list(sys.modules) if n.split(".")[0] in SHADOWED}
     before = set(sys.modules)
     finder = _StubFinder()
     sys.meta_path.insert(0, finder)
@@ -190,6 +195,7 @@ def slime_modules(source: Path) -> Iterator[types.SimpleNamespace]:
         sys.path.remove(str(source))
         for name in set(sys.modules) - before:
             del sys.modules[name]
+        sys.modules.update(hidden)
 
 
 # --- rows -> slime's Samples, nested as a rollout function returns them ----------------
