@@ -33,7 +33,7 @@ from rollout_shards_loader._folder import (
     open_folder,
     rank_name,
 )
-from rollout_shards_loader._manifest import ATTEMPTS, load_manifest, trainer_of
+from rollout_shards_loader._manifest import ATTEMPTS, load_manifest
 
 OWN_COLUMNS = (
     "tokens",
@@ -77,12 +77,7 @@ def _step_files(
 def _read_step(
     folder: Folder, rank: int, verify: bool
 ) -> tuple[dict[str, Any], pa.Table, list[int]]:
-    manifest = load_manifest(folder)
-    if trainer_of(manifest) != "verl":
-        raise ValueError(
-            f"{folder.path}: built for the {trainer_of(manifest)} trainer, not verl: build it "
-            "with --trainer verl, or read it with that trainer's loader"
-        )
+    manifest = load_manifest(folder, "verl")
     dp = manifest["settings"]["dp_size"]
     if not 0 <= rank < dp:
         raise ValueError(f"rank {rank} is not a rank of this step (dp_size {dp})")
