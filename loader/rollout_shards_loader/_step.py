@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rollout_shards_loader._folder import MANIFEST, Replaced, open_folder, rank_name
-from rollout_shards_loader._manifest import ATTEMPTS, load_manifest, trainer_of
+from rollout_shards_loader._manifest import ATTEMPTS, load_manifest
 from rollout_shards_loader._verify import DIGESTED, Checks, open_other_file, open_own_file
 
 T = TypeVar("T")
@@ -96,12 +96,7 @@ def read_once(
     `trainer` (another trainer's step is a ValueError naming its reader)."""
     folder = open_folder(path)
     try:
-        manifest = load_manifest(folder)
-        if (built := trainer_of(manifest)) != trainer:
-            raise ValueError(
-                f"{path}: built for the {built} trainer, not {trainer}: read its "
-                f"ranks with rollout_shards_loader.{built}.read_rank"
-            )
+        manifest = load_manifest(folder, trainer)
         step_dp = manifest["settings"]["dp_size"]
         step_gbs = manifest["settings"].get("global_batch_size")
         if dp_size is not None and dp_size != step_dp:

@@ -47,8 +47,8 @@ PIN = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 SOURCE_ENV = "SLIME_SOURCE"
 REPO = Path(__file__).resolve().parents[2]
 REAL = {"slime", "torch", "numpy", "typing_extensions", "pyarrow", "rollout_shards_loader"}
-# Installed packages that slime's code must see as stand-ins even when a test loaded them.
-SHADOWED = {"ray"}
+# Installed packages slime imports that must be stand-ins in its modules.
+SET_ASIDE = {"ray", "sglang", "megatron", "transformers", "wandb", "verl", "tensordict"}
 
 
 class SourceMissing(RuntimeError):
@@ -174,9 +174,13 @@ def slime_modules(source: Path) -> Iterator[types.SimpleNamespace]:
     it (and CUDA pointed at the CPU) undone on exit."""
     import torch
 
-    # A real Ray loaded by an earlier test (test_miles_ray, verl's modules) would make
-    # slime's `@ray.remote` classes Ray actors: slime gets the stand-in while it is loaded.
-    hidden = {n: sys.modules.pop(n) for n in list(sys.modules) if n.split(".")[0] in SHADOWED}
+    # Packages another test of this process imported for real (Ray, by the verl and the
+    # Ray tests) would be taken instead of stand-ins: set aside while slime's modules load.
+    real = {
+        name: sys.modules.pop(name)
+        for name in list(sys.modules)
+        if name.partition(".")[0] in SET_ASIDE
+    }
     before = set(sys.modules)
     finder = _StubFinder()
     sys.meta_path.insert(0, finder)
@@ -195,7 +199,7 @@ def slime_modules(source: Path) -> Iterator[types.SimpleNamespace]:
         sys.path.remove(str(source))
         for name in set(sys.modules) - before:
             del sys.modules[name]
-        sys.modules.update(hidden)
+        sys.modules.update(real)
 
 
 # --- rows -> slime's Samples, nested as a rollout function returns them ----------------
