@@ -253,6 +253,7 @@ WRONG_TYPES = {
     "step as a float": ("step", 1.0),
     "settings.dp_size": ("settings.dp_size", True),
     "settings.global_batch_size": ("settings.global_batch_size", "4"),
+    "settings.trainer": ("settings.trainer", 1),
     "outputs[0].rows": ("outputs.0.rows", True),
     "outputs[1].sha256": ("outputs.1.sha256", 7),
     "outputs[0].raw_reward_sha256": ("outputs.0.raw_reward_sha256", False),
@@ -304,10 +305,9 @@ def test_a_manifest_of_inconsistent_fields_is_named(tmp_path: Path) -> None:
         ValueError, match=r"not miles: read its ranks with rollout_shards_loader\.slime"
     ):
         read_rank(folder, 0)
-    for trainer in (1, "torchtitan"):
-        path.write_text(json.dumps({**manifest, "settings": {**slime, "trainer": trainer}}))
-        with pytest.raises(ShardVerificationError, match="which this loader does not read"):
-            read_rank(folder, 0)
+    path.write_text(json.dumps({**manifest, "settings": {**slime, "trainer": "torchtitan"}}))
+    with pytest.raises(ShardVerificationError, match="which this loader does not read"):
+        read_rank(folder, 0)
     path.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ShardVerificationError, match="manifest.json: not a JSON manifest"):
         read_rank(folder, 0)
