@@ -27,7 +27,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import types
@@ -37,9 +36,12 @@ from typing import Any
 
 from tests.loader.miles_support import (
     Args,
+    SourceMissing,
+    _git,
     _no_compile,
     _StubLoader,
     _StubModule,
+    cache_root,
 )
 
 URL = "https://github.com/THUDM/slime"
@@ -49,23 +51,6 @@ REPO = Path(__file__).resolve().parents[2]
 REAL = {"slime", "torch", "numpy", "typing_extensions", "pyarrow", "rollout_shards_loader"}
 # Installed packages slime imports that must be stand-ins in its modules.
 SET_ASIDE = {"ray", "sglang", "megatron", "transformers", "wandb", "verl", "tensordict"}
-
-
-class SourceMissing(RuntimeError):
-    """Neither SLIME_SOURCE nor a clone of slime's public repository is available."""
-
-
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rollout-shards"
-
-
-def _git(*args: str) -> bytes:
-    done = subprocess.run(["git", *args], capture_output=True, check=False)
-    if done.returncode:
-        message = done.stderr.decode(errors="replace").strip().splitlines()
-        raise SourceMissing(message[-1] if message else f"git {args[0]} failed")
-    return done.stdout
 
 
 def _from_git_dir(git_dir: Path, out: Path) -> Path:
