@@ -97,7 +97,8 @@ EXEC_WITH_DEFAULT_SIGINT = (
     "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
     "os.execv(sys.argv[1], sys.argv[1:])"
 )
-CHROMIUM = "/usr/bin/chromium"
+# Debian's chromium, or the one `make test CHROMIUM=...` names.
+CHROMIUM = os.environ.get("ROLLOUT_SHARDS_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -711,7 +712,8 @@ def test_browser_shows_the_partition_and_its_check_results(
     key = partition_key(RUN_STEP)
     written = _manifest(server.roots, RUN_STEP)["counts"]["written"]
     assert Path(CHROMIUM).is_file(), (
-        f"{CHROMIUM} is missing: `apt-get install -y chromium` (.ci/run installs it)"
+        f"{CHROMIUM} is missing: `make browser` installs Debian's chromium, or name another "
+        "with ROLLOUT_SHARDS_CHROMIUM"
     )
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
