@@ -259,7 +259,10 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(PROMPT, "the prompt, kept in the quarantine table", input=pl.String(), optional=True),
     Column(
-        METADATA, "sample metadata, kept in the quarantine table", input=pl.String(), optional=True
+        METADATA,
+        "sample metadata, kept in the quarantine table (slime: its source_name)",
+        input=pl.String(),
+        optional=True,
     ),
     Column(RANK, "data-parallel rank whose file holds the row", shard=pl.Int32()),
 )

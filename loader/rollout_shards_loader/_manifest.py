@@ -74,7 +74,18 @@ OPTIONAL: dict[str, Check] = {
     "dropped_positions": INTEGERS,
     "dropped_raw_reward": (_list_of(_is_number, null_items=True), "a list of numbers or nulls"),
 }
-SETTINGS: dict[str, Check] = {"dp_size": INTEGER, "global_batch_size": INTEGER}
+# The settings each trainer's reader takes from the manifest (a manifest records the
+# chosen trainer's settings; one without `trainer` is miles').
+SETTINGS: dict[str, dict[str, Check]] = {
+    "miles": {"dp_size": INTEGER, "global_batch_size": INTEGER},
+    "slime": {"dp_size": INTEGER, "global_batch_size": INTEGER},
+    "verl": {
+        "dp_size": INTEGER,
+        "max_prompt_length": INTEGER,
+        "max_response_length": INTEGER,
+        "pad_token_id": INTEGER,
+    },
+}
 OUTPUT: dict[str, Check] = {"path": TEXT, "sha256": TEXT, "rows": INTEGER}
 OUTPUT_OPTIONAL: dict[str, Check] = {"raw_reward_sha256": (_or_null(_is_text), "a string or null")}
 
@@ -95,8 +106,9 @@ def read_manifest(step_folder: str | Path) -> dict[str, Any]:
     raise RuntimeError(f"{path}: replaced by other builds {ATTEMPTS} times while it was read")
 
 
-def load_manifest(folder: Folder) -> dict[str, Any]:
-    """The manifest of the open step folder, its fields and its step checked."""
+def load_manifest(folder: Folder, trainer: str | None = None) -> dict[str, Any]:
+    """The manifest of the open step folder, its fields and its step checked; a step built
+    for another trainer than `trainer` (when given) is a ValueError naming its reader."""
     path = folder.path / MANIFEST
     try:
         raw = folder.read(MANIFEST)
@@ -108,17 +120,30 @@ def load_manifest(folder: Folder) -> dict[str, Any]:
         manifest = json.loads(bytes(raw))
     except (ValueError, RecursionError):
         raise ShardVerificationError(f"{path}: not a JSON manifest") from None
-    check_fields(manifest, path)
+    check_fields(manifest, path, trainer)
     _check_step(folder.path, manifest)
     return manifest
 
 
-def check_fields(manifest: Any, path: Path) -> None:
-    """Every field the loader reads has the type the build writes."""
+def check_fields(manifest: Any, path: Path, expected: str | None = None) -> None:
+    """Every field the loader reads has the type the build writes; a step built for
+    another trainer than `expected` (when given) is a ValueError naming its reader."""
     if type(manifest) is not dict:
         raise ShardVerificationError(f"{path}: not a rollout-shards manifest (not an object)")
     _check(manifest, REQUIRED, OPTIONAL, "", path)
-    _check(manifest["settings"], SETTINGS, {}, "settings.", path)
+    _check(manifest["settings"], {}, {"trainer": TEXT}, "settings.", path)
+    trainer = trainer_of(manifest)
+    if trainer not in SETTINGS:
+        raise ShardVerificationError(
+            f"{path}: built for the {trainer!r} trainer, which this loader does not read "
+            f"(it reads {', '.join(SETTINGS)})"
+        )
+    if expected is not None and trainer != expected:
+        raise ValueError(
+            f"{path}: built for the {trainer} trainer (--trainer {trainer}), not {expected}: "
+            f"read its ranks with rollout_shards_loader.{trainer}.read_rank"
+        )
+    _check(manifest["settings"], SETTINGS[trainer], {}, "settings.", path)
     for i, output in enumerate(manifest["outputs"]):
         if type(output) is not dict:
             raise _wrong_type(path, f"outputs[{i}]", output, "an object")
@@ -133,6 +158,11 @@ def check_fields(manifest: Any, path: Path) -> None:
         raise ShardVerificationError(
             f"{path}: not a rollout-shards manifest (`num_microbatches` without `num_rollouts`)"
         )
+
+
+def trainer_of(manifest: dict[str, Any]) -> Any:
+    """The trainer a step was built for (miles when the manifest predates the setting)."""
+    return manifest["settings"].get("trainer", "miles")
 
 
 def _check(

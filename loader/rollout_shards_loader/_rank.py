@@ -17,16 +17,6 @@ from rollout_shards_loader._folder import ShardVerificationError
 from rollout_shards_loader._verify import BATCH_POSITION, RAW_REWARD
 
 
-def built_for(manifest: dict[str, Any], trainer: str) -> None:
-    """A step built for another trainer is not this trainer's data: ValueError."""
-    built = manifest["settings"].get("trainer", "miles")
-    if built != trainer:
-        raise ValueError(
-            f"step {manifest['step']} was built for the {built} trainer (--trainer {built}); "
-            f"{trainer}'s rank data comes from a step built with --trainer {trainer}"
-        )
-
-
 def present(
     manifest: dict[str, Any], files: list[pq.ParquetFile], optional: Sequence[str]
 ) -> set[str]:

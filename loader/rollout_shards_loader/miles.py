@@ -38,7 +38,7 @@ from rollout_shards_loader._hook import (
     WAIT_S,
     LateInstallError,
 )
-from rollout_shards_loader._rank import batch_raw_reward, built_for, micro_batch_indices, present
+from rollout_shards_loader._rank import batch_raw_reward, micro_batch_indices, present
 from rollout_shards_loader._step import RankFiles, read_rank_files
 from rollout_shards_loader._verify import BATCH_POSITION, RAW_REWARD
 
@@ -130,7 +130,6 @@ def read_rank(
 
 def _rank_dict(read: RankFiles, rank: int, as_numpy: bool, with_train_step: bool) -> dict[str, Any]:
     manifest = read.manifest
-    built_for(manifest, "miles")
     has = present(manifest, read.files, OPTIONAL)
     scheduled = manifest.get("num_microbatches") is not None
     wanted = [k for k in ROW_KEYS if k not in OPTIONAL or k in has]

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from rollout_shards_loader import _hook
 from rollout_shards_loader._convert import ragged, scalars
-from rollout_shards_loader._rank import batch_raw_reward, built_for, micro_batch_indices, present
+from rollout_shards_loader._rank import batch_raw_reward, micro_batch_indices, present
 from rollout_shards_loader._step import RankFiles, read_rank_files
 from rollout_shards_loader._verify import BATCH_POSITION, RAW_REWARD
 
@@ -79,7 +79,13 @@ def read_rank(
     trainer is a ValueError too. Every file is checked against the manifest as
     `rollout_shards_loader.read_rank` checks it (`verify=False` skips the digests)."""
     return read_rank_files(
-        step_folder, rank, dp_size, global_batch_size, verify, lambda read: _slime_dict(read, rank)
+        step_folder,
+        rank,
+        dp_size,
+        global_batch_size,
+        verify,
+        lambda read: _slime_dict(read, rank),
+        trainer=TRAINER,
     )
 
 
@@ -98,7 +104,6 @@ def _slime_dict(read: RankFiles, rank: int) -> dict[str, Any]:
     import torch
 
     manifest, parts, own = read.manifest, read.parts, read.own
-    built_for(manifest, TRAINER)
     has = present(manifest, read.files, OPTIONAL)
     wanted = [k for k in ROW_KEYS if k not in OPTIONAL or k in has]
     extra = [BATCH_POSITION, RAW_REWARD, "total_lengths", "train_step", "micro_batch"]

@@ -17,11 +17,8 @@ and `meta_info` {"global_token_num": ...} of the whole step, every rank's rows i
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import json
-import os
-import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +26,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rollout_shards_loader._read import ShardVerificationError
+from rollout_shards_loader._folder import (
+    Folder,
+    Replaced,
+    ShardVerificationError,
+    open_folder,
+    rank_name,
+)
+from rollout_shards_loader._manifest import ATTEMPTS, load_manifest
 
-MANIFEST = "manifest.json"
-STEP_NAME = re.compile(r"^step=(\d+)$")
 OWN_COLUMNS = (
     "tokens",
     "response_lengths",
@@ -44,28 +46,7 @@ OWN_COLUMNS = (
 )
 
 
-def _read(folder_fd: int, folder: Path, name: str) -> bytes:
-    """The whole file `name` of the open step folder, never through a symbolic link: the
-    files of one build, also while the folder is replaced by a rebuild."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder_fd)
-    except FileNotFoundError:
-        if name == MANIFEST:
-            raise FileNotFoundError(
-                errno.ENOENT, f"no manifest, so {folder} is not a complete step", str(folder)
-            ) from None
-        raise
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise ShardVerificationError(
-                f"{folder / name}: a symbolic link; a step folder's files must be its own"
-            ) from None
-        raise
-    with os.fdopen(fd, "rb") as handle:
-        return handle.read()
-
-
-def _checked(data: bytes, record: dict[str, Any] | None, path: Path) -> None:
+def _checked(data: bytearray, record: dict[str, Any] | None, path: Path) -> None:
     if record is None:
         raise ShardVerificationError(f"{path}: not among the files the manifest lists")
     if hashlib.sha256(data).hexdigest() != record["sha256"]:
@@ -78,45 +59,45 @@ def _checked(data: bytes, record: dict[str, Any] | None, path: Path) -> None:
 def _step_files(
     step_folder: str | Path, rank: int, verify: bool
 ) -> tuple[dict[str, Any], pa.Table, list[int]]:
-    """The manifest, rank `rank`'s table and every rank's total lengths in rank order."""
-    folder = Path(step_folder)
-    folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        manifest = json.loads(_read(folder_fd, folder, MANIFEST))
-        settings = manifest.get("settings", {})
-        if settings.get("trainer") != "verl":
-            raise ValueError(
-                f"{folder}: built for the {settings.get('trainer', 'miles')} trainer, not verl: "
-                "build it with --trainer verl, or read it with that trainer's loader"
-            )
-        dp = settings["dp_size"]
-        if not 0 <= rank < dp:
-            raise ValueError(f"rank {rank} is not a rank of this step (dp_size {dp})")
-        match = STEP_NAME.match(folder.name)
-        if verify and match and int(manifest["step"]) != int(match.group(1)):
+    """The manifest, rank `rank`'s table and every rank's total lengths in rank order, all
+    of one build: read from the folder held open, and read again when a rebuild replaces
+    it meanwhile."""
+    path = Path(step_folder)
+    for attempt in range(ATTEMPTS):
+        folder = open_folder(path)
+        try:
+            return _read_step(folder, rank, verify)
+        except Replaced:
+            time.sleep(0.002 * (attempt + 1))
+        finally:
+            folder.close()
+    raise RuntimeError(f"{path}: replaced by other builds {ATTEMPTS} times while it was read")
+
+
+def _read_step(
+    folder: Folder, rank: int, verify: bool
+) -> tuple[dict[str, Any], pa.Table, list[int]]:
+    manifest = load_manifest(folder, "verl")
+    dp = manifest["settings"]["dp_size"]
+    if not 0 <= rank < dp:
+        raise ValueError(f"rank {rank} is not a rank of this step (dp_size {dp})")
+    records = {output["path"]: output for output in manifest.get("outputs", [])}
+    table, lengths = None, []
+    for r in range(dp):
+        name = rank_name(r)
+        data = folder.read(name)
+        if verify:
+            _checked(data, records.get(name), folder.path / name)
+        columns = None if r == rank else ["total_lengths"]
+        read = pq.read_table(pa.BufferReader(data), columns=columns)
+        if verify and read.num_rows != records[name]["rows"]:
             raise ShardVerificationError(
-                f"{folder / MANIFEST}: the manifest of step {manifest['step']}, in the folder "
-                f"of step {match.group(1)}"
+                f"{folder.path / name}: {read.num_rows} rows, the manifest says "
+                f"{records[name]['rows']}"
             )
-        records = {output["path"]: output for output in manifest.get("outputs", [])}
-        table, lengths = None, []
-        for r in range(dp):
-            name = f"rank={r}.parquet"
-            data = _read(folder_fd, folder, name)
-            if verify:
-                _checked(data, records.get(name), folder / name)
-            columns = None if r == rank else ["total_lengths"]
-            read = pq.read_table(pa.BufferReader(data), columns=columns)
-            if verify and read.num_rows != records[name]["rows"]:
-                raise ShardVerificationError(
-                    f"{folder / name}: {read.num_rows} rows, the manifest says "
-                    f"{records[name]['rows']}"
-                )
-            lengths.extend(read.column("total_lengths").to_pylist())
-            if r == rank:
-                table = read
-    finally:
-        os.close(folder_fd)
+        lengths.extend(read.column("total_lengths").to_pylist())
+        if r == rank:
+            table = read
     assert table is not None
     return manifest, table, lengths
 

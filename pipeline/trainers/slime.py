@@ -28,10 +28,11 @@ from pipeline.miles_flags import REQUIRED_SHAPE
 from pipeline.schemas.rules import SLIME_ROWS, Model
 from pipeline.settings import Settings
 from pipeline.trainers import BatchPlan
+from pipeline.transforms.flops import slime_model_shape
 from pipeline.transforms.layout import rank_sizes
 from pipeline.transforms.repair import filled_rollout_ids
 from pipeline.transforms.shard_columns import light_shard_columns, raw_reward
-from pipeline.transforms.slime_schedule import ModelShape, SlimeLayout, slime_layout
+from pipeline.transforms.slime_schedule import SlimeLayout, slime_layout
 from pipeline.transforms.torch_float import torch_dim_std, torch_sums
 from pipeline.transforms.trim import is_compact
 
@@ -82,7 +83,7 @@ def positional_rewards(raw: pl.Series, settings: Settings) -> tuple[pl.Series, i
     """`rewards` (float64 of the float32 result) and the count of positional groups whose
     raw rewards are all equal (their normalized values are rounding noise over 1e-6)."""
     normalizes = settings.advantage_estimator in NORMALIZING and settings.rewards_normalization
-    if not normalizes:
+    if not normalizes or not len(raw):
         return raw, 0
     n = settings.n_samples_per_prompt or 1
     rbs = settings.rollout_batch_size or 0
@@ -132,7 +133,7 @@ def _layout_plan(settings: Settings) -> SlimeLayout:
         micro_batch_size=settings.micro_batch_size or 1,
         balance_data=settings.balance_data or settings.balance_by_flops,
         balance_by_flops=settings.balance_by_flops,
-        shape=ModelShape.of(settings) if needs_shape else None,
+        shape=slime_model_shape(settings) if needs_shape else None,
     )
 
 
@@ -200,6 +201,15 @@ def slime_settings_problem(s: Settings) -> str | None:
         return "rollout_batch_size: required by the slime trainer (slime's --rollout-batch-size)"
     if s.global_batch_size is None:
         return "global_batch_size: required (or num_steps_per_rollout, from which slime derives it)"
+    if s.num_steps_per_rollout is not None:
+        per_rollout = s.rollout_batch_size * (s.n_samples_per_prompt or 1)
+        derived = per_rollout // s.num_steps_per_rollout
+        if s.global_batch_size != derived:
+            return (
+                f"global_batch_size={s.global_batch_size} is not rollout_batch_size * "
+                f"n_samples_per_prompt // num_steps_per_rollout = {per_rollout} // "
+                f"{s.num_steps_per_rollout} = {derived} (slime asserts it): drop one of them"
+            )
     if s.global_batch_size % s.dp_size:
         return (
             f"global_batch_size={s.global_batch_size} must be divisible by dp_size={s.dp_size} "

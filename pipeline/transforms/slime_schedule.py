@@ -15,99 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
 
 import numpy as np
 import polars as pl
 
 from pipeline.errors import step_error
-from pipeline.transforms import flops
+from pipeline.transforms.flops import ModelShape, forward_flops
 from pipeline.transforms.layout import Layout
 from pipeline.transforms.packing import first_fit, karmarkar_karp
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The model flags slime's FLOPs estimate reads, with Megatron's defaults applied."""
-
-    num_layers: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_attention_heads: int
-    num_query_groups: int
-    kv_channels: int
-    vocab_size: int
-    num_experts: int | None
-    moe_ffn_hidden_size: int
-    moe_router_topk: int
-    moe_shared_expert_intermediate_size: int
-    moe_layer_freq: int | list[int]
-
-    @classmethod
-    def of(cls, s: Any) -> ModelShape:
-        return cls(
-            num_layers=s.num_layers,
-            hidden_size=s.hidden_size,
-            ffn_hidden_size=s.ffn_hidden_size,
-            num_attention_heads=s.num_attention_heads,
-            num_query_groups=s.num_query_groups or 1,
-            kv_channels=s.kv_channels or s.hidden_size // s.num_attention_heads,
-            vocab_size=s.vocab_size,
-            num_experts=s.num_experts,
-            moe_ffn_hidden_size=s.moe_ffn_hidden_size or s.ffn_hidden_size,
-            moe_router_topk=s.moe_router_topk or 2,
-            moe_shared_expert_intermediate_size=s.moe_shared_expert_intermediate_size or 0,
-            moe_layer_freq=s.moe_layer_freq if s.moe_layer_freq is not None else 1,
-        )
-
-    def flops_shape(self) -> flops.ModelShape:
-        """The shape as the shared FLOPs arithmetic reads it: no MLA, so plain query and
-        key-value projections and kv_channels-wide attention."""
-        dense, moe = self.layer_counts()
-        kv = self.kv_channels
-        return flops.ModelShape(
-            hidden_size=self.hidden_size,
-            num_attention_heads=self.num_attention_heads,
-            num_query_groups=self.num_query_groups,
-            kv_channels=kv,
-            vocab_size=self.vocab_size,
-            dense_ffn=self.ffn_hidden_size,
-            moe_ffn=self.moe_ffn_hidden_size * self.moe_router_topk
-            + self.moe_shared_expert_intermediate_size,
-            dense_layers=dense,
-            moe_layers=moe,
-            q_lora_rank=None,
-            kv_lora_rank=None,
-            q_head_dim=kv,
-            qk_head_dim=0,
-            qk_pos_emb_head_dim=0,
-            v_head_dim=0,
-            attention_qk_dim=kv,
-            attention_v_dim=kv,
-        )
-
-    def layer_counts(self) -> tuple[int, int]:
-        """(dense layers, MoE layers)."""
-        if self.num_experts is None:
-            return self.num_layers, 0
-        freq = self.moe_layer_freq
-        if isinstance(freq, list):
-            return sum(1 for f in freq if f == 0), sum(1 for f in freq if f > 0)
-        moe = sum(1 for i in range(self.num_layers) if i % freq == 0)
-        return self.num_layers - moe, moe
-
-
-def forward_flops(lengths: np.ndarray, shape: ModelShape) -> np.ndarray:
-    """Each row's `calculate_fwd_flops([length], args)` (`transforms.flops`, shared with
-    miles: slime's model without MLA, as its `multi_latent_attention` is not set)."""
-    return flops.forward_flops(lengths, shape.flops_shape())
-
-
-def differencing(values: list[float], k: int, equal_size: bool) -> list[list[int]]:
-    """Largest differencing (SEMANTICS 7.3) over float weights, each set's sum grown one
-    item at a time as slime's sets are (`packing.karmarkar_karp`); partitions sorted
-    ascending."""
-    return karmarkar_karp(values, k, equal_size)
 
 
 def split_to(bins: list[list[int]], target: int, lengths: list[int]) -> None:
@@ -139,7 +54,7 @@ class SlimeLayout:
     micro_batch_size: int
     balance_data: bool
     balance_by_flops: bool
-    shape: ModelShape | None
+    shape: ModelShape | None  # the model's, for FLOPs (`balance_data`, `balance_by_flops`)
 
 
 def _step_bins(lengths: list[int], plan: SlimeLayout, step: int) -> list[list[int]]:
@@ -152,7 +67,7 @@ def _step_bins(lengths: list[int], plan: SlimeLayout, step: int) -> list[list[in
             bins = [[i] for i in range(len(lengths))]
         else:
             flops = forward_flops(np.asarray(lengths), plan.shape).tolist()
-            bins = differencing(flops, wanted, equal_size=False)
+            bins = karmarkar_karp(flops, wanted, equal_size=False)
     else:
         bins = first_fit(lengths, plan.cap)
     target = max(-(-len(bins) // plan.align) * plan.align, plan.align)
@@ -215,7 +130,7 @@ def slime_layout(ids: np.ndarray, lengths: np.ndarray, plan: SlimeLayout) -> Lay
         if plan.balance_data and plan.shape is not None:
             flops = forward_flops(np.asarray(step_lengths), plan.shape).tolist()
             weights = [sum(flops[i] for i in b) for b in bins]
-            owners = differencing(weights, dp, equal_size=True)
+            owners = karmarkar_karp(weights, dp, equal_size=True)
         else:
             owners = [list(range(r, len(bins), dp)) for r in range(dp)]
         for r, owned in enumerate(owners):

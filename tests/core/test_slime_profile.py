@@ -1,6 +1,6 @@
-"""The slime profile's pieces against the independent reference (tests/reference.py) and
-torch: the rollout-id fill, torch's one-dimension std, first-fit packing and largest
-differencing over float weights (FLOPs sums past 2**53)."""
+"""The slime profile's pieces in `pipeline/transforms/` against the independent reference
+(tests/reference.py) and torch: the rollout-id fill, torch's one-dimension std, first-fit
+packing, largest differencing over float weights (FLOPs sums past 2**53), slime's FLOPs."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import polars as pl
 import pytest
 import torch
 
-from pipeline.transforms.packing import first_fit
+from pipeline.settings import load_settings
+from pipeline.transforms.flops import forward_flops, slime_model_shape
+from pipeline.transforms.packing import first_fit, karmarkar_karp
 from pipeline.transforms.repair import filled_rollout_ids
-from pipeline.transforms.slime_schedule import differencing
 from pipeline.transforms.torch_float import torch_dim_std
 from tests import reference
 
@@ -61,5 +62,26 @@ def test_differencing_on_float_weights(equal_size: bool) -> None:
         n = k * int(rng.integers(1, 8)) if equal_size else int(rng.integers(k, 20))
         # FLOPs-like weights: half-integers, some past 2**53 where sums round
         values = (rng.integers(1, 1 << 20, n) * float(1 << 40) + 0.5).tolist()
-        ours = differencing(values, k, equal_size)
+        ours = karmarkar_karp(values, k, equal_size)
         assert ours == reference.largest_differencing(values, k, equal_size)
+
+
+@pytest.mark.parametrize("num_experts", [None, 16])
+def test_slime_flops_are_the_references(num_experts: int | None) -> None:
+    """slime's FLOPs with the multi-latent-attention flags left out of its shape."""
+    shape = {
+        "num_layers": 80,
+        "hidden_size": 8192,
+        "ffn_hidden_size": 28672,
+        "num_attention_heads": 64,
+        "num_query_groups": 8,
+        "vocab_size": 152064,
+        "num_experts": num_experts,
+        "moe_ffn_hidden_size": 1536 if num_experts else None,
+        "moe_router_topk": 4 if num_experts else None,
+    }
+    settings = load_settings(trainer="slime", global_batch_size=1, rollout_batch_size=1, **shape)
+    lengths = [1, 9, 4096, 65536]
+    ours = forward_flops(np.asarray(lengths), slime_model_shape(settings)).tolist()
+    merged = reference.slime_settings({**shape, "kv_channels": 8192 // 64})
+    assert ours == [reference.slime_fwd_flops(n, merged) for n in lengths]

@@ -143,3 +143,12 @@ def test_validate_checks_verls_batch(tmp_path: Path) -> None:
     result = cli("validate", tmp_path / "in", *FLAGS, "--train-batch-size=4")
     assert result.returncode == 1
     assert "rule train_batch_size_groups: 12 rows make 3 prompt groups" in result.stderr
+
+
+def test_a_verl_step_is_the_same_built_in_memory_or_rank_bounded(tmp_path: Path) -> None:
+    write_step(tmp_path / "in", rows(), step=1)
+    build(tmp_path / "in", tmp_path / "a", **SETTINGS)
+    build(tmp_path / "in", tmp_path / "b", **SETTINGS, stream_above=0)
+    for name in ("rank=0.parquet", "rank=1.parquet", "manifest.json"):
+        a = (tmp_path / "a" / "step=1" / name).read_bytes()
+        assert a == (tmp_path / "b" / "step=1" / name).read_bytes(), name

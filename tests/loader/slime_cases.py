@@ -28,6 +28,17 @@ MOE = {
     "moe_shared_expert_intermediate_size": 16,
 }
 
+# a shape whose per-row FLOPs pass 2**53 at a few tokens: sums round, so their order counts
+GIANT = {
+    "num_layers": 4096,
+    "hidden_size": 65536,
+    "ffn_hidden_size": 1 << 20,
+    "num_attention_heads": 512,
+    "num_query_groups": 64,
+    "kv_channels": 128,
+    "vocab_size": 1 << 20,
+}
+
 
 def grouped(sizes: list[int], rewards: list[float] | None = None, **fields: Any) -> Rows:
     """Prompt groups of the given sizes, one sample per index, varied lengths. (Three
@@ -104,6 +115,15 @@ def _extras(rows: Rows) -> Rows:
         row["raw_reward"] = 10.0 + position
         row["metadata"] = json.dumps({"source_name": "math" if position % 2 else "code"})
         row["status"] = "truncated" if position % 3 == 0 else "completed"
+    return rows
+
+
+def _mixed_raw_reward(rows: Rows) -> Rows:
+    """raw_reward on some rows only (slime's mixed-source batches): the others take the
+    reward."""
+    for position, row in enumerate(rows):
+        if position % 3 == 1:
+            row["raw_reward"] = 5.0 + position
     return rows
 
 
@@ -203,6 +223,30 @@ CASES: dict[str, tuple[Rows, dict[str, Any]]] = {
             **DENSE,
         },
     ),
+    "balance_giant_model_static": (
+        grouped([2, 2, 2, 2, 2, 2, 2, 2]),
+        {
+            "rollout_batch_size": 8,
+            "n_samples_per_prompt": 2,
+            "global_batch_size": 16,
+            "dp_size": 4,
+            "balance_data": True,
+            **GIANT,
+        },
+    ),
+    "balance_by_flops_giant_model": (
+        grouped([2, 2, 2, 2, 2, 2, 2, 2]),
+        {
+            "rollout_batch_size": 8,
+            "n_samples_per_prompt": 2,
+            "global_batch_size": 16,
+            "dp_size": 2,
+            "balance_by_flops": True,
+            "use_dynamic_batch_size": True,
+            "max_tokens_per_gpu": 20,
+            **GIANT,
+        },
+    ),
     "no_normalization": (
         grouped([2, 2, 2, 2]),
         {**BASE, "global_batch_size": 8, "rewards_normalization": False},
@@ -227,6 +271,10 @@ CASES: dict[str, tuple[Rows, dict[str, Any]]] = {
     "reward_key": (
         _struct(grouped([2, 2, 2, 2])),
         {**BASE, "global_batch_size": 4, "dp_size": 2, "reward_key": "score"},
+    ),
+    "mixed_raw_reward": (
+        _mixed_raw_reward(grouped([2, 2, 2, 2])),
+        {**BASE, "global_batch_size": 4, "dp_size": 2},
     ),
     "no_group_index": (
         _no_group_index(grouped([2, 2, 2, 2])),

@@ -47,6 +47,8 @@ PIN = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 SOURCE_ENV = "SLIME_SOURCE"
 REPO = Path(__file__).resolve().parents[2]
 REAL = {"slime", "torch", "numpy", "typing_extensions", "pyarrow", "rollout_shards_loader"}
+# Installed packages slime imports that must be stand-ins in its modules.
+SET_ASIDE = {"ray", "sglang", "megatron", "transformers", "wandb", "verl", "tensordict"}
 
 
 class SourceMissing(RuntimeError):
@@ -172,6 +174,13 @@ def slime_modules(source: Path) -> Iterator[types.SimpleNamespace]:
     it (and CUDA pointed at the CPU) undone on exit."""
     import torch
 
+    # Packages another test of this process imported for real (Ray, by the verl and the
+    # Ray tests) would be taken instead of stand-ins: set aside while slime's modules load.
+    real = {
+        name: sys.modules.pop(name)
+        for name in list(sys.modules)
+        if name.partition(".")[0] in SET_ASIDE
+    }
     before = set(sys.modules)
     finder = _StubFinder()
     sys.meta_path.insert(0, finder)
@@ -190,6 +199,7 @@ def slime_modules(source: Path) -> Iterator[types.SimpleNamespace]:
         sys.path.remove(str(source))
         for name in set(sys.modules) - before:
             del sys.modules[name]
+        sys.modules.update(real)
 
 
 # --- rows -> slime's Samples, nested as a rollout function returns them ----------------

@@ -256,13 +256,13 @@ def test_head_gets_the_pair_and_enters_its_handle(miles: Any, tmp_path: Path) ->
     write_step(tmp_path / "in", [sample(i, reward=float(i)) for i in range(4)])
     build(tmp_path / "in", tmp_path / "out", global_batch_size=2, dp_size=2)
     hook.install(tmp_path / "out")
-    token = hook._ROLLOUT_ID.set(1)
+    token = hook_internals._ROLLOUT_ID.set(1)
     try:
         data, handle = miles.data.process_rollout_data(
             ms.Args(global_batch_size=2), None, 1, 2, witness_info=None
         )
     finally:
-        hook._ROLLOUT_ID.reset(token)
+        hook_internals._ROLLOUT_ID.reset(token)
     assert isinstance(handle, miles.object_store.ObjectStoreGetResult)
     with handle as value:
         assert value is data

@@ -139,3 +139,28 @@ def test_slime_rollout_id_rule(tmp_path: Path) -> None:
     write_step(tmp_path / "b", leaves + [sample(1), sample(2)])
     bad = cli("build", tmp_path / "b", "--out", tmp_path / "t", "--trainer", "slime", *common)
     assert bad.returncode == 1 and "rollout_id_on_multi_leaf" in bad.stderr
+
+
+def test_num_steps_per_rollout_gives_slimes_global_batch_size(tmp_path: Path) -> None:
+    """slime derives global_batch_size = rollout_batch_size * n_samples_per_prompt //
+    num_steps_per_rollout, and asserts a given one equals it."""
+    write_step(tmp_path / "in", [sample(i, group_index=i // 2) for i in range(8)])
+    common = ["--trainer", "slime", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2"]
+    ok = cli(
+        "build", tmp_path / "in", "--out", tmp_path / "a", *common, "--num-steps-per-rollout", "2"
+    )
+    assert ok.returncode == 0, ok.stderr
+    manifest = json.loads((tmp_path / "a" / "step=1" / "manifest.json").read_text())
+    assert manifest["global_batch_size"] == 4 and manifest["num_train_steps"] == 2
+    bad = cli(
+        "build",
+        tmp_path / "in",
+        "--out",
+        tmp_path / "b",
+        *common,
+        "--num-steps-per-rollout",
+        "2",
+        "--global-batch-size",
+        "2",
+    )
+    assert bad.returncode == 2 and "num_steps_per_rollout" in bad.stderr

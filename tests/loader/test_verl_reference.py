@@ -22,6 +22,9 @@ CASES = [
     (4, 1, 8, True, True, {"full": True}),
     (1, 8, 2, True, True, {"full": True, "log_probs": False}),
     (2, 1, 6, False, True, {"pad_token_id": 0}),
+    (2, 16, 2, True, True, {}),
+    (1, 5, 3, True, True, {}),
+    (4, 24, 2, False, True, {}),
 ]
 
 
