@@ -697,8 +697,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for tree in [ROOT / "pipeline", *([args.before / "pipeline"] if args.before else [])]:
         compileall.compile_dir(tree, quiet=1)
     from pipeline.io.writer import PARQUET_OPTIONS
-    from pipeline.speed import ALLOCATOR_CONF, ALLOCATOR_ENV
     from pipeline.settings import setting_defaults
+    from pipeline.speed import ALLOCATOR_CONF, ALLOCATOR_ENV
 
     os.environ["BENCH_PARQUET_OPTIONS"] = json.dumps(PARQUET_OPTIONS)
     # The floor reads and writes with the allocator settings a build gives Polars (unless
