@@ -111,6 +111,7 @@ def _flag(name: str) -> str:
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("settings (override the config file; named as miles' flags)")
+    valued = valued_booleans()
     for name, annotation, help_text in setting_fields():
         if name in DISABLE_FLAGS:
             group.add_argument(
@@ -122,7 +123,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             )
             continue
         base = non_null(annotation)
-        if name in valued_booleans():
+        if name in valued:
             # a text the settings model reads as a boolean ("true", "false", "yes", ...)
             group.add_argument(
                 _flag(name),
