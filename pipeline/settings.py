@@ -133,7 +133,7 @@ class Settings(MilesFlags):
     ray_above: Size = _setting(
         "MiB of input files on disk above which a step is built by Ray tasks, when a "
         "cluster is given (ray_address, or compute: ray); 0: every step.",
-        0,
+        256,
         recorded=False,
     )
 

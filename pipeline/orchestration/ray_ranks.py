@@ -26,7 +26,6 @@ import ray
 import ray.exceptions
 
 from pipeline.errors import StepError, UsageError, Violation
-from pipeline.step.bounded import input_bytes
 from pipeline.step.build import StepJob
 from pipeline.step.shares import Call, by_tasks
 
@@ -108,15 +107,9 @@ def _cause(error: ray.exceptions.RayTaskError) -> BaseException:
 
 
 def route(tasks: RayTasks) -> Callable[[StepJob], StepJob]:
-    """The route of a step (`build.build_step`, `stages.run_stages`): a step whose input
-    files take more than its `ray_above` MiB on disk is read and written by `tasks`; any
-    other is built in this process."""
+    """The route of a step to `tasks` (`ray_route` decides which steps take it)."""
 
     def routed(job: StepJob) -> StepJob:
-        settings = job.settings
-        above = getattr(settings, "ray_above_bytes", 0)
-        if job.out_root is None or input_bytes(job.sources) <= above:
-            return job
         return by_tasks(job, tasks)  # type: ignore[no-any-return]
 
     return routed
@@ -124,12 +117,16 @@ def route(tasks: RayTasks) -> Callable[[StepJob], StepJob]:
 
 @contextmanager
 def connected(
-    address: str | None, tasks: RayTasks | None = None, node_ip_address: str | None = None
+    address: str | None,
+    tasks: RayTasks | None = None,
+    node_ip_address: str | None = None,
+    keep: bool = False,
 ) -> Iterator[Any]:
     """The route to the cluster at `address` (its GCS, `head:6379`, or `auto`; None: the
-    cluster this process runs in, a Ray job's), connected for as long as it is used; a
-    process already connected keeps its connection. `node_ip_address`: this node's address
-    as the cluster knows it (a cluster bound to the loopback interface)."""
+    cluster this process runs in, a Ray job's), connected for as long as it is used, or
+    for the process's life (`keep`); a process already connected keeps its connection.
+    `node_ip_address`: this node's address as the cluster knows it (a cluster bound to the
+    loopback interface)."""
     ours = not ray.is_initialized()
     if ours:
         options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
@@ -142,5 +139,5 @@ def connected(
     try:
         yield route(tasks or RayTasks())
     finally:
-        if ours:
+        if ours and not keep:
             ray.shutdown()

@@ -9,7 +9,7 @@ cluster is the `ray_above` setting's, the same for every caller (`ray_ranks.rout
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,12 +24,27 @@ def ray_route(
     settings: Settings | RowSettings | None, in_ray_job: bool = False
 ) -> Iterator[Route | None]:
     """The route of steps to the cluster the settings name (`ray_address`), or, in a Ray
-    job (`in_ray_job`), to the job's own cluster; None (Ray not imported) when neither."""
+    job (`in_ray_job`), to the job's own cluster; None when neither. A step whose input
+    files take more than `ray_above` MiB goes to the cluster, any other stays here; Ray is
+    imported and the cluster joined when the first step goes there. A Ray job's worker
+    stays connected to its cluster for the next step it builds (a warm worker)."""
     address = getattr(settings, "ray_address", None)
     if address is None and not in_ray_job:
         yield None
         return
-    from pipeline.orchestration import ray_ranks
+    from pipeline.step.bounded import input_bytes
 
-    with ray_ranks.connected(address) as route:
+    with ExitStack() as stack:
+        joined: list[Route] = []
+
+        def route(job: StepJob) -> StepJob:
+            above = getattr(job.settings, "ray_above_bytes", 0)
+            if job.out_root is None or input_bytes(job.sources) <= above:
+                return job
+            if not joined:
+                from pipeline.orchestration import ray_ranks
+
+                joined.append(stack.enter_context(ray_ranks.connected(address, keep=in_ray_job)))
+            return joined[0](job)
+
         yield route

@@ -90,7 +90,7 @@ def test_the_cli_builds_a_step_across_the_cluster(
     cluster: ray_cluster.RayCluster, inputs: Path, tmp_path: Path
 ) -> None:
     command = [sys.executable, "-m", "pipeline.cli", "build", str(inputs)]
-    flags = ["--global-batch-size", "64", "--dp-size", "4", "--balance-data"]
+    flags = ["--global-batch-size", "64", "--dp-size", "4", "--balance-data", "--ray-above", "0"]
     result = subprocess.run(
         [*command, "--out", str(tmp_path / "ray"), *flags, "--ray", cluster.address],
         env=cluster.environment(),
@@ -167,11 +167,17 @@ def test_a_dagster_materialization_builds_its_step_across_the_cluster(
     from dagster_support import configured_roots
 
     roots = configured_roots(tmp_path / "ray", monkeypatch)  # the driver inherits the roots
+    address = cluster.address
     env = cluster.environment() | {"PYTHONPATH": f"{HERE}:{cluster.environment()['PYTHONPATH']}"}
     for name in ("ROLLOUT_SHARDS_INPUT", "ROLLOUT_SHARDS_OUTPUT"):
         env[name] = str(roots.input if name.endswith("INPUT") else roots.output)
     result = subprocess.run(
-        [sys.executable, "-c", DAGSTER_DRIVER, json.dumps({"ray_address": cluster.address})],
+        [
+            sys.executable,
+            "-c",
+            DAGSTER_DRIVER,
+            json.dumps({"ray_address": address, "ray_above": 0}),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -186,13 +192,15 @@ def test_a_dagster_materialization_builds_its_step_across_the_cluster(
 
 
 def test_ray_above_keeps_a_small_step_in_process(inputs: Path, tmp_path: Path) -> None:
-    """The route sends a step to the cluster only above `ray_above` MiB of input files."""
-    from pipeline.orchestration.ray_ranks import RayTasks, route
+    """The route sends a step to the cluster only above `ray_above` MiB of input files; a
+    step kept here joins no cluster (the address here reaches none)."""
+    from pipeline.orchestration.ray_route import ray_route
 
     files = group_steps(find_sources([inputs]))[0]
     size = sum(source.path.stat().st_size for source in files)
-    routed = route(RayTasks())
-    for above, on_ray in ((size >> 20, True), (-(-size >> 20) + 1, False)):
-        settings = Settings(**SETTINGS, ray_above=above)
-        job = StepJob(0, files, settings, tmp_path)
-        assert (routed(job).reader is not None) is on_ray
+    settings = Settings(**SETTINGS, ray_address="127.0.0.1:9", ray_above=-(-size >> 20))
+    job = StepJob(0, files, settings, tmp_path)
+    with ray_route(settings) as route:
+        assert route is not None and route(job) is job
+    with ray_route(settings.replace(ray_address=None)) as route:
+        assert route is None
