@@ -35,7 +35,7 @@ from pipeline import columns as c
 from pipeline.columns import ROW_ID, SOURCE_ROW, TYPE_ERROR
 from pipeline.errors import StepError, Violation
 from pipeline.io.discovery import SourceFile
-from pipeline.io.load import StepFiles, is_parquet, read_in_parts
+from pipeline.io.load import StepFiles, is_parquet, read_in_parts, read_source
 from pipeline.manifest import Manifest
 from pipeline.settings import RowSettings, Settings
 from pipeline.step.bounded import PART_BYTES
@@ -132,6 +132,10 @@ def _typed_parts(share: Share, take: Callable[[pl.DataFrame], None]) -> tuple[St
     def typed(frame: pl.DataFrame, first: int) -> None:
         take(files.add_rows(share.source, frame, first))
 
+    if share.row_groups is None:  # a whole file, read as the in-memory read reads it
+        read = read_source(share.source, share.step)
+        typed(read.frame, 0)
+        return files, (seen, read.sha256)
     sha256 = read_in_parts(share.source, share.step, PART_BYTES, typed, row_groups=share.row_groups)
     return files, (seen, sha256)
 

@@ -266,3 +266,15 @@ def test_the_driver_holds_no_list(tmp_path: Path, small_shares: None) -> None:
     assert not set(c.PER_TOKEN_COLUMNS) & set(rows.inputs.columns)
     one = shares.rank_batch(batch, 1, [0, 16, 32, 48, 64])
     assert one.rank_rows is not None and one.rank_rows.inputs.height == 16
+
+
+def test_an_unreadable_file_is_reported_as_in_memory(tmp_path: Path) -> None:
+    """A Parquet file whose footer does not read is one share, read as the in-memory read
+    reads it: the same line."""
+    folder = _three_files_one_without_loss_mask(tmp_path / "in")
+    broken = folder / "step=0" / "part-1.parquet"
+    broken.write_bytes(broken.read_bytes()[:-100])
+    settings = Settings(global_batch_size=64, dp_size=4)
+    memory = _refusal(folder, tmp_path / "memory", settings, False)
+    assert _refusal(folder, tmp_path / "tasks", settings, True) == memory
+    assert "unreadable_file" in memory and "part-1.parquet" in memory
