@@ -70,7 +70,10 @@ class Watch:
                 try:
                     if os.getsid(pid) != self.session:
                         continue
-                    name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0][-40:]
+                    # the program's name alone (`ray::_run_call`, `raylet`), not its path
+                    name = os.path.basename(
+                        Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+                    )
                 except (ProcessLookupError, FileNotFoundError, PermissionError):
                     continue
                 peak = _status(pid, "VmHWM")
