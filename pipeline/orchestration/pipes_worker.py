@@ -68,14 +68,23 @@ def worker_extras(
     settings: Settings | None,
     in_ray_job: bool = False,
 ) -> dict[str, Any]:
-    """What a worker needs to run `stages` on `step`, as JSON for the Pipes extras; the
-    run options (`ray_address`, `ray_above`) go too, and `in_ray_job` says the worker runs
-    in a Ray job (`compute: ray`), whose cluster builds the steps above `ray_above`."""
+    """What a worker needs to run `stages` on `step`, as JSON for the Pipes extras: the
+    recorded settings, the run options apart (`stream_above`, `ray_address`, `ray_above`:
+    a worker of an earlier release, which knows fewer, builds without them), and whether
+    the worker runs in a Ray job (`compute: ray`), whose cluster builds the steps above
+    `ray_above`."""
+    recorded = settings.to_dict() if settings is not None else None
+    options = {
+        name: value
+        for name, value in (settings.values() if settings is not None else {}).items()
+        if recorded is not None and name not in recorded
+    }
     return {
         "stages": stages,
         "step": step,
         "roots": roots.to_json(),
-        "settings": settings.values() if settings is not None else None,
+        "settings": recorded,
+        "run_options": options,
         "in_ray_job": in_ray_job,
     }
 
@@ -121,7 +130,8 @@ def run_session(params_loader: PipesParamsLoader | None = None) -> None:
         step = int(pipes.get_extra("step"))
         roots = StepRoots.from_json(pipes.get_extra("roots"))
         raw_settings = pipes.get_extra("settings")
-        settings = make_settings(raw_settings) if raw_settings is not None else None
+        options = pipes.extras.get("run_options") or {}
+        settings = make_settings({**raw_settings, **options}) if raw_settings is not None else None
         names = ", ".join(stages)
         pipes.log.info(f"step {step}: {names} on {socket.gethostname()}, pid {os.getpid()}")
         in_ray_job = bool(pipes.extras.get("in_ray_job"))
