@@ -6,6 +6,11 @@ INPUT ?= data/rollouts
 OUTPUT ?= data/shards
 # torch only writes the tests' miles .pt fixtures (reading dumps needs no torch); this pin is the CPU build this machine carries.
 TORCH ?= torch==2.13.0
+# The verl release the verl tests run (tests/loader/verl_support.py), installed without its
+# requirements: they would bring transformers (which asks for an older huggingface-hub
+# than the one installed), peft, accelerate, wandb and more that the tests never import; the
+# few its trainer-side modules import come with the `verl` extra.
+VERL ?= verl==0.9.1
 
 # Dagster reads its roots from the environment; INPUT and OUTPUT fill them in when unset.
 ROLLOUT_SHARDS_INPUT ?= $(INPUT)
@@ -41,8 +46,9 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 	@echo "make: installing into $(VENV), a few minutes on a first run (1/3: $(TORCH), CPU build)"
 	$(BIN)/pip install --quiet "$(TORCH)"
-	@echo "make: installing (2/3: rollout-shards with its extras: Dagster, Ray, test tools)"
-	$(BIN)/pip install --quiet -e ".[dev,dagster,miles,ray,k8s]"
+	@echo "make: installing (2/3: rollout-shards with its extras: Dagster, Ray, verl, test tools)"
+	$(BIN)/pip install --quiet -e ".[dev,dagster,miles,ray,k8s,verl]"
+	$(BIN)/pip install --quiet --no-deps "$(VERL)"
 	@echo "make: installing (3/3: compiling the package's bytecode)"
 	$(BIN)/python -m compileall -q pipeline loader
 	touch $@

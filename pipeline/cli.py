@@ -21,15 +21,88 @@ from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, os_violation, printable
 from pipeline.miles_flags import FLAG_READERS
-from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields
+from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields, valued_booleans
 from pipeline.speed import HeadStart, on, tune_process
+from pipeline.streams import end_on_interrupt, kept_streams, program_streams_and_signals
 
 PROG = "rollout-shards"
+
+
+# Values a user may give a switch, which takes none (`--balance-data true`).
+_SWITCH_VALUES = frozenset(("true", "false", "yes", "no", "on", "off", "1", "0"))
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{PROG}: usage error: {message} (see {PROG} --help)\n")
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: None = None
+    ) -> argparse.Namespace:
+        """The arguments, with a settings file's spelling of a flag taken
+        (`--global_batch_size` for `--global-batch-size`); a switch given a value, or a
+        flag no command has, is a usage error naming the flag meant."""
+        flags = self._command_flags()
+        argv = [_dashed(arg, flags) for arg in (sys.argv[1:] if args is None else args)]
+        _no_switch_values(argv, flags)
+        parsed, extras = self.parse_known_args(argv)
+        if extras:
+            self.error(_unrecognized(extras, flags.get(getattr(parsed, "command", None), {})))
+        return parsed
+
+    def _command_flags(self) -> dict[str | None, dict[str, argparse.Action]]:
+        """Each command's flags (by option string), and every flag under None."""
+        found: dict[str | None, dict[str, argparse.Action]] = {None: {}}
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for command, sub in action.choices.items():
+                    found[command] = dict(sub._option_string_actions)
+                    found[None].update(sub._option_string_actions)
+        return found
+
+
+def _dashed(arg: str, flags: dict[str | None, dict[str, argparse.Action]]) -> str:
+    """`--global_batch_size[=V]` as `--global-batch-size[=V]` when that is a flag."""
+    name, equals, value = arg.partition("=")
+    dashed = name.replace("_", "-")
+    return dashed + equals + value if arg.startswith("--") and dashed in flags[None] else arg
+
+
+def _no_switch_values(argv: list[str], flags: dict[str | None, dict[str, argparse.Action]]) -> None:
+    for i, arg in enumerate(argv):
+        name, equals, value = arg.partition("=")
+        action = flags[None].get(name)
+        if action is None or action.nargs != 0 or not name.startswith("--"):
+            continue
+        given = value if equals else (argv[i + 1] if i + 1 < len(argv) else "")
+        if equals or (given.lower() in _SWITCH_VALUES and not os.path.exists(given)):
+            raise SystemExit(
+                _usage(f"{name} is a switch and takes no value ({given!r}): give {name} alone")
+            )
+
+
+def _usage(message: str) -> int:
+    print(f"{PROG}: usage error: {message} (see {PROG} --help)", file=sys.stderr)
+    return 2
+
+
+def _unrecognized(extras: list[str], flags: dict[str, argparse.Action]) -> str:
+    """`unrecognized arguments: ...`, naming the closest flag of the command for each
+    flag it does not have."""
+    from pipeline.spelling import closest
+
+    near = {
+        arg: found
+        for arg in extras
+        if arg.startswith("-") and (found := closest(arg.partition("=")[0], flags)) is not None
+    }
+    if len(near) == 1:
+        meant = f": did you mean {next(iter(near.values()))}?"
+    elif near:
+        meant = ": did you mean " + ", ".join(f"{f} (for {a})" for a, f in near.items()) + "?"
+    else:
+        meant = ""
+    return f"unrecognized arguments: {' '.join(extras)}{meant}"
 
 
 def _flag(name: str) -> str:
@@ -53,7 +126,16 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             )
             continue
         base = non_null(annotation)
-        if name in FLAG_READERS or typing.get_origin(base) is list:
+        if name in valued_booleans():
+            # a text the settings model reads as a boolean ("true", "false", "yes", ...)
+            group.add_argument(
+                _flag(name),
+                dest=name,
+                metavar="true|false",
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+        elif name in FLAG_READERS or typing.get_origin(base) is list:
             _add_shaped_flag(group, name, base, help_text)
         elif base is bool:
             group.add_argument(
@@ -172,18 +254,19 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
-def _run(args: argparse.Namespace, head_start: HeadStart | None = None) -> int:
+def _run(
+    args: argparse.Namespace, head_start: HeadStart | None = None, program: bool = False
+) -> int:
     from pipeline import commands  # Polars and the stages: after the process settings
+
+    if program:
+        end_on_interrupt()  # again: importing Polars installed its own SIGINT handler
 
     if head_start is not None:
         head_start.loaded()
 
     try:
         return commands.COMMANDS[args.command](args)
-    except BrokenPipeError:
-        # The reader went away (`| head`): stop quietly, as other command-line tools do.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
     except UsageError as exc:
         print(f"{PROG}: usage error: {printable(str(exc))}", file=sys.stderr)
         return 2
@@ -202,30 +285,30 @@ def exit_now(status: int) -> NoReturn:
     takes a tenth of a second or more after a big step). By now every step folder is
     committed and fsynced and every thread pool of the stages is joined (the head start
     may still be on a file no step read); only the output streams may hold text, and they
-    are flushed first."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BrokenPipeError:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
-            status = status or 1
+    are flushed first (`streams.KeptStream`: a stream that went away drops it)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The program (`rollout-shards`). Called with `argv` it returns the exit status (tests,
-    other Python code); as the program itself (no `argv`) it exits when done."""
-    tune_process()
-    args = parser().parse_args(argv)
-    head_start = None
-    # a build on a Ray cluster reads its files there: the head start would read them here
-    on_ray = getattr(args, "ray_address", None) is not None
-    if args.command in ("build", "validate") and on("head_start") and not on_ray:
-        head_start = HeadStart(args.inputs)
-        args.early_digests = head_start.digest
-    status = _run(args, head_start)
+    other Python code); as the program itself (no `argv`) it exits when done. Output that
+    cannot be written (a closed stdout, a reader gone) is dropped and changes nothing else."""
     if argv is None:
-        exit_now(status)
+        program_streams_and_signals()
+    tune_process()
+    with kept_streams():
+        args = parser().parse_args(argv)
+        head_start = None
+        # a build on a Ray cluster reads its files there: the head start would read them here
+        on_ray = getattr(args, "ray_address", None) is not None
+        if args.command in ("build", "validate") and on("head_start") and not on_ray:
+            head_start = HeadStart(args.inputs)
+            args.early_digests = head_start.digest
+        status = _run(args, head_start, program=argv is None)
+        if argv is None:
+            exit_now(status)
     return status
 
 

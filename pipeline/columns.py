@@ -259,7 +259,10 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(PROMPT, "the prompt, kept in the quarantine table", input=pl.String(), optional=True),
     Column(
-        METADATA, "sample metadata, kept in the quarantine table", input=pl.String(), optional=True
+        METADATA,
+        "sample metadata, kept in the quarantine table (slime: its source_name)",
+        input=pl.String(),
+        optional=True,
     ),
     Column(RANK, "data-parallel rank whose file holds the row", shard=pl.Int32()),
 )
@@ -339,6 +342,7 @@ METADATA_OBJECT = "_metadata_object"
 LOG_PROBS_FINITE = "_log_probs_finite"  # every rollout and teacher log prob finite
 TRAJECTORY_SIZE = "_trajectory_size"
 ROLLOUT_KEY = "_rollout_key"
+SOURCE_NAME = "_source_name"  # metadata's "source_name" (slime's `get_source`)
 REWARD_VALUE = "_reward"
 GROUP = "_group"
 ROLLOUT_REWARD = "_r"

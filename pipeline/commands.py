@@ -53,7 +53,7 @@ ROWS_ONLY = (
     "no global_batch_size given (--global-batch-size, --config, or rollout-shards.yaml in "
     "the input root): the row and file rules are checked; give --global-batch-size "
     "(and --dp-size and the other batch settings) to check trimming, the batch layout and "
-    "the ranks too"
+    "the ranks too; build needs it"
 )
 
 
@@ -220,7 +220,7 @@ def skipped_files(skipped: Sequence[Path], step: int) -> list[str]:
     this step (in any case), and those naming no step at all."""
     kept = []
     for path in skipped:
-        named = re.findall(r"(?i)step=(\d+)", str(path))
+        named = re.findall(r"(?i)step=([0-9]+)", str(path))
         if not named or int(named[-1]) == step:
             kept.append(str(path))
     return kept
@@ -243,13 +243,25 @@ def run_build(args: argparse.Namespace) -> int:
     return 0 if all(built) else 1
 
 
+def _all_but_the_batch_size(values: dict[str, Any]) -> None:
+    """Check the settings given as `build` does but for the missing global batch size (a
+    stand-in of dp_size keeps it from being the problem): `validate` that checks the rows
+    alone still refuses every setting `build` would refuse beside it."""
+    dp_size = values.get("dp_size", 1)
+    stand_in = dp_size if type(dp_size) is int and dp_size >= 1 else 1
+    make_settings({**values, "global_batch_size": stand_in})
+
+
 def run_validate(args: argparse.Namespace) -> int:
     _inputs_exist(args.inputs)
     values = _setting_values(args)
     settings: Settings | RowSettings
-    if "global_batch_size" in values:
+    # miles' batch is checked once its global batch size is given; another trainer's
+    # settings are checked whole (its profile names any missing)
+    if "global_batch_size" in values or values.get("trainer", "miles") != "miles":
         settings = make_settings(values)
     else:
+        _all_but_the_batch_size(values)
         settings = make_row_settings(values)
         print(f"{PROG}: note: {ROWS_ONLY}", file=sys.stderr)
     report: list[dict[str, Any]] = []
@@ -313,6 +325,8 @@ def run_metrics(args: argparse.Namespace) -> int:
 
     if args.tensorboard is None and args.jsonl is None:
         raise UsageError("metrics: give --tensorboard DIR, --jsonl FILE or both")
+    jsonl = None if args.jsonl in (None, "-") else Path(args.jsonl)
+    metrics_export.check_targets(args.tensorboard, jsonl)
     steps = metrics_export.root_metrics(args.root)
     written = []
     if args.tensorboard is not None:

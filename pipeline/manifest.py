@@ -68,11 +68,23 @@ def _reader(cls: type) -> TypeAdapter[Any]:
 
 @dataclass
 class InputFile(_Record):
-    """One input file of the step, in batch order."""
+    """One input file of the step, in batch order; `path` as `input_path` records it."""
 
     path: str
     sha256: str
     rows: int
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> InputFile:
+        """The manifest's record of a read file (`path`, `sha256`, `rows`)."""
+        return cls(path=input_path(record["path"]), sha256=record["sha256"], rows=record["rows"])
+
+
+def input_path(path: str | Path) -> str:
+    """An input's path as a manifest records it and the rerun check compares it: absolute,
+    symbolic links resolved, so that the same file is the same input whatever the working
+    folder it was named from (`my/rollouts` from one folder, `rollouts` from `my/`)."""
+    return str(Path(path).resolve())
 
 
 @dataclass
@@ -163,8 +175,11 @@ class Manifest(_Record):
 
     @classmethod
     def read(cls, path: Path) -> Manifest | None:
-        """The manifest at `path`; None when it is missing, unreadable or of another shape."""
+        """The manifest at `path`; None when it is missing, unreadable, not a regular file
+        (a FIFO there is never waited on) or of another shape."""
+        from pipeline.io.regular import read_regular
+
         try:
-            return cls.from_json(path.read_bytes())
+            return cls.from_json(read_regular(path))
         except (OSError, ValueError):
             return None

@@ -15,12 +15,14 @@ import json
 import math
 import os
 import secrets
+import stat
 import struct
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.io.discovery import STEP_FOLDER
+from pipeline.io.regular import kind_of, read_regular
 from pipeline.manifest import Manifest
 from pipeline.transforms.metrics import STEP
 
@@ -66,7 +68,7 @@ def root_metrics(root: Path) -> list[StepMetrics]:
     for folder in _step_folders(root):
         path = folder / MANIFEST
         try:
-            manifest = Manifest.from_json(path.read_bytes())
+            manifest = Manifest.from_json(read_regular(path))
             wall_time = path.stat().st_mtime
         except (OSError, ValueError) as exc:
             violation = Violation(
@@ -201,14 +203,40 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def _not_replaceable(path: Path) -> str | None:
+    """What is at `path` when it is neither nothing nor a regular file ("a FIFO"): a rename
+    over a device node or a FIFO (`--jsonl /dev/null`) would put a plain file in its place."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    return None if stat.S_ISREG(mode) else kind_of(mode)
+
+
+def check_targets(tensorboard: Path | None, jsonl: Path | None) -> None:
+    """Refuse, before anything is written, a target that is not a folder (--tensorboard)
+    or whose file is not a regular file."""
+    if tensorboard is not None:
+        if tensorboard.exists() and not tensorboard.is_dir():
+            what = kind_of(os.stat(tensorboard).st_mode)
+            raise UsageError(f"--tensorboard {tensorboard} is {what}, not a folder")
+        path = tensorboard / EVENTS_FILE
+        if (kind := _not_replaceable(path)) is not None:
+            raise UsageError(f"--tensorboard {tensorboard}: {path} is {kind}, not a regular file")
+    if jsonl is not None and (kind := _not_replaceable(jsonl)) is not None:
+        raise UsageError(
+            f"--jsonl {jsonl} is {kind}, not a regular file: give a file to write, or - for stdout"
+        )
+
+
 def write_jsonl(steps: Sequence[StepMetrics], path: Path) -> None:
+    check_targets(None, path)
     _write_atomic(path, jsonl_text(steps).encode())
 
 
 def write_tensorboard(steps: Sequence[StepMetrics], folder: Path) -> Path:
     """Write the event file into `folder` (a TensorBoard run); its path."""
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"--tensorboard {folder} is a file, not a folder")
+    check_targets(folder, None)
     path = folder / EVENTS_FILE
     _write_atomic(path, events_bytes(steps))
     return path

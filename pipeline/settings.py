@@ -22,14 +22,23 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pipeline.errors import UsageError
 from pipeline.miles_flags import FIELDS as MILES_FIELDS
-from pipeline.miles_flags import MilesFlags, derived_global_batch_size
+from pipeline.miles_flags import MilesFlags, NonNegative, derived_global_batch_size
+from pipeline.settings_files import DATA_SETTINGS as DATA_SETTINGS
+from pipeline.settings_files import DISABLE_FLAGS as DISABLE_FLAGS
+from pipeline.settings_files import data_settings_files as data_settings_files
+from pipeline.settings_files import read_config as read_config
+from pipeline.settings_files import setting_values as setting_values
+from pipeline.verl_settings import FIELDS as VERL_FIELDS
+from pipeline.verl_settings import VerlSettings
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
     from pydantic_core import ErrorDetails
 
-Estimator = Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
-NORMALIZING_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
+Estimator = Literal[
+    "grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
+]
+NORMALIZING_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 
 
 class _Count:
@@ -40,20 +49,17 @@ COUNT = _Count()
 Count = Annotated[int, COUNT]
 
 
-class _Size:
-    """The mark of a size: an integer of at least 0, never a bool, a float or a text."""
-
-
-SIZE = _Size()
-Size = Annotated[int, SIZE]
-
-
-def _setting(description: str, default: Any = dataclasses.MISSING, recorded: bool = True) -> Any:
+def _setting(
+    description: str,
+    default: Any = dataclasses.MISSING,
+    recorded: bool = True,
+    trainer: str | None = None,
+) -> Any:
     """A field of the settings; `recorded=False`: a run option that does not change what is
-    built (not in the manifest, not in the rerun digests)."""
-    return dataclasses.field(
-        default=default, metadata={"description": description, "recorded": recorded}
-    )
+    built (not in the manifest, not in the rerun digests); `trainer`: a setting of that
+    trainer alone, named after its own configuration key."""
+    metadata = {"description": description, "recorded": recorded, "trainer": trainer}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 class SettingsError(ValueError):
@@ -62,7 +68,7 @@ class SettingsError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Settings(MilesFlags):
+class Settings(MilesFlags, VerlSettings):
     """Effective settings of one build; shared by the CLI, the Dagster run config and tests.
 
     Checked when made: each value against its field's type (integers strictly, booleans
@@ -118,7 +124,7 @@ class Settings(MilesFlags):
     require_success_marker: bool = _setting(
         "Read a step folder only once its producer wrote step=<N>/_SUCCESS.", False
     )
-    stream_above: Size | None = _setting(
+    stream_above: NonNegative | None = _setting(
         "MiB of input files on disk above which a step holds its per-token lists one part "
         "or one rank at a time (0: every step; null: never).",
         256,
@@ -167,10 +173,16 @@ class Settings(MilesFlags):
         return {f.name: getattr(self, f.name) for f in _fields()}
 
     def to_dict(self) -> dict[str, Any]:
-        """Every recorded setting by name, as JSON values (the manifest's `settings`): the
-        run options, which change no output byte, are left out."""
+        """Every recorded setting of this trainer by name, as JSON values (the manifest's
+        `settings`): the run options, which change no output byte, and the settings of
+        other trainers are left out."""
+        from pipeline import trainers
+
+        read = trainers.profile(self.trainer).settings
         return {
-            f.name: getattr(self, f.name) for f in _fields() if f.metadata.get("recorded", True)
+            f.name: getattr(self, f.name)
+            for f in _fields()
+            if f.metadata.get("recorded", True) and (f.name in COMMON_SETTINGS or f.name in read)
         }
 
     def to_json(self) -> str:
@@ -194,6 +206,7 @@ class RowSettings:
     """The settings of `Settings` that reading and validating rows needs (`validate` without
     a global batch size checks the rows alone); the fields are `Settings`' own."""
 
+    trainer: str = _as_in_settings("trainer")
     advantage_estimator: Estimator = _as_in_settings("advantage_estimator")
     rewards_normalization: bool = _as_in_settings("rewards_normalization")
     reward_key: str | None = _as_in_settings("reward_key")
@@ -217,15 +230,16 @@ Model = type
 @functools.cache
 def _fields() -> tuple[dataclasses.Field[Any], ...]:
     """The fields of `Settings` in the contract's order: its own, then miles' data-path
-    flags (`pipeline.miles_flags`, a base class, whose fields dataclasses list first)."""
+    flags (`pipeline.miles_flags`), then verl's (`pipeline.verl_settings`): base classes,
+    whose fields dataclasses list first."""
     fields = dataclasses.fields(Settings)
-    return tuple(sorted(fields, key=lambda f: f.name in MILES_FIELDS))
+    return tuple(sorted(fields, key=lambda f: (f.name in VERL_FIELDS, f.name in MILES_FIELDS)))
 
 
 def _minimum(kind: Any) -> int:
     """The least value of a marked integer (a count: 1)."""
     mark = typing.get_args(kind)[1]
-    return 0 if mark is SIZE else int(getattr(mark, "value", 1))
+    return int(getattr(mark, "value", 1))
 
 
 @functools.cache
@@ -321,6 +335,33 @@ COMMON_SETTINGS = frozenset(
 )
 
 
+def trainer_settings(trainer: str) -> frozenset[str]:
+    """The settings marked as `trainer`'s alone (named after its configuration keys)."""
+    return frozenset(
+        f.name for f in dataclasses.fields(Settings) if f.metadata.get("trainer") == trainer
+    )
+
+
+def valued_booleans() -> frozenset[str]:
+    """Boolean settings named after another trainer's configuration key, given on the
+    command line with a value as there (`--balance-batch false`), not as a bare flag."""
+    kinds = setting_types()
+    return frozenset(
+        f.name
+        for f in dataclasses.fields(Settings)
+        if f.metadata.get("trainer") is not None and kinds[f.name] is bool
+    )
+
+
+def shared_settings() -> frozenset[str]:
+    """The settings of no one trainer and not common: miles' flags, which slime shares."""
+    return frozenset(
+        f.name
+        for f in dataclasses.fields(Settings)
+        if f.metadata.get("trainer") is None and f.name not in COMMON_SETTINGS
+    )
+
+
 def _plain(kind: Any) -> Any:
     """A field's type without its mark: `int | None` of `Count | None`."""
     if typing.get_origin(kind) is Annotated:
@@ -401,50 +442,6 @@ def batch_inconsistency(s: Settings) -> str | None:
     return None
 
 
-# Boolean settings that default to on are turned off by a miles-style --disable-* flag.
-DISABLE_FLAGS = {
-    "rewards_normalization": "disable_rewards_normalization",
-    "grpo_std_normalization": "disable_grpo_std_normalization",
-}
-
-
-def read_config(path: str | Path | None) -> dict[str, Any]:
-    """Settings from a YAML file (a mapping of setting names), or {} without one."""
-    if path is None:
-        return {}
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise UsageError(f"cannot read config {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError:
-        raise UsageError(f"config {path} is not a text (UTF-8) YAML file") from None
-    from pipeline.yaml_config import ConfigError, load_mapping
-
-    try:
-        data = load_mapping(text)
-    except ConfigError as exc:
-        raise UsageError(f"config {path}{exc}") from None
-    for setting, flag in DISABLE_FLAGS.items():
-        if flag not in data:
-            continue
-        if setting in data:
-            raise UsageError(f"config {path} sets both {setting} and {flag}: keep one")
-        data[setting] = not _boolean(flag, data.pop(flag))
-    return data
-
-
-def _boolean(flag: str, value: Any) -> bool:
-    """A --disable-* flag's value in a settings file, read as a boolean setting is."""
-    if type(value) is bool:
-        return value
-    from pydantic import TypeAdapter, ValidationError
-
-    try:
-        return TypeAdapter(bool).validate_python(value)
-    except ValidationError as exc:
-        raise UsageError(f"invalid settings: {flag}: {exc.errors()[0]['msg']}") from None
-
-
 def make_settings(values: Mapping[str, Any]) -> Settings:
     """Settings from plain values (files, flags, run config); a usage error names every
     problem: missing, unknown or mistyped settings first, else the first inconsistency."""
@@ -454,39 +451,6 @@ def make_settings(values: Mapping[str, Any]) -> Settings:
         return Settings(**_checked(Settings, values))
     except SettingsError as exc:
         raise UsageError(f"invalid settings: {exc}") from None
-
-
-# An input root may carry the settings its data was written for; they rank below
-# --config and flags.
-DATA_SETTINGS = "rollout-shards.yaml"
-
-
-def data_settings_files(inputs: Sequence[str | Path]) -> list[Path]:
-    """The settings file of each input's root: an input root holds it; a step file or
-    folder given alone finds the one of the root it sits in (`root/step=<N>.parquet`,
-    `root/step=<N>/part.jsonl`)."""
-    found: list[Path] = []
-    for raw in inputs:
-        path = Path(raw)
-        root = path if path.is_dir() else path.parent
-        if root.name.lower().startswith("step=") and not (root / DATA_SETTINGS).is_file():
-            root = root.parent
-        if (root / DATA_SETTINGS).is_file() and root / DATA_SETTINGS not in found:
-            found.append(root / DATA_SETTINGS)
-    return found
-
-
-def setting_values(
-    config: str | Path | None = None, data_configs: Sequence[Path] = (), **overrides: Any
-) -> dict[str, Any]:
-    """The settings given: beside the data, then the YAML file, then explicit overrides
-    (flags or run config), each above the one before."""
-    values: dict[str, Any] = {}
-    for path in data_configs:
-        values.update(read_config(path))
-    values.update(read_config(config))
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return values
 
 
 def load_settings(

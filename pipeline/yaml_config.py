@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
+
+from pipeline.io.regular import read_regular
 
 # A settings file is a mapping of names to scalars; a list or mapping under a setting is
 # read (and refused by the settings' own types), but no deeper than this.
@@ -45,6 +48,19 @@ _LONGEST_NUMBER = 40
 class ConfigError(ValueError):
     """A settings file that is not read: the text follows `config <path>` (it starts with a
     space or a comma)."""
+
+
+def read_text(path: Path) -> str:
+    """A settings file's text: a regular file of UTF-8 (a FIFO or a device there would
+    block the read or never end it)."""
+    try:
+        data = read_regular(path)
+    except OSError as exc:
+        raise ConfigError(f" cannot be read: {exc.strerror or exc}") from None
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise ConfigError(" is not a text (UTF-8) YAML file") from None
 
 
 def setting_name(name: object) -> str:

@@ -6,8 +6,14 @@ checked against it (differential tests) and benchmarked against it (bench/miles_
 
 Scope: compact detection, trimming, the dynamic global batch size, every shard column,
 reward normalization with torch's float32 arithmetic, and the strided data-parallel
-split. Not here: `balance_data`, the rollout-side schedule (SEMANTICS 7), the rollout-id
-schema rule, quarantine.
+split; per sample also a row's forward FLOPs (`balance_by_flops`, SEMANTICS 7.7) and the
+prompt groups the weight-staleness budget sets aside (3.2). Not here: `balance_data`, the
+rollout-side schedule (SEMANTICS 7), the rollout-id schema rule, quarantine.
+
+The last section is slime's conversion (docs/slime.md), whole: positional rewards,
+the rollout-id fill, slime's schedule with its FLOPs estimate, and each rank's dict
+(`slime_rank_dicts`), which tests/loader/test_slime_reference.py compares with slime's own
+code.
 """
 
 from __future__ import annotations
@@ -673,3 +679,532 @@ def stale_groups(rows: list[Row], step: int, budget: int) -> list[Any]:
         for group, version in oldest.items()
         if version is not None and step - version > budget
     ]
+
+
+# --- slime (THUDM/slime at the pinned commit): rows -> the rank dicts its trainer holds --
+#
+# Written from reading slime's `RolloutManager` (`_get_rollout_data`,
+# `_convert_samples_to_train_data`, `_post_process_rewards`, `_split_train_data_by_dp`),
+# `slime/utils/dp_schedule.py`, `slime/utils/seqlen_balancing.py`,
+# `slime/utils/flops_utils.py` and `slime/utils/data.py:process_rollout_data`; none of it is
+# imported. Tensors are `SlimeTensor(dtype, values)`, dtype named as torch names it.
+
+SLIME_DEFAULTS: dict[str, Any] = {
+    "global_batch_size": None,
+    "rollout_batch_size": None,
+    "n_samples_per_prompt": 1,
+    "advantage_estimator": "grpo",
+    "rewards_normalization": True,
+    "grpo_std_normalization": True,
+    "reward_key": None,
+    "micro_batch_size": 1,
+    "use_dynamic_batch_size": False,
+    "max_tokens_per_gpu": None,
+    "balance_data": False,
+    "balance_by_flops": False,
+    "dp_size": 1,
+    "cp_size": 1,
+    "vpp_size": 1,
+    "microbatch_group_size_per_vp_stage": 1,
+    "num_experts": None,
+    "moe_shared_expert_intermediate_size": None,
+}
+SLIME_NORMALIZED = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
+SLIME_STD = ("grpo", "gspo", "cispo")
+# per-row keys in the order slime's `_split_train_data_by_dp` gathers them
+SLIME_ROW_KEYS = (
+    "tokens",
+    "response_lengths",
+    "rewards",
+    "truncated",
+    "loss_masks",
+    "round_number",
+    "sample_indices",
+    "rollout_ids",
+    "rollout_mask_sums",
+    "rollout_log_probs",
+    "source_names",
+    "teacher_log_probs",
+)
+
+
+class SlimeTensor(tuple):  # type: ignore[type-arg]
+    """A tensor slime's trainer would hold: (dtype name, values as Python numbers)."""
+
+    def __new__(cls, dtype: str, values: list[Any]) -> SlimeTensor:
+        return super().__new__(cls, (dtype, values))
+
+
+def slime_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    merged = {**SLIME_DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
+    if merged["balance_by_flops"]:
+        if not merged["use_dynamic_batch_size"]:
+            raise ValueError("--balance-by-flops requires --use-dynamic-batch-size")
+        merged["balance_data"] = True
+    if merged["use_dynamic_batch_size"] and merged["max_tokens_per_gpu"] is None:
+        raise ValueError("max_tokens_per_gpu must be set when use_dynamic_batch_size is set")
+    if merged["n_samples_per_prompt"] == 1:
+        merged["grpo_std_normalization"] = False
+    return merged
+
+
+def check_slime_rollout_ids(rows: list[Row]) -> None:
+    """slime's `validate_rollout_id_annotated` on the table: the leaves of one generate
+    call (rows sharing `index`) that are several must all carry one `rollout_id`."""
+    calls: dict[int, list[int]] = {}
+    for position, row in enumerate(rows):
+        calls.setdefault(row["index"], []).append(position)
+    for positions in calls.values():
+        if len(positions) < 2:
+            continue
+        ids = [rows[p].get("rollout_id") for p in positions]
+        if any(i is None for i in ids):
+            raise ValueError(f"rows {positions}: a multi-leaf call with rollout_id unset")
+        if len(set(ids)) != 1:
+            raise ValueError(f"rows {positions}: siblings with rollout ids {ids}")
+
+
+def torch_welford_std(values: Sequence[np.float32]) -> np.float32:
+    """`t.std(dim=-1)` on the CPU for one row: Welford in float64, value by value, Bessel's
+    correction, the square root in float64 rounded to float32 (NaN for one value)."""
+    mean = 0.0
+    m2 = 0.0
+    for n, value in enumerate(values, start=1):
+        x = float(value)
+        delta = x - mean
+        mean = mean + delta / float(n)
+        m2 = m2 + delta * (x - mean)
+    divisor = len(values) - 1
+    if divisor <= 0:
+        return np.float32(math.nan)
+    return np.float32(math.sqrt(m2 / divisor))
+
+
+def slime_rewards(rows: list[Row], s: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """(raw rewards, rewards) as `_post_process_rewards` returns them: groups by position
+    (n_samples_per_prompt consecutive rows when the batch is n * rollout_batch_size rows,
+    else one group), float32 arithmetic, std + 1e-6 with no zero-std special case."""
+    key = s["reward_key"]
+    raw = [row["reward"][key] if key else row["reward"] for row in rows]
+    if not (s["advantage_estimator"] in SLIME_NORMALIZED and s["rewards_normalization"]):
+        return raw, raw
+    n = s["n_samples_per_prompt"]
+    width = n if len(rows) == n * s["rollout_batch_size"] else len(rows)
+    out: list[float] = []
+    for start in range(0, len(rows), width):
+        group = [np.float32(v) for v in raw[start : start + width]]
+        mean = torch_f32_mean(group)
+        centered = [np.float32(v - mean) for v in group]
+        if s["advantage_estimator"] in SLIME_STD and s["grpo_std_normalization"]:
+            denominator = np.float32(torch_welford_std(centered) + np.float32(1e-6))
+            centered = [np.float32(v / denominator) for v in centered]
+        out.extend(float(v) for v in centered)
+    return raw, out
+
+
+def fill_rollout_ids(ids: list[int | None]) -> list[int]:
+    """Each missing id becomes the smallest integer not yet used, in batch order."""
+    used = {i for i in ids if i is not None}
+    filled: list[int] = []
+    candidate = 0
+    for rollout_id in ids:
+        if rollout_id is None:
+            while candidate in used:
+                candidate += 1
+            used.add(candidate)
+            rollout_id = candidate
+        filled.append(rollout_id)
+    return filled
+
+
+def slime_source_name(row: Row) -> Any:
+    import json
+
+    metadata = json.loads(row["metadata"]) if row.get("metadata") is not None else {}
+    return metadata.get("source_name") or "unknown"
+
+
+def slime_train_data(rows: list[Row], s: dict[str, Any]) -> dict[str, list[Any]]:
+    """The batch as `_convert_samples_to_train_data` leaves it."""
+    check_slime_rollout_ids(rows)
+    raw, rewards = slime_rewards(rows, s)
+    masks = []
+    for row in rows:
+        mask = row.get("loss_mask")
+        mask = [1] * row["response_length"] if mask is None else list(mask)
+        if len(mask) != row["response_length"]:
+            raise ValueError("loss mask length != response length")
+        masks.append([0] * row["response_length"] if row.get("remove_sample") else mask)
+    ids = fill_rollout_ids([row.get("rollout_id") for row in rows])
+    totals: dict[int, int] = {}
+    for rollout_id, mask in zip(ids, masks, strict=True):
+        totals[rollout_id] = totals.get(rollout_id, 0) + sum(mask)
+    data: dict[str, list[Any]] = {
+        "tokens": [list(row["tokens"]) for row in rows],
+        "response_lengths": [row["response_length"] for row in rows],
+        "rewards": rewards,
+        "raw_reward": raw,
+        "truncated": [1 if row["status"] == "truncated" else 0 for row in rows],
+        "sample_indices": [row["index"] for row in rows],
+        "rollout_ids": ids,
+        "loss_masks": masks,
+        "rollout_mask_sums": [totals[i] for i in ids],
+    }
+    if any(row.get("raw_reward") is not None for row in rows):
+        data["raw_reward"] = [
+            row["raw_reward"] if row.get("raw_reward") is not None else row["reward"]
+            for row in rows
+        ]
+    for column, key in (
+        ("round_number", "round_number"),
+        ("rollout_log_probs", "rollout_log_probs"),
+        ("teacher_log_probs", "teacher_log_probs"),
+    ):
+        if rows[0].get(column) is not None:
+            data[key] = [row[column] for row in rows]
+    data["source_names"] = [slime_source_name(row) for row in rows]
+    return data
+
+
+def slime_fwd_flops(length: int, s: dict[str, Any]) -> float:
+    """One sample's forward FLOPs as `calculate_fwd_flops([length], args)` estimates them
+    (standard attention, no multi-latent attention), in its order of operations."""
+    h, heads, groups = s["hidden_size"], s["num_attention_heads"], s["num_query_groups"]
+    kv = s["kv_channels"]
+
+    def layer(ffn: int) -> Any:
+        qkv = 2 * length * h * heads * kv + 2 * 2 * length * h * groups * kv
+        attention = 2 * heads * length * length * kv / 2
+        attention += heads * length * length * kv
+        return qkv + attention + 2 * length * h * h + 2 * length * h * ffn * 3
+
+    if s["num_experts"] is None:
+        dense, moe, moe_ffn = s["num_layers"], 0, 0
+    else:
+        shared = s["moe_shared_expert_intermediate_size"] or 0
+        dense, moe = 0, s["num_layers"]  # Megatron's moe_layer_freq 1: every layer
+        moe_ffn = s["moe_ffn_hidden_size"] * s["moe_router_topk"] + shared
+    total: Any = 0
+    if dense:
+        total += layer(s["ffn_hidden_size"]) * dense
+    if moe:
+        total += layer(moe_ffn) * moe
+    return total + 2 * length * h * s["vocab_size"]
+
+
+def largest_differencing(values: list[Any], k: int, equal_size: bool) -> list[list[int]]:
+    """Karmarkar-Karp as SEMANTICS 7.3 states it, each partition sorted ascending."""
+    if len(values) < k:
+        raise ValueError(f"{len(values)} items for {k} partitions")
+
+    def ordered(sets: list[tuple[Any, list[tuple[int, Any]]]]) -> list[Any]:
+        return sorted(sets, key=lambda st: (st[0], len(st[1]), st[1]), reverse=True)
+
+    items = sorted((v, i) for i, v in enumerate(values))
+    if equal_size:
+        if len(values) % k:
+            raise ValueError(f"{len(values)} items do not split into {k} equal parts")
+        chunks = [items[o : o + k] for o in range(0, len(items), k)]
+    else:
+        chunks = [[item] for item in items]
+    states = []
+    for chunk in chunks:
+        sets: list[tuple[Any, list[tuple[int, Any]]]] = [(0, []) for _ in range(k)]
+        for slot, (v, i) in enumerate(chunk):
+            sets[slot] = (v, [(i, v)])
+        states.append(ordered(sets))
+
+    def pop_first(pool: list[list[Any]]) -> list[Any]:
+        def rank(st: list[Any]) -> tuple[Any, ...]:
+            return (st[0][0] - st[-1][0], st[0][0], len(st[0][1]), st[0][1])
+
+        best = max(range(len(pool)), key=lambda j: rank(pool[j]))
+        return pool.pop(best)
+
+    while len(states) > 1:
+        a = pop_first(states)
+        b = pop_first(states)
+        merged = []
+        for j in range(k):
+            total, items = a[j][0], list(a[j][1])
+            for i, v in b[k - 1 - j][1]:  # slime adds the items one by one
+                items.append((i, v))
+                total += v
+            merged.append((total, items))
+        states.append(ordered(merged))
+    parts = [sorted(i for i, _ in st[1]) for st in states[0]]
+    if any(not p for p in parts):
+        raise ValueError("an empty partition")
+    return parts
+
+
+def first_fit(lengths: list[int], cap: int) -> list[list[int]]:
+    """Rows in order, each into the first bin it fits in (slime packs without sorting)."""
+    bins: list[list[int]] = []
+    sums: list[int] = []
+    for i, length in enumerate(lengths):
+        for j in range(len(bins)):
+            if sums[j] + length <= cap:
+                bins[j].append(i)
+                sums[j] += length
+                break
+        else:
+            bins.append([i])
+            sums.append(length)
+    return bins
+
+
+def split_until(bins: list[list[int]], target: int, lengths: list[int]) -> None:
+    """Split the heaviest bin of two or more rows (ties: the later bin) into two halves,
+    rows by length descending each to the lighter half, until `target` bins."""
+    while len(bins) < target:
+        heavy = [(sum(lengths[i] for i in b), j) for j, b in enumerate(bins) if len(b) > 1]
+        if not heavy:
+            return
+        _, j = max(heavy)
+        halves: list[list[int]] = [[], []]
+        sums = [0, 0]
+        for i in sorted(bins[j], key=lambda i: -lengths[i]):
+            side = 0 if sums[0] <= sums[1] else 1
+            halves[side].append(i)
+            sums[side] += lengths[i]
+        bins[j] = halves[0]
+        bins.append(halves[1])
+
+
+def slime_schedule(
+    lengths: list[int], ids: list[int], s: dict[str, Any]
+) -> tuple[list[list[int]], list[list[list[int]]], list[int], list[int]]:
+    """(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)."""
+    dp, gbs = s["dp_size"], s["global_batch_size"]
+    align = dp * (s["microbatch_group_size_per_vp_stage"] if s["vpp_size"] > 1 else 1)
+    cap = s["max_tokens_per_gpu"] * s["cp_size"] if s["use_dynamic_batch_size"] else None
+    rollouts: dict[int, list[int]] = {}
+    for position, rollout_id in enumerate(ids):
+        rollouts.setdefault(rollout_id, []).append(position)
+    order = list(rollouts)
+    steps = len(order) // gbs
+    if steps < 1:
+        raise ValueError(f"{len(order)} rollouts < global_batch_size {gbs}")
+    partitions: list[list[int]] = [[] for _ in range(dp)]
+    micro: list[list[list[int]]] = [[] for _ in range(dp)]
+    counts: list[int] = []
+    for step in range(steps):
+        rows = [p for rid in order[step * gbs : (step + 1) * gbs] for p in rollouts[rid]]
+        step_lengths = [lengths[p] for p in rows]
+        if len(rows) < dp:
+            raise ValueError(f"step {step}: {len(rows)} rows < dp {dp}")
+        if cap is None:
+            size = s["micro_batch_size"]
+            bins = [list(range(i, min(i + size, len(rows)))) for i in range(0, len(rows), size)]
+        elif s["balance_by_flops"]:
+            wanted = max(1, (sum(step_lengths) + cap - 1) // cap)
+            if wanted >= len(rows):
+                bins = [[i] for i in range(len(rows))]
+            else:
+                flops = [slime_fwd_flops(n, s) for n in step_lengths]
+                bins = largest_differencing(flops, wanted, equal_size=False)
+        else:
+            bins = first_fit(step_lengths, cap)
+        target = max(-(-len(bins) // align) * align, align)
+        if target != len(bins):
+            if cap is None:
+                raise ValueError(f"static: {len(bins)} micro-batches not a multiple of {align}")
+            split_until(bins, target, step_lengths)
+            if len(bins) != target:
+                raise ValueError(f"dynamic: {len(bins)} micro-batches, need {target}")
+        counts.append(len(bins) // dp)
+        if s["balance_data"]:
+            flops = [slime_fwd_flops(n, s) for n in step_lengths]
+            weights = [sum(flops[i] for i in b) for b in bins]
+            owners = largest_differencing(weights, dp, equal_size=True)
+        else:
+            owners = [list(range(r, len(bins), dp)) for r in range(dp)]
+        for r in range(dp):
+            for b in owners[r]:
+                start = len(partitions[r])
+                partitions[r].extend(rows[i] for i in bins[b])
+                micro[r].append(list(range(start, start + len(bins[b]))))
+    return partitions, micro, counts, [gbs] * steps
+
+
+def slime_rank_dicts(rows: list[Row], settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each rank's dict after slime's `process_rollout_data`."""
+    s = slime_settings(settings)
+    data = slime_train_data(rows, s)
+    lengths = [len(t) for t in data["tokens"]]
+    partitions, micro, counts, sizes = slime_schedule(lengths, data["rollout_ids"], s)
+    tensors = {
+        "tokens": "torch.int64",
+        "loss_masks": "torch.int32",
+        "rollout_log_probs": "torch.float32",
+        "teacher_log_probs": "torch.float32",
+    }
+    out = []
+    for r, partition in enumerate(partitions):
+        shard: dict[str, Any] = {"partition": partition}
+        for key in SLIME_ROW_KEYS:
+            if key not in data:
+                continue
+            values = [data[key][j] for j in partition]
+            if key in tensors:
+                if key.endswith("log_probs"):
+                    values = [[float(np.float32(x)) for x in v] for v in values]
+                values = [SlimeTensor(tensors[key], v) for v in values]
+            elif key == "rollout_mask_sums":
+                values = SlimeTensor("torch.float32", [float(v) for v in values])
+            shard[key] = values
+        shard["raw_reward"] = data["raw_reward"]
+        shard["total_lengths"] = [lengths[j] for j in partition]
+        shard["global_batch_sizes"] = sizes
+        shard["num_microbatches"] = counts
+        shard["micro_batch_indices"] = micro[r]
+        shard["local_raw_reward"] = [data["raw_reward"][j] for j in partition]
+        out.append(shard)
+    return out
+
+
+# --- verl 0.9.1 (RayPPOTrainer.fit, GRPO): the DataProto each data-parallel rank gets ---
+#
+# From reading verl/experimental/agent_loop/agent_loop.py (_agent_loop_postprocess,
+# _postprocess), verl/trainer/ppo/ray_trainer.py (fit, _balance_batch, compute_advantage),
+# verl/utils/seqlen_balancing.py and verl/trainer/ppo/core_algos.py
+# (compute_grpo_outcome_advantage). One dict per sample, numpy at the end.
+
+VERL_EPSILON = np.float32(1e-6)
+
+
+def verl_padded_sample(row: Row, settings: dict[str, Any]) -> dict[str, Any]:
+    """One sample as the agent loop pads it: the prompt left-padded to max_prompt_length,
+    the response right-padded to max_response_length, the score at the last response
+    token (the last column when the response is empty)."""
+    pad = settings["pad_token_id"]
+    max_prompt, max_response = settings["max_prompt_length"], settings["max_response_length"]
+    tokens, length = list(row["tokens"]), row["response_length"]
+    prompt, response = tokens[: len(tokens) - length], tokens[len(tokens) - length :]
+    mask = [1] * length if row.get("loss_mask") is None else list(row["loss_mask"])
+    prompt_pad, response_pad = max_prompt - len(prompt), max_response - length
+    attention = [0] * prompt_pad + [1] * len(prompt) + [1] * length + [0] * response_pad
+    positions, seen = [], 0
+    for a in attention:
+        seen += a
+        positions.append(max(seen - 1, 0))
+    scores = [np.float32(0.0)] * max_response
+    scores[(length - 1) % max_response] = np.float32(row["reward"])
+    out: dict[str, Any] = {
+        "prompts": [pad] * prompt_pad + prompt,
+        "responses": response + [pad] * response_pad,
+        "response_mask": mask + [0] * response_pad,
+        "input_ids": [pad] * prompt_pad + prompt + response + [pad] * response_pad,
+        "attention_mask": attention,
+        "position_ids": positions,
+        "scores": scores,
+        "uid": str(row["group_index"]),
+    }
+    if row.get("rollout_log_probs") is not None:
+        out["rollout_log_probs"] = [np.float32(x) for x in row["rollout_log_probs"]] + [
+            np.float32(0.0)
+        ] * response_pad
+    return out
+
+
+def verl_largest_differencing(values: list[int], k: int) -> list[list[int]]:
+    """verl's karmarkar_karp(equal_size=True): states of k items each (ascending by
+    value, then position), merged largest spread first; sets compare by (sum, size,
+    items); the partitions in the final state's order, each sorted."""
+    ranked = sorted((v, i) for i, v in enumerate(values))
+
+    def sort_sets(sets: list[list[Any]]) -> list[list[Any]]:
+        return sorted(sets, key=lambda s: (s[0], len(s[1]), s[1]), reverse=True)
+
+    states = []
+    for start in range(0, len(ranked), k):
+        sets = [[v, [(i, v)]] for v, i in ranked[start : start + k]]
+        states.append(sort_sets(sets))
+
+    def priority(state: list[list[Any]]) -> tuple[Any, ...]:
+        first = state[0]
+        return (first[0] - state[-1][0], (first[0], len(first[1]), first[1]))
+
+    while len(states) > 1:
+        # pop the largest spread, ties to the larger first set (a min-heap on the inverse)
+        states.sort(key=priority, reverse=True)
+        a, b = states.pop(0), states.pop(0)
+        merged = [[a[i][0] + b[k - 1 - i][0], a[i][1] + b[k - 1 - i][1]] for i in range(k)]
+        states.append(sort_sets(merged))
+    return [sorted(i for i, _ in s[1]) for s in states[0]]
+
+
+def verl_balanced_order(lengths: list[int], dp_size: int) -> list[int]:
+    """_balance_batch's order: partitions of the workload 24576 L + L^2, each sorted by
+    (workload, position) and laid out smallest at both ends."""
+    workload = [24576 * n + n * n for n in lengths]
+    order: list[int] = []
+    for part in verl_largest_differencing(workload, dp_size):
+        part = sorted(part, key=lambda i: (workload[i], i))
+        order.extend(part[::2] + part[1::2][::-1])
+    return order
+
+
+def verl_grpo(samples: list[dict[str, Any]], norm_by_std: bool) -> list[np.float32]:
+    """compute_grpo_outcome_advantage per sample: the score against its uid group's mean
+    (and std), groups of one taken as mean 0 and std 1."""
+    scores = [np.float32(0.0) + np.float32(sum(s["scores"], np.float32(0.0))) for s in samples]
+    groups: dict[str, list[np.float32]] = {}
+    for s, score in zip(samples, scores, strict=True):
+        groups.setdefault(s["uid"], []).append(score)
+    stats = {
+        uid: (np.float32(0.0), np.float32(1.0))
+        if len(values) == 1
+        else (torch_f32_mean(values), torch_f32_std(values))
+        for uid, values in groups.items()
+    }
+    out = []
+    for s, score in zip(samples, scores, strict=True):
+        mean, std = stats[s["uid"]]
+        centered = np.float32(score - mean)
+        out.append(
+            np.float32(centered / np.float32(std + VERL_EPSILON)) if norm_by_std else centered
+        )
+    return out
+
+
+def verl_reference(rows: list[Row], settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per rank: each batch tensor as a numpy array (verl's dtypes), `uid` and
+    `global_token_num`, for a step whose rows come in prompt groups of rollout_n."""
+    dp = settings["dp_size"]
+    samples = [verl_padded_sample(row, settings) for row in rows]
+    lengths = [sum(s["attention_mask"]) for s in samples]
+    order = list(range(len(samples)))
+    if settings["balance_batch"]:
+        order = verl_balanced_order(lengths, dp)
+    samples = [samples[i] for i in order]
+    advantages = verl_grpo(samples, settings["norm_adv_by_std_in_grpo"])
+    per_rank = len(samples) // dp
+    ranks = []
+    for r in range(dp):
+        chosen = range(r * per_rank, (r + 1) * per_rank)
+        batch: dict[str, Any] = {"dummy_tensor": np.zeros((per_rank, 1), dtype=np.uint8)}
+        for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask"):
+            batch[key] = np.array([samples[i][key] for i in chosen], dtype=np.int64)
+        batch["position_ids"] = np.array([samples[i]["position_ids"] for i in chosen], np.int64)
+        if "rollout_log_probs" in samples[0]:
+            batch["rollout_log_probs"] = np.array(
+                [samples[i]["rollout_log_probs"] for i in chosen], dtype=np.float32
+            )
+        scores = np.array([samples[i]["scores"] for i in chosen], dtype=np.float32)
+        batch["rm_scores"] = scores
+        batch["token_level_scores"] = scores
+        batch["token_level_rewards"] = scores
+        mask = batch["response_mask"].astype(np.float32)
+        advantage = np.array([advantages[i] for i in chosen], dtype=np.float32)[:, None] * mask
+        batch["advantages"] = advantage
+        batch["returns"] = advantage
+        ranks.append(
+            {
+                "batch": batch,
+                "uid": [samples[i]["uid"] for i in chosen],
+                "global_token_num": [lengths[i] for i in order],
+            }
+        )
+    return ranks

@@ -74,7 +74,18 @@ OPTIONAL: dict[str, Check] = {
     "dropped_positions": INTEGERS,
     "dropped_raw_reward": (_list_of(_is_number, null_items=True), "a list of numbers or nulls"),
 }
-SETTINGS: dict[str, Check] = {"dp_size": INTEGER, "global_batch_size": INTEGER}
+# The settings each trainer's reader takes from the manifest (a manifest records the
+# chosen trainer's settings; one without `trainer` is miles').
+SETTINGS: dict[str, dict[str, Check]] = {
+    "miles": {"dp_size": INTEGER, "global_batch_size": INTEGER},
+    "slime": {"dp_size": INTEGER, "global_batch_size": INTEGER},
+    "verl": {
+        "dp_size": INTEGER,
+        "max_prompt_length": INTEGER,
+        "max_response_length": INTEGER,
+        "pad_token_id": INTEGER,
+    },
+}
 OUTPUT: dict[str, Check] = {"path": TEXT, "sha256": TEXT, "rows": INTEGER}
 OUTPUT_OPTIONAL: dict[str, Check] = {"raw_reward_sha256": (_or_null(_is_text), "a string or null")}
 
@@ -118,7 +129,13 @@ def check_fields(manifest: Any, path: Path) -> None:
     if type(manifest) is not dict:
         raise ShardVerificationError(f"{path}: not a rollout-shards manifest (not an object)")
     _check(manifest, REQUIRED, OPTIONAL, "", path)
-    _check(manifest["settings"], SETTINGS, {}, "settings.", path)
+    trainer = trainer_of(manifest)
+    if trainer not in SETTINGS:
+        raise ShardVerificationError(
+            f"{path}: built for the {json.dumps(trainer)[:40]} trainer, which this loader "
+            f"does not read (it reads {', '.join(SETTINGS)})"
+        )
+    _check(manifest["settings"], SETTINGS[trainer], {}, "settings.", path)
     for i, output in enumerate(manifest["outputs"]):
         if type(output) is not dict:
             raise _wrong_type(path, f"outputs[{i}]", output, "an object")
@@ -133,6 +150,11 @@ def check_fields(manifest: Any, path: Path) -> None:
         raise ShardVerificationError(
             f"{path}: not a rollout-shards manifest (`num_microbatches` without `num_rollouts`)"
         )
+
+
+def trainer_of(manifest: dict[str, Any]) -> Any:
+    """The trainer a step was built for (miles when the manifest predates the setting)."""
+    return manifest["settings"].get("trainer", "miles")
 
 
 def _check(

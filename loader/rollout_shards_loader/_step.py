@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rollout_shards_loader._folder import MANIFEST, Replaced, open_folder, rank_name
-from rollout_shards_loader._manifest import ATTEMPTS, load_manifest
+from rollout_shards_loader._manifest import ATTEMPTS, load_manifest, trainer_of
 from rollout_shards_loader._verify import Checks, open_other_file, open_own_file
 
 T = TypeVar("T")
@@ -24,9 +24,11 @@ WAIT_POLL_S = 0.5
 
 
 class RankFiles(NamedTuple):
-    """What one read has open: the manifest, every rank's ParquetFile in rank order, the
-    other ranks' `batch_position` and `raw_reward`, and the reading rank's file mapped."""
+    """What one read has open: the step folder's path, the manifest, every rank's
+    ParquetFile in rank order, the other ranks' `batch_position` and `raw_reward`, and the
+    reading rank's file mapped."""
 
+    folder: Path
     manifest: dict[str, Any]
     files: list[pq.ParquetFile]
     parts: dict[int, pa.Table]
@@ -37,10 +39,11 @@ class StepNotBuiltError(TimeoutError):
     """A step the trainer asked for has no manifest after the wait: nothing built it."""
 
 
-def wait_for_step(step_folder: Path, timeout_s: float) -> None:
+def wait_for_step(step_folder: str | Path, timeout_s: float) -> None:
     """Return once `step_folder` has its manifest (the build's last write), waiting up to
     `timeout_s` seconds; then StepNotBuiltError, one line naming the command that builds
     the step."""
+    step_folder = Path(step_folder)
     deadline = time.monotonic() + timeout_s
     while not os.path.isfile(step_folder / MANIFEST):
         if time.monotonic() >= deadline:
@@ -60,13 +63,14 @@ def read_rank_files(
     global_batch_size: int | None,
     verify: bool,
     convert: Callable[[RankFiles], T],
+    trainer: str = "miles",
 ) -> T:
     """`convert` of rank `rank`'s files of the step, all of one build (up to ATTEMPTS
     reads while rebuilds replace the folder, then RuntimeError)."""
     folder = Path(step_folder)
     for attempt in range(ATTEMPTS):
         try:
-            return read_once(folder, rank, dp_size, global_batch_size, verify, convert)
+            return read_once(folder, rank, dp_size, global_batch_size, verify, convert, trainer)
         except Replaced:
             time.sleep(0.002 * (attempt + 1))
     raise RuntimeError(
@@ -81,11 +85,18 @@ def read_once(
     global_batch_size: int | None,
     verify: bool,
     convert: Callable[[RankFiles], T],
+    trainer: str,
 ) -> T:
-    """One read (`Replaced` when the folder was swapped under it)."""
+    """One read (`Replaced` when the folder was swapped under it) of a step built for
+    `trainer` (another trainer's step is a ValueError naming its reader)."""
     folder = open_folder(path)
     try:
         manifest = load_manifest(folder)
+        if (built := trainer_of(manifest)) != trainer:
+            raise ValueError(
+                f"{path}: built for the {built} trainer, not {trainer}: read its "
+                f"ranks with rollout_shards_loader.{built}.read_rank"
+            )
         step_dp = manifest["settings"]["dp_size"]
         step_gbs = manifest["settings"]["global_batch_size"]
         if dp_size is not None and dp_size != step_dp:
@@ -114,7 +125,7 @@ def read_once(
                         )
                         handles.append(handle)
                 ordered = [files[r] for r in range(step_dp)]
-                data = convert(RankFiles(manifest, ordered, parts, own))
+                data = convert(RankFiles(path, manifest, ordered, parts, own))
             except Exception:
                 checks.wait()  # a file that is not the manifest's is the error to report
                 raise

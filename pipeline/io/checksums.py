@@ -7,10 +7,13 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from pipeline.io.regular import open_regular
+
 
 def sha256_of(path: Path) -> str:
-    """The hex sha256 of the file's bytes."""
-    with open(path, "rb") as handle:
+    """The hex sha256 of the file's bytes; an OSError unless a regular file (`open_regular`:
+    a FIFO or a device is never read)."""
+    with open_regular(path) as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 

@@ -113,7 +113,8 @@ class Plan(NamedTuple):
 def _plan(frame: pl.DataFrame, name: str, target: pl.DataType, json_numbers: bool) -> Plan:
     source = frame.schema[name]
     value = pl.col(name)
-    if name in JSON_TEXT_COLUMNS and dtype_kind(source) in ("list", "struct"):
+    json_kind = dtype_kind(source) in ("list", "struct") and not _holds_binary(source)
+    if name in JSON_TEXT_COLUMNS and json_kind:
         return Plan(json_text(value).alias(name), None)
     if not _stored_fits(source, target, json_numbers):
         refused = pl.lit(None, dtype=target).alias(name)
@@ -144,14 +145,26 @@ def contract_types(frame: pl.DataFrame) -> dict[str, pl.DataType]:
     return types
 
 
+def _holds_binary(dtype: PolarsDataType) -> bool:
+    """Whether a type is or holds bytes (Polars panics writing them as JSON)."""
+    if isinstance(dtype, pl.List | pl.Array):
+        return _holds_binary(dtype.inner)
+    if isinstance(dtype, pl.Struct):
+        return any(_holds_binary(f.dtype) for f in dtype.fields)
+    return dtype == pl.Binary
+
+
 def value_text(frame: pl.DataFrame, name: str, bad: pl.Series) -> str:
-    """The first refused value of a column as written (JSON text where it has one)."""
+    """The first refused value of a column as written (JSON text where it has one; bytes,
+    which JSON has no text for, as Python writes them: b'\\x0b')."""
     first = frame.filter(bad).get_column(name).head(1)
     value = first[0]
     if isinstance(value, float) and not math.isfinite(value):
         # JSON has no text for NaN or infinity (Polars encodes them as null): named as the
         # line's rows name them, never as a null the file does not hold.
         text = str(value)
+    elif _holds_binary(first.dtype):
+        text = str(first.to_list()[0])
     else:
         try:
             text = first.to_frame().select(json_text(pl.col(name))).to_series()[0]

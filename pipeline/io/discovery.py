@@ -10,14 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import StepError, UsageError, Violation, printable
+from pipeline.io.dump_files import find_verl_dumps, is_verl_dump
 from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump
 
 TABLE_SUFFIXES = {".parquet": "parquet", ".arrow": "ipc", ".feather": "ipc", ".jsonl": "jsonl"}
-STEP_NAME = re.compile(r"^step=(\d+)(\.[a-z]+)?$")
-STEP_FOLDER = re.compile(r"^step=\d+$")
+# Digits are ASCII: `step=١` (Arabic-Indic) or `step=７` (fullwidth), which `int` would
+# read as 1 and 7, name no step.
+STEP_NAME = re.compile(r"^step=([0-9]+)(\.[a-z]+)?$")
+STEP_FOLDER = re.compile(r"^step=[0-9]+$")
 # Names a user may mean as an input that the readers do not take: another case or
 # spelling of a table suffix, or a step name with a suffix of no table.
-LOOK_ALIKE = re.compile(r"(?i)^step=\d+\.|\.(parquet|parq|pq|arrow|feather|ipc|jsonl|ndjson)$")
+LOOK_ALIKE = re.compile(r"(?i)^step=\w+\.|\.(parquet|parq|pq|arrow|feather|ipc|jsonl|ndjson)$")
 # Folders a user may mean as a step that are not `step=<N>` exactly: `Step=3`, `step=+2`,
 # `step=4 `, `step=6.0`, `STEP=8`.
 STEP_FOLDER_LOOK_ALIKE = re.compile(r"(?i)^\s*step\s*=")
@@ -30,7 +33,7 @@ INT64_MAX = 2**63 - 1
 class SourceFile:
     path: Path
     step: int | None  # from the path; None when only the `step` column tells
-    kind: str = "table"  # or "miles": a miles `--dump-details` .pt file
+    kind: str = "table"  # or "miles": a miles `--dump-details` .pt file; "verl": a DataProto
     session_version: str | None = None  # overrides a miles dump's inferred session version
 
 
@@ -55,6 +58,13 @@ def _is_table(path: Path) -> bool:
 
 def _look_alike(path: Path) -> bool:
     return not hidden(path) and not path.is_dir() and bool(LOOK_ALIKE.search(path.name))
+
+
+def _named_like_a_step(path: Path) -> bool:
+    """A name a user may mean as a step that is not `step=<N>` exactly (`Step=3`,
+    `step=+2`, `step=١.parquet`): never read, whether a file or a folder, so that its rows
+    are not taken for another step's."""
+    return bool(STEP_FOLDER_LOOK_ALIKE.match(path.name)) and _step_of(path) is None
 
 
 def _ambiguous(step: int | None, first: Path, second: Path, why: str) -> StepError:
@@ -94,7 +104,9 @@ def _tables_under(folder: Path, skipped: list[Path]) -> list[Path]:
         inner = _step_of(p)
         if inner is not None and inner != step and _is_table(p):
             raise _ambiguous(step, folder, p, f"name steps {step} and {inner}")
-        if _is_table(p):
+        if _named_like_a_step(p) and not p.is_dir():
+            skipped.append(p)
+        elif _is_table(p):
             tables.append(p)
         elif _look_alike(p):
             skipped.append(p)
@@ -155,8 +167,16 @@ def find_sources(
                 notes.extend(dump_notes)
             found.extend(SourceFile(p, step, "miles", session_version) for step, p in dumps.items())
             continue
+        if is_verl_dump(path):
+            dumps, dump_notes = find_verl_dumps(path)
+            if notes is not None:
+                notes.extend(dump_notes)
+            found.extend(SourceFile(p, step, "verl") for step, p in dumps.items())
+            continue
         step = _step_of(path)
-        if not path.is_dir():
+        if _named_like_a_step(path):
+            passed.append(path)
+        elif not path.is_dir():
             if not _table_name(path):
                 raise UsageError(
                     f"input {path} is not a table (expected {', '.join(TABLE_SUFFIXES)})"
@@ -173,6 +193,8 @@ def find_sources(
                     found += _step_folder_sources(
                         child, child_step, passed, waiting, require_marker
                     )
+                elif _named_like_a_step(child) and (child.is_dir() or _table_name(child)):
+                    passed.append(child)
                 elif _is_table(child) or (child_step is not None and _dangling(child)):
                     found.append(SourceFile(child, child_step))
                 elif _look_alike(child) or (
@@ -206,7 +228,10 @@ def _skipped_note(path: Path) -> str:
     if path.is_dir() and not STEP_FOLDER_LOOK_ALIKE.match(path.name):
         why = "a folder that is not a step folder (step=<N>): the tables under it are not read"
     elif path.is_dir():
-        why = "a folder named like a step but not step=<N> exactly (lower case, digits only)"
+        why = "a folder named like a step but not step=<N> exactly (lower case, ASCII digits)"
     else:
-        why = "not a regular file named step=<N>.parquet, .arrow, .feather or .jsonl (lower case)"
+        why = (
+            "not a regular file named step=<N>.parquet, .arrow, .feather or .jsonl "
+            "(lower case, ASCII digits)"
+        )
     return f"skipped {printable(str(path))}: {why}"

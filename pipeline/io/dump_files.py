@@ -17,8 +17,9 @@ DUMP_SUFFIX = ".pt"
 
 # `--save-debug-rollout-data` is a template, so besides `<step>.pt` accept a prefix
 # ending in `_`, `-` or `=` (`rollout_12.pt`); eval dumps put `eval_` before the step.
-_EVAL_STEM = re.compile(r"^(?:.*[_=-])?eval_(\d+)$")
-_STEP_STEM = re.compile(r"^(?:.*[_=-])?(\d+)$")
+# Digits are ASCII (`int` would read `١٢` as 12).
+_EVAL_STEM = re.compile(r"^(?:.*[_=-])?eval_([0-9]+)$")
+_STEP_STEM = re.compile(r"^(?:.*[_=-])?([0-9]+)$")
 
 
 def eval_step(path: Path) -> int | None:
@@ -105,4 +106,60 @@ def find_miles_dumps(path: Path) -> tuple[dict[int, Path], list[str]]:
                 step=step,
             )
         found[step] = file
+    return dict(sorted(found.items())), notes
+
+
+# verl's dumps (`pipeline.io.verl_dump` reads them): a step folder per step, each holding
+# the batch and, written after it, its meta.
+DUMP_NAME = "gen_batch.dp"
+SUFFIX = ".dp"
+META = "meta.json"
+STEP_FILE = re.compile(r"^step=([0-9]+)\.dp$")
+
+
+def _step_digits(name: str) -> bool:
+    """A step number in ASCII digits (`str.isdigit` also takes other scripts' digits)."""
+    return name.isascii() and name.isdigit()
+
+
+def is_verl_dump(path: Path) -> bool:
+    """A `.dp` file, a step folder holding `gen_batch.dp`, or a folder of such step folders
+    (the rollout skip manager's `GBS<..>_N<..>_in<..>_out<..>`)."""
+    if path.is_file():
+        return path.suffix == SUFFIX
+    if not path.is_dir():
+        return False
+    if (path / DUMP_NAME).is_file():
+        return True
+    return any(
+        _step_digits(child.name) and (child / DUMP_NAME).is_file() for child in path.iterdir()
+    )
+
+
+def find_verl_dumps(path: Path) -> tuple[dict[int, Path], list[str]]:
+    """Step -> `gen_batch.dp` under a dump folder (a step folder is complete once verl wrote
+    its `meta.json`, after the batch), or the step of one `.dp` file."""
+    notes: list[str] = []
+    if path.is_file():
+        folder_step = path.parent.name if path.name == DUMP_NAME else ""
+        named = STEP_FILE.match(path.name)
+        if _step_digits(folder_step):
+            return {int(folder_step): path}, notes
+        if named:
+            return {int(named.group(1)): path}, notes
+        raise UsageError(
+            f"cannot tell the step of {path}: name it step=<N>.dp, or keep verl's "
+            f"<step>/{DUMP_NAME}"
+        )
+    folders = [path] if (path / DUMP_NAME).is_file() else sorted(path.iterdir())
+    found: dict[int, Path] = {}
+    for folder in folders:
+        if not (_step_digits(folder.name) and (folder / DUMP_NAME).is_file()):
+            continue
+        if not (folder / META).is_file():
+            notes.append(f"skipped {folder}: no {META} yet (verl writes it after the batch)")
+            continue
+        found[int(folder.name)] = folder / DUMP_NAME
+    if not found and not _step_digits(path.name) and not notes:
+        notes.append(f"no <step>/{DUMP_NAME} under {path}")
     return dict(sorted(found.items())), notes

@@ -338,7 +338,10 @@ def _member(archive: zipfile.ZipFile, name: str, file_size: int) -> bytes:
     return data
 
 
-def _read_archive(path: Path, budget: Budget) -> Any:
+def read_archive(
+    path: Path | io.BytesIO, budget: Budget, unpickler: type[DumpUnpickler] = DumpUnpickler
+) -> Any:
+    """A torch.save zip archive (a file, or its bytes) read by `unpickler`."""
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
         pickles = [n for n in names if n.endswith("/data.pkl")]
@@ -360,13 +363,13 @@ def _read_archive(path: Path, budget: Budget) -> Any:
 
         data = _member(archive, pickles[0], budget.file_size)
         # A buffered reader lets the C unpickler take the input in large chunks.
-        unpickler = DumpUnpickler(
+        reader = unpickler(
             io.BufferedReader(io.BytesIO(data)),
             budget,
             storages=storage,
             byteorder="<" if order == "little" else ">",
         )
-        return unpickler.load_checked()
+        return reader.load_checked()
 
 
 def read_torch_save(path: Path) -> Any:
@@ -377,7 +380,7 @@ def read_torch_save(path: Path) -> Any:
     with open(path, "rb") as file:
         head = file.read(4)
     if head == b"PK\x03\x04":
-        return _read_archive(path, budget)
+        return read_archive(path, budget)
     with open(path, "rb") as file:
         value = DumpUnpickler(file, budget).load_checked()
         if type(value) is int and value == _LEGACY_MAGIC:

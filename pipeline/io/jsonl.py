@@ -4,6 +4,7 @@ key given twice flagged on its row (docs/bad-data.md, "JSON Lines")."""
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -104,6 +105,12 @@ def _holds(value: object, repeated: dict[int, list[str]]) -> str | None:
     return None
 
 
+def _key_name(key: str) -> str:
+    """A key as a message names it: as written when a plain name, else as JSON text
+    (an empty key is `""`)."""
+    return key if key.isidentifier() else json.dumps(key)
+
+
 def _parse_line(line: bytes) -> object:
     """One line as JSON. A key given twice in any object is flagged on the line's record:
     under JSON_RULE (`duplicate_key`) of the top-level key holding it, and under JSON_VALUE
@@ -125,12 +132,12 @@ def _parse_line(line: bytes) -> object:
     flags: dict[str, Any] = {}
     for key in repeated.get(id(record), []):
         flags[JSON_RULE + key] = "duplicate_key"
-        flags[JSON_VALUE + key] = key
+        flags[JSON_VALUE + key] = _key_name(key)
     for key, value in record.items():
         nested = _holds(value, repeated)
         if nested is not None and JSON_RULE + key not in flags:
             flags[JSON_RULE + key] = "duplicate_key"
-            flags[JSON_VALUE + key] = f"{nested} inside {key}"
+            flags[JSON_VALUE + key] = f"{_key_name(nested)} inside {_key_name(key)}"
     return {**record, **flags}
 
 
@@ -230,7 +237,30 @@ def _suspect(data: bytes, frame: pl.DataFrame) -> bool:
     # per-line path, which counts exactly.
     # null is the one JSON value that starts with an n
     written = lines.str.count_matches(KEY_TOKEN + r"\s*[^n\s]")
-    return bool((written.cast(pl.Int64) != _keys_read(frame)).any())
+    if (written.cast(pl.Int64) != _keys_read(frame)).any():
+        return True
+    return _null_key_given_twice(lines)
+
+
+def _null_key_given_twice(lines: pl.Series) -> bool:
+    """Whether some line may give a key twice with null as one of its values, which the
+    count of keys with a value cannot see (`"reward": 1.0, "reward": null`): a key written
+    with a null value whose quoted name comes again on its line, or is escaped. Each
+    distinct such name is counted over all lines at once (there are few of them)."""
+    null_keys = (
+        lines.str.extract_all(KEY_TOKEN + r"\s*null")
+        .explode()
+        .drop_nulls()
+        .str.replace(r"\s*:\s*null$", "")
+        .unique()
+    )
+    for key in null_keys:
+        if "\\" in key:
+            return True
+        again = lines.filter(lines.str.count_matches(key, literal=True) > 1)
+        if again.str.contains(re.escape(key) + r"\s*:\s*null").any():
+            return True
+    return False
 
 
 def read_jsonl(data: bytes) -> pl.DataFrame:

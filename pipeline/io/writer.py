@@ -63,7 +63,12 @@ PARQUET_OPTIONS: dict[str, Any] = {
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
 # A private folder of one build process: `.tmp-` while written, `.old-` once retired.
-PRIVATE = re.compile(r"^\.(?:tmp|old)-(?P<name>.+)-(?P<host>[^-]+)-(?P<pid>\d+)-[0-9a-f]{8}$")
+PRIVATE = re.compile(
+    r"^\.(?:tmp|old)-(?P<name>.+)-(?P<host>[^-]+)-(?P<pid>[0-9]{1,10})-[0-9a-f]{8}$"
+)
+# Process ids are positive and fit a C `pid_t`; a name carrying another number is no
+# build's folder, and cleaning leaves it alone.
+PID_LIMIT = 2**31
 # Bounds the retries when other builds keep replacing the same step folder.
 COMMIT_ATTEMPTS = 8
 
@@ -111,6 +116,18 @@ def step_lock(out_root: Path, step: int) -> Iterator[None]:
         raise
 
 
+@contextmanager
+def card_lock(out_root: Path) -> Iterator[None]:
+    """Hold the lock of the output root's dataset card (`.locks/README.md.lock`): a build
+    reads the card, writes the next one and commits its step under it, so that the card's
+    build id follows every commit in the order they happen."""
+    folder = out_root / LOCK_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "README.md.lock", "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        yield
+
+
 def _remove_if_only_locks(out_root: Path) -> None:
     """Remove an output root that holds nothing but its lock files (racing builds that
     wrote something in it meanwhile keep it)."""
@@ -148,14 +165,17 @@ def private_name(kind: str, name: str) -> str:
     return f".{kind}-{name}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _alive(pid: int) -> bool:
+def _gone(pid: int) -> bool:
+    """Whether no process has the id `pid` (a process id out of range is not known gone)."""
+    if not 0 < pid < PID_LIMIT:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
-    except PermissionError:
         return True
-    return True
+    except OSError:  # another user's process, or a kernel that will not say
+        return False
+    return False
 
 
 def clean_stale(out_root: Path) -> list[Path]:
@@ -168,11 +188,14 @@ def clean_stale(out_root: Path) -> list[Path]:
     host, removed = _host(), []
     for entry in entries:
         match = PRIVATE.match(entry.name)
-        if match and match["host"] == host and not _alive(int(match["pid"])):
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:  # a dataset card's temporary file
-                entry.unlink(missing_ok=True)
+        if match and match["host"] == host and _gone(int(match["pid"])):
+            try:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:  # a dataset card's temporary file
+                    entry.unlink(missing_ok=True)
+            except OSError:  # not ours to remove after all: left as it is
+                continue
             removed.append(entry)
     return removed
 
@@ -285,7 +308,7 @@ def raw_reward_sha256(frame: pl.DataFrame) -> str:
     written to it: sha256 over `batch_position` as int64 little-endian, then `raw_reward`
     as float64 little-endian (a null as 0.0), then one byte per row, 1 where `raw_reward`
     is set, all in row order. The loader computes it again from the two columns it reads
-    of another rank's file (rollout_shards_loader/_read.py), so those reads need not hash
+    of another rank's file (rollout_shards_loader/_verify.py), so those reads need not hash
     the whole file; both sides must keep this layout."""
     positions = frame.get_column(c.BATCH_POSITION).cast(pl.Int64)
     rewards = frame.get_column(c.RAW_REWARD).cast(pl.Float64)

@@ -14,6 +14,7 @@ from pipeline.columns import INPUT_POSITION, PATH_STEP, RANK_POSITION
 from pipeline.errors import StepError, UsageError, Violation, first_line
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps, load_step, read_table
+from pipeline.io.regular import read_regular
 from pipeline.manifest import MANIFEST
 
 PROVENANCE = (c.SOURCE_FILE, c.SOURCE_ROW, PATH_STEP)
@@ -50,8 +51,8 @@ def _manifest_step(folder: Path) -> int:
     rounded (`1e400` reads as infinity) or a string parsed."""
     manifest = folder / MANIFEST
     try:
-        step = json.loads(manifest.read_text())[c.STEP]
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        step = json.loads(read_regular(manifest).decode())[c.STEP]
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         reason = f"not a step manifest ({type(exc).__name__}: {first_line(exc)})"
         raise StepError(
             [Violation(rule="unreadable_file", message=reason, files=[str(manifest)])]

@@ -15,6 +15,7 @@ from pandera.api.polars.types import PolarsData
 from pipeline.schemas.rules import (
     ROWS,
     SIBLINGS,
+    SLIME_ROWS,
     TABLE,
     TABLE_LISTS,
     TABLE_ROWS,
@@ -50,5 +51,5 @@ def schema(model: Model) -> pa.DataFrameSchema:
 
 
 SCHEMAS: dict[str, pa.DataFrameSchema] = {
-    m.name: schema(m) for m in (TABLE, TABLE_LISTS, TABLE_ROWS, ROWS, SIBLINGS)
+    m.name: schema(m) for m in (TABLE, TABLE_LISTS, TABLE_ROWS, ROWS, SLIME_ROWS, SIBLINGS)
 }

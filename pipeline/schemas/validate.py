@@ -18,13 +18,18 @@ from pipeline.columns import REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError, Violation
 from pipeline.schemas.rules import ROWS, SIBLINGS, TABLE, Model
 from pipeline.transforms import samples as s
+from pipeline.transforms.repair import repairable
 
 MAX_ROWS_SHOWN = 5
-# Legacy data written before miles PR #2536 breaks these; the repair policy fixes it.
+# Legacy data written before miles PR #2536 breaks these; the repair policy fixes it,
+# and the line says so when repair would fix every row it names.
 ROLLOUT_ID_RULES = ("rollout_id_only_on_v2_multi_leaf",)
 REPAIR_HINT = (
     "for data written before it, --rollout-id-policy repair clears the ids of v1 rows and "
-    "v2 singletons and gives v2 leaves without one a sibling's id, else their index"
+    "single-row trajectories and gives v2 leaves without one a sibling's id, else their index"
+)
+REPAIRABLE = repairable(
+    pl.col(c.SESSION_VERSION), pl.col(c.TRAJECTORY_SIZE) > 1, pl.col(c.ROLLOUT_ID)
 )
 # Removing invalid trajectories can expose a new failure (the all-or-none rules count
 # rows); a few rounds always settle it, the cap only guards against a rule that never does.
@@ -140,7 +145,7 @@ def _summarise(
         elif rule == "step_matches_path":
             held = rows.get_column(c.STEP).unique(maintain_order=True).head(3).to_list()
             message = f"{message}: the step column holds {held}, the path says step {step}"
-        elif rule in ROLLOUT_ID_RULES:
+        elif rule in ROLLOUT_ID_RULES and rows.height and rows.select(REPAIRABLE.all()).item():
             message = f"{message}; {REPAIR_HINT}"
         elif rows.height == 0:
             message = f"{message} (got {group.get_column('failure_case').head(3).to_list()})"
@@ -185,10 +190,13 @@ def check_columns(
     return _summarise(table_cases, light, step, messages)
 
 
-def check_rules(light: pl.DataFrame, step: int, sibling_rewards: bool) -> list[RuleFailure]:
-    """Row invariants and the rules across rows (rollout ids, sibling rewards)."""
+def check_rules(
+    light: pl.DataFrame, step: int, sibling_rewards: bool, rows: Model = ROWS
+) -> list[RuleFailure]:
+    """Row invariants and the rules across rows (rollout ids, sibling rewards); `rows`: the
+    trainer's row rules."""
     failures: list[RuleFailure] = []
-    for model in [ROWS] + ([SIBLINGS] if sibling_rewards else []):
+    for model in [rows] + ([SIBLINGS] if sibling_rewards else []):
         cases = _failure_cases(model, light)
         if cases is not None:
             failures += _summarise(cases, light, step, {})
@@ -233,6 +241,7 @@ def validate_step(
     sibling_rewards: bool,
     until_valid: bool,
     table: Model = TABLE,
+    row_rules: Model = ROWS,
 ) -> Verdict:
     """Check a loaded step (with ROW_ID and TYPE_ERROR columns). With `until_valid`, keep
     setting failing trajectories aside until the rest passes every rule."""
@@ -260,7 +269,7 @@ def validate_step(
     for _ in range(MAX_ROUNDS):
         # the light columns of the typed rows serve again while no row was set aside
         valid_light = typed_light if valid is typed else light(valid)
-        failures = check_rules(valid_light, step, sibling_rewards)
+        failures = check_rules(valid_light, step, sibling_rewards, row_rules)
         if not failures:
             break
         settled = settled and all(f.positions.len() for f in failures)

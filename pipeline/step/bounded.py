@@ -36,7 +36,8 @@ from pipeline.columns import ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError
 from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
-from pipeline.io.load import LoadedStep, StepFiles, read_in_parts
+from pipeline.io.load import read_in_parts
+from pipeline.io.step_files import LoadedStep, StepFiles
 from pipeline.schemas.rules import TABLE_LISTS, TABLE_ROWS
 from pipeline.schemas.validate import passes
 from pipeline.settings import RowSettings, Settings
@@ -257,7 +258,7 @@ class SpilledRows(RankRows):
         loaded: pl.Series,
         schema: dict[str, pl.DataType],
     ) -> None:
-        super().__init__(rows.scalars, rows.inputs, rows.optional, rows.order)
+        super().__init__(rows.scalars, rows.inputs, rows.optional, rows.order, rows.columns)
         self.parts = parts  # each part's file, first loaded position and rows
         self.loaded = loaded  # the loaded position of each batch position
         self.schema = schema  # every list column any part has
@@ -270,6 +271,7 @@ class SpilledRows(RankRows):
             self.inputs,
             self.optional,
             self.order.slice(start, length),
+            self.columns,
         )
         return SpilledRows(mine, self.parts, self.loaded, self.schema)
 
@@ -290,4 +292,4 @@ class SpilledRows(RankRows):
         written = picked.select(
             pl.col(c.TOKENS), loss_masks(picked), *optional_shard_columns(self.optional)
         )
-        return compact(self.scalars, start, length).hstack(written).select(*c.DATASET_COLUMNS)
+        return compact(self.scalars, start, length).hstack(written).select(*self.columns)

@@ -16,7 +16,7 @@ from pathlib import Path
 from pipeline.io import writer
 from pipeline.io.checksums import input_digest, sha256_of
 from pipeline.io.discovery import SourceFile
-from pipeline.manifest import MANIFEST, Manifest
+from pipeline.manifest import MANIFEST, Manifest, input_path
 from pipeline.settings import Settings
 
 MISSING = "missing"
@@ -50,7 +50,10 @@ def _folder_matches(manifest: Manifest, folder: Path, hash_outputs: bool) -> boo
         return False
     if not hash_outputs:
         return True
-    return all(sha256_of(folder / output.path) == output.sha256 for output in manifest.outputs)
+    try:
+        return all(sha256_of(folder / o.path) == o.sha256 for o in manifest.outputs)
+    except OSError:  # a file gone, or no longer a regular file (a FIFO is never read)
+        return False
 
 
 def shards_are_current(
@@ -73,7 +76,7 @@ def current_manifest(
     manifest = read_manifest(out_root, step)
     if manifest is None:  # a first build: no need to hash the inputs here
         return None
-    if [record.path for record in manifest.inputs] != [str(source.path) for source in sources]:
+    if [record.path for record in manifest.inputs] != [input_path(s.path) for s in sources]:
         return None
     checksums = [input_digest(source.path) for source in sources]
     if not shards_are_current(manifest, checksums, settings):

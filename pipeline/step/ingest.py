@@ -11,10 +11,12 @@ from collections.abc import Sequence
 import polars as pl
 
 from pipeline import columns as c
+from pipeline import trainers
 from pipeline.columns import PATH_STEP, REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError, Violation
 from pipeline.io.discovery import SourceFile
-from pipeline.io.load import LoadedStep, load_step
+from pipeline.io.load import load_step
+from pipeline.io.step_files import LoadedStep
 from pipeline.schemas.rules import TABLE, Model
 from pipeline.schemas.validate import Verdict, validate_step
 from pipeline.settings import RowSettings, Settings
@@ -72,14 +74,16 @@ def repair_and_validate(
     repaired = {CLEARED: 0, STAMPED: 0}
     if settings.rollout_id_policy == "repair":
         frame, repaired = repair_rollout_ids(frame)
+    profile = trainers.profile(settings.trainer)
     verdict = validate_step(
         frame,
         type_violations,
         step,
         settings.reward_key,
-        settings.normalizes_rewards,
+        settings.normalizes_rewards and profile.sibling_rewards,
         until_valid=settings.on_invalid == "quarantine",
         table=table,
+        row_rules=profile.row_rules,
     )
     return _without_stale_groups(verdict, step, settings), repaired
 

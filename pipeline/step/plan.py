@@ -26,10 +26,17 @@ def _light(frame: pl.DataFrame, settings: Settings, step: int) -> pl.DataFrame:
 
 
 def _rank_rows(
-    step: int, head: pl.DataFrame, light: pl.DataFrame, layout: Layout, optional: list[str]
+    step: int,
+    head: pl.DataFrame,
+    light: pl.DataFrame,
+    layout: Layout,
+    optional: list[str],
+    columns: tuple[str, ...],
 ) -> RankRows:
-    """The scalar shard columns in write order. The list columns are left in batch order,
-    to be gathered once, rank by rank, as they are written."""
+    """The scalar shard columns in write order (`columns`: the trainer's rank-file columns,
+    those beyond `c.DATASET_COLUMNS` taken from the light frame). The list columns are left
+    in batch order, to be gathered once, rank by rank, as they are written."""
+    own = [name for name in columns if name not in c.DATASET_COLUMNS]
     train_step = layout.train_step.alias(c.TRAIN_STEP)
     micro_batch = (
         layout.micro_batch.alias(c.MICRO_BATCH)
@@ -46,6 +53,7 @@ def _rank_rows(
         c.SAMPLE_INDICES,
         c.ROLLOUT_IDS,
         c.ROLLOUT_MASK_SUMS,
+        *own,
     )[layout.order].with_columns(
         pl.when(train_step != UNTRAINED).then(train_step).alias(c.TRAIN_STEP),
         micro_batch,
@@ -54,7 +62,9 @@ def _rank_rows(
     )
     needed = [c.TOKENS, c.LOSS_MASK, c.RESPONSE_LENGTH, c.REMOVE_SAMPLE, *optional]
     inputs = head.select(name for name in needed if name in head.columns)
-    return RankRows(scalars=scalars, inputs=inputs, optional=optional, order=layout.order)
+    return RankRows(
+        scalars=scalars, inputs=inputs, optional=optional, order=layout.order, columns=columns
+    )
 
 
 def untrained_warning(meta: Manifest) -> str | None:
@@ -74,10 +84,9 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     manifest; the batch in write order."""
     step, frame = samples.step, samples.frame
     light = (samples.light if samples.light is not None else _light(frame, settings, step)).lazy()
+    profile = trainers.profile(settings.trainer)
     try:
-        plan = trainers.profile(settings.trainer).plan(
-            light, frame.schema, frame.height, settings, step
-        )
+        plan = profile.plan(light, frame.schema, frame.height, settings, step)
     except StepError as error:
         if samples.quarantine is not None:
             for violation in error.violations:
@@ -89,7 +98,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     head = frame.head(plan.kept)
     layout, light_df = plan.layout, plan.light
     optional = optional_columns(head)
-    rows = _rank_rows(step, head, light_df, layout, optional)
+    rows = _rank_rows(step, head, light_df, layout, optional, profile.rank_columns)
     quarantined = samples.quarantine.height if samples.quarantine is not None else 0
     counts = Counts(
         ingested=samples.ingested,
@@ -114,7 +123,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     meta = Manifest(
         step=step,
         settings=settings.to_dict(),
-        inputs=[InputFile(**record) for record in samples.files],
+        inputs=[InputFile.of(record) for record in samples.files],
         counts=counts,
         repaired=samples.repaired,
         is_compact=plan.is_compact,

@@ -35,7 +35,8 @@ from pipeline import columns as c
 from pipeline.columns import ROW_ID, SOURCE_ROW, TYPE_ERROR
 from pipeline.errors import StepError, Violation
 from pipeline.io.discovery import SourceFile
-from pipeline.io.load import StepFiles, is_parquet, read_in_parts, read_source
+from pipeline.io.load import is_parquet, read_in_parts, read_source
+from pipeline.io.step_files import StepFiles
 from pipeline.manifest import Manifest
 from pipeline.settings import RowSettings, Settings
 from pipeline.step.bounded import PART_BYTES

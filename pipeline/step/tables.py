@@ -46,6 +46,7 @@ class RankRows:
     inputs: pl.DataFrame  # the input columns the list shard columns come from, in batch order
     optional: list[str]  # optional input columns that go into shards, in shard order
     order: pl.Series  # the batch position of each row in write order
+    columns: tuple[str, ...] = c.DATASET_COLUMNS  # the rank files' columns (the trainer's)
     # Ranks the writer may gather and write at once (each holds its rows in memory).
     parallel_ranks: ClassVar[int] = 2
 
@@ -58,16 +59,15 @@ class RankRows:
             *optional_shard_columns(self.optional),
         )
         scalars = compact(self.scalars, start, length)
-        return scalars.hstack(lists).select(*c.DATASET_COLUMNS)
+        return scalars.hstack(lists).select(*self.columns)
 
     def for_rank(self, start: int, length: int) -> RankRows:
         """Rows [start, start + length) alone, with only their own lists (what one rank's
         writer is shipped)."""
         order = self.order.slice(start, length)
         own = pl.int_range(length, dtype=pl.Int64, eager=True)
-        return RankRows(
-            compact(self.scalars, start, length), self.inputs[order], self.optional, own
-        )
+        scalars = compact(self.scalars, start, length)
+        return RankRows(scalars, self.inputs[order], self.optional, own, self.columns)
 
 
 def compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import re
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -10,6 +13,7 @@ from typing import NamedTuple
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation
 from pipeline.io import writer
+from pipeline.io.regular import read_regular
 from pipeline.manifest import MANIFEST, Manifest
 from pipeline.speed import thread_pool, write_threads
 from pipeline.step.tables import TrainBatch
@@ -123,12 +127,16 @@ def commit_shards(
             published.parent.mkdir(exist_ok=True)
             quarantined.rename(published)
             writer.fsync_folder(published.parent)
+        # The card last before the commit, under its lock until the commit: a step is
+        # published whole with a card naming it, or (the card failed, say on a full disk)
+        # not at all, and a failure always means nothing of the step was written.
+        card.enter_context(writer.card_lock(out_root))
+        build = next_build_id(out_root / DATASET_CARD, batch.step, manifest.to_json())
+        writer.write_text_atomically(out_root / DATASET_CARD, dataset_card(build))
 
-    # The card first: a step is published whole with its card, or (the card failed, say on
-    # a full disk) not at all, and a failure always means nothing of the step was written.
     out_root.mkdir(parents=True, exist_ok=True)
-    writer.write_text_atomically(out_root / DATASET_CARD, dataset_card())
-    writer.replace_folder(writer.step_folder(out_root, batch.step), fill)
+    with contextlib.ExitStack() as card:
+        writer.replace_folder(writer.step_folder(out_root, batch.step), fill)
     if not manifest.counts.quarantined:
         writer.quarantine_path(out_root, batch.step).unlink(missing_ok=True)
     return manifest
@@ -153,10 +161,29 @@ def _seal_rank(path: Path) -> tuple[str, int | str]:
     return writer.seal(path), footer_rows(path)
 
 
-def dataset_card() -> str:
+# The build id in a card: what `next_build_id` reads back from the previous card.
+BUILD_ID = re.compile(r"^  description: 'rollout-shards build ([0-9a-f]{16})", re.MULTILINE)
+
+
+def next_build_id(card: Path, step: int, manifest_json: str) -> str:
+    """The build id of the root once `step` is committed with this manifest: a digest of
+    the previous card's id, the step and its manifest. `datasets` keys its cache of a
+    local folder by the card's `configs`, never by the files they match; the id there
+    changes with every commit, so a load never gets an earlier build's rows (of this root,
+    or of another root of the same folder name)."""
+    try:
+        found = BUILD_ID.search(read_regular(card).decode(errors="replace"))
+    except OSError:
+        found = None
+    previous = found.group(1) if found else ""
+    digest = hashlib.sha256(f"{previous}\n{step}\n{manifest_json}".encode())
+    return digest.hexdigest()[:16]
+
+
+def dataset_card(build: str) -> str:
     """The output root's README.md: a `configs` entry whose data files are every step's
-    rank files, and what each column holds. It names no step, so concurrent commits of
-    different steps write the same card."""
+    rank files, with the root's build id (`next_build_id`) in its description, and what
+    each column holds."""
     rows = "\n".join(
         f"| `{name}` | {dtype} | {c.DATASET_DESCRIPTIONS[name]} |"
         for name, dtype in c.DATASET_SCHEMA.items()
@@ -169,6 +196,8 @@ tags:
 - rollouts
 configs:
 - config_name: default
+  description: 'rollout-shards build {build}: changes with every committed step, so that
+    datasets never serves an earlier build from its cache'
   data_files:
   - split: train
     path: {RANK_FILES}

@@ -16,13 +16,18 @@ from typing import TYPE_CHECKING, Protocol
 
 import polars as pl
 
+from pipeline.schemas.rules import Model
 from pipeline.transforms.layout import Layout
 
 if TYPE_CHECKING:
     from pipeline.settings import Settings
 
 # The profiles by the name the `trainer` setting takes.
-_MODULES = {"miles": "pipeline.trainers.miles"}
+_MODULES = {
+    "miles": "pipeline.trainers.miles",
+    "slime": "pipeline.trainers.slime",
+    "verl": "pipeline.trainers.verl",
+}
 NAMES = tuple(_MODULES)
 
 
@@ -49,9 +54,22 @@ class Profile(Protocol):
     def name(self) -> str: ...
 
     @property
+    def row_rules(self) -> Model:
+        """The rules across rows this trainer holds the rows to (rollout ids)."""
+
+    @property
+    def sibling_rewards(self) -> bool:
+        """Whether a rollout's rows must share one reward when rewards are normalized."""
+
+    @property
     def settings(self) -> frozenset[str]:
         """The settings this trainer reads besides the common ones
         (`pipeline.settings.COMMON_SETTINGS`); any other given is refused."""
+
+    @property
+    def rank_columns(self) -> tuple[str, ...]:
+        """The columns of its rank files, in order (`columns.DATASET_COLUMNS` and any of
+        the light frame's own columns the trainer's loader needs besides)."""
 
     def check(self, settings: Settings) -> str | None:
         """What this trainer refuses of well-typed settings (a usage error), or None."""

@@ -21,7 +21,8 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
 from pipeline.miles_flags import miles_flag_problem
-from pipeline.settings import COMMON_SETTINGS, Settings, batch_inconsistency
+from pipeline.schemas.rules import ROWS, Model
+from pipeline.settings import Settings, batch_inconsistency, shared_settings
 from pipeline.trainers import BatchPlan
 from pipeline.transforms.layout import Layout, rank_sizes, rows_within_ranks
 from pipeline.transforms.rewards import group_normalized
@@ -206,12 +207,16 @@ class Miles:
     """The miles profile (`pipeline.trainers.Profile`)."""
 
     name: str = "miles"
-    # every setting of the model is miles' (the model was made for it)
-    settings: frozenset[str] = frozenset(
-        f.name for f in dataclasses.fields(Settings) if f.name not in COMMON_SETTINGS
-    )
+    row_rules: Model = ROWS
+    sibling_rewards: bool = True
+    # every setting of the model that no other trainer owns is miles' (the model was made
+    # for it)
+    settings: frozenset[str] = dataclasses.field(default_factory=shared_settings)
+    rank_columns: tuple[str, ...] = c.DATASET_COLUMNS
 
     def check(self, settings: Settings) -> str | None:
+        if settings.advantage_estimator == "cispo":
+            return "advantage_estimator: cispo is slime's estimator, not miles' (--trainer slime)"
         if settings.use_dynamic_global_batch_size and settings.disable_rollout_trim_samples:
             return "use_dynamic_global_batch_size needs trimming: drop disable_rollout_trim_samples"
         return batch_inconsistency(settings) or miles_flag_problem(settings)

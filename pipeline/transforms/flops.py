@@ -15,6 +15,7 @@ and products run in the Python code's order.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,3 +164,18 @@ def forward_flops(lengths: np.ndarray, shape: ModelShape) -> np.ndarray:
         total = total + _layer(s, shape, shape.moe_ffn) * float(shape.moe_layers)
     flops: np.ndarray = total + _as_float(s * (2 * shape.hidden_size * shape.vocab_size))
     return flops
+
+
+def slime_model_shape(settings: Any) -> ModelShape:
+    """The shape slime's `calculate_fwd_flops` reads: the same flags and Megatron defaults
+    as miles', but slime counts multi-latent attention only under `--multi-latent-attention`
+    (not a setting here), so its projections and attention are the standard ones."""
+    shape = miles_model_shape(settings)
+    return dataclasses.replace(
+        shape,
+        q_lora_rank=None,
+        kv_lora_rank=None,
+        q_head_dim=shape.kv_channels,
+        attention_qk_dim=shape.kv_channels,
+        attention_v_dim=shape.kv_channels,
+    )

@@ -6,6 +6,7 @@ and returns positions into them; token lists never reach this module.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Sequence
 
@@ -20,6 +21,10 @@ class _Part:
     def __init__(self, total: float = 0, positions: list[int] | None = None) -> None:
         self.total = total  # an int, or a float for float values
         self.positions: list[int] = positions if positions is not None else []
+
+    def __lt__(self, other: _Part) -> bool:
+        # "sorts first": a state lists its parts by descending order, so ascending here
+        return self.order() > other.order()
 
     def order(self) -> tuple[float, int, list[int]]:
         # Positions alone order item lists exactly as (position, value) pairs would: the
@@ -43,37 +48,50 @@ class _LargerFirst:
         return other.items < self.items
 
 
-# A state is its k parts, kept sorted descending by (sum, item count, item list).
+# A state is its non-empty parts, kept sorted descending by (sum, item count, item list);
+# its other parts, up to k, are empty (sum 0, no items) and sort after them. Holding only
+# the non-empty ones keeps a merge in proportion to the items moved, not to k: packing a
+# step into hundreds of micro-batches (balance_by_flops) merges thousands of states.
 _State = list[_Part]
 
 
-def _state(values: list[int], positions: list[int], k: int) -> _State:
+def _state(values: list[float], positions: list[int]) -> _State:
     """Item i in set i (the items come ascending by value, then position), then sorted."""
     parts = [_Part(value, [position]) for value, position in zip(values, positions, strict=True)]
-    parts.extend(_Part() for _ in range(k - len(parts)))
     parts.sort(key=_Part.order, reverse=True)
     return parts
 
 
-def _heap_entry(state: _State) -> tuple[float, float, int, _LargerFirst, _State]:
+def _heap_entry(state: _State, k: int) -> tuple[float, float, int, _LargerFirst, _State]:
     """Min-heap key: larger spread first, then the larger first set."""
     first = state[0]
-    spread = first.total - state[-1].total
+    spread = first.total - (state[-1].total if len(state) == k else 0)
     return (-spread, -first.total, -len(first.positions), _LargerFirst(first.positions), state)
 
 
-def _merge_states(into: _State, other: _State, floats: list[float] | None) -> None:
+def _merge_states(into: _State, other: _State, k: int, floats: list[float] | None) -> _State:
     """Set i of `into` takes set k-1-i of `other`, then the sets are re-sorted. Float
     values (`floats`) are added to a set's sum one item at a time, in the order the items
     join it, as miles' `Set.merge` adds them: float sums depend on that order."""
-    for part, taken in zip(into, reversed(other), strict=True):
+    taken_by = len(other)
+    # into's sets from `cut` on take one of other's; the ones before keep their order
+    cut = max(0, k - taken_by)
+    moved = into[cut:]
+    for i, part in enumerate(moved, start=cut):
+        taken = other[k - 1 - i]
         if floats is None:
             part.total += taken.total
         else:
             for position in taken.positions:
                 part.total += floats[position]
         part.positions.extend(taken.positions)
-    into.sort(key=_Part.order, reverse=True)
+    # into's empty sets i >= len(into) take other's set k-1-i as it is (summed from 0 in
+    # the same order, so its sum is the one a merge into an empty set would give)
+    moved += [other[j] for j in range(min(k - 1 - len(into), taken_by - 1), -1, -1)]
+    merged = into[:cut]
+    for part in moved:
+        bisect.insort(merged, part)
+    return merged
 
 
 def _initial_states(array: np.ndarray, k: int, equal_size: bool) -> list[_State]:
@@ -83,7 +101,7 @@ def _initial_states(array: np.ndarray, k: int, equal_size: bool) -> list[_State]
     ordered_positions = order.tolist()
     group = k if equal_size else 1
     return [
-        _state(ordered_values[i : i + group], ordered_positions[i : i + group], k)
+        _state(ordered_values[i : i + group], ordered_positions[i : i + group])
         for i in range(0, len(ordered_values), group)
     ]
 
@@ -122,31 +140,41 @@ def karmarkar_karp(
         return [list(range(n))]
     # With non-negative values every state's first set is non-empty and the states'
     # item sets are disjoint, so no two heap entries tie and the pop order is exact.
-    heap = [_heap_entry(state) for state in _initial_states(array, k, equal_size)]
+    heap = [_heap_entry(state, k) for state in _initial_states(array, k, equal_size)]
     heapq.heapify(heap)
     while len(heap) > 1:
         into = heapq.heappop(heap)[-1]
         other = heapq.heappop(heap)[-1]
-        _merge_states(into, other, floats)
-        heapq.heappush(heap, _heap_entry(into))
-    return [sorted(part.positions) for part in heap[0][-1]]
+        heapq.heappush(heap, _heap_entry(_merge_states(into, other, k, floats), k))
+    final = heap[0][-1]
+    return [sorted(part.positions) for part in final] + [[] for _ in range(k - len(final))]
 
 
 def first_fit_decreasing(lengths: Sequence[int] | np.ndarray, cap: int) -> list[list[int]]:
     """Bins of positions: rows by length descending (ties by position), each into the
-    first bin, in creation order, that stays within `cap`; an oversized row gets its own.
+    first bin, in creation order, that stays within `cap`; an oversized row gets its own."""
+    values = _non_negative(lengths)
+    return _first_fit(values.tolist(), np.argsort(-values, kind="stable").tolist(), cap)
+
+
+def first_fit(lengths: Sequence[int] | np.ndarray, cap: int) -> list[list[int]]:
+    """Bins of positions: rows in order, each into the first bin, in creation order, that
+    stays within `cap`; an oversized row gets its own (slime's `first_fit_pack`)."""
+    values = _non_negative(lengths)
+    return _first_fit(values.tolist(), list(range(len(values))), cap)
+
+
+def _first_fit(sizes: list[int], order: list[int], cap: int) -> list[list[int]]:
+    """Rows visited in `order`, each into the leftmost bin with room.
 
     A max-tree over the bins' free space finds the first fitting bin in O(log n), which
     keeps steps with thousands of micro-batches fast. Bins not yet opened sit at full
     capacity to the right of the open ones, so the leftmost fit is either an open bin or
     the next one to open.
     """
-    values = _non_negative(lengths)
-    n = len(values)
+    n = len(sizes)
     if n == 0:
         return []
-    order = np.argsort(-values, kind="stable").tolist()
-    sizes = values.tolist()
     leaves = 1
     while leaves < n:
         leaves *= 2

@@ -155,6 +155,16 @@ def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.Laz
         else pl.lit(None, dtype=pl.Boolean)
     )
     key = pl.coalesce(_or_null(schema, c.ROLLOUT_ID, pl.Int64()), pl.col(c.INDEX))
+    # slime names each sample's source from its metadata; a substring test first keeps the
+    # JSON parse off the rows (and steps) that have none
+    meta = pl.col(c.METADATA)
+    source_name = (
+        pl.when(meta.str.contains("source_name", literal=True))
+        .then(meta.str.json_path_match("$.source_name"))
+        .otherwise(pl.lit(None, dtype=pl.String))
+        if c.METADATA in schema and schema[c.METADATA] == pl.String
+        else pl.lit(None, dtype=pl.String)
+    )
     return lf.select(
         pl.int_range(pl.len(), dtype=pl.Int64).alias(POSITION),
         pl.col(c.STEP),
@@ -183,6 +193,7 @@ def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.Laz
         _or_null(schema, c.RAW_REWARD, pl.Float64()).alias(c.RAW_REWARD),
         pl.len().over(TRAJECTORY).cast(pl.Int64).alias(TRAJECTORY_SIZE),
         key.alias(ROLLOUT_KEY),
+        source_name.alias(c.SOURCE_NAME),
         pl.col(c.SOURCE_FILE),
         _or_null(schema, "_path_step", pl.Int64()).alias("_path_step"),
     )

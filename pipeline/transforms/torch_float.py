@@ -15,6 +15,8 @@ sum of 32768 values or more across threads.
 
 from __future__ import annotations
 
+import math
+
 import polars as pl
 
 VECTOR_WIDTH = 8
@@ -135,3 +137,41 @@ def grouped_mean_std(values: pl.Series, sizes: pl.Series) -> tuple[pl.Series, pl
         return empty, empty
     result = pl.concat(parts).sort("group")
     return result.get_column("mean"), result.get_column("std")
+
+
+def torch_dim_std(x: pl.Series, n: int) -> pl.Series:
+    """Per group of `n` values of the float32 `x`, `t.std(dim=-1)` of the groups as rows of
+    a 2-D tensor (Bessel; NaN for one value): on the CPU a reduction over one dimension is
+    Welford's in float64, value after value (`std_var_kernel_impl`), not the two-pass
+    `tensor.std()` of the whole tensor. The recurrence runs over the positions within a
+    group, on all groups at once."""
+    import numpy as np
+
+    groups = len(x) // n
+    if groups < n:  # few long groups: the recurrence on Python floats, group by group
+        return pl.Series([_welford_std(part) for part in _parts(x, n)], dtype=pl.Float32)
+    values = x.cast(pl.Float64).to_numpy().reshape(groups, n)
+    mean = np.zeros(groups)
+    m2 = np.zeros(groups)
+    for count, column in enumerate(values.T, start=1):
+        delta = column - mean
+        mean = mean + delta / float(count)
+        m2 = m2 + delta * (column - mean)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        variance = m2 / float(n - 1) if n > 1 else np.full(groups, np.nan)
+    return pl.Series(np.sqrt(variance), dtype=pl.Float64).cast(pl.Float32)
+
+
+def _parts(x: pl.Series, n: int) -> list[list[float]]:
+    values: list[float] = x.cast(pl.Float64).to_list()
+    return [values[start : start + n] for start in range(0, len(values), n)]
+
+
+def _welford_std(values: list[float]) -> float:
+    mean = 0.0
+    m2 = 0.0
+    for count, value in enumerate(values, start=1):
+        delta = value - mean
+        mean += delta / count
+        m2 += delta * (value - mean)
+    return math.sqrt(m2 / (len(values) - 1)) if len(values) > 1 else math.nan

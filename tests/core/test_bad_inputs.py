@@ -13,14 +13,17 @@ covered; `stage` cases always run as a `python -c` subprocess."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +35,7 @@ import pytest
 from pipeline.cli import main
 from pipeline.errors import printable
 from tests.conftest import REPO
-from tests.core.bad_inputs.generate import ARGS, STEP, cases, generate
+from tests.core.bad_inputs.generate import ARGS, HOST, STEP, cases, generate
 
 GENERATOR = Path(__file__).with_name("bad_inputs") / "generate.py"
 NAMES = [case.name for case in cases()]
@@ -45,6 +48,7 @@ PREFIXES = {
     "build": PREFIX,
     "validate": f"{PROG}: validate: ",
     "parity": f"{PROG}: parity: ",
+    "metrics": f"{PROG}: metrics: ",
     "stage": PREFIX,
 }
 # The Dagster assets' entry to a step's stages (pipeline.orchestration.compute runs it in
@@ -101,6 +105,7 @@ def argv(folder: Path) -> list[str]:
         "build": ["build", inputs, "--out", out, *args],
         "validate": ["validate", inputs, *args],
         "parity": ["parity", *args],
+        "metrics": ["metrics", *args],
         "stage": [inputs, out, *args],
     }[spec["command"]]
 
@@ -150,6 +155,12 @@ def prepare(folder: Path, steps: list[dict[str, Any]]) -> None:
                 shutil.copytree(source, target, symlinks=True)
             else:
                 shutil.copyfile(source, target)
+        elif op == "fifo":
+            (folder / value).unlink()
+            os.mkfifo(folder / value)
+        elif op == "link":
+            (folder / value[0]).unlink()
+            os.symlink(value[1], folder / value[0])
         elif op == "replace":
             path, old, new = folder / value[0], value[1], value[2]
             text = path.read_text()
@@ -206,8 +217,53 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
         before = snapshot(folder)
         stage = spec["command"] == "stage"
         run = build_subprocess if name in SUBPROCESS or stage else build
+        if spec["stdout"] is not None or spec["signal"] is not None:
+            run = as_program
         ran[name] = Ran(folder, run(folder), before)
     return ran
+
+
+def as_program(folder: Path) -> Result:
+    """The command as a program whose stdout is closed (`>&-`) or read for one line and
+    then closed (`| head -1`), or that gets a signal while it waits for step 7's lock."""
+    spec = json.loads((folder / "case.json").read_text())
+    command = [sys.executable, "-m", "pipeline.cli", *argv(folder)]
+    if spec["stdout"] == "closed":
+        closed = ["sh", "-c", 'exec "$@" >&-', "sh", *command]
+        done = subprocess.run(closed, stderr=subprocess.PIPE, text=True, cwd=REPO, check=False)
+        return Result(done.returncode, "", done.stderr)
+    if spec["stdout"] == "broken":
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO
+        )
+        assert process.stdout is not None and process.stderr is not None
+        first = process.stdout.readline()
+        process.stdout.close()
+        stderr = process.stderr.read()
+        return Result(process.wait(timeout=120), first, stderr)
+    (folder / "out" / ".locks").mkdir(exist_ok=True)
+    with open(folder / "out" / ".locks" / f"step={STEP}.lock", "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO
+        )
+        _wait_for_the_lock(process.pid)
+        process.send_signal(getattr(signal, spec["signal"]))
+        stdout, stderr = process.communicate(timeout=120)
+    return Result(process.returncode, stdout, stderr)
+
+
+def _wait_for_the_lock(pid: int) -> None:
+    """Until process `pid` waits for a lock (its request shows in /proc/locks as `->`)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with open("/proc/locks") as locks:
+            for line in locks:
+                fields = line.split()
+                if "->" in fields and fields[fields.index("->") + 4] == str(pid):
+                    return
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} never waited for the step's lock")
 
 
 def test_the_corpus_has_at_least_90_cases_and_covers_the_issues() -> None:
@@ -236,7 +292,7 @@ def test_the_corpus_has_at_least_90_cases_and_covers_the_issues() -> None:
         "step_out_of_range",
         "output_not_a_folder",
     } <= rules
-    assert {case.exit for case in cases()} == {0, 1, 2}
+    assert {0, 1, 2} <= {case.exit for case in cases()}
     assert {case.command for case in cases()} == set(PREFIXES)
     assert any(case.report is not None for case in cases() if case.command == "validate")
     assert SUBPROCESS and SUBPROCESS < set(NAMES)
@@ -256,6 +312,27 @@ def test_the_generator_is_deterministic(tmp_path: Path) -> None:
 
 def _rows_text(rows: list[list[Any]]) -> str:
     return "rows (index, leaf): " + ", ".join(f"({index}, {leaf})" for index, leaf in rows)
+
+
+def _placed_host(path: Path) -> Path:
+    return Path(str(path).replace("{host}", HOST))
+
+
+def _check_built(ran: Ran, spec: dict[str, Any]) -> None:
+    """A case run as a program: its exact stderr lines, and exactly the steps `built`
+    committed (each whole: a manifest whose counts add up); interrupted, nothing else
+    changed in its folder."""
+    folder, result = ran.folder, ran.result
+    assert result.stderr.splitlines() == [PREFIX + _placed(line, folder) for line in spec["lines"]]
+    out = folder / "out"
+    folders = sorted(p.name for p in out.glob("step=*")) if out.is_dir() else []
+    assert folders == [f"step={step}" for step in spec["built"]], folders
+    for step in spec["built"]:
+        counts = json.loads((out / f"step={step}" / "manifest.json").read_text())["counts"]
+        assert counts["ingested"] == counts["written"] == 8, counts
+    if spec["signal"] is not None:
+        assert result.stdout == ""
+        assert snapshot(folder) == ran.before, "an interrupted build left something behind"
 
 
 def _check_refused(folder: Path, spec: dict[str, Any], stderr: str) -> None:
@@ -353,7 +430,13 @@ def test_case(corpus: dict[str, Ran], name: str) -> None:
     ]
     assert len([line for line in lines if line.startswith(f"{PROG}: note: ")]) == len(notes)
     result.stderr = "".join(f"{line}\n" for line in lines if not line.startswith(f"{PROG}: note: "))
-    if spec["command"] != "build":
+    for path in spec["kept"]:
+        assert os.path.lexists(_placed_host(folder / path)), f"{path} was removed"
+    for path in spec["gone"]:
+        assert not os.path.lexists(_placed_host(folder / path)), f"{path} is still there"
+    if spec["built"] is not None:
+        _check_built(corpus[name], spec)
+    elif spec["command"] != "build":
         _check_lines_and_report(corpus[name], spec)
     elif spec["exit"] == 0:
         assert result.stderr == ""
@@ -372,7 +455,7 @@ def test_case(corpus: dict[str, Ran], name: str) -> None:
             for line in result.stdout.splitlines()
         ), result.stdout
         _check_refused(folder, spec, result.stderr)
-    if spec["exit"] != 0:
+    if spec["exit"] != 0 and spec["built"] is None:
         assert snapshot(folder) == corpus[name].before, "a refused case wrote or changed something"
 
 

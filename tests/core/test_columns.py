@@ -208,7 +208,7 @@ print(json.dumps({
         for s in (1, 2)
     ],
     "rule": rule,
-    "card": "reasoning_tokens" in dataset_card(),
+    "card": "reasoning_tokens" in dataset_card("0" * 16),
 }))
 """
 

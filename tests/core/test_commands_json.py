@@ -1,4 +1,4 @@
-"""`validate --format json` and `parity --format json` print strict JSON (issue 31 item 8):
+"""`validate --format json` and `parity --format json` print strict JSON:
 non-finite numbers as the strings "nan", "inf" and "-inf", decimals as their text. The
 commands on bad data (a NaN or Decimal index, non-finite rewards) are corpus cases
 (tests/core/bad_inputs/generate.py); here, the encoder itself."""

@@ -4,13 +4,17 @@ and `rank`, one column set, through its dataset card (CONTRACT 7, docs/dataset.m
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import yaml
 
 from pipeline import columns as c
-from pipeline.step.write import DATASET_CARD, dataset_card
+from pipeline.step.write import BUILD_ID, DATASET_CARD, dataset_card
 from tests.conftest import build, sample, write_step
 
 
@@ -81,10 +85,17 @@ def test_load_dataset_reads_every_committed_step(tmp_path: Path) -> None:
 def test_dataset_card_names_the_rank_files_and_every_column(tmp_path: Path) -> None:
     out, _ = _two_steps(tmp_path)
     text = (out / DATASET_CARD).read_text()
-    assert text == dataset_card()
+    build = BUILD_ID.search(text)
+    assert build is not None and text == dataset_card(build.group(1))
     front = yaml.safe_load(text.split("---\n")[1])
     files = [{"split": "train", "path": "step=*/rank=*.parquet"}]
-    assert front["configs"] == [{"config_name": "default", "data_files": files}]
+    (config,) = front["configs"]
+    assert config == {
+        "config_name": "default",
+        "description": f"rollout-shards build {build.group(1)}: changes with every committed "
+        "step, so that datasets never serves an earlier build from its cache",
+        "data_files": files,
+    }
     assert front["pretty_name"] == "Training shards (rollout-shards)"
     assert front["license"] == "other"
     for name in c.DATASET_COLUMNS:
@@ -96,7 +107,7 @@ def test_dataset_card_names_the_rank_files_and_every_column(tmp_path: Path) -> N
 RANK_ROWS_SEEN_BY_RAY = """
 import logging, sys
 import ray
-ray.init(num_cpus=1, include_dashboard=False, logging_level=logging.ERROR,
+ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level=logging.ERROR,
          log_to_driver=False)
 dataset = ray.data.read_parquet(sys.argv[1])
 print(dataset.count(), sorted(dataset.schema().names))
@@ -139,3 +150,47 @@ def test_the_whole_root_read_by_common_readers_is_the_rank_rows(tmp_path: Path) 
     )
     assert ray.returncode == 0, ray.stderr[-2000:]
     assert ray.stdout.strip().splitlines()[-1] == f"{_written(manifests)} {columns}"
+
+
+LOAD_IN_ONE_CACHE = """
+import json, sys
+import datasets
+datasets.disable_progress_bars()
+train = datasets.load_dataset(sys.argv[1])["train"]
+print(json.dumps({"rows": train.num_rows, "steps": sorted(set(train["step"]))}))
+"""
+
+
+def _load_with_home(root: Path, home: Path) -> dict[str, Any]:
+    """`datasets.load_dataset(root)` in a process whose HF_HOME is `home`, as a user's is:
+    one cache for every load."""
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_IN_ONE_CACHE, str(root)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"},
+        check=True,
+    )
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_load_dataset_reads_the_current_build_in_a_persistent_cache(tmp_path: Path) -> None:
+    """One HF cache, as a user has: a root built with one step, loaded, rebuilt with four
+    steps, loaded again, gives the four steps; a second root of the same folder name gives
+    its own rows, and the first root loads unchanged again (from the cache)."""
+    home = tmp_path / "hf"
+    data = tmp_path / "rollouts"
+    for step in range(1, 5):  # step 1 of 8 rows, the others of 4
+        write_step(data, [sample(i, step=step) for i in range(8 if step == 1 else 4)], step=step)
+    one_step = tmp_path / "one"
+    write_step(one_step, [sample(i) for i in range(4)], step=1)
+    first = tmp_path / "a" / "shards"
+    build(one_step, first, global_batch_size=2)
+    assert _load_with_home(first, home) == {"rows": 4, "steps": [1]}
+    for step in range(1, 5):
+        build(data / f"step={step}.parquet", first, global_batch_size=2)
+    assert _load_with_home(first, home) == {"rows": 20, "steps": [1, 2, 3, 4]}
+    second = tmp_path / "b" / "shards"
+    build(data / "step=2.parquet", second, global_batch_size=2)
+    assert _load_with_home(second, home) == {"rows": 4, "steps": [2]}
+    assert _load_with_home(first, home) == {"rows": 20, "steps": [1, 2, 3, 4]}

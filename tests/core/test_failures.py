@@ -1,4 +1,4 @@
-"""Failures outside the data (issue 11 items 8-10), through `pipeline.cli.main` in process:
+"""Failures outside the data, through `pipeline.cli.main` in process:
 a full disk, a blocking check that fails on the staged folder, a step folder whose
 manifest cannot be trusted, the same input given twice."""
 

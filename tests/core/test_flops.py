@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -88,12 +87,12 @@ def megatron_args(model: dict[str, Any], **other: Any) -> ms.Args:
 
 
 @pytest.fixture(scope="module")
-def miles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    import pydantic  # noqa: F401  (the real one: miles' imports of it are stubbed)
-
+def miles(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """miles' modules, kept after their import context closes (the project's own lazy
+    imports made inside it would be unloaded with it)."""
     source = ms.head_source(tmp_path_factory.mktemp("miles"))
     with ms.miles_modules(source):
-        yield (
+        return (
             importlib.import_module("miles.utils.flops_utils"),
             importlib.import_module("miles.utils.dp_schedule"),
         )

@@ -345,3 +345,28 @@ def test_the_figure_check_finds_figures() -> None:
     other = ["0x10", "up to 8 times", "step 3", "v2", "a 1024-row group", "sha256"]
     assert [bool(FIGURE.search(t)) for t in figures] == [True] * len(figures)
     assert [bool(FIGURE.search(t)) for t in other] == [False] * len(other)
+
+
+def _imported(path: Path) -> set[str]:
+    """Every module `path` imports, by its full name (relative imports left out)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_verl_is_imported_by_the_loaders_verl_module_alone() -> None:
+    loader = REPO / "loader" / "rollout_shards_loader"
+    files = sorted(PACKAGE.rglob("*.py")) + sorted(loader.rglob("*.py"))
+    importers = [
+        path.relative_to(REPO).as_posix()
+        for path in files
+        if any(name == "verl" or name.startswith("verl.") for name in _imported(path))
+    ]
+    assert importers == ["loader/rollout_shards_loader/verl.py"]

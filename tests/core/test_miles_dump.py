@@ -561,7 +561,7 @@ def test_reading_does_not_need_torch(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert read_miles_dump(path).equals(expected)
 
 
-# --- reading: what a file may make the reader build (issue 31 item 5) -------------
+# --- reading: what a file may make the reader build -------------------------------
 
 PLACEHOLDER = "RAW-PICKLE-OPCODES"
 

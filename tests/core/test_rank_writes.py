@@ -1,4 +1,4 @@
-"""The lean hot path (issue 6) gives exactly what the plain one gives.
+"""Rank-by-rank writes give exactly what a write of the whole frame gives.
 
 Reading a file's list columns on threads of their own, gathering the list columns rank by
 rank as the files are written, and the import layout of the CLI are checked here for

@@ -1,7 +1,7 @@
 """`rollout_id_policy: repair` for data from before the rollout-id rule was fixed
-(pipeline/transforms/repair.py): ids cleared on v1 rows and v2 singletons (before miles
-PR #2536), missing ids stamped on v2 multi-leaf leaves (before PR #2368), each repaired
-row counted per rule; `strict` repairs nothing."""
+(pipeline/transforms/repair.py): ids cleared on v1 rows and single-row trajectories
+(before miles PR #2536), missing ids stamped on v2 multi-leaf leaves (before PR #2368),
+each repaired row counted per rule; `strict` repairs nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 from pipeline import columns as c
 from pipeline.errors import StepError
+from pipeline.schemas.validate import REPAIR_HINT
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
 from tests.conftest import build, ranks, sample, table, write_step
 
@@ -56,8 +57,8 @@ def test_repair_transform_exact() -> None:
         ]
     ).with_columns(pl.lit(1, dtype=pl.Int64).alias(c.STEP))
     repaired, counts = repair_rollout_ids(frame)
-    assert repaired.get_column(c.ROLLOUT_ID).to_list() == [None, None, 2, 2, 30, 30, 4, 4, 5]
-    assert counts == {CLEARED: 2, STAMPED: 3}
+    assert repaired.get_column(c.ROLLOUT_ID).to_list() == [None, None, 2, 2, 30, 30, 4, 4, None]
+    assert counts == {CLEARED: 3, STAMPED: 3}
     assert repaired.drop(c.ROLLOUT_ID).equals(frame.drop(c.ROLLOUT_ID))
 
 
@@ -128,17 +129,50 @@ def test_strict_and_repair_agree_on_data_that_needs_none(rows_dir: Path, tmp_pat
 
 def test_repair_leaves_what_no_legacy_window_wrote(rows_dir: Path, tmp_path: Path) -> None:
     rows = [
-        sample(0, rollout_id=7),  # no session server, yet an id
+        sample(0, rollout_id=7),  # no session version: a singleton, cleared
         sample(1, 0, rollout_id=10, **V2),  # siblings with two ids
         sample(1, 1, rollout_id=11, **V2),
+        sample(2, 0, rollout_id=2),  # rows sharing an index without v2: duplicates
+        sample(2, 1, rollout_id=2),
     ]
     write_step(rows_dir, rows)
     with pytest.raises(StepError) as error:
         build(rows_dir, tmp_path / "out", global_batch_size=1, **REPAIR)
-    assert [(v.rule, v.rows) for v in error.value.violations] == [
-        ("rollout_id_only_on_v2_multi_leaf", [(0, 0)]),
-        ("rollout_id_shared_by_siblings", [(1, 0), (1, 1)]),
-    ]
+    found = {v.rule: (v.rows, v.message) for v in error.value.violations}
+    assert found["rollout_id_shared_by_siblings"][0] == [(1, 0), (1, 1)]
+    assert found["rollout_id_only_on_v2_multi_leaf"][0] == [(2, 0), (2, 1)]
+    assert found["multi_leaf_only_in_v2"][0] == [(2, 0), (2, 1)]
+    # repair ran and these rows are still refused: the line does not send the user to it
+    assert "--rollout-id-policy repair" not in found["rollout_id_only_on_v2_multi_leaf"][1]
+
+
+def test_a_singleton_without_a_session_version_is_cleared(rows_dir: Path, tmp_path: Path) -> None:
+    """A table of miles samples says no session version (miles stores none): a single row
+    with an id is a v1 row or a v2 singleton, and repair clears the id of both, so the
+    line's hint holds for it and repair builds the step."""
+    rows = [sample(i, rollout_id=i) for i in range(4)]
+    write_step(rows_dir, rows)
+    with pytest.raises(StepError) as error:
+        build(rows_dir, tmp_path / "strict", global_batch_size=2)
+    (violation,) = error.value.violations
+    assert violation.rule == "rollout_id_only_on_v2_multi_leaf"
+    assert violation.message.endswith(REPAIR_HINT)
+    manifest = build(rows_dir, tmp_path / "out", global_batch_size=2, **REPAIR)
+    assert manifest["repaired"] == {CLEARED: 4, STAMPED: 0}
+    assert manifest["is_compact"] is False
+    (shard,) = ranks(tmp_path / "out")
+    assert shard.get_column("rollout_ids").to_list() == [0, 1, 2, 3]
+
+
+def test_the_hint_only_where_repair_repairs(rows_dir: Path, tmp_path: Path) -> None:
+    """Rows sharing an index without v2 (a v2 trajectory whose session version is not
+    given, or copies) are not repaired: their line names no repair."""
+    write_step(rows_dir, [sample(0, leaf, rollout_id=0) for leaf in (0, 1)])
+    with pytest.raises(StepError) as error:
+        build(rows_dir, tmp_path / "out", global_batch_size=1)
+    found = {v.rule: v.message for v in error.value.violations}
+    assert "--rollout-id-policy repair" not in found["rollout_id_only_on_v2_multi_leaf"]
+    assert "multi_leaf_only_in_v2" in found
 
 
 def test_a_stamped_id_still_has_to_be_unique(rows_dir: Path, tmp_path: Path) -> None:

@@ -142,3 +142,54 @@ def test_a_moved_input_is_not_current(rows_dir: Path, tmp_path: Path) -> None:
     os.rename(rows_dir, moved)
     ((step, sources),) = group_steps(find_sources([moved])).items()
     assert current_manifest(step, sources, settings, out) is None
+
+
+def _build_from(cwd: Path, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    """`rollout-shards build` run from the folder `cwd`, paths as typed there."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "loader")])}
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "build", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        check=False,
+    )
+
+
+def test_a_current_step_is_skipped_whatever_the_working_folder(tmp_path: Path) -> None:
+    """`build my/rollouts` from one folder, then `build rollouts` from inside `my/`: the
+    inputs are the same files (the manifest records them resolved), so nothing is built."""
+    write_step(tmp_path / "my" / "rollouts", [sample(i) for i in range(4)], step=1)
+    first = _build_from(tmp_path, "my/rollouts", "--out", "shards", *GBS)
+    assert first.returncode == 0, first.stderr
+    folder = tmp_path / "shards" / "step=1"
+    before = identity(folder)
+    (record,) = json.loads((folder / "manifest.json").read_text())["inputs"]
+    assert record["path"] == str((tmp_path / "my" / "rollouts" / "step=1.parquet").resolve())
+    again = _build_from(tmp_path / "my", "rollouts", "--out", "../shards", *GBS)
+    assert again.returncode == 0, again.stderr
+    assert "step 1: up to date, skipped" in again.stdout
+    assert identity(folder) == before
+
+
+def test_a_moved_input_root_rebuilds_the_same_shards_and_a_moved_output_root_skips(
+    tmp_path: Path,
+) -> None:
+    """The manifest names the inputs where they were: after the input root moves, its
+    steps are built again (the same rank files; the manifest names the new place); an
+    output root moved with its inputs in place is still current."""
+    write_step(tmp_path / "rollouts", [sample(i) for i in range(4)], step=1)
+    assert _build_from(tmp_path, "rollouts", "--out", "shards", *GBS).returncode == 0
+    ranks = contents(tmp_path / "shards" / "step=1")
+    (tmp_path / "shards").rename(tmp_path / "moved-shards")
+    kept = _build_from(tmp_path, "rollouts", "--out", "moved-shards", *GBS)
+    assert "step 1: up to date, skipped" in kept.stdout, kept.stdout
+    (tmp_path / "rollouts").rename(tmp_path / "moved-rollouts")
+    rebuilt = _build_from(tmp_path, "moved-rollouts", "--out", "moved-shards", *GBS)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "up to date" not in rebuilt.stdout
+    after = contents(tmp_path / "moved-shards" / "step=1")
+    assert {k: v for k, v in after.items() if k != "manifest.json"} == {
+        k: v for k, v in ranks.items() if k != "manifest.json"
+    }

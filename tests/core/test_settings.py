@@ -28,6 +28,7 @@ from pipeline.settings import (
     setting_defaults,
     setting_fields,
     setting_types,
+    trainer_settings,
 )
 from pipeline.yaml_config import MAX_DEPTH, ConfigError, load_mapping
 
@@ -76,7 +77,7 @@ def test_booleans_are_read_as_pydantic_reads_them(value: Any, read: bool) -> Non
 
 def test_choices_and_texts() -> None:
     assert problems({"global_batch_size": 8, "advantage_estimator": "dpo"}) == (
-        "advantage_estimator: Input should be 'grpo', 'gspo', 'reinforce_plus_plus', "
+        "advantage_estimator: Input should be 'grpo', 'gspo', 'cispo', 'reinforce_plus_plus', "
         "'reinforce_plus_plus_baseline' or 'ppo'"
     )
     assert problems({"global_batch_size": 8, "reward_key": 3}) == (
@@ -108,9 +109,11 @@ def test_settings_are_frozen_and_checked_when_replaced() -> None:
     with pytest.raises(ValueError, match="must be divisible"):
         settings.replace(global_batch_size=3)
     assert settings.to_json().startswith('{"trainer":"miles","global_batch_size":8,"dp_size":2,')
-    # run options (stream_above, ray_address, ray_above) change no output byte: not recorded
+    # run options (stream_above, ray_address, ray_above) change no output byte: not
+    # recorded; nor are the settings of another trainer
+    verl = trainer_settings("verl")
     options = ("stream_above", "ray_address", "ray_above")
-    recorded = [name for name, _, _ in setting_fields() if name not in options]
+    recorded = [n for n, _, _ in setting_fields() if n not in options and n not in verl]
     assert list(settings.to_dict()) == recorded
     assert list(settings.values()) == [name for name, _, _ in setting_fields()]
 
@@ -276,7 +279,7 @@ class _Reference(BaseModel):
     dp_size: int = Field(1, strict=True, ge=1)
     balance_data: bool = False
     advantage_estimator: Literal[
-        "grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
+        "grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
     ] = "grpo"
     reward_key: str | None = None
     micro_batch_size: int | None = Field(None, strict=True, ge=1)

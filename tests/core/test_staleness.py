@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +27,13 @@ STEP = 9
 
 
 @pytest.fixture(scope="module")
-def miles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    import pydantic  # noqa: F401  (the real one: miles' imports of it are stubbed)
-
+def miles(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """miles' modules, kept after their import context closes: a build run inside it would
+    import the project's lazy imports (pydantic's parts) only to have them unloaded."""
     source = ms.head_source(tmp_path_factory.mktemp("miles"))
     with ms.miles_modules(source) as modules:
         modules.buffer = importlib.import_module("miles.rollout.fully_async_data_buffer")
-        yield modules
+    return modules
 
 
 def rows_of(versions: list[list[list[str]]]) -> list[dict[str, Any]]:
@@ -137,6 +136,11 @@ def test_groups_set_aside_are_the_ones_miles_buffer_drops(
         for reason, group in zip(quarantine["reason"], quarantine["group_index"], strict=True):
             assert reason.startswith(f"max_weight_staleness: prompt group {group} is ")
             assert f"(step {STEP}, oldest weight version " in reason
+    # the rank-bounded build sets the same groups aside, byte for byte
+    bounded = build(
+        tmp_path / "in", tmp_path / "bounded", max_weight_staleness=budget, stream_above=0, **chosen
+    )
+    assert [o["sha256"] for o in bounded["outputs"]] == [o["sha256"] for o in meta["outputs"]]
     # the rest is built exactly as the kept rows alone
     kept = [row for row in rows if row["group_index"] not in dropped]
     write_step(tmp_path / "kept", kept, step=STEP)
@@ -164,3 +168,15 @@ def test_budget_needs_group_index_and_ascii_versions(tmp_path: Path) -> None:
     assert error.value.violations[0].rule == "weight_version_not_ascii"
     with pytest.raises(UsageError, match="greater than or equal to 0"):
         load_settings(global_batch_size=1, max_weight_staleness=-1)
+
+
+def test_versions_past_int64_are_never_the_oldest() -> None:
+    """miles reads them as Python integers: larger than every step, so never stale."""
+    from pipeline.transforms.staleness import stale_rows
+
+    frame = pl.DataFrame(
+        {"_row_id": [0, 1, 2], "index": [0, 1, 2], "leaf": [0, 0, 0], "group_index": [0, 0, 1]}
+    ).with_columns(
+        pl.Series("weight_versions", [["99999999999999999999999"], ["3"], ["99999999999999999999"]])
+    )
+    assert stale_rows(frame, STEP, 1).get_column("_row_id").to_list() == [0, 1]

@@ -92,3 +92,24 @@ def test_loader_installs_beside_miles_pins_and_reads_a_step(tmp_path: Path) -> N
         for key in want_keys:
             assert got_bits[key] == want_bits[key], key
     assert sys.executable != str(python)
+
+    # the verl module imports without verl (or torch); its reader says what it needs
+    run = subprocess.run(
+        [str(python), "-I", "-c", VERL_WITHOUT_VERL, str(folder)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "runs in verl's environment (tensordict is not installed)"
+
+
+VERL_WITHOUT_VERL = """
+import sys
+import rollout_shards_loader.verl as verl_side
+assert not {"verl", "torch", "tensordict"} & set(sys.modules)
+try:
+    verl_side.read_rank(sys.argv[1], 0)
+except ImportError as error:
+    print(str(error).partition("read_rank ")[2].partition(":")[0])
+"""

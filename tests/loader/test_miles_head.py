@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from rollout_shards_loader import StepNotBuiltError, read_rank
+from rollout_shards_loader import _hook as hook_internals
 from rollout_shards_loader import miles as hook
 
 from pipeline.settings import load_settings
@@ -150,6 +151,10 @@ CASES.update(
         for name, shape in _SHAPES.items()
     }
 )
+CASES["delayed_split_with_cp_size"] = (
+    _uneven_rows(),
+    {**_BY_FLOPS, **_SHAPE, "balance_data": True, "delay_split_train_data_by_dp": True},
+)
 CASES["scheduled_by_flops_compact"] = (
     _scheduled_rows(),
     {**_BY_FLOPS, **_SHAPE, "global_batch_size": 2, "max_tokens_per_gpu": 8},
@@ -165,12 +170,33 @@ def _embedded_cases() -> dict[str, tuple[Path, dict[str, Any]]]:
     }
 
 
+def _delayed_refs(miles: Any, args: Any, rows: list[dict[str, Any]], config: dict) -> Any:
+    """miles' rollout manager under `--delay-split-train-data-by-dp`: the converted batch
+    goes whole into the store; each rank's `process_rollout_data` splits it."""
+    miles.object_store._INSTANCE = ms.memory_store(miles)
+    data, metadata = miles.postprocess.postprocess_rollout_data(
+        args, ms.samples(miles, rows), config
+    )
+    train_data = miles.conversion.convert_samples_to_train_data(
+        args,
+        data,
+        metadata=metadata,
+        custom_convert_samples_to_train_data_func=None,
+        custom_reward_post_process_func=None,
+    )
+    return miles.object_store._INSTANCE.put(train_data)
+
+
 def _both_paths(
     miles: Any, rows: list[dict[str, Any]], chosen: dict[str, Any], out: Path, rollout_id: int
 ) -> None:
     settings = load_settings(**chosen).to_dict()
     args = ms.miles_args(settings)
-    refs = ms.rollout_side(miles, args, rows, ms.train_parallel_config(settings))
+    config = ms.train_parallel_config(settings)
+    if settings["delay_split_train_data_by_dp"]:
+        refs = _delayed_refs(miles, args, rows, config)
+    else:
+        refs = ms.rollout_side(miles, args, rows, config)
     actor, seen = ms.trainer(miles, args)
     dp = settings["dp_size"]
     for rank in range(dp):  # miles' own path: train() on the rollout side's refs
@@ -230,13 +256,13 @@ def test_head_gets_the_pair_and_enters_its_handle(miles: Any, tmp_path: Path) ->
     write_step(tmp_path / "in", [sample(i, reward=float(i)) for i in range(4)])
     build(tmp_path / "in", tmp_path / "out", global_batch_size=2, dp_size=2)
     hook.install(tmp_path / "out")
-    token = hook._ROLLOUT_ID.set(1)
+    token = hook_internals._ROLLOUT_ID.set(1)
     try:
         data, handle = miles.data.process_rollout_data(
             ms.Args(global_batch_size=2), None, 1, 2, witness_info=None
         )
     finally:
-        hook._ROLLOUT_ID.reset(token)
+        hook_internals._ROLLOUT_ID.reset(token)
     assert isinstance(handle, miles.object_store.ObjectStoreGetResult)
     with handle as value:
         assert value is data
@@ -276,7 +302,7 @@ def test_runtime_env_runs_the_setup_hook(monkeypatch: pytest.MonkeyPatch, tmp_pa
         hook.setup_hook()
     monkeypatch.setenv(hook.ROOT_ENV, str(tmp_path))
     hook.setup_hook()
-    assert hook._Finder.root == tmp_path
+    assert hook_internals._Finder.root == tmp_path
 
 
 def _trainer_on_a_step(miles: Any, tmp_path: Path) -> tuple[Any, Any, list[dict[str, Any]]]:
@@ -343,4 +369,4 @@ def test_the_wait_is_a_number_of_seconds(monkeypatch: pytest.MonkeyPatch, tmp_pa
     with pytest.raises(ValueError, match="wait_s=True"):
         hook.install(tmp_path, wait_s=True)
     hook.install(tmp_path)
-    assert hook._Finder.wait_s == hook.WAIT_S
+    assert hook_internals._Finder.wait_s == hook.WAIT_S

@@ -22,7 +22,13 @@ import pyarrow.parquet as pq
 import pytest
 import rollout_shards_loader._step as step_reader
 import rollout_shards_loader._verify as verifier
-from rollout_shards_loader import ShardVerificationError, read_manifest, read_rank
+from rollout_shards_loader import (
+    ShardVerificationError,
+    StepNotBuiltError,
+    read_manifest,
+    read_rank,
+    wait_for_step,
+)
 
 from pipeline.io import writer
 from tests.conftest import REPO, build, sample, write_step
@@ -247,6 +253,7 @@ WRONG_TYPES = {
     "step as a float": ("step", 1.0),
     "settings.dp_size": ("settings.dp_size", True),
     "settings.global_batch_size": ("settings.global_batch_size", "4"),
+    "settings.trainer": ("settings.trainer", 1),
     "outputs[0].rows": ("outputs.0.rows", True),
     "outputs[1].sha256": ("outputs.1.sha256", 7),
     "outputs[0].raw_reward_sha256": ("outputs.0.raw_reward_sha256", False),
@@ -291,6 +298,10 @@ def test_a_manifest_of_inconsistent_fields_is_named(tmp_path: Path) -> None:
     # a batch position given twice would leave a value of the batch-wide raw_reward unset
     path.write_text(json.dumps({**manifest, "dropped_positions": [0], "dropped_raw_reward": [1]}))
     with pytest.raises(ShardVerificationError, match=r"not each of 0\.\.8 once"):
+        read_rank(folder, 0)
+    verl = {**manifest["settings"], "trainer": "verl"}
+    path.write_text(json.dumps({**manifest, "settings": verl}))
+    with pytest.raises(ValueError, match=r"built for the verl trainer \(--trainer verl\)"):
         read_rank(folder, 0)
     path.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ShardVerificationError, match="manifest.json: not a JSON manifest"):
@@ -398,3 +409,14 @@ def test_rebuilds_racing_hundreds_of_reads_never_mix(
         rebuilder.wait(timeout=120)
     assert rebuilder.returncode == 0
     assert builds >= 4  # the step was replaced again and again during the reads
+
+
+def test_wait_for_step_returns_for_a_built_step_and_names_the_build_otherwise(
+    tmp_path: Path,
+) -> None:
+    folder = _step(tmp_path)
+    started = time.monotonic()
+    wait_for_step(folder, 600)
+    assert time.monotonic() - started < 5
+    with pytest.raises(StepNotBuiltError, match=r"step=2: the step is not built .* waiting 0 s"):
+        wait_for_step(folder.with_name("step=2"), 0)

@@ -38,8 +38,23 @@ thing broken. `case.json` holds:
 In `args`, `lines` and `report`, `{input}` and `{case}` stand for the case's `input/`
 folder and the case folder. Besides the files under `input/`, a case may hold symlinks
 (`links`, name to target), FIFOs (`fifos`) and files beside `input/` (`outside`, e.g. an
-`out` in the way), and folders (`folders`) and symlinks (`case_links`) under the case
-folder (e.g. an `out/.staging` linked elsewhere).
+`out` in the way), and folders (`folders`), symlinks (`case_links`), FIFOs (`case_fifos`)
+and Unix sockets (`sockets`) under the case folder (e.g. an `out/.staging` linked
+elsewhere, a FIFO given as `--config`). In folder names `{host}` stands for this host's
+name as a build writes it into its private folders.
+
+Some cases run the command as a program in a way only a process can be run (always as a
+subprocess, `build` of `input` into `out`):
+
+- `stdout`: `closed` (started with standard output closed, as `build ... >&-`) or `broken`
+  (its reader reads one line and goes away, as `build ... | head -1`);
+- `signal`: `SIGINT` or `SIGTERM`, sent while the build waits for step 7's lock (held by
+  the runner): the process ends by that signal, printing nothing;
+- `built`: the steps whose folders the command commits (the others: none), whatever its
+  exit status; `lines` then holds the exact stderr lines;
+- `kept` and `gone`: paths under the case folder that exist, or do not, afterwards.
+
+`metrics` runs `rollout-shards metrics ARGS`.
 
 The corpus is deterministic: the same script writes the same bytes.
 """
@@ -51,6 +66,8 @@ import json
 import math
 import os
 import pickle
+import re
+import socket
 import sys
 import zipfile
 from collections.abc import Callable
@@ -196,6 +213,18 @@ class Case:
     prepare: list[dict[str, Any]] = field(default_factory=list)
     folders: list[str] = field(default_factory=list)
     case_links: dict[str, str] = field(default_factory=dict)
+    case_fifos: list[str] = field(default_factory=list)
+    sockets: list[str] = field(default_factory=list)
+    stdout: str | None = None
+    signal: str | None = None
+    built: list[int] | None = None
+    kept: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+
+    def with_file(self, name: str, data: bytes) -> Case:
+        """This case with its one input file `name` holding `data` instead."""
+        self.files = {name: data}
+        return self
 
 
 def error(
@@ -2385,6 +2414,394 @@ def staging_cases() -> list[Case]:
     ]
 
 
+# A build's private folders name this host as the writer does (`pipeline.io.writer`).
+HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "localhost"
+# A process id beyond any Linux `pid_max` (2**22 at most), within a C `pid_t`: no process
+# has it, so a folder naming it is a killed build's, and cleaning removes it.
+GONE_PID = 2**22
+
+
+def at_step(step: int, rows: list[Row]) -> list[Row]:
+    return [dict(row, step=step) for row in rows]
+
+
+def three_steps() -> dict[str, bytes]:
+    """Steps 7 and 8 valid, step 9 with a response longer than its tokens."""
+    return {
+        f"step={STEP}.parquet": parquet(base()),
+        "step=8.parquet": parquet(at_step(8, base())),
+        "step=9.parquet": parquet(at_step(9, base(row3={"response_length": 9}))),
+    }
+
+
+STEP_9_LINE = (
+    "step 9: {input}/step=9.parquet: rule response_within_tokens: response_length must be "
+    "within 0..len(tokens); rows (index, leaf): (3, 0)"
+)
+
+
+def refused_settings_file(name: str, what: str, usage_text: str, **fields: Any) -> Case:
+    """`--config {case}/settings.yaml`, refused as a usage error holding `usage_text`."""
+    return usage(name, what, usage_text, ["--config", "{case}/settings.yaml"], **fields)
+
+
+def metrics_refused(name: str, what: str, args: list[str], line: str, **fields: Any) -> Case:
+    """`metrics` of a build of the valid step into `out`, refused before writing."""
+    return Case(
+        name,
+        what,
+        {f"step={STEP}.parquet": parquet(base())},
+        2,
+        command="metrics",
+        args=["{case}/out", *args],
+        prepare=[{"build": "out"}],
+        lines=[line],
+        **fields,
+    )
+
+
+def bytes_columns(rows: list[Row]) -> dict[str, pa.Array]:
+    return {"tokens": pa.array([bytes(row["tokens"]) for row in rows], pa.binary())}
+
+
+def round_four_cases() -> list[Case]:
+    """Issue 39: Arrow types no rule maps, stray private folders, step names in other
+    digits, things that are not regular files where a file is read or replaced, a stdout
+    that goes away, keys given twice with null, and interrupted builds."""
+    rows = base()
+    valid = parquet(rows)
+    json_file = f"step={STEP}.jsonl"
+    last = json.dumps(sample(6))[:-1]
+    char_device = "not a regular file (a character device)"
+    fifo = "not a regular file (a FIFO)"
+    kept_folders = [
+        f"out/.tmp-step={STEP}-{{host}}-{'9' * 23}-0123abcd",
+        f"out/.tmp-spill-step={STEP}-{{host}}-{2**32}-0123abcd",
+        f"out/.old-step={STEP}-{{host}}-0-0123abcd",
+        f"out/.tmp-step={STEP}-{{host}}-\u0661\u0662\u0663-0123abcd",
+        f"out/.tmp-step={STEP}-an.other.host-1-0123abcd",
+    ]
+    gone_folder = f"out/.tmp-step={STEP}-{{host}}-{GONE_PID}-0123abcd"
+    other_digits = [f"step={d}" for d in ("\u0667", "\u0667.parquet", "\uff17.parquet")]
+    return [
+        # 1. Arrow types no rule maps: bytes where numbers, text or lists belong.
+        Case(
+            "tokens_stored_as_bytes",
+            "tokens stored as Arrow binary (the token ids' bytes): Polars panicked naming them",
+            {ARROW_FILE: arrow_ipc(rows, bytes_columns(rows))},
+            1,
+            [
+                error(
+                    "column_type",
+                    FIRST_FIVE,
+                    [ARROW_FILE],
+                    "column tokens must be List(Int32), but the file stores it as Binary; "
+                    "file row 1 holds b'\\x0b\\x0c\\r\\x0e\\x0f\\x10'",
+                    more=3,
+                )
+            ],
+        ),
+        Case(
+            "status_stored_as_binary_view",
+            "status stored as Arrow binary_view",
+            {
+                ARROW_FILE: arrow_ipc(
+                    rows, {"status": pa.array([b"completed"] * len(rows), pa.binary_view())}
+                )
+            },
+            1,
+            [
+                error(
+                    "column_type",
+                    FIRST_FIVE,
+                    [ARROW_FILE],
+                    "column status must be String, but the file stores it as Binary; "
+                    "file row 1 holds b'completed'",
+                    more=3,
+                )
+            ],
+        ),
+        Case(
+            "reward_stored_as_fixed_size_binary",
+            "reward stored in Parquet as 8-byte fixed_size_binary (a float64's bytes)",
+            {
+                f"step={STEP}.parquet": arrow_parquet(
+                    rows,
+                    {"reward": pa.array([b"\x00" * 8] * len(rows), pa.binary(8))},
+                )
+            },
+            1,
+            [
+                error(
+                    "column_type",
+                    FIRST_FIVE,
+                    None,
+                    "column reward must be Float64, but the file stores it as Binary; "
+                    "file row 1 holds b'\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00'",
+                    more=3,
+                )
+            ],
+        ),
+        Case(
+            "metadata_as_a_list_of_bytes",
+            "metadata (kept as JSON text) stored as a list of large_binary: JSON has no bytes",
+            {
+                ARROW_FILE: arrow_ipc(
+                    rows, {"metadata": pa.array([[b"hi"]] * len(rows), pa.list_(pa.large_binary()))}
+                )
+            },
+            1,
+            [
+                error(
+                    "column_type",
+                    FIRST_FIVE,
+                    [ARROW_FILE],
+                    "column metadata must be String, but the file stores it as List(Binary); "
+                    "file row 1 holds [b'hi']",
+                    more=3,
+                )
+            ],
+        ),
+        quarantined(
+            "quarantine_a_file_of_bytes_tokens",
+            "step 7 in two files, the second's tokens stored as binary: its rows set aside",
+            {
+                f"step={STEP}/a.parquet": arrow_parquet(rows[:4], {}),
+                f"step={STEP}/b.parquet": arrow_parquet(rows[4:], bytes_columns(rows[4:])),
+            },
+            counts(8, 4, 0, 4),
+            [(i, 0, "column_type: column tokens must be List(Int32)") for i in range(4, 8)],
+        ),
+        # 2. Stray private folders in the output root.
+        Case(
+            "stray_private_folders_in_the_output_root",
+            "leftover staging and spill folders naming an impossible process id (beyond "
+            "pid_t, 0, other digits) or another host: left alone; a gone process's removed",
+            {f"step={STEP}.parquet": valid},
+            0,
+            outcome={
+                "counts": counts(8, 0, 0, 8),
+                "ignored_columns": [],
+                "skipped_files": [],
+                "quarantine": [],
+            },
+            folders=[*kept_folders, gone_folder],
+            kept=kept_folders,
+            gone=[gone_folder],
+        ),
+        # 3. Step names whose digits are not ASCII.
+        Case(
+            "step_names_in_other_digits",
+            "step=\u0667/ (Arabic-Indic 7), step=\u0667.parquet and step=\uff17.parquet "
+            "(fullwidth 7) beside step=7.parquet, holding the same rows: not steps, a note each",
+            {
+                f"step={STEP}.parquet": valid,
+                "step=\u0667/part.parquet": valid,
+                "step=\u0667.parquet": valid,
+                "step=\uff17.parquet": valid,
+            },
+            0,
+            outcome={
+                "counts": counts(8, 0, 0, 8),
+                "ignored_columns": [],
+                "skipped_files": other_digits,
+                "quarantine": [],
+            },
+            notes=other_digits,
+        ),
+        # 4. Not a regular file where a file is read.
+        refused_settings_file(
+            "config_is_a_fifo",
+            "--config names a FIFO (nothing writes to it): a read would wait for ever",
+            f"settings.yaml cannot be read: {fifo}",
+            case_fifos=["settings.yaml"],
+        ),
+        refused_settings_file(
+            "config_is_a_device",
+            "--config names /dev/zero (through a link): a read would never end",
+            f"settings.yaml cannot be read: {char_device}",
+            case_links={"settings.yaml": "/dev/zero"},
+        ),
+        refused_settings_file(
+            "config_is_a_socket",
+            "--config names a Unix socket",
+            "settings.yaml cannot be read: not a regular file (a socket)",
+            sockets=["settings.yaml"],
+        ),
+        usage(
+            "data_settings_file_is_a_fifo",
+            "the input root's rollout-shards.yaml is a FIFO (it used to be passed over)",
+            f"rollout-shards.yaml cannot be read: {fifo}",
+            [],
+            fifos=["rollout-shards.yaml"],
+        ),
+        Case(
+            "manifest_is_a_fifo",
+            "a built step whose manifest.json became a FIFO: counted as none, rebuilt",
+            {f"step={STEP}.parquet": valid},
+            0,
+            outcome={
+                "counts": counts(8, 0, 0, 8),
+                "ignored_columns": [],
+                "skipped_files": [],
+                "quarantine": [],
+            },
+            prepare=[{"build": "out"}, {"fifo": f"out/step={STEP}/manifest.json"}],
+        ),
+        Case(
+            "manifest_is_a_device",
+            "a built step whose manifest.json became a link to /dev/zero: counted as none",
+            {f"step={STEP}.parquet": valid},
+            0,
+            outcome={
+                "counts": counts(8, 0, 0, 8),
+                "ignored_columns": [],
+                "skipped_files": [],
+                "quarantine": [],
+            },
+            prepare=[{"build": "out"}, {"link": [f"out/step={STEP}/manifest.json", "/dev/zero"]}],
+        ),
+        Case(
+            "input_is_a_device",
+            "step=8.parquet is a link to /dev/zero beside step 7: a note, step 7 built",
+            {f"step={STEP}.parquet": valid},
+            0,
+            outcome={
+                "counts": counts(8, 0, 0, 8),
+                "ignored_columns": [],
+                "skipped_files": [],
+                "quarantine": [],
+            },
+            links={"step=8.parquet": "/dev/zero"},
+            notes=["step=8.parquet"],
+        ),
+        # 6. metrics never replaces what is not a regular file.
+        metrics_refused(
+            "metrics_jsonl_is_a_fifo",
+            "metrics --jsonl FIFO: a rename would put a plain file in its place",
+            ["--jsonl", "{case}/metrics.jsonl"],
+            "--jsonl {case}/metrics.jsonl is a FIFO, not a regular file: give a file to write, "
+            "or - for stdout",
+            case_fifos=["metrics.jsonl"],
+        ),
+        metrics_refused(
+            "metrics_jsonl_is_a_device",
+            "metrics --jsonl naming /dev/null through a link",
+            ["--jsonl", "{case}/null.jsonl"],
+            "--jsonl {case}/null.jsonl is a character device, not a regular file: give a "
+            "file to write, or - for stdout",
+            case_links={"null.jsonl": "/dev/null"},
+        ),
+        metrics_refused(
+            "metrics_tensorboard_events_is_a_fifo",
+            "metrics --tensorboard DIR whose event file is a FIFO",
+            ["--tensorboard", "{case}/tb"],
+            "--tensorboard {case}/tb: {case}/tb/events.out.tfevents.rollout-shards is a FIFO, "
+            "not a regular file",
+            case_fifos=["tb/events.out.tfevents.rollout-shards"],
+        ),
+        metrics_refused(
+            "metrics_refused_before_writing_any",
+            "metrics --tensorboard DIR --jsonl FIFO: nothing written, the event file neither",
+            ["--tensorboard", "{case}/tb", "--jsonl", "{case}/metrics.jsonl"],
+            "--jsonl {case}/metrics.jsonl is a FIFO, not a regular file: give a file to write, "
+            "or - for stdout",
+            case_fifos=["metrics.jsonl"],
+        ),
+        # 7. A stdout that is closed or goes away.
+        Case(
+            "stdout_closed",
+            "build ... >&-: steps 7 and 8 built and committed, step 9 refused, exit 1",
+            three_steps(),
+            1,
+            stdout="closed",
+            built=[STEP, 8],
+            lines=[STEP_9_LINE],
+        ),
+        Case(
+            "stdout_reader_goes_away",
+            "build ... | head -1: steps 7 and 8 built and committed, step 9 refused, exit 1",
+            three_steps(),
+            1,
+            stdout="broken",
+            built=[STEP, 8],
+            lines=[STEP_9_LINE],
+        ),
+        Case(
+            "stdout_reader_goes_away_all_valid",
+            "build ... | head -1 of two valid steps: both built, exit 0",
+            {f"step={STEP}.parquet": valid, "step=8.parquet": parquet(at_step(8, rows))},
+            0,
+            stdout="broken",
+            built=[STEP, 8],
+        ),
+        # 8. JSON Lines keys given twice, null as one of the values.
+        json_invalid(
+            "json_duplicate_key_then_null",
+            'reward given twice on line 7, the second time null ("last wins" would drop it)',
+            base(),
+            "duplicate_key",
+            [(6, 0)],
+            "key reward must appear once in each JSON object, but it is given twice at file row 7",
+        ).with_file(json_file, json_lines(rows, {6: last + ', "reward": null}'})),
+        json_invalid(
+            "json_duplicate_key_both_null",
+            "raw_reward given twice on line 7, null both times",
+            base(),
+            "duplicate_key",
+            [(6, 0)],
+            "key raw_reward must appear once in each JSON object",
+        ).with_file(
+            json_file, json_lines(rows, {6: last + ', "raw_reward": null, "raw_reward": null}'})
+        ),
+        # 9. Interrupted while it waits for the step's lock: SIGINT ends it as SIGTERM does.
+        Case(
+            "interrupted_by_sigint",
+            "SIGINT (Ctrl-C) during a build: ended by the signal, no traceback, nothing written",
+            {f"step={STEP}.parquet": valid},
+            -2,
+            signal="SIGINT",
+            built=[],
+            folders=["out"],
+        ),
+        Case(
+            "interrupted_by_sigterm",
+            "SIGTERM during a build, the same",
+            {f"step={STEP}.parquet": valid},
+            -15,
+            signal="SIGTERM",
+            built=[],
+            folders=["out"],
+        ),
+        # 10. Settings files: unknown keys, miles' dashed spelling.
+        refused_settings_file(
+            "config_unknown_setting",
+            "--config holding foo: 3",
+            "settings.yaml: unknown setting foo",
+            outside={"settings.yaml": b"foo: 3\n"},
+        ),
+        refused_settings_file(
+            "config_dashed_setting",
+            "--config spelling a setting as miles' flag, global-batch-size: 4",
+            "settings.yaml: unknown setting global-batch-size (did you mean global_batch_size?)",
+            outside={"settings.yaml": b"global-batch-size: 4\n"},
+        ),
+        Case(
+            "validate_refuses_an_unknown_setting",
+            "validate reads the settings file as build does: global-batch-size is refused",
+            {f"step={STEP}.parquet": valid},
+            2,
+            command="validate",
+            args=["--config", "{case}/settings.yaml"],
+            outside={"settings.yaml": b"global-batch-size: 4\ndp_size: 2\n"},
+            lines=[
+                "config {case}/settings.yaml: unknown setting global-batch-size (did you mean "
+                "global_batch_size?)"
+            ],
+        ),
+    ]
+
+
 def cases() -> list[Case]:
     return [
         *column_cases(),
@@ -2399,6 +2816,7 @@ def cases() -> list[Case]:
         *parity_cases(),
         *validate_json_cases(),
         *staging_cases(),
+        *round_four_cases(),
     ]
 
 
@@ -2415,10 +2833,16 @@ def write_case(case: Case, root: Path) -> Path:
     for name in case.fifos:
         os.mkfifo(folder / "input" / name)
     for name in case.folders:
-        (folder / name).mkdir(parents=True, exist_ok=True)
+        (folder / name.replace("{host}", HOST)).mkdir(parents=True, exist_ok=True)
     for name, target in case.case_links.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         os.symlink(target, folder / name)
+    for name in case.case_fifos:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(folder / name)
+    for name in case.sockets:
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind(str(folder / name))
     spec = {
         "name": case.name,
         "what": case.what,
@@ -2432,6 +2856,11 @@ def write_case(case: Case, root: Path) -> Path:
         "lines": case.lines,
         "report": case.report,
         "prepare": case.prepare,
+        "stdout": case.stdout,
+        "signal": case.signal,
+        "built": case.built,
+        "kept": case.kept,
+        "gone": case.gone,
     }
     (folder / "case.json").write_text(json.dumps(spec, indent=2) + "\n")
     return folder

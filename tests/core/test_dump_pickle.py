@@ -1,4 +1,4 @@
-"""miles dumps are read without torch (issue 14 item 3): a stdlib zip + restricted-pickle
+"""miles dumps are read without torch (`pipeline.io.dump_pickle`): a stdlib zip + restricted-pickle
 reader, checked against real `torch.save` files and `torch.load(weights_only=True)`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A miles `--dump-details` folder builds into shards through the CLI (issue 7 item 1)."""
+"""A miles `--dump-details` folder builds into shards through the CLI."""
 
 from __future__ import annotations
 

@@ -1,0 +1,273 @@
+"""verl 0.9.1's conversion of a step's checked rows: what its legacy trainer
+(`RayPPOTrainer.fit`, `trainer.use_v1=false`) makes of one step's rollouts before it hands
+each data-parallel rank its `DataProto.chunk` (docs/verl.md).
+
+- The batch: `train_batch_size` prompt groups of exactly `rollout_n` contiguous rows
+  (verl's `repeat(n, interleave=True)`), uid = str(group_index); nothing is trimmed.
+- Lengths: a prompt longer than `max_prompt_length` or a response longer than
+  `max_response_length` is refused (verl's `data.truncation: error` refuses the prompt).
+- The DP split: `_balance_batch` when `balance_batch` (Karmarkar-Karp on the workload
+  24576 L + L^2 of each row's L tokens, equal counts, each partition smallest at both ends),
+  then `chunk(dp_size)`: rank r takes the r-th equal run of rows.
+- GRPO (`compute_grpo_outcome_advantage`, no KL in the reward): each row's score against its
+  uid group's mean, divided by its std + 1e-6 when `norm_adv_by_std_in_grpo`, in float32
+  and in the rows' order after balancing (torch's sums depend on it); a group of one row
+  has mean 0 and std 1. The scalar advantage goes to `rewards`, the score to `raw_reward`.
+- Rank files: `columns.DATASET_COLUMNS` and `group_index`, which the loader
+  (`rollout_shards_loader.verl`) pads into verl's tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import polars as pl
+
+from pipeline import columns as c
+from pipeline.errors import StepError, Violation, step_error
+from pipeline.schemas.rules import ROWS, Model
+from pipeline.settings import Settings, trainer_settings
+from pipeline.trainers import BatchPlan
+from pipeline.transforms.layout import Layout
+from pipeline.transforms.shard_columns import light_shard_columns
+from pipeline.transforms.torch_float import torch_mean_std
+from pipeline.transforms.trim import is_compact
+
+ROWS_NAMED = 10
+# compute_grpo_outcome_advantage's epsilon, added to the std in float32
+EPSILON = 1e-6
+# calculate_workload: 12 h^2 L + 2 h L^2 for h = 4096, divided by 2 h
+WORKLOAD_PER_TOKEN = 24576
+REQUIRED = ("train_batch_size", "rollout_n", "max_prompt_length", "max_response_length")
+WRITE = "_write"
+RUN = "_run"
+
+
+def _refusal(frame: pl.DataFrame, rows: pl.Series, rule: str, step: int, message: str) -> StepError:
+    """The step refused by `rule`, naming the files and the (index, leaf) of the first of the
+    rows at batch positions `rows`."""
+    shown = frame[rows]
+    return StepError(
+        [
+            Violation(
+                rule,
+                message,
+                step=step,
+                files=shown.get_column(c.SOURCE_FILE).unique(maintain_order=True).head(3).to_list(),
+                rows=list(
+                    zip(
+                        shown.get_column(c.SAMPLE_INDICES).head(ROWS_NAMED).to_list(),
+                        shown.get_column(c.LEAF).head(ROWS_NAMED).to_list(),
+                        strict=True,
+                    )
+                ),
+                n_rows=len(rows),
+            )
+        ]
+    )
+
+
+def _check_lengths(frame: pl.DataFrame, settings: Settings, step: int) -> None:
+    """Every prompt and response within its maximum: the agent loop pads to them, and
+    verl's `data.truncation: error` refuses a longer prompt."""
+    prompt = pl.col(c.N_TOKENS) - pl.col(c.RESPONSE_LENGTH)
+    response = pl.col(c.RESPONSE_LENGTH)
+    limits = (
+        (prompt, settings.max_prompt_length, "max_prompt_length", "prompts"),
+        (response, settings.max_response_length, "max_response_length", "responses"),
+    )
+    for length, limit, rule, what in limits:
+        over = frame.select(length > limit).to_series().arg_true()
+        if len(over):
+            longest = frame.select(length.max()).item()
+            raise _refusal(
+                frame,
+                over,
+                rule,
+                step,
+                f"{len(over)} {what} are longer than {rule}={limit} (the longest has "
+                f"{longest} tokens); verl pads to that length and refuses longer ones: "
+                f"raise {rule} to verl's data.{rule}, or leave these rows out",
+            )
+
+
+def _check_groups(frame: pl.DataFrame, settings: Settings, step: int) -> None:
+    """`train_batch_size` prompt groups, each exactly `rollout_n` contiguous rows with one
+    `group_index` (verl repeats each prompt n times, interleaved)."""
+    n = settings.rollout_n
+    group = pl.col(c.GROUP_INDEX)
+    runs = frame.select(
+        group.is_null().alias("ungrouped"),
+        (group != group.shift(1)).fill_null(True).cum_sum().alias(RUN),
+        group,
+    ).with_columns(
+        pl.len().over(RUN).alias("run_rows"),
+        pl.col(RUN).n_unique().over(c.GROUP_INDEX).alias("runs"),
+    )
+    ungrouped = runs.get_column("ungrouped").arg_true()
+    if len(ungrouped):
+        raise _refusal(
+            frame,
+            ungrouped,
+            "group_of_rollout_n",
+            step,
+            f"{len(ungrouped)} rows have no group_index; verl groups a prompt's rollout_n={n} "
+            "responses by it (their uid): set group_index on every row",
+        )
+    broken = runs.select((pl.col("run_rows") != n) | (pl.col("runs") > 1)).to_series()
+    if broken.any():
+        raise _refusal(
+            frame,
+            broken.arg_true(),
+            "group_of_rollout_n",
+            step,
+            f"each prompt group must be exactly rollout_n={n} contiguous rows with one "
+            "group_index (verl's responses of one prompt, repeated interleaved); these rows' "
+            "groups are split or of another size",
+        )
+    groups = runs.get_column(RUN).n_unique()
+    if groups != settings.train_batch_size:
+        raise step_error(
+            "train_batch_size_groups",
+            f"{frame.height} rows make {groups} prompt groups of rollout_n={n}, but "
+            f"train_batch_size={settings.train_batch_size} (verl's data.train_batch_size) "
+            "asks for that many groups per step: build with the step's own count, or "
+            "give the step that many groups",
+            step,
+        )
+
+
+def balanced_order(lengths: pl.Series, dp_size: int) -> pl.Series:
+    """`_balance_batch`'s row order: equal-count Karmarkar-Karp partitions of the workload,
+    partition after partition, each sorted by (workload, position) and laid out with the
+    smallest rows at both ends."""
+    import numpy as np
+
+    from pipeline.transforms.packing import karmarkar_karp
+
+    tokens = lengths.cast(pl.Int64).to_numpy()
+    workload = WORKLOAD_PER_TOKEN * tokens + tokens * tokens
+    order = []
+    for part in karmarkar_karp(workload, dp_size, equal_size=True):
+        positions = np.asarray(part, dtype=np.int64)
+        ranked = positions[np.lexsort((positions, workload[positions]))]
+        order.append(np.concatenate([ranked[::2], ranked[1::2][::-1]]))
+    return pl.Series(np.concatenate(order), dtype=pl.Int64)
+
+
+def grpo_advantages(written: pl.DataFrame, n: int, norm_by_std: bool) -> pl.Series:
+    """compute_grpo_outcome_advantage's scalar per row of `written` (rows in the order verl
+    holds them): the float32 score against its group's torch mean (and std + 1e-6)."""
+    score = (pl.col(c.REWARD_VALUE).cast(pl.Float32) + pl.lit(0.0, dtype=pl.Float32)).alias(
+        "score"
+    )  # the row's sum: a -0.0 score sums to 0.0
+    grouped = written.select(pl.int_range(pl.len()).alias(WRITE), c.GROUP_INDEX, score).sort(
+        c.GROUP_INDEX, WRITE
+    )
+    values = grouped.get_column("score")
+    rows = grouped.height
+    if n == 1:
+        mean = pl.repeat(0.0, rows, dtype=pl.Float32, eager=True)
+        std = pl.repeat(1.0, rows, dtype=pl.Float32, eager=True)
+    else:
+        group_mean, group_std = torch_mean_std(values, n)
+        member = pl.int_range(rows, dtype=pl.Int64, eager=True) // n
+        mean, std = group_mean.gather(member), group_std.gather(member)
+    centered = values - mean
+    if norm_by_std:
+        # every division by a Series: Polars multiplies by a scalar's reciprocal
+        centered = centered / (std + pl.repeat(EPSILON, rows, dtype=pl.Float32, eager=True))
+    return (
+        grouped.select(pl.col(WRITE)).with_columns(centered.alias(c.REWARDS)).sort(WRITE)[c.REWARDS]
+    )
+
+
+def _equal_reward_groups(frame: pl.DataFrame) -> int:
+    sizes = frame.group_by(c.GROUP_INDEX).agg(
+        pl.len().alias("rows"), pl.col(c.REWARD_VALUE).n_unique().alias("values")
+    )
+    return sizes.filter((pl.col("rows") > 1) & (pl.col("values") == 1)).height
+
+
+@dataclasses.dataclass(frozen=True)
+class Verl:
+    """The verl profile (`pipeline.trainers.Profile`)."""
+
+    name: str = "verl"
+    # the contract's rollout-id rule; each row is scored and normalized on its own (GRPO by
+    # uid), so the rows of one rollout need not share a reward
+    row_rules: Model = ROWS
+    sibling_rewards: bool = False
+    settings: frozenset[str] = dataclasses.field(
+        default_factory=lambda: trainer_settings("verl") | {"dp_size"}
+    )
+    rank_columns: tuple[str, ...] = (*c.DATASET_COLUMNS, c.GROUP_INDEX)
+
+    def check(self, settings: Settings) -> str | None:
+        missing = [name for name in (*REQUIRED, "pad_token_id") if getattr(settings, name) is None]
+        if missing:
+            return (
+                f"{', '.join(missing)}: required by the verl trainer (verl's data.*, "
+                "actor_rollout_ref.rollout.n and the tokenizer's pad token id)"
+            )
+        if settings.adv_estimator != "grpo":
+            return (
+                f"adv_estimator: {settings.adv_estimator!r} is not built for verl; only grpo "
+                "(with use_kl_in_reward=false): the other estimators need values, log probs "
+                "or a KL penalty that only a model computes"
+            )
+        assert settings.train_batch_size is not None and settings.rollout_n is not None
+        rows = settings.train_batch_size * settings.rollout_n
+        if rows % settings.dp_size:
+            return (
+                f"train_batch_size={settings.train_batch_size} * rollout_n={settings.rollout_n}"
+                f" = {rows} rows do not split into dp_size={settings.dp_size} equal parts "
+                "(verl's DataProto.chunk asserts it): change one of them"
+            )
+        return None
+
+    def plan(
+        self, light: pl.LazyFrame, schema: pl.Schema, height: int, settings: Settings, step: int
+    ) -> BatchPlan:
+        assert settings.rollout_n is not None, "checked with the settings"
+        frame = (
+            light_shard_columns(light)
+            .with_columns(pl.col(c.REWARD_VALUE).alias(c.RAW_REWARD))
+            .collect()
+        )
+        _check_lengths(frame, settings, step)
+        _check_groups(frame, settings, step)
+        dp = settings.dp_size
+        if settings.balance_batch:
+            order = balanced_order(frame.get_column(c.TOTAL_LENGTHS), dp)
+        else:
+            order = pl.int_range(height, dtype=pl.Int64, eager=True)
+        norm_by_std = settings.norm_adv_by_std_in_grpo
+        advantages = grpo_advantages(frame[order], settings.rollout_n, norm_by_std)
+        rewards = pl.repeat(0.0, height, dtype=pl.Float32, eager=True).scatter(order, advantages)
+        frame = frame.with_columns(rewards.cast(pl.Float64).alias(c.REWARDS))
+        per_rank = height // dp
+        layout = Layout(
+            order=order,
+            rank=(pl.int_range(height, dtype=pl.Int64, eager=True) // per_rank).cast(pl.Int32),
+            train_step=pl.repeat(0, height, dtype=pl.Int32, eager=True),
+            micro_batch=None,
+            dropped=pl.Series("dropped", [], dtype=pl.Int64),
+            num_rollouts=[frame.get_column(c.ROLLOUT_IDS).n_unique()],
+            num_microbatches=None,
+            steps_per_rank=[1] * dp,
+        )
+        return BatchPlan(
+            kept=height,
+            trimmed=0,
+            is_compact=is_compact(light),
+            global_batch_size=height,
+            dynamic_global_batch_size=None,
+            light=frame,
+            layout=layout,
+            equal_reward_groups=_equal_reward_groups(frame),
+            untrained_ranks=[],
+        )
+
+
+PROFILE = Verl()

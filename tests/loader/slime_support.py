@@ -1,0 +1,406 @@
+"""slime's own conversion code on CPU, as a test fixture: its source at the pinned commit,
+its modules imported with the third-party packages they need stubbed, and its rollout
+side run on rows.
+
+Nothing of slime is in this repository. Its source comes from `SLIME_SOURCE` (a folder
+holding `slime/`, or a git directory of THUDM/slime holding the pinned commit), else from
+`git clone https://github.com/THUDM/slime` checked out at PIN into the user's cache
+(`$XDG_CACHE_HOME` or `~/.cache`, then `rollout-shards/slime-<PIN>`). With neither, the
+caller gets `SourceMissing` with one line saying what to set.
+
+The path run is slime's own: `RolloutManager._get_rollout_data` (the rollout function's
+nested output checked by `validate_rollout_id_annotated`, then flattened),
+`_convert_samples_to_train_data` (with `_post_process_rewards`), `_split_train_data_by_dp`
+(`build_dp_schedule`, `tensorize_rollout_data_for_training`), and on the trainer side
+`slime.utils.data.process_rollout_data` per rank. Ray's object store is a dict handing out
+deep copies, as `ray.get` hands out deserialized ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import importlib.abc
+import importlib.machinery
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.loader.miles_support import (
+    Args,
+    _no_compile,
+    _StubLoader,
+    _StubModule,
+)
+
+URL = "https://github.com/THUDM/slime"
+PIN = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
+SOURCE_ENV = "SLIME_SOURCE"
+REPO = Path(__file__).resolve().parents[2]
+REAL = {"slime", "torch", "numpy", "typing_extensions", "pyarrow", "rollout_shards_loader"}
+
+
+class SourceMissing(RuntimeError):
+    """Neither SLIME_SOURCE nor a clone of slime's public repository is available."""
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rollout-shards"
+
+
+def _git(*args: str) -> bytes:
+    done = subprocess.run(["git", *args], capture_output=True, check=False)
+    if done.returncode:
+        message = done.stderr.decode(errors="replace").strip().splitlines()
+        raise SourceMissing(message[-1] if message else f"git {args[0]} failed")
+    return done.stdout
+
+
+def _from_git_dir(git_dir: Path, out: Path) -> Path:
+    if not (out / "slime" / "__init__.py").is_file():
+        archive = _git(f"--git-dir={git_dir}", "archive", PIN, "slime")
+        partial = out.with_name(f"{out.name}.partial-{os.getpid()}")
+        partial.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(partial, filter="data")
+        try:
+            partial.rename(out)
+        except OSError:
+            shutil.rmtree(partial)  # another process extracted it first
+    return out
+
+
+def slime_source() -> Path:
+    """A folder holding slime's `slime/` package at PIN."""
+    given = os.environ.get(SOURCE_ENV)
+    if given:
+        origin = Path(given)
+        if (origin / "slime" / "__init__.py").is_file():
+            return origin
+        if (origin / "HEAD").is_file() or (origin / ".git").exists():
+            git_dir = origin / ".git" if (origin / ".git").is_dir() else origin
+            try:
+                return _from_git_dir(git_dir, cache_root() / f"slime-src-{PIN}")
+            except SourceMissing as exc:
+                raise SourceMissing(
+                    f"{SOURCE_ENV}={given} has no slime commit {PIN}: {exc}"
+                ) from None
+        raise SourceMissing(
+            f"{SOURCE_ENV}={given} is neither a checkout of THUDM/slime nor its git directory"
+        )
+    out = cache_root() / f"slime-{PIN}"
+    if (out / "slime" / "__init__.py").is_file():
+        return out
+    # a clone of its own per process (test workers may clone at once), renamed into place
+    partial = out.with_name(f"{out.name}.partial-{os.getpid()}")
+    try:
+        if partial.exists():
+            shutil.rmtree(partial)
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        _git("clone", "-q", "--no-checkout", URL, str(partial))
+        _git("-C", str(partial), "checkout", "-q", PIN)
+        try:
+            partial.rename(out)
+        except OSError:
+            if not (out / "slime" / "__init__.py").is_file():
+                raise
+            shutil.rmtree(partial)  # another process put its clone there first
+    except (SourceMissing, OSError) as exc:
+        raise SourceMissing(
+            f"no slime source: set {SOURCE_ENV} to a checkout of {URL} at {PIN} "
+            f"(git clone {URL} failed: {exc})"
+        ) from None
+    return out
+
+
+# --- slime's modules with stand-ins -----------------------------------------------------
+
+
+def _imported_by_slime() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not name.startswith(("importlib", "_frozen_importlib")) and name != __name__:
+            return (
+                name == "slime"
+                or name.startswith("slime.")
+                or isinstance(sys.modules.get(name), _StubModule)
+            )
+        frame = frame.f_back
+    return False
+
+
+class _StubFinder(importlib.abc.MetaPathFinder):
+    """Stands in for every non-standard package that slime's modules import."""
+
+    def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
+        top = fullname.partition(".")[0]
+        if top in REAL or top in sys.stdlib_module_names:
+            return None
+        parent = sys.modules.get(fullname.rpartition(".")[0])
+        if not (isinstance(parent, _StubModule) or _imported_by_slime()):
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
+
+
+MODULES = {
+    "rollout": "slime.ray.rollout",
+    "data": "slime.utils.data",
+    "schedule": "slime.utils.dp_schedule",
+    "balancing": "slime.utils.seqlen_balancing",
+    "flops": "slime.utils.flops_utils",
+    "rollout_data": "slime.observability.rollout_data_utils",
+    "types": "slime.utils.types",
+    "misc": "slime.utils.misc",
+    "actor": "slime.backends.megatron_utils.actor",
+}
+
+
+@contextlib.contextmanager
+def slime_modules(source: Path) -> Iterator[types.SimpleNamespace]:
+    """slime's rollout and trainer modules from `source`, imported with stand-ins; all of
+    it (and CUDA pointed at the CPU) undone on exit."""
+    import torch
+
+    before = set(sys.modules)
+    finder = _StubFinder()
+    sys.meta_path.insert(0, finder)
+    sys.path.insert(0, str(source))
+    saved = (torch.cuda.current_device, torch.Tensor.cuda, torch.cuda.synchronize, torch.compile)
+    torch.compile = _no_compile  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
+    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    try:
+        loaded = {key: importlib.import_module(name) for key, name in MODULES.items()}
+        yield types.SimpleNamespace(**loaded)
+    finally:
+        torch.cuda.current_device, torch.Tensor.cuda, torch.cuda.synchronize, torch.compile = saved
+        sys.meta_path.remove(finder)
+        sys.path.remove(str(source))
+        for name in set(sys.modules) - before:
+            del sys.modules[name]
+
+
+# --- rows -> slime's Samples, nested as a rollout function returns them ----------------
+
+# slime's flags as its argument parser leaves them, for the ones the data path reads;
+# the project's settings override them.
+SLIME_DEFAULTS: dict[str, Any] = {
+    "advantage_estimator": "grpo",
+    "rewards_normalization": True,
+    "grpo_std_normalization": True,
+    "reward_key": None,
+    "n_samples_per_prompt": 1,
+    "micro_batch_size": 1,
+    "use_dynamic_batch_size": False,
+    "max_tokens_per_gpu": None,
+    "balance_data": False,
+    "balance_by_flops": False,
+    "load_debug_rollout_data": None,
+    "rollout_top_p": 1.0,
+    "rollout_data_transport": "object-store",
+    "debug_rollout_only": False,
+    "offload_train": False,
+    # Megatron's default: every layer is MoE when the model has experts
+    "moe_layer_freq": 1,
+    "moe_shared_expert_intermediate_size": None,
+    "num_experts": None,
+}
+
+# the project's setting -> slime's parallel config key (what the trainer advertises)
+PARALLEL = ("dp_size", "cp_size", "vpp_size", "microbatch_group_size_per_vp_stage")
+
+
+def slime_args(settings: dict[str, Any]) -> Args:
+    """The project's settings as slime's parsed args, after slime's own validation
+    (`--balance-by-flops` turns on `--balance-data`; one sample per prompt turns off the
+    std normalization)."""
+    values = dict(SLIME_DEFAULTS)
+    values.update({k: v for k, v in settings.items() if v is not None and k not in PARALLEL})
+    if values["balance_by_flops"]:
+        values["balance_data"] = True
+    if values["n_samples_per_prompt"] == 1:
+        values["grpo_std_normalization"] = False
+    return Args(**values)
+
+
+def train_parallel_config(settings: dict[str, Any]) -> dict[str, Any]:
+    """What slime's Megatron actor advertises: every key, 1 where not given."""
+    return {key: settings.get(key) or 1 for key in PARALLEL}
+
+
+def _float_reward(reward: Any) -> Any:
+    if isinstance(reward, dict):
+        return {k: _float_reward(v) for k, v in reward.items()}
+    return float(reward) if isinstance(reward, int) else reward
+
+
+def samples(m: types.SimpleNamespace, rows: list[dict[str, Any]]) -> list[Any]:
+    """Input rows as slime's `Sample`s, each field where slime keeps it."""
+    sample_type = m.types.Sample
+    out = []
+    for row in rows:
+        metadata = json.loads(row["metadata"]) if row.get("metadata") is not None else {}
+        if row.get("raw_reward") is not None:
+            metadata["raw_reward"] = row["raw_reward"]
+        if row.get("round_number") is not None:
+            metadata["round_number"] = row["round_number"]
+        train_metadata = row.get("train_metadata")
+        out.append(
+            sample_type(
+                group_index=row.get("group_index"),
+                index=row.get("index"),
+                rollout_id=row.get("rollout_id"),
+                tokens=list(row["tokens"]),
+                response_length=row["response_length"],
+                reward=_float_reward(row["reward"]),
+                loss_mask=None if row.get("loss_mask") is None else list(row["loss_mask"]),
+                weight_versions=list(row.get("weight_versions") or []),
+                rollout_log_probs=row.get("rollout_log_probs"),
+                teacher_log_probs=row.get("teacher_log_probs"),
+                remove_sample=bool(row.get("remove_sample") or False),
+                status=sample_type.Status(row["status"]),
+                metadata=metadata,
+                train_metadata=None if train_metadata is None else json.loads(train_metadata),
+            )
+        )
+    return out
+
+
+def _runs(items: list[Any], key: Any) -> list[list[Any]]:
+    runs: list[list[Any]] = []
+    previous: Any = object()
+    for item in items:
+        current = key(item)
+        if not runs or current != previous:
+            runs.append([])
+            previous = current
+        runs[-1].append(item)
+    return runs
+
+
+def nested(sample_list: list[Any]) -> list[Any]:
+    """The samples as slime's rollout function returns them, flattening to batch order:
+    prompt groups (runs of one `group_index`) of rollouts; with a multi-leaf rollout
+    (a run of one `index` with several samples) every rollout is a list of its samples
+    (slime's compact shape, depth 3), else a rollout is its sample (depth 2)."""
+    groups = _runs(sample_list, lambda s: s.group_index)
+    calls = [_runs(group, lambda s: s.index) for group in groups]
+    if any(len(call) > 1 for group in calls for call in group):
+        return calls
+    return [[call[0] for call in group] for group in calls]
+
+
+# --- slime's own path ---------------------------------------------------------------
+
+
+class MemoryStore:
+    """Ray's `put`/`get` over a dict; `get` hands out a deep copy."""
+
+    def __init__(self) -> None:
+        self.values: dict[int, Any] = {}
+
+    def put(self, value: Any, **options: Any) -> int:
+        key = len(self.values)
+        self.values[key] = copy.deepcopy(value)
+        return key
+
+    def get(self, key: int) -> Any:
+        return copy.deepcopy(self.values[key])
+
+
+def rollout_manager(m: types.SimpleNamespace, args: Args, config: dict[str, Any]) -> Any:
+    """A `RolloutManager` as `__init__` leaves it for these code paths (no servers, no
+    custom functions), its Ray calls going to a `MemoryStore`."""
+    store = MemoryStore()
+    fake_ray = types.SimpleNamespace(put=store.put, get=store.get)
+    m.rollout.ray = fake_ray
+    m.data.ray = fake_ray
+    manager = object.__new__(m.rollout.RolloutManager)
+    manager.args = args
+    manager.custom_reward_post_process_func = None
+    manager.custom_convert_samples_to_train_data_func = None
+    manager.generate_rollout = None
+    manager.data_source = None
+    manager.set_train_parallel_config(config)
+    return manager
+
+
+def rollout_side(
+    m: types.SimpleNamespace, settings: dict[str, Any], rows: list[dict[str, Any]]
+) -> tuple[list[Any], list[Any]]:
+    """slime's rollout manager from the rollout function's output to the per-rank refs
+    `train()` receives; also the flattened samples (after the conversion mutated them)."""
+    args = slime_args(settings)
+    manager = rollout_manager(m, args, train_parallel_config(settings))
+    output = nested(samples(m, rows))
+    m.rollout.call_rollout_fn = lambda *a, **k: types.SimpleNamespace(samples=output, metrics=None)
+    flat, _metrics = manager._get_rollout_data(rollout_id=0)
+    train_data = manager._convert_samples_to_train_data(flat)
+    return manager._split_train_data_by_dp(train_data), flat
+
+
+def rank_dicts(
+    m: types.SimpleNamespace, settings: dict[str, Any], rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """What slime's `process_rollout_data(args, refs, rank, dp_size)` returns, per rank."""
+    refs, _flat = rollout_side(m, settings, rows)
+    args = slime_args(settings)
+    return [m.data.process_rollout_data(args, refs, rank, len(refs)) for rank in range(len(refs))]
+
+
+def canonical(value: Any) -> Any:
+    """A value with its types kept and floats by their bits; a torch tensor and the
+    reference's `SlimeTensor` both as ("tensor", dtype, values)."""
+    import torch
+
+    from tests.reference import SlimeTensor
+
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), tuple(value.shape), canonical(value.tolist()))
+    if isinstance(value, SlimeTensor):
+        dtype, values = value
+        return ("tensor", dtype, (len(values),), canonical(values))
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, float):
+        return ("float", value.hex())
+    if isinstance(value, int):
+        return ("int", value)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [canonical(v) for v in value])
+    if isinstance(value, dict):
+        return ("dict", [(k, canonical(v)) for k, v in value.items()])
+    return (type(value).__name__, repr(value))
+
+
+def save_dump(m: types.SimpleNamespace, rows: list[dict[str, Any]], path: Path, step: int) -> None:
+    """The rows as slime's `save_debug_rollout_data` writes them (`--save-debug-rollout-data`,
+    or `--dump-details D` -> D/rollout_data/<step>.pt): its own function on its Samples."""
+    template = str(path.parent / "{rollout_id}.pt")
+    m.rollout_data.save_debug_rollout_data(
+        template, samples(m, rows), rollout_id=step, evaluation=False
+    )
+
+
+def rank_dicts_from_dump(
+    m: types.SimpleNamespace, settings: dict[str, Any], template: str, step: int
+) -> list[dict[str, Any]]:
+    """What slime's trainer holds per rank when its rollout manager loads the dump
+    (`--load-debug-rollout-data`: `torch.load` and `Sample.from_dict`) and converts it."""
+    args = slime_args({**settings, "load_debug_rollout_data": template})
+    manager = rollout_manager(m, args, train_parallel_config(settings))
+    flat, _metrics = manager._get_rollout_data(rollout_id=step)
+    refs = manager._split_train_data_by_dp(manager._convert_samples_to_train_data(flat))
+    return [m.data.process_rollout_data(args, refs, rank, len(refs)) for rank in range(len(refs))]
