@@ -136,7 +136,7 @@ class Settings(MilesFlags, VerlSettings):
         None,
         recorded=False,
     )
-    ray_above: Size = _setting(
+    ray_above: NonNegative = _setting(
         "MiB of input files on disk above which a step is built by Ray tasks, when a "
         "cluster is given (ray_address, or compute: ray); 0: every step.",
         256,
