@@ -131,16 +131,10 @@ class Settings(MilesFlags, VerlSettings):
         recorded=False,
     )
     ray_address: str | None = _setting(
-        "A running Ray cluster (its GCS address as ray.init takes it: head:6379, or auto) "
-        "whose tasks read a step's files and write its ranks (null: in this process).",
-        None,
-        recorded=False,
+        "Ray cluster (GCS head:6379, or auto) to build big steps on (--ray).", None, recorded=False
     )
     ray_above: NonNegative = _setting(
-        "MiB of input files on disk above which a step is built by Ray tasks, when a "
-        "cluster is given (ray_address, or compute: ray); 0: every step.",
-        256,
-        recorded=False,
+        "MiB of input files above which a step goes to the cluster (0: all).", 256, recorded=False
     )
 
     def __post_init__(self) -> None:
@@ -151,10 +145,6 @@ class Settings(MilesFlags, VerlSettings):
     @property
     def normalizes_rewards(self) -> bool:
         return normalizes(self.advantage_estimator, self.rewards_normalization)
-
-    @property
-    def ray_above_bytes(self) -> int:
-        return self.ray_above << 20
 
     @property
     def uses_schedule(self) -> bool:
@@ -323,16 +313,8 @@ def _problem(error: ErrorDetails) -> str:
 ROW_SETTINGS = tuple(f.name for f in dataclasses.fields(RowSettings))
 # Settings of every trainer: which trainer, how rows are read and checked, run options.
 COMMON_SETTINGS = frozenset(
-    (
-        "trainer",
-        "stream_above",
-        "ray_address",
-        "ray_above",
-        "on_invalid",
-        "rollout_id_policy",
-        "require_success_marker",
-    )
-)
+    ("trainer", "stream_above", "ray_address", "ray_above", "on_invalid", "rollout_id_policy")
+) | {"require_success_marker"}
 
 
 def trainer_settings(trainer: str) -> frozenset[str]:

@@ -38,7 +38,7 @@ def ray_route(
         joined: list[Route] = []
 
         def route(job: StepJob) -> StepJob:
-            above = getattr(job.settings, "ray_above_bytes", 0)
+            above = getattr(job.settings, "ray_above", 0) << 20
             if job.out_root is None or input_bytes(job.sources) <= above:
                 return job
             if not joined:
