@@ -216,7 +216,7 @@ class SourceRows(RankRows):
         place: pl.DataFrame,
         schema: dict[str, pl.DataType],
     ) -> None:
-        super().__init__(rows.scalars, rows.inputs, rows.optional, rows.order)
+        super().__init__(rows.scalars, rows.inputs, rows.optional, rows.order, rows.columns)
         self.shares = shares
         self.place = place  # SHARE and SOURCE_ROW of each batch position
         self.schema = schema  # every list column of the step
@@ -224,9 +224,8 @@ class SourceRows(RankRows):
     def for_rank(self, start: int, length: int) -> RankRows:
         order = self.order.slice(start, length)
         own = pl.int_range(length, dtype=pl.Int64, eager=True)
-        mine = RankRows(
-            compact(self.scalars, start, length), self.inputs[order], self.optional, own
-        )
+        scalars = compact(self.scalars, start, length)
+        mine = RankRows(scalars, self.inputs[order], self.optional, own, self.columns)
         return SourceRows(mine, self.shares, self.place[order], self.schema)
 
     def rows(self, start: int, length: int) -> pl.DataFrame:
@@ -240,7 +239,7 @@ class SourceRows(RankRows):
         written = picked.select(
             pl.col(c.TOKENS), loss_masks(picked), *optional_shard_columns(self.optional)
         )
-        return compact(self.scalars, start, length).hstack(written).select(*c.DATASET_COLUMNS)
+        return compact(self.scalars, start, length).hstack(written).select(*self.columns)
 
 
 @dataclass

@@ -163,6 +163,37 @@ def test_non_compact_step_is_trimmed_alike(tmp_path: Path) -> None:
     assert json.loads(memory["step=0/manifest.json"])["is_compact"] is False
 
 
+# Each trainer's profile on a step without rollout ids (verl's groups are whole prompts).
+TRAINERS: dict[str, dict[str, Any]] = {
+    "miles": {"global_batch_size": 64, "dp_size": 4},
+    "slime": {
+        "trainer": "slime",
+        "global_batch_size": 64,
+        "dp_size": 4,
+        "rollout_batch_size": 8,
+        "n_samples_per_prompt": 8,
+    },
+    "verl": {
+        "trainer": "verl",
+        "dp_size": 2,
+        "rollout_n": 8,
+        "train_batch_size": 375,
+        "max_prompt_length": 4096,
+        "max_response_length": 8192,
+        "pad_token_id": 0,
+    },
+}
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_every_trainer_profile_alike(trainer: str, tmp_path: Path, small_shares: None) -> None:
+    folder = generated_step(tmp_path / "in", non_compact=True)
+    settings = Settings(**TRAINERS[trainer])
+    memory, by_tasks = build_both(folder, tmp_path / "out", settings)
+    assert memory == by_tasks
+    assert json.loads(memory["step=0/manifest.json"])["settings"]["trainer"] == trainer
+
+
 def _changed_step(tmp_path: Path, column: str, value: pl.Expr) -> Path:
     table = pq.read_table(generated_step(tmp_path / "gen") / "step=0.parquet")
     folder = tmp_path / "in"
