@@ -136,6 +136,20 @@ def test_every_task_runs_on_a_worker_node(
     assert ("share_lists" in tasks) is quarantine
 
 
+@pytest.mark.parametrize("trainer", ["slime", "verl"])
+def test_every_trainer_profile_across_the_cluster(
+    cluster: ray_cluster.RayCluster, tmp_path: Path, trainer: str
+) -> None:
+    from tests.core.test_shares import TRAINERS
+
+    inputs = generated_step(tmp_path / "in", non_compact=True)
+    settings = TRAINERS[trainer]
+    report = _drive(cluster, inputs=inputs, out=tmp_path / "ray", settings=settings)
+    assert report["error"] is None
+    assert _files(tmp_path / "ray") == _in_process(inputs, tmp_path / "local", settings)
+    assert {node for _, node, _ in report["ran"]} <= set(cluster.workers)
+
+
 def test_a_worker_dying_mid_step_publishes_nothing_and_a_rerun_the_same_bytes(
     cluster: ray_cluster.RayCluster, inputs: Path, tmp_path: Path
 ) -> None:
