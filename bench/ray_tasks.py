@@ -36,6 +36,8 @@ DRIVER = (
     "status = main(sys.argv[1:])\n"
     "io = dict(l.split(': ') for l in open('/proc/self/io').read().splitlines())\n"
     "print('RCHAR', io['rchar'], file=sys.stderr)\n"
+    "hwm = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')]\n"
+    "print('VMHWM', hwm[0], file=sys.stderr)\n"
     "sys.exit(status)\n"
 )
 
@@ -106,12 +108,14 @@ def build(inputs: Path, out: Path, flags: list[str], env: dict[str, str]) -> dic
     stderr = process.stderr.read() if process.stderr else ""
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"build failed:\n{stdout}\n{stderr[-3000:]}")
-    rchar = next(int(line.split()[1]) for line in stderr.splitlines() if line.startswith("RCHAR"))
+    found = {line.split()[0]: int(line.split()[1]) for line in stderr.splitlines()[-2:]}
+    # the driver's own VmHWM (KiB): wait4's ru_maxrss would count the pages of this process
+    # that its child held between fork and exec
     return {
         "wall_s": round(wall, 2),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-        "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
-        "rchar": rchar,
+        "peak_rss_mib": round(found["VMHWM"] / 1024, 1),
+        "rchar": found["RCHAR"],
     }
 
 
