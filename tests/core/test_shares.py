@@ -299,12 +299,17 @@ def test_the_driver_holds_no_list(tmp_path: Path, small_shares: None) -> None:
     assert one.rank_rows is not None and one.rank_rows.inputs.height == 16
 
 
-def test_an_unreadable_file_is_reported_as_in_memory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", ["truncated", "dangling symlink"])
+def test_an_unreadable_file_is_reported_as_in_memory(tmp_path: Path, damage: str) -> None:
     """A Parquet file whose footer does not read is one share, read as the in-memory read
     reads it: the same line."""
     folder = _three_files_one_without_loss_mask(tmp_path / "in")
     broken = folder / "step=0" / "part-1.parquet"
-    broken.write_bytes(broken.read_bytes()[:-100])
+    if damage == "truncated":
+        broken.write_bytes(broken.read_bytes()[:-100])
+    else:
+        broken.unlink()
+        broken.symlink_to(tmp_path / "gone.parquet")
     settings = Settings(global_batch_size=64, dp_size=4)
     memory = _refusal(folder, tmp_path / "memory", settings, False)
     assert _refusal(folder, tmp_path / "tasks", settings, True) == memory
