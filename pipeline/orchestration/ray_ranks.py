@@ -86,8 +86,11 @@ class RayTasks:
                 results.append(result)
                 self.ran.append(where)
         except BaseException:
-            for ref in refs:
-                ray.cancel(ref, force=True)
+            # only the tasks still running or waiting; cancelling one whose reply is on its
+            # way trips Ray's own bookkeeping
+            _, running = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in running:
+                ray.cancel(ref)
             raise
         return results
 
