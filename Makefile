@@ -80,18 +80,29 @@ lint: install
 	$(BIN)/ruff format --check pipeline tests bench loader
 	$(BIN)/mypy
 
-# The browser test drives Debian's chromium through the playwright wheel; playwright
-# cannot download its own browser builds here.
+# The browser test drives a Chromium (Debian's package by default) through the playwright
+# wheel; playwright cannot download its own browser builds here. A Chromium that starts is
+# used as it is: nothing is installed. Otherwise make says what it installs and why before
+# apt-get installs the package and only what it requires (no recommended packages).
+CHROMIUM ?= /usr/bin/chromium
 browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-		sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
-		$$sudo apt-get update -qq && \
-		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	@if $(CHROMIUM) --version >/dev/null 2>&1; then exit 0; fi; \
+	why="the browser test (tests/e2e/test_ui.py) drives Chromium at $(CHROMIUM), which is missing or does not start"; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+		echo "make: $$why; install Chromium, or name one with CHROMIUM=/path/to/chromium" >&2; \
+		exit 1; \
+	fi; \
+	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
+	echo "make: $$why."; \
+	echo "make: installing the system package chromium with apt-get, without recommended packages$${sudo:+ (through sudo)};"; \
+	echo "make: CHROMIUM=/path/to/chromium uses another one instead."; \
+	$$sudo apt-get update -qq && \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
 
 test: install lint browser $(DAGSTER_HOME)/dagster.yaml $(POLARS1_VENV)/.installed
 	$(BIN)/rollout-shards validate $(INPUT)
 	$(DG_ENV) $(BIN)/dg check defs
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
+	ROLLOUT_SHARDS_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 	@echo "make: tests/core again on $$($(POLARS1_VENV)/bin/python -c 'import polars; print("Polars", polars.__version__)')"
 	$(POLARS1_VENV)/bin/python -m pytest tests/core -n $(TEST_WORKERS) --dist loadfile
 

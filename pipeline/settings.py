@@ -20,14 +20,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from pipeline import settings_files as files
 from pipeline.errors import UsageError
 from pipeline.miles_flags import FIELDS as MILES_FIELDS
 from pipeline.miles_flags import MilesFlags, NonNegative, derived_global_batch_size
 from pipeline.settings_files import DATA_SETTINGS as DATA_SETTINGS
 from pipeline.settings_files import DISABLE_FLAGS as DISABLE_FLAGS
 from pipeline.settings_files import data_settings_files as data_settings_files
-from pipeline.settings_files import read_config as read_config
-from pipeline.settings_files import setting_values as setting_values
 from pipeline.verl_settings import FIELDS as VERL_FIELDS
 from pipeline.verl_settings import VerlSettings
 
@@ -319,27 +318,19 @@ COMMON_SETTINGS = frozenset(
 
 def trainer_settings(trainer: str) -> frozenset[str]:
     """The settings marked as `trainer`'s alone (named after its configuration keys)."""
-    return frozenset(
-        f.name for f in dataclasses.fields(Settings) if f.metadata.get("trainer") == trainer
-    )
+    return frozenset(f.name for f in _fields() if f.metadata.get("trainer") == trainer)
 
 
 def valued_booleans() -> frozenset[str]:
-    """Boolean settings named after another trainer's configuration key, given on the
-    command line with a value as there (`--balance-batch false`), not as a bare flag."""
-    kinds = setting_types()
-    return frozenset(
-        f.name
-        for f in dataclasses.fields(Settings)
-        if f.metadata.get("trainer") is not None and kinds[f.name] is bool
-    )
+    """Booleans named after verl's keys, given a value as there (`--balance-batch false`)."""
+    return frozenset(name for name in trainer_settings("verl") if setting_types()[name] is bool)
 
 
 def shared_settings() -> frozenset[str]:
     """The settings of no one trainer and not common: miles' flags, which slime shares."""
     return frozenset(
         f.name
-        for f in dataclasses.fields(Settings)
+        for f in _fields()
         if f.metadata.get("trainer") is None and f.name not in COMMON_SETTINGS
     )
 
@@ -433,6 +424,18 @@ def make_settings(values: Mapping[str, Any]) -> Settings:
         return Settings(**_checked(Settings, values))
     except SettingsError as exc:
         raise UsageError(f"invalid settings: {exc}") from None
+
+
+def read_config(path: str | Path | None) -> dict[str, Any]:
+    """A settings file's values (`settings_files.read_config`: every setting name known)."""
+    return files.read_config(path, list(setting_types()))
+
+
+def setting_values(
+    config: str | Path | None = None, data_configs: Sequence[Path] = (), **overrides: Any
+) -> dict[str, Any]:
+    """The settings given, files then overrides (`settings_files.stacked`)."""
+    return files.stacked(config, data_configs, list(setting_types()), **overrides)
 
 
 def load_settings(

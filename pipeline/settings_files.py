@@ -1,6 +1,6 @@
 """Where settings come from besides flags and run config: settings files (YAML, read as
 `build` and `validate` read them) and the `rollout-shards.yaml` beside the data; and how
-they stack up (`setting_values`). `pipeline.settings` checks what they give."""
+they stack up (`stacked`). `pipeline.settings` checks what they give."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ DISABLE_FLAGS = {
 }
 
 
-def read_config(path: str | Path | None) -> dict[str, Any]:
+def read_config(path: str | Path | None, known: Sequence[str]) -> dict[str, Any]:
     """Settings from a YAML file (a mapping of setting names), or {} without one."""
     if path is None:
         return {}
@@ -29,9 +29,7 @@ def read_config(path: str | Path | None) -> dict[str, Any]:
         data = load_mapping(read_text(Path(path)))
     except ConfigError as exc:
         raise UsageError(f"config {path}{exc}") from None
-    from pipeline.settings import setting_types  # which checks what this module reads
-
-    if (unknown := unknown_names(data, [*setting_types(), *DISABLE_FLAGS.values()])) is not None:
+    if (unknown := unknown_names(data, [*known, *DISABLE_FLAGS.values()])) is not None:
         raise UsageError(f"config {path}: {unknown}")
     for setting, flag in DISABLE_FLAGS.items():
         if flag not in data:
@@ -75,14 +73,17 @@ def data_settings_files(inputs: Sequence[str | Path]) -> list[Path]:
     return found
 
 
-def setting_values(
-    config: str | Path | None = None, data_configs: Sequence[Path] = (), **overrides: Any
+def stacked(
+    config: str | Path | None,
+    data_configs: Sequence[Path],
+    known: Sequence[str],
+    **overrides: Any,
 ) -> dict[str, Any]:
     """The settings given: beside the data, then the YAML file, then explicit overrides
-    (flags or run config), each above the one before."""
+    (flags or run config), each above the one before; `known`: every setting's name."""
     values: dict[str, Any] = {}
     for path in data_configs:
-        values.update(read_config(path))
-    values.update(read_config(config))
+        values.update(read_config(path, known))
+    values.update(read_config(config, known))
     values.update({k: v for k, v in overrides.items() if v is not None})
     return values

@@ -106,8 +106,9 @@ def read_manifest(step_folder: str | Path) -> dict[str, Any]:
     raise RuntimeError(f"{path}: replaced by other builds {ATTEMPTS} times while it was read")
 
 
-def load_manifest(folder: Folder) -> dict[str, Any]:
-    """The manifest of the open step folder, its fields and its step checked."""
+def load_manifest(folder: Folder, trainer: str | None = None) -> dict[str, Any]:
+    """The manifest of the open step folder, its fields and its step checked; a step built
+    for another trainer than `trainer` (when given) is a ValueError naming its reader."""
     path = folder.path / MANIFEST
     try:
         raw = folder.read(MANIFEST)
@@ -119,21 +120,28 @@ def load_manifest(folder: Folder) -> dict[str, Any]:
         manifest = json.loads(bytes(raw))
     except (ValueError, RecursionError):
         raise ShardVerificationError(f"{path}: not a JSON manifest") from None
-    check_fields(manifest, path)
+    check_fields(manifest, path, trainer)
     _check_step(folder.path, manifest)
     return manifest
 
 
-def check_fields(manifest: Any, path: Path) -> None:
-    """Every field the loader reads has the type the build writes."""
+def check_fields(manifest: Any, path: Path, expected: str | None = None) -> None:
+    """Every field the loader reads has the type the build writes; a step built for
+    another trainer than `expected` (when given) is a ValueError naming its reader."""
     if type(manifest) is not dict:
         raise ShardVerificationError(f"{path}: not a rollout-shards manifest (not an object)")
     _check(manifest, REQUIRED, OPTIONAL, "", path)
+    _check(manifest["settings"], {}, {"trainer": TEXT}, "settings.", path)
     trainer = trainer_of(manifest)
     if trainer not in SETTINGS:
         raise ShardVerificationError(
-            f"{path}: built for the {json.dumps(trainer)[:40]} trainer, which this loader "
-            f"does not read (it reads {', '.join(SETTINGS)})"
+            f"{path}: built for the {trainer!r} trainer, which this loader does not read "
+            f"(it reads {', '.join(SETTINGS)})"
+        )
+    if expected is not None and trainer != expected:
+        raise ValueError(
+            f"{path}: built for the {trainer} trainer (--trainer {trainer}), not {expected}: "
+            f"read its ranks with rollout_shards_loader.{trainer}.read_rank"
         )
     _check(manifest["settings"], SETTINGS[trainer], {}, "settings.", path)
     for i, output in enumerate(manifest["outputs"]):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rollout_shards_loader._folder import MANIFEST, Replaced, open_folder, rank_name
-from rollout_shards_loader._manifest import ATTEMPTS, load_manifest, trainer_of
-from rollout_shards_loader._verify import Checks, open_other_file, open_own_file
+from rollout_shards_loader._manifest import ATTEMPTS, load_manifest
+from rollout_shards_loader._verify import DIGESTED, Checks, open_other_file, open_own_file
 
 T = TypeVar("T")
 # Seconds between two looks for a step's manifest while waiting for it.
@@ -64,13 +64,17 @@ def read_rank_files(
     verify: bool,
     convert: Callable[[RankFiles], T],
     trainer: str = "miles",
+    other_columns: Sequence[str] = DIGESTED,
 ) -> T:
-    """`convert` of rank `rank`'s files of the step, all of one build (up to ATTEMPTS
-    reads while rebuilds replace the folder, then RuntimeError)."""
+    """`convert` of rank `rank`'s files of a step built for `trainer`, all of one build (up
+    to ATTEMPTS reads while rebuilds replace the folder, then RuntimeError);
+    `other_columns` are the columns read of every other rank's file (`RankFiles.parts`)."""
     folder = Path(step_folder)
     for attempt in range(ATTEMPTS):
         try:
-            return read_once(folder, rank, dp_size, global_batch_size, verify, convert, trainer)
+            return read_once(
+                folder, rank, dp_size, global_batch_size, verify, convert, trainer, other_columns
+            )
         except Replaced:
             time.sleep(0.002 * (attempt + 1))
     raise RuntimeError(
@@ -86,19 +90,15 @@ def read_once(
     verify: bool,
     convert: Callable[[RankFiles], T],
     trainer: str,
+    other_columns: Sequence[str] = DIGESTED,
 ) -> T:
     """One read (`Replaced` when the folder was swapped under it) of a step built for
     `trainer` (another trainer's step is a ValueError naming its reader)."""
     folder = open_folder(path)
     try:
-        manifest = load_manifest(folder)
-        if (built := trainer_of(manifest)) != trainer:
-            raise ValueError(
-                f"{path}: built for the {built} trainer, not {trainer}: read its "
-                f"ranks with rollout_shards_loader.{built}.read_rank"
-            )
+        manifest = load_manifest(folder, trainer)
         step_dp = manifest["settings"]["dp_size"]
-        step_gbs = manifest["settings"]["global_batch_size"]
+        step_gbs = manifest["settings"].get("global_batch_size")
         if dp_size is not None and dp_size != step_dp:
             raise ValueError(
                 f"dp_size={dp_size} but the step {path} was built for dp_size={step_dp}"
@@ -121,7 +121,7 @@ def read_once(
                 for r in range(step_dp):
                     if r != rank:
                         files[r], handle, parts[r] = open_other_file(
-                            folder, manifest, rank_name(r), verify, checks
+                            folder, manifest, rank_name(r), verify, checks, other_columns
                         )
                         handles.append(handle)
                 ordered = [files[r] for r in range(step_dp)]

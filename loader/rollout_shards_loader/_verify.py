@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from rollout_shards_loader._folder import Folder, Replaced, ShardVerificationErr
 
 BATCH_POSITION = "batch_position"
 RAW_REWARD = "raw_reward"
+# The columns of another rank's file that the manifest's `raw_reward_sha256` covers.
+DIGESTED = (BATCH_POSITION, RAW_REWARD)
 # Threads hashing a read's files while pyarrow decodes them.
 HASHERS = 2
 # A file hashed without being read whole is read in pieces of this size.
@@ -153,27 +156,34 @@ def open_own_file(
 
 
 def open_other_file(
-    folder: Folder, manifest: dict[str, Any], name: str, verify: bool, checks: Checks
+    folder: Folder,
+    manifest: dict[str, Any],
+    name: str,
+    verify: bool,
+    checks: Checks,
+    columns: Sequence[str] = DIGESTED,
 ) -> tuple[pq.ParquetFile, Any, pa.Table]:
     """Another rank's file `name`: a ParquetFile, the handle to close after reading it,
-    and its `batch_position` and `raw_reward` (what the batch-wide `raw_reward` needs of
-    it), its row count checked against the manifest. Those two columns are checked
-    against the manifest's `raw_reward_sha256` of the file, exactly the values read; a
-    manifest without one (written before it existed) has the whole file's sha256 handed
-    to `checks` instead (once per process and file)."""
+    and its `columns` (by default `batch_position` and `raw_reward`, what the batch-wide
+    `raw_reward` needs of it), its row count checked against the manifest. Those two
+    columns are checked against the manifest's `raw_reward_sha256` of the file, exactly
+    the values read; other columns, or a manifest without the digest (written before it
+    existed), have the whole file's sha256 handed to `checks` instead (once per process
+    and file)."""
     record = _record(folder, manifest, name)
     path = folder.path / name
     fd, info = folder.open(name)
     key = _file_key(info)
     known = not verify or _VERIFIED.get(key) == record["sha256"]
-    values = None if known else record.get("raw_reward_sha256")
+    digested = tuple(columns) == DIGESTED
+    values = None if known or not digested else record.get("raw_reward_sha256")
     handle = os.fdopen(fd, "rb")
     try:
         try:
             parquet = pq.ParquetFile(handle)
             if verify:
                 _check_rows(parquet, record, path)
-            part = parquet.read(columns=[BATCH_POSITION, RAW_REWARD])
+            part = parquet.read(columns=list(columns))
         except ShardVerificationError:
             raise
         except Exception:

@@ -17,8 +17,6 @@ and `meta_info` {"global_token_num": ...} of the whole step, every rank's rows i
 
 from __future__ import annotations
 
-import hashlib
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,85 +24,34 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rollout_shards_loader._folder import (
-    Folder,
-    Replaced,
-    ShardVerificationError,
-    open_folder,
-    rank_name,
-)
-from rollout_shards_loader._manifest import ATTEMPTS, load_manifest, trainer_of
-
-OWN_COLUMNS = (
-    "tokens",
-    "response_lengths",
-    "total_lengths",
-    "loss_masks",
-    "rewards",
-    "raw_reward",
-    "group_index",
-)
-
-
-def _checked(data: bytearray, record: dict[str, Any] | None, path: Path) -> None:
-    if record is None:
-        raise ShardVerificationError(f"{path}: not among the files the manifest lists")
-    if hashlib.sha256(data).hexdigest() != record["sha256"]:
-        raise ShardVerificationError(
-            f"{path}: its sha256 is not the manifest's ({record['sha256'][:12]}...): the file "
-            "is not the one this step's build wrote"
-        )
+from rollout_shards_loader._step import RankFiles, read_rank_files
 
 
 def _step_files(
     step_folder: str | Path, rank: int, verify: bool
 ) -> tuple[dict[str, Any], pa.Table, list[int]]:
-    """The manifest, rank `rank`'s table and every rank's total lengths in rank order, all
-    of one build: read from the folder held open, and read again when a rebuild replaces
-    it meanwhile."""
-    path = Path(step_folder)
-    for attempt in range(ATTEMPTS):
-        folder = open_folder(path)
-        try:
-            return _read_step(folder, rank, verify)
-        except Replaced:
-            time.sleep(0.002 * (attempt + 1))
-        finally:
-            folder.close()
-    raise RuntimeError(f"{path}: replaced by other builds {ATTEMPTS} times while it was read")
+    """The manifest, rank `rank`'s table and every rank's total lengths in rank order, from
+    one build of the step, every file checked as `rollout_shards_loader.read_rank` checks
+    them (another rank's file, of which `total_lengths` is read, by its whole sha256)."""
+    return read_rank_files(
+        step_folder,
+        rank,
+        None,
+        None,
+        verify,
+        lambda read: _rank_table(read, rank),
+        trainer="verl",
+        other_columns=("total_lengths",),
+    )
 
 
-def _read_step(
-    folder: Folder, rank: int, verify: bool
-) -> tuple[dict[str, Any], pa.Table, list[int]]:
-    manifest = load_manifest(folder)
-    if trainer_of(manifest) != "verl":
-        raise ValueError(
-            f"{folder.path}: built for the {trainer_of(manifest)} trainer, not verl: build it "
-            "with --trainer verl, or read it with that trainer's loader"
-        )
-    dp = manifest["settings"]["dp_size"]
-    if not 0 <= rank < dp:
-        raise ValueError(f"rank {rank} is not a rank of this step (dp_size {dp})")
-    records = {output["path"]: output for output in manifest.get("outputs", [])}
-    table, lengths = None, []
-    for r in range(dp):
-        name = rank_name(r)
-        data = folder.read(name)
-        if verify:
-            _checked(data, records.get(name), folder.path / name)
-        columns = None if r == rank else ["total_lengths"]
-        read = pq.read_table(pa.BufferReader(data), columns=columns)
-        if verify and read.num_rows != records[name]["rows"]:
-            raise ShardVerificationError(
-                f"{folder.path / name}: {read.num_rows} rows, the manifest says "
-                f"{records[name]['rows']}"
-            )
-        lengths.extend(read.column("total_lengths").to_pylist())
-        if r == rank:
-            table = read
-    assert table is not None
-    return manifest, table, lengths
+def _rank_table(read: RankFiles, rank: int) -> tuple[dict[str, Any], pa.Table, list[int]]:
+    table = pq.read_table(pa.BufferReader(read.own))
+    lengths: list[int] = []
+    for r in range(len(read.files)):
+        part = table if r == rank else read.parts[r]
+        lengths.extend(part.column("total_lengths").to_pylist())
+    return read.manifest, table, lengths
 
 
 def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

@@ -45,7 +45,9 @@ def _dump_files(folder: Path) -> list[Path]:
 
 
 def is_miles_dump(path: Path) -> bool:
-    """A `.pt` file, a `rollout_data` folder, or a `--dump-details` folder with dumps."""
+    """A `.pt` file, a `rollout_data` folder, a `--dump-details` folder with dumps, or a
+    folder `--save-debug-rollout-data` wrote into (`<prefix><step>.pt` files, and no
+    `step=<N>` tables beside them)."""
     path = Path(path)
     if path.is_file():
         return path.suffix == DUMP_SUFFIX
@@ -54,7 +56,10 @@ def is_miles_dump(path: Path) -> bool:
     if path.name == ROLLOUT_DATA:
         return True
     rollout_data = path / ROLLOUT_DATA
-    return rollout_data.is_dir() and bool(_dump_files(rollout_data))
+    if rollout_data.is_dir() and bool(_dump_files(rollout_data)):
+        return True
+    named = [p for p in _dump_files(path) if named_step(p) is not None]
+    return bool(named) and not any(p.name.startswith("step=") for p in path.iterdir())
 
 
 def find_miles_dumps(path: Path) -> tuple[dict[int, Path], list[str]]:

@@ -78,6 +78,34 @@ def forget_unrun_checks(context: dg.AssetExecutionContext) -> int:
     return removed.rowcount or 0
 
 
+def refusal_observed(
+    context: dg.AssetExecutionContext, lines: Sequence[str], violations: Sequence[Violation]
+) -> None:
+    """Put why a step was refused where its partition's red dot leads: an observation of
+    each of the step's assets on the partition, holding the lines the command line prints
+    (rule, file, first rows) and the offending rows. A failed run materializes nothing, so
+    without it the partition page would say only that the run failed."""
+    if not context.has_partition_key:
+        return
+    metadata: dict[str, Any] = {
+        "refused": dg.MetadataValue.md("\n".join(f"- `{_md_cell(line)}`" for line in lines)),
+        "run": dg.MetadataValue.text(context.run.run_id),
+    }
+    if violations:
+        metadata |= violation_metadata(violations)
+        files = sorted({file for v in violations for file in v.files})
+        metadata["files"] = dg.MetadataValue.json(files)
+    for key in context.assets_def.keys:
+        context.log_event(
+            dg.AssetObservation(
+                asset_key=key,
+                partition=context.partition_key,
+                description=lines[0] if lines else None,
+                metadata=metadata,
+            )
+        )
+
+
 @contextmanager
 def failures_reported(context: dg.AssetExecutionContext) -> Iterator[None]:
     """Turn the core's errors into a run failure that carries its summary, not a traceback:
@@ -91,18 +119,22 @@ def failures_reported(context: dg.AssetExecutionContext) -> Iterator[None]:
         rules = sorted({v.rule for v in exc.violations})
         context.instance.add_run_tags(context.run.run_id, {FAILURE_TAG: ", ".join(rules)})
         forget_unrun_checks(context)
+        refusal_observed(context, error_lines("build", exc), exc.violations)
+        # from None: the user's data broke a rule, and the core's traceback says nothing more
         raise dg.Failure(
             description="\n".join(error_lines("build", exc)),
             metadata=violation_metadata(exc.violations),
             allow_retries=False,
-        ) from exc
+        ) from None
     except UsageError as exc:
         forget_unrun_checks(context)
-        raise dg.Failure(description=error_lines("build", exc)[0], allow_retries=False) from exc
+        refusal_observed(context, error_lines("build", exc), [])
+        raise dg.Failure(description=error_lines("build", exc)[0], allow_retries=False) from None
     except OSError as exc:  # the machine's fault (disk full, permissions): one line too
         step = step_of(context.partition_key) if context.has_partition_key else None
         error = StepError([os_violation(exc, "the output root", step)])
         forget_unrun_checks(context)
+        refusal_observed(context, error_lines("build", error), error.violations)
         raise dg.Failure(description=error_lines("build", error)[0]) from exc
 
 

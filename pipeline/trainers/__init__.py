@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import polars as pl
 
 from pipeline.schemas.rules import Model
 from pipeline.transforms.layout import Layout
-
-if TYPE_CHECKING:
-    from pipeline.settings import Settings
 
 # The profiles by the name the `trainer` setting takes.
 _MODULES = {
@@ -71,11 +68,13 @@ class Profile(Protocol):
         """The columns of its rank files, in order (`columns.DATASET_COLUMNS` and any of
         the light frame's own columns the trainer's loader needs besides)."""
 
-    def check(self, settings: Settings) -> str | None:
+    # `settings` is a `pipeline.settings.Settings` (which imports this package to check
+    # the trainer's: named here without importing it back)
+    def check(self, settings: Any) -> str | None:
         """What this trainer refuses of well-typed settings (a usage error), or None."""
 
     def plan(
-        self, light: pl.LazyFrame, schema: pl.Schema, height: int, settings: Settings, step: int
+        self, light: pl.LazyFrame, schema: pl.Schema, height: int, settings: Any, step: int
     ) -> BatchPlan:
         """The batch plan of a step's `height` valid rows: `light` holds their light columns
         (`transforms.samples.light_frame`) in batch order, `schema` the rows' columns."""

@@ -20,7 +20,7 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
-from pipeline.miles_flags import miles_flag_problem
+from pipeline.miles_flags import REQUIRED_SHAPE, USER_CODE
 from pipeline.schemas.rules import ROWS, Model
 from pipeline.settings import Settings, batch_inconsistency, shared_settings
 from pipeline.trainers import BatchPlan
@@ -200,6 +200,61 @@ def _refuse_what_cannot_train(
             "or turn off use_dynamic_batch_size",
         )
     return [int(rank) for rank in ranks]
+
+
+def miles_flag_problem(s: Settings) -> str | None:
+    """What makes these flags impossible beside the others, or None (a usage error)."""
+    for name in USER_CODE:
+        if getattr(s, name) is not None:
+            return (
+                f"{name} runs a user's Python function on miles' Sample objects, which "
+                "rollout-shards does not run: convert such batches in miles, or drop the flag"
+            )
+    if s.multi_lora_n_adapters:
+        return (
+            "multi_lora_n_adapters > 0 trains adapters per sample, and the contract has no "
+            "adapter column: convert multi-LoRA batches in miles"
+        )
+    if s.balance_by_flops:
+        if not s.use_dynamic_batch_size:
+            return "balance_by_flops needs use_dynamic_batch_size (as in miles)"
+        missing = [name for name in REQUIRED_SHAPE if getattr(s, name) is None]
+        if missing:
+            return f"balance_by_flops needs the model's shape: set {', '.join(missing)}"
+    if s.kv_channels is None and s.hidden_size and s.num_attention_heads:
+        if s.hidden_size % s.num_attention_heads:
+            return (
+                f"hidden_size={s.hidden_size} is not divisible by num_attention_heads="
+                f"{s.num_attention_heads}: set kv_channels (Megatron refuses it otherwise)"
+            )
+    pattern = s.moe_layer_freq
+    if isinstance(pattern, list) and s.num_layers is not None and len(pattern) != s.num_layers:
+        return (
+            f"moe_layer_freq lists {len(pattern)} layers but num_layers={s.num_layers} "
+            "(Megatron builds one layer per entry)"
+        )
+    return _steps_per_rollout_problem(s)
+
+
+def _steps_per_rollout_problem(s: Settings) -> str | None:
+    if s.num_steps_per_rollout is None:
+        return None
+    if s.rollout_batch_size is None:
+        return "num_steps_per_rollout needs rollout_batch_size (miles derives the batch from it)"
+    per_rollout = s.rollout_batch_size * (s.n_samples_per_prompt or 1)
+    derived = per_rollout // s.num_steps_per_rollout
+    if derived < 1:
+        return (
+            f"num_steps_per_rollout={s.num_steps_per_rollout} leaves no sample per step of "
+            f"rollout_batch_size * n_samples_per_prompt = {per_rollout}"
+        )
+    if s.global_batch_size is not None and s.global_batch_size != derived:
+        return (
+            f"global_batch_size={s.global_batch_size} is not rollout_batch_size * "
+            f"n_samples_per_prompt // num_steps_per_rollout = {per_rollout} // "
+            f"{s.num_steps_per_rollout} = {derived} (miles refuses it): drop one of them"
+        )
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

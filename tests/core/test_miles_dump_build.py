@@ -59,3 +59,33 @@ def test_session_version_flag_overrides_the_dump(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "rule rollout_id_only_on_v2_multi_leaf" in result.stderr
     assert "(40, 0), (40, 1), (40, 2)" in result.stderr
+
+
+def test_a_save_debug_rollout_data_folder_builds_each_step(tmp_path: Path) -> None:
+    """`--save-debug-rollout-data /run/rollout_{rollout_id}.pt` writes the dumps straight
+    into a folder of the user's: that folder is an input too, one step per file."""
+    run = tmp_path / "run"
+    for step in (3, 4):
+        rows = [sample_dict(index=i, group_index=i // 2, reward=float(i % 2)) for i in range(4)]
+        write_dump(run / f"rollout_{step}.pt", step, rows)
+    out = tmp_path / "out"
+    result = cli("build", run, "--out", out, "--global-batch-size", "2")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.glob("step=*")) == ["step=3", "step=4"]
+    for step in (3, 4):
+        manifest = json.loads((out / f"step={step}" / "manifest.json").read_text())
+        assert manifest["counts"]["written"] == 4
+        assert [Path(i["path"]).name for i in manifest["inputs"]] == [f"rollout_{step}.pt"]
+
+
+def test_a_table_root_beside_a_stray_dump_stays_a_table_root(tmp_path: Path) -> None:
+    root = tmp_path / "rollouts"
+    write_dump(root / "rollout_3.pt", 3, [sample_dict(index=0, group_index=0, reward=1.0)])
+    pl.DataFrame(
+        {"index": [0, 1], "status": ["completed"] * 2, "tokens": [[1, 2, 3]] * 2,
+         "response_length": [1, 1], "reward": [0.0, 1.0]},
+        schema_overrides={"tokens": pl.List(pl.Int32), "response_length": pl.Int32},
+    ).write_parquet(root / "step=1.parquet")  # fmt: skip
+    result = cli("validate", root, "--global-batch-size", "2")
+    assert result.returncode == 0, result.stderr
+    assert "step 1: valid, 2 rows" in result.stdout and "step 3" not in result.stdout

@@ -97,7 +97,8 @@ EXEC_WITH_DEFAULT_SIGINT = (
     "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
     "os.execv(sys.argv[1], sys.argv[1:])"
 )
-CHROMIUM = "/usr/bin/chromium"
+# Debian's chromium, or the one `make test CHROMIUM=...` names.
+CHROMIUM = os.environ.get("ROLLOUT_SHARDS_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -711,7 +712,8 @@ def test_browser_shows_the_partition_and_its_check_results(
     key = partition_key(RUN_STEP)
     written = _manifest(server.roots, RUN_STEP)["counts"]["written"]
     assert Path(CHROMIUM).is_file(), (
-        f"{CHROMIUM} is missing: `apt-get install -y chromium` (.ci/run installs it)"
+        f"{CHROMIUM} is missing: `make browser` installs Debian's chromium, or name another "
+        "with ROLLOUT_SHARDS_CHROMIUM"
     )
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -731,6 +733,9 @@ def test_browser_shows_the_partition_and_its_check_results(
             page.goto(f"{server.url}/assets/{ASSET}?view=partitions&partition={invalid}")
             _shows_failed_partition(page, invalid)
             page.screenshot(path=tmp_path / "failed_partition.png", full_page=True)
+            page.goto(f"{server.url}/assets/{ASSET}?view=events&partition={invalid}")
+            _shows_why_the_partition_failed(page, invalid, server.roots)
+            page.screenshot(path=tmp_path / "failed_partition_reason.png", full_page=True)
 
             page.goto(f"{server.url}/assets/{ASSET}?view=checks")
             _shows_checks(page)
@@ -754,6 +759,7 @@ def test_browser_shows_the_partition_and_its_check_results(
         "partition",
         "partition_tables",
         "failed_partition",
+        "failed_partition_reason",
         "lineage",
         "checks",
         "overview",
@@ -780,10 +786,30 @@ def _shows_partition(page: Page, key: str, written: int) -> None:
 
 
 def _shows_failed_partition(page: Page, key: str) -> None:
-    """The refused step's partition: failed by its run, with nothing materialized."""
+    """The refused step's partition: failed by its run, with nothing materialized, and one
+    event recorded on it: the observation saying why (listed by its history)."""
     expect(page.get_by_text(key, exact=True).first).to_be_visible()
-    expect(page.get_by_text(re.compile("failed", re.IGNORECASE)).first).to_be_visible()
+    expect(page.get_by_text("failed, and did not materialize this asset.").first).to_be_visible()
     expect(page.get_by_text("Materialized", exact=True)).to_have_count(0)
+    page.get_by_text("View all historical events (1)", exact=True).click()
+    expect(page.get_by_text(f"Historical events for {key}", exact=True)).to_be_visible()
+    expect(page.get_by_text("Observation", exact=True).first).to_be_visible()
+    page.get_by_role("button", name="OK").click()
+
+
+def _shows_why_the_partition_failed(page: Page, key: str, roots: Roots) -> None:
+    """The partition's events: the observation the refused run recorded holds the line the
+    command line prints (rule, file, rows) and the first offending rows as a table."""
+    expect(page.get_by_text(f"Partition {key} observed in run").first).to_be_visible()
+    line = re.compile(
+        rf"^rollout-shards: build: step {INVALID_STEP}: {re.escape(str(roots.input))}/"
+        rf"step={INVALID_STEP}\.parquet: rule {INVALID_RULE}: .*; rows \(index, leaf\): \(2, 0\)"
+    )
+    expect(page.get_by_text(line).first).to_be_visible()
+    for label in ("refused", "rules", "first_offending_rows", "files"):
+        expect(page.get_by_text(label, exact=True).first).to_be_visible()
+    offending = page.get_by_role("row").filter(has=page.get_by_text(INVALID_RULE, exact=True))
+    expect(offending.filter(has_text=f"step={INVALID_STEP}.parquet").first).to_be_visible()
 
 
 def _shows_checks(page: Page) -> None:

@@ -27,7 +27,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import types
@@ -37,9 +36,12 @@ from typing import Any
 
 from tests.loader.miles_support import (
     Args,
+    SourceMissing,
+    _git,
     _no_compile,
     _StubLoader,
     _StubModule,
+    cache_root,
 )
 
 URL = "https://github.com/THUDM/slime"
@@ -47,23 +49,8 @@ PIN = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 SOURCE_ENV = "SLIME_SOURCE"
 REPO = Path(__file__).resolve().parents[2]
 REAL = {"slime", "torch", "numpy", "typing_extensions", "pyarrow", "rollout_shards_loader"}
-
-
-class SourceMissing(RuntimeError):
-    """Neither SLIME_SOURCE nor a clone of slime's public repository is available."""
-
-
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rollout-shards"
-
-
-def _git(*args: str) -> bytes:
-    done = subprocess.run(["git", *args], capture_output=True, check=False)
-    if done.returncode:
-        message = done.stderr.decode(errors="replace").strip().splitlines()
-        raise SourceMissing(message[-1] if message else f"git {args[0]} failed")
-    return done.stdout
+# Installed packages slime imports that must be stand-ins in its modules.
+SET_ASIDE = {"ray", "sglang", "megatron", "transformers", "wandb", "verl", "tensordict"}
 
 
 def _from_git_dir(git_dir: Path, out: Path) -> Path:
@@ -172,6 +159,13 @@ def slime_modules(source: Path) -> Iterator[types.SimpleNamespace]:
     it (and CUDA pointed at the CPU) undone on exit."""
     import torch
 
+    # Packages another test of this process imported for real (Ray, by the verl and the
+    # Ray tests) would be taken instead of stand-ins: set aside while slime's modules load.
+    real = {
+        name: sys.modules.pop(name)
+        for name in list(sys.modules)
+        if name.partition(".")[0] in SET_ASIDE
+    }
     before = set(sys.modules)
     finder = _StubFinder()
     sys.meta_path.insert(0, finder)
@@ -190,6 +184,7 @@ def slime_modules(source: Path) -> Iterator[types.SimpleNamespace]:
         sys.path.remove(str(source))
         for name in set(sys.modules) - before:
             del sys.modules[name]
+        sys.modules.update(real)
 
 
 # --- rows -> slime's Samples, nested as a rollout function returns them ----------------

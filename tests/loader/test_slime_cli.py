@@ -8,7 +8,6 @@ import copy
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +17,6 @@ from rollout_shards_loader import slime as slime_loader
 from tests.conftest import REPO, sample, write_step
 from tests.loader import slime_support as ss
 from tests.loader.slime_cases import CASES
-
-
-@pytest.fixture(scope="module")
-def slime() -> Iterator[Any]:
-    try:
-        source = ss.slime_source()
-    except ss.SourceMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-    with ss.slime_modules(source) as modules:
-        yield modules
 
 
 def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:

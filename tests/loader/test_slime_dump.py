@@ -7,7 +7,6 @@ when its rollout manager loads the same dump (`--load-debug-rollout-data`)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +19,6 @@ from pipeline.settings import load_settings
 from pipeline.step.build import build_step
 from tests.loader import slime_support as ss
 from tests.loader.slime_cases import CASES
-
-
-@pytest.fixture(scope="module")
-def slime() -> Iterator[Any]:
-    try:
-        source = ss.slime_source()
-    except ss.SourceMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-    with ss.slime_modules(source) as modules:
-        yield modules
 
 
 @pytest.mark.parametrize(

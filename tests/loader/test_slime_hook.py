@@ -21,16 +21,6 @@ from tests.loader import slime_support as ss
 from tests.loader.slime_cases import CASES
 
 
-@pytest.fixture(scope="module")
-def slime() -> Iterator[Any]:
-    try:
-        source = ss.slime_source()
-    except ss.SourceMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-    with ss.slime_modules(source) as modules:
-        yield modules
-
-
 @pytest.fixture(autouse=True)
 def no_hook() -> Iterator[None]:
     yield

@@ -7,7 +7,6 @@ the issue's cases (tests/loader/slime_cases.py)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +16,6 @@ from rollout_shards_loader import slime as slime_loader
 from tests.conftest import build, write_step
 from tests.loader import slime_support as ss
 from tests.loader.slime_cases import CASES
-
-
-@pytest.fixture(scope="module")
-def slime() -> Iterator[Any]:
-    try:
-        source = ss.slime_source()
-    except ss.SourceMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-    with ss.slime_modules(source) as modules:
-        yield modules
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -5,7 +5,6 @@ dtype and values, floats bit for bit, over the issue's cases (tests/loader/slime
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,16 +12,6 @@ import pytest
 from tests import reference
 from tests.loader import slime_support as ss
 from tests.loader.slime_cases import CASES
-
-
-@pytest.fixture(scope="module")
-def slime() -> Iterator[Any]:
-    try:
-        source = ss.slime_source()
-    except ss.SourceMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-    with ss.slime_modules(source) as modules:
-        yield modules
 
 
 @pytest.mark.parametrize("name", CASES)

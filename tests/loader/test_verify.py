@@ -299,9 +299,14 @@ def test_a_manifest_of_inconsistent_fields_is_named(tmp_path: Path) -> None:
     path.write_text(json.dumps({**manifest, "dropped_positions": [0], "dropped_raw_reward": [1]}))
     with pytest.raises(ShardVerificationError, match=r"not each of 0\.\.8 once"):
         read_rank(folder, 0)
-    verl = {**manifest["settings"], "trainer": "verl"}
-    path.write_text(json.dumps({**manifest, "settings": verl}))
-    with pytest.raises(ValueError, match=r"built for the verl trainer \(--trainer verl\)"):
+    slime = {**manifest["settings"], "trainer": "slime"}
+    path.write_text(json.dumps({**manifest, "settings": slime}))
+    with pytest.raises(
+        ValueError, match=r"not miles: read its ranks with rollout_shards_loader\.slime"
+    ):
+        read_rank(folder, 0)
+    path.write_text(json.dumps({**manifest, "settings": {**slime, "trainer": "torchtitan"}}))
+    with pytest.raises(ShardVerificationError, match="which this loader does not read"):
         read_rank(folder, 0)
     path.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ShardVerificationError, match="manifest.json: not a JSON manifest"):
@@ -352,7 +357,10 @@ while not stop.exists():
         ((step, sources),) = group_steps(find_sources([out.parent / name])).items()
         build_step(step, sources, config, out)
         builds += 1
-        count.write_text(str(builds))
+        # replaced whole: the test reads it while builds go on (a rewrite in place can be
+        # read empty)
+        count.with_suffix(".tmp").write_text(str(builds))
+        count.with_suffix(".tmp").replace(count)
 """
 
 

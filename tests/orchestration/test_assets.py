@@ -280,6 +280,32 @@ def test_invalid_partition_fails_at_rollout_samples_and_writes_nothing(
     assert materialized(result) == []
 
 
+def test_a_refused_step_says_why_on_each_asset_partition(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    """Where the partition's red dot leads: an observation of each of the step's assets on
+    the partition, with the line the command line prints (rule, file, first rows)."""
+    break_step_1(roots)
+    result = materialize(instance, "00000001")
+    assert not result.success
+    for asset in ("rollout_samples", "train_batch", "training_shards"):
+        (record,) = instance.fetch_observations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=["00000001"]),
+            limit=5,
+        ).records
+        observation = record.asset_observation
+        assert observation is not None and record.run_id == result.run_id
+        assert observation.description is not None
+        assert "rule response_within_tokens" in observation.description
+        assert str(roots.input / "step=1.parquet") in observation.description
+        metadata = observation.metadata
+        assert "rule response_within_tokens" in metadata["refused"].value
+        assert metadata["files"].value == [str(roots.input / "step=1.parquet")]
+        assert f"| response_within_tokens | {roots.input / 'step=1.parquet'} | 2 | 0 |" in (
+            metadata["first_offending_rows"].value
+        )
+
+
 def _check_records(instance: dg.DagsterInstance) -> dict[str, list[tuple[str, str, str]]]:
     """Every check's executions on record: (partition, run, resolved status), newest first."""
     loading = LoadingContextForTest(instance)
