@@ -129,12 +129,8 @@ class Settings(MilesFlags, VerlSettings):
         256,
         recorded=False,
     )
-    ray_address: str | None = _setting(
-        "Ray cluster (GCS head:6379, or auto) to build big steps on (--ray).", None, recorded=False
-    )
-    ray_above: NonNegative = _setting(
-        "MiB of input files above which a step goes to the cluster (0: all).", 256, recorded=False
-    )
+    ray_address: str | None = _setting("Ray cluster's GCS, or auto.", None, recorded=False)
+    ray_above: NonNegative = _setting("MiB above which a step goes to Ray.", 256, recorded=False)
 
     def __post_init__(self) -> None:
         _take(self, _checked(type(self), self.values()))
