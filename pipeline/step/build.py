@@ -1,8 +1,9 @@
 """The one driver of a step: `run_step` reads, validates, plans, writes and commits it.
 
-The CLI's `build` (`build_step`) and `validate`, the Dagster assets in process or in a Pipes
-worker on another process, Ray node or Kubernetes pod (`stages.run_stages`), and the Ray
-rank writer (`orchestration/ray_ranks.py`, through `build_step`) all run it.
+The CLI's `build` (`build_step`) and `validate`, and the Dagster assets in process or in a
+Pipes worker on another process, Ray node or Kubernetes pod (`stages.run_stages`) all run
+it; a step on a Ray cluster is the same run with the reader and writer of `step.shares`
+handed in (`route`, from `orchestration/ray_route.py`), so the core never imports Ray.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def run_step(
     through `last` (`step.STAGES`), yielding each stage's result as soon as it is done. A
     run from a later stage than the read starts from `given` (what an earlier run of the
     previous stage staged). Every path that builds a step runs this: `build_step` (the CLI,
-    the Ray rank writer), `stages.run_stages` (Dagster, in process or in a Pipes worker),
+    a Ray cluster's tasks), `stages.run_stages` (Dagster, in process or in a Pipes worker),
     and `validate`, which stops after the plan."""
     report = reporter or _Silent()
     read, plan, write = STAGE_NAMES
