@@ -118,6 +118,22 @@ def route(tasks: RayTasks) -> Callable[[StepJob], StepJob]:
     return routed
 
 
+def _reachable(address: str | None) -> None:
+    """A GCS address (`host:port`) that does not answer is a usage error now: Ray's own
+    connect waits minutes for it."""
+    text = address or ""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or "://" in text:
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as error:
+        raise UsageError(
+            f"cannot reach the Ray cluster at {address} ({error.strerror or error}): give the "
+            "GCS address of a running head (head:6379, what `ray start --address` takes)"
+        ) from None
+
+
 @contextmanager
 def connected(
     address: str | None,
@@ -132,12 +148,13 @@ def connected(
     loopback interface)."""
     ours = not ray.is_initialized()
     if ours:
+        _reachable(address)
         options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
         if node_ip_address is not None:
             options["_node_ip_address"] = node_ip_address
         try:
             ray.init(address=address, **options)
-        except (ConnectionError, RuntimeError, ValueError) as error:
+        except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as error:
             raise UsageError(f"cannot connect to the Ray cluster at {address}: {error}") from None
     try:
         yield route(tasks or RayTasks())

@@ -50,6 +50,15 @@ class RayCluster:
         }
 
 
+def free_port() -> int:
+    """A port nothing listens on (until something takes it)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def start(state: Path, timeout: float) -> RayCluster:
     """The cluster, up with its three nodes, or an AssertionError with its output."""
     token = secrets.token_hex(32)

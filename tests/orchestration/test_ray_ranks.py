@@ -218,3 +218,16 @@ def test_ray_above_keeps_a_small_step_in_process(inputs: Path, tmp_path: Path) -
         assert route is not None and route(job) is job
     with ray_route(settings.replace(ray_address=None)) as route:
         assert route is None
+
+
+def test_a_cluster_that_does_not_answer_is_a_usage_error(inputs: Path, tmp_path: Path) -> None:
+    """One line and exit 2 at once (Ray's own connect would wait minutes), nothing built."""
+    port = ray_cluster.free_port()
+    command = [sys.executable, "-m", "pipeline.cli", "build", str(inputs), "--out"]
+    flags = ["--global-batch-size", "64", "--ray", f"127.0.0.1:{port}", "--ray-above", "0"]
+    result = subprocess.run(
+        [*command, str(tmp_path / "out"), *flags], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("rollout-shards: usage error: cannot reach the Ray cluster")
+    assert not (tmp_path / "out" / "step=0").exists()
