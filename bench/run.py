@@ -697,8 +697,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for tree in [ROOT / "pipeline", *([args.before / "pipeline"] if args.before else [])]:
         compileall.compile_dir(tree, quiet=1)
     from pipeline.io.writer import PARQUET_OPTIONS
+    from pipeline.settings import setting_defaults
     from pipeline.speed import ALLOCATOR_CONF, ALLOCATOR_ENV
-    from pipeline.step.bounded import STREAM_ABOVE
 
     os.environ["BENCH_PARQUET_OPTIONS"] = json.dumps(PARQUET_OPTIONS)
     # The floor reads and writes with the allocator settings a build gives Polars (unless
@@ -768,7 +768,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine(),
         "load_before": load_before,
         "load_after": os.getloadavg()[0],
-        "stream_above_mib": STREAM_ABOVE / 2**20,
+        "stream_above_mib": float(setting_defaults()["stream_above"]),
         "duckdb": duckdb,
         "goals": goals(cases, big, small, dagster),
     }

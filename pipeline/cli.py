@@ -115,6 +115,7 @@ SHORT_FLAGS = {"ray_address": ("--ray",)}
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("settings (override the config file; named as miles' flags)")
+    valued = valued_booleans()
     for name, annotation, help_text in setting_fields():
         if name in DISABLE_FLAGS:
             group.add_argument(
@@ -126,7 +127,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             )
             continue
         base = non_null(annotation)
-        if name in valued_booleans():
+        if name in valued:
             # a text the settings model reads as a boolean ("true", "false", "yes", ...)
             group.add_argument(
                 _flag(name),

@@ -319,7 +319,8 @@ def trainer_settings(trainer: str) -> frozenset[str]:
 
 def valued_booleans() -> frozenset[str]:
     """Booleans named after verl's keys, given a value as there (`--balance-batch false`)."""
-    return frozenset(name for name in trainer_settings("verl") if setting_types()[name] is bool)
+    kinds = setting_types()
+    return frozenset(name for name in trainer_settings("verl") if kinds[name] is bool)
 
 
 def shared_settings() -> frozenset[str]:

@@ -22,8 +22,8 @@ from pipeline.schemas.validate import Verdict, validate_step
 from pipeline.settings import RowSettings, Settings
 from pipeline.speed import EarlyDigests
 from pipeline.step.tables import SampleTable
+from pipeline.trainers import Profile
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
-from pipeline.transforms.staleness import stale_rows
 
 PROVENANCE = (c.SOURCE_FILE, c.SOURCE_ROW, PATH_STEP)
 # Provenance as the quarantine table names it: where to find the row as it was written.
@@ -85,18 +85,17 @@ def repair_and_validate(
         table=table,
         row_rules=profile.row_rules,
     )
-    return _without_stale_groups(verdict, step, settings), repaired
+    return _without_set_aside(verdict, step, settings, profile), repaired
 
 
-def _without_stale_groups(verdict: Verdict, step: int, settings: Settings | RowSettings) -> Verdict:
-    """miles' weight-staleness budget (`transforms.staleness`): the groups it sets aside
-    leave the valid rows for the quarantine, whatever on_invalid says (the trainer's
-    filter, not invalid data). miles-specific: the miles profile's to own."""
-    budget = getattr(settings, "max_weight_staleness", None)
-    if budget is None:
-        return verdict
-    stale = stale_rows(verdict.valid, step, budget)
-    if stale.is_empty():
+def _without_set_aside(
+    verdict: Verdict, step: int, settings: Settings | RowSettings, profile: Profile
+) -> Verdict:
+    """The rows the trainer's own filter sets aside (`Profile.set_aside`: miles' weight-
+    staleness budget) leave the valid rows for the quarantine, whatever on_invalid says
+    (the trainer's filter, not invalid data)."""
+    stale = profile.set_aside(verdict.valid, settings, step)
+    if stale is None or stale.is_empty():
         return verdict
     ids = stale.get_column(ROW_ID).implode()
     return dataclasses.replace(

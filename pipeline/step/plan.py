@@ -18,7 +18,6 @@ from pipeline.transforms import samples as s
 from pipeline.transforms.layout import UNTRAINED, Layout
 from pipeline.transforms.metrics import layout_metrics, rollout_metrics
 from pipeline.transforms.shard_columns import optional_columns, present_columns
-from pipeline.transforms.staleness import set_aside_metrics
 
 
 def _light(frame: pl.DataFrame, settings: Settings, step: int) -> pl.DataFrame:
@@ -118,8 +117,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
         step=step,
     )
     stats |= layout_metrics(rows.scalars.lazy(), settings.dp_size, counts)
-    if settings.max_weight_staleness is not None:  # miles' staleness budget (issue 38)
-        stats |= set_aside_metrics(samples.quarantine, c.GROUP_INDEX)
+    stats |= profile.set_aside_stats(samples.quarantine, settings)
     meta = Manifest(
         step=step,
         settings=settings.to_dict(),

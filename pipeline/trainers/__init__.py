@@ -70,6 +70,14 @@ class Profile(Protocol):
 
     # `settings` is a `pipeline.settings.Settings` (which imports this package to check
     # the trainer's: named here without importing it back)
+    def set_aside(self, rows: pl.DataFrame, settings: Any, step: int) -> pl.DataFrame | None:
+        """The valid rows (with `columns.ROW_ID`) the trainer's own filter sets aside before
+        its batch, each with a `columns.REASON` (miles' weight-staleness budget), or None;
+        they go to the quarantine and count as quarantined, whatever `on_invalid` says."""
+
+    def set_aside_stats(self, quarantine: pl.DataFrame | None, settings: Any) -> dict[str, float]:
+        """The rollout metrics of what `set_aside` set aside (empty when it sets none)."""
+
     def check(self, settings: Any) -> str | None:
         """What this trainer refuses of well-typed settings (a usage error), or None."""
 

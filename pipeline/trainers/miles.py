@@ -15,6 +15,7 @@ another trainer does not.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import polars as pl
 
@@ -28,6 +29,7 @@ from pipeline.transforms.layout import Layout, rank_sizes, rows_within_ranks
 from pipeline.transforms.rewards import group_normalized
 from pipeline.transforms.shard_columns import light_shard_columns, raw_reward
 from pipeline.transforms.split import plain_layout
+from pipeline.transforms.staleness import set_aside_metrics, stale_rows
 from pipeline.transforms.trim import is_compact
 
 ROWS_NAMED = 10
@@ -268,6 +270,16 @@ class Miles:
     # for it)
     settings: frozenset[str] = dataclasses.field(default_factory=shared_settings)
     rank_columns: tuple[str, ...] = c.DATASET_COLUMNS
+
+    def set_aside(self, rows: pl.DataFrame, settings: Any, step: int) -> pl.DataFrame | None:
+        """miles' weight-staleness budget: the groups its buffer filter drops."""
+        budget = getattr(settings, "max_weight_staleness", None)
+        return None if budget is None else stale_rows(rows, step, budget)
+
+    def set_aside_stats(self, quarantine: pl.DataFrame | None, settings: Any) -> dict[str, float]:
+        if settings.max_weight_staleness is None:
+            return {}
+        return set_aside_metrics(quarantine, c.GROUP_INDEX)
 
     def check(self, settings: Settings) -> str | None:
         if settings.advantage_estimator == "cispo":

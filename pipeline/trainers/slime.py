@@ -19,6 +19,7 @@ miles does not (`RolloutManager._convert_samples_to_train_data`, `_post_process_
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import polars as pl
 
@@ -153,6 +154,12 @@ class Slime:
         SOURCE_NAMES,
         *c.PARTITION_COLUMNS,
     )
+
+    def set_aside(self, rows: pl.DataFrame, settings: Any, step: int) -> pl.DataFrame | None:
+        return None  # no filter of its own before the batch
+
+    def set_aside_stats(self, quarantine: pl.DataFrame | None, settings: Any) -> dict[str, float]:
+        return {}
 
     def check(self, settings: Settings) -> str | None:
         return slime_settings_problem(settings)

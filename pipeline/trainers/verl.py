@@ -20,6 +20,7 @@ each data-parallel rank its `DataProto.chunk` (docs/verl.md).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import polars as pl
 
@@ -202,6 +203,12 @@ class Verl:
         default_factory=lambda: trainer_settings("verl") | {"dp_size"}
     )
     rank_columns: tuple[str, ...] = (*c.DATASET_COLUMNS, c.GROUP_INDEX)
+
+    def set_aside(self, rows: pl.DataFrame, settings: Any, step: int) -> pl.DataFrame | None:
+        return None  # no filter of its own before the batch
+
+    def set_aside_stats(self, quarantine: pl.DataFrame | None, settings: Any) -> dict[str, float]:
+        return {}
 
     def check(self, settings: Settings) -> str | None:
         missing = [name for name in (*REQUIRED, "pad_token_id") if getattr(settings, name) is None]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -261,13 +262,20 @@ def test_nothing_names_a_path_of_this_machine() -> None:
     """A fresh clone on another machine runs as it is: no file names a folder of the
     machine it was written on (the tests get peers' source from an env variable or a
     clone of the public URL)."""
-    files = [REPO / "README.md", REPO / "Makefile", REPO / "pyproject.toml"]
-    for folder in ("docs", "tests", "pipeline", "loader", "bench", "data"):
-        files += [
-            path
-            for path in sorted((REPO / folder).rglob("*"))
-            if path.suffix in MACHINE_SUFFIXES and "__pycache__" not in path.parts
-        ]
+    # the files of the repository (git's), not what a build or a test left beside them
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
+    ).stdout.decode()
+    files = [
+        REPO / name
+        for name in sorted(tracked.split("\0"))
+        if name
+        and (
+            name in ("README.md", "Makefile", "pyproject.toml")
+            or Path(name).suffix in MACHINE_SUFFIXES
+        )
+        and name.split("/")[0] in ("docs", "tests", "pipeline", "loader", "bench", "data", name)
+    ]
     found = [
         f"{path.relative_to(REPO)}:{number}"
         for path in files
