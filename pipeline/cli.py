@@ -109,6 +109,10 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+# A setting's flag besides the one named after it.
+SHORT_FLAGS = {"ray_address": ("--ray",)}
+
+
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("settings (override the config file; named as miles' flags)")
     valued = valued_booleans()
@@ -153,6 +157,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         else:
             group.add_argument(
                 _flag(name),
+                *SHORT_FLAGS.get(name, ()),
                 dest=name,
                 type=typing.cast(Callable[[str], Any], base),
                 metavar=name.upper(),
@@ -297,7 +302,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with kept_streams():
         args = parser().parse_args(argv)
         head_start = None
-        if args.command in ("build", "validate") and on("head_start"):
+        # a build on a Ray cluster reads its files there: the head start would read them here
+        on_ray = getattr(args, "ray_address", None) is not None
+        if args.command in ("build", "validate") and on("head_start") and not on_ray:
             head_start = HeadStart(args.inputs)
             args.early_digests = head_start.digest
         status = _run(args, head_start, program=argv is None)

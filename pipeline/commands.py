@@ -23,6 +23,7 @@ from pipeline.io.discovery import SourceFile, find_sources
 from pipeline.io.load import group_steps
 from pipeline.io.writer import clean_stale, step_folder
 from pipeline.manifest import Manifest
+from pipeline.orchestration.ray_route import Route, ray_route
 from pipeline.progress import Progress
 from pipeline.settings import (
     RowSettings,
@@ -159,6 +160,7 @@ def _build_one(
     args: argparse.Namespace,
     progress: Progress,
     skipped: list[str],
+    route: Route | None = None,
 ) -> bool:
     """Build one step unless it is current; False (after printing why) when it fails."""
     report = _StepReport(progress)
@@ -172,6 +174,7 @@ def _build_one(
             reporter=report,
             skipped=skipped,
             early=args.early_digests,
+            route=route,
         )
     except StepError as exc:
         progress.step_done()
@@ -231,10 +234,12 @@ def run_build(args: argparse.Namespace) -> int:
     skipped: list[Path] = []
     steps = _steps(args.inputs, settings, args.session_version, skipped)
     progress = Progress(len(steps), STAGE_NAMES)
-    built = [
-        _build_one(step, files, settings, args, progress, skipped_files(skipped, step))
-        for step, files in steps.items()
-    ]
+    # --ray ADDRESS: the steps above ray_above are built by tasks on that cluster
+    with ray_route(settings) as route:
+        built = [
+            _build_one(step, files, settings, args, progress, skipped_files(skipped, step), route)
+            for step, files in steps.items()
+        ]
     return 0 if all(built) else 1
 
 

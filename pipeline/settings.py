@@ -129,6 +129,8 @@ class Settings(MilesFlags, VerlSettings):
         256,
         recorded=False,
     )
+    ray_address: str | None = _setting("Ray cluster's GCS, or auto.", None, recorded=False)
+    ray_above: NonNegative = _setting("MiB above which a step goes to Ray.", 256, recorded=False)
 
     def __post_init__(self) -> None:
         _take(self, _checked(type(self), self.values()))
@@ -306,8 +308,8 @@ def _problem(error: ErrorDetails) -> str:
 ROW_SETTINGS = tuple(f.name for f in dataclasses.fields(RowSettings))
 # Settings of every trainer: which trainer, how rows are read and checked, run options.
 COMMON_SETTINGS = frozenset(
-    ("trainer", "stream_above", "on_invalid", "rollout_id_policy", "require_success_marker")
-)
+    ("trainer", "stream_above", "ray_address", "ray_above", "on_invalid", "rollout_id_policy")
+) | {"require_success_marker"}
 
 
 def trainer_settings(trainer: str) -> frozenset[str]:

@@ -280,14 +280,17 @@ def read_in_parts(
     part_bytes: int,
     take: Callable[[pl.DataFrame, int], None],
     early: EarlyDigest | None = None,
-) -> str:
+    row_groups: tuple[int, int] | None = None,
+) -> str | None:
     """Hand `take` the rows of one input file as stored, in parts of about `part_bytes`
     decoded bytes each with the file row of its first row, and return the file's sha256.
     A Parquet file comes in row batches (`pyarrow`, which decodes a batch at a time where
     Polars decodes a row group whole), hashed on a thread meanwhile; any other file whole.
+    With `row_groups` (first, end), only those row groups of a Parquet file are read and
+    the file is not hashed (None is returned): a share of the file (`step.shares`).
     A file whose identity moved while it was read fails as `read_file` does."""
     path = source.path
-    if source.kind != "table" or path.suffix != ".parquet":
+    if not is_parquet(source):
         read = read_source(source, step, early)
         take(read.frame, 0)
         return read.sha256
@@ -297,7 +300,8 @@ def read_in_parts(
     handle, info = _opened(path, step)
     with handle, thread_pool(1) as pool, returning_arrow_pool():
         taken = _taken(early, info)
-        digest = None if taken is not None else pool.submit(_digest, handle, None)
+        hashing = taken is None and row_groups is None
+        digest = pool.submit(_digest, handle, None) if hashing else None
 
         def unreadable(exc: Exception) -> StepError:
             problem = unsupported_in("parquet", path.read_bytes())
@@ -308,10 +312,13 @@ def read_in_parts(
             meta = parquet.metadata
             decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
             rows = max(1, part_bytes * max(meta.num_rows, 1) // max(decoded, 1))
-            batches = parquet.iter_batches(batch_size=rows, use_threads=True)
+            start, end = row_groups or (0, meta.num_row_groups)
+            batches = parquet.iter_batches(
+                batch_size=rows, row_groups=range(start, end), use_threads=True
+            )
         except (pa.ArrowException, OSError) as exc:
             raise unreadable(exc) from None
-        first = 0
+        first = sum(meta.row_group(i).num_rows for i in range(start))
         while True:
             try:  # pyarrow's errors only: `take`'s (a full spill disk, say) are its own
                 batch = next(batches, None)
@@ -327,5 +334,10 @@ def read_in_parts(
             del frame
         sha256 = digest.result() if digest is not None else taken
     _check_unchanged(path, info, step)
-    assert sha256 is not None
     return sha256
+
+
+def is_parquet(source: SourceFile) -> bool:
+    """Whether `source` is a Parquet table (read in row batches, and in shares of its row
+    groups); any other file is read whole."""
+    return source.kind == "table" and source.path.suffix == ".parquet"

@@ -67,9 +67,16 @@ class StepFiles:
         """One file's violation of a rule by one column, whichever part of the file its
         rows are in: a file read in parts gets the one line a whole read gives (its first
         rows and first value, every row counted), in the file's column order."""
+        place = columns.index(name) if name in columns else len(columns)
+        self.add_type_violation(source, place, name, violation)
+
+    def add_type_violation(
+        self, source: SourceFile, place: int, name: str, violation: Violation
+    ) -> None:
+        """A violation of column `name` (the `place`-th of the file's columns) found in a
+        part of `source` read elsewhere (a share, `step.shares`), merged as `add_rows` merges."""
         key = (str(source.path), name, violation.rule)
         if key not in self._named:
-            place = columns.index(name) if name in columns else len(columns)
             self._named[key] = (len(self.files), place, violation)
         else:
             earlier = self._named[key][2]
@@ -77,6 +84,10 @@ class StepFiles:
             earlier.n_rows += violation.n_rows
         named = sorted(self._named.values(), key=lambda entry: entry[:2])
         self.type_violations = [entry[2] for entry in named]
+
+    def named(self) -> list[tuple[int, str, Violation]]:
+        """Each type violation with its column's place among the file's and its column."""
+        return [(place, key[1], violation) for key, (_, place, violation) in self._named.items()]
 
     def add_file(self, source: SourceFile, sha256: str, rows: int) -> None:
         self.files.append({"path": str(source.path), "sha256": sha256, "rows": rows})

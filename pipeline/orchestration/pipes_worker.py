@@ -47,6 +47,7 @@ from dagster_pipes import (  # noqa: E402
 from pipeline.cli import exit_now  # noqa: E402
 from pipeline.errors import StepError, UsageError, Violation, os_violation  # noqa: E402
 from pipeline.orchestration.ray_jobs import WarmQueue  # noqa: E402
+from pipeline.orchestration.ray_route import ray_route  # noqa: E402
 from pipeline.settings import Settings, make_settings  # noqa: E402
 from pipeline.speed import tune_process  # noqa: E402
 
@@ -61,14 +62,30 @@ WORKER_FILE = str(Path(__file__).resolve())
 
 
 def worker_extras(
-    stages: list[str], roots: StepRoots, step: int, settings: Settings | None
+    stages: list[str],
+    roots: StepRoots,
+    step: int,
+    settings: Settings | None,
+    in_ray_job: bool = False,
 ) -> dict[str, Any]:
-    """What a worker needs to run `stages` on `step`, as JSON for the Pipes extras."""
+    """What a worker needs to run `stages` on `step`, as JSON for the Pipes extras: the
+    recorded settings, the run options apart (`stream_above`, `ray_address`, `ray_above`:
+    a worker of an earlier release, which knows fewer, builds without them), and whether
+    the worker runs in a Ray job (`compute: ray`), whose cluster builds the steps above
+    `ray_above`."""
+    recorded = settings.to_dict() if settings is not None else None
+    options = {
+        name: value
+        for name, value in (settings.values() if settings is not None else {}).items()
+        if recorded is not None and name not in recorded
+    }
     return {
         "stages": stages,
         "step": step,
         "roots": roots.to_json(),
-        "settings": settings.to_dict() if settings is not None else None,
+        "settings": recorded,
+        "run_options": options,
+        "in_ray_job": in_ray_job,
     }
 
 
@@ -113,13 +130,16 @@ def run_session(params_loader: PipesParamsLoader | None = None) -> None:
         step = int(pipes.get_extra("step"))
         roots = StepRoots.from_json(pipes.get_extra("roots"))
         raw_settings = pipes.get_extra("settings")
-        settings = make_settings(raw_settings) if raw_settings is not None else None
+        options = pipes.extras.get("run_options") or {}
+        settings = make_settings({**raw_settings, **options}) if raw_settings is not None else None
         names = ", ".join(stages)
         pipes.log.info(f"step {step}: {names} on {socket.gethostname()}, pid {os.getpid()}")
+        in_ray_job = bool(pipes.extras.get("in_ray_job"))
         try:
-            for stage, report in run_stages(stages, roots, step, settings):
-                pipes.log.info(report.log)
-                pipes.report_asset_materialization(metadata=report.metadata, asset_key=stage)
+            with ray_route(settings, in_ray_job) as route:
+                for stage, report in run_stages(stages, roots, step, settings, route):
+                    pipes.log.info(report.log)
+                    pipes.report_asset_materialization(metadata=report.metadata, asset_key=stage)
         except (StepError, UsageError) as error:
             pipes.log.error(str(error))
             pipes.report_custom_message(failure_message(error))

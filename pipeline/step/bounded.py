@@ -136,7 +136,9 @@ def load_samples(
             rows += typed.height
 
         taken = early(source.path) if early is not None else None
-        files.add_file(source, read_in_parts(source, step, part_bytes, take, taken), rows)
+        sha256 = read_in_parts(source, step, part_bytes, take, taken)
+        assert sha256 is not None, "a whole file is hashed"
+        files.add_file(source, sha256, rows)
     if whole:
         return checked(_taken_back(files, part_columns, spill), settings)
     loaded = files.loaded()

@@ -1,8 +1,9 @@
 """The one driver of a step: `run_step` reads, validates, plans, writes and commits it.
 
-The CLI's `build` (`build_step`) and `validate`, the Dagster assets in process or in a Pipes
-worker on another process, Ray node or Kubernetes pod (`stages.run_stages`), and the Ray
-rank writer (`orchestration/ray_ranks.py`, through `build_step`) all run it.
+The CLI's `build` (`build_step`) and `validate`, and the Dagster assets in process or in a
+Pipes worker on another process, Ray node or Kubernetes pod (`stages.run_stages`) all run
+it; a step on a Ray cluster is the same run with the reader and writer of `step.shares`
+handed in (`route`, from `orchestration/ray_route.py`), so the core never imports Ray.
 """
 
 from __future__ import annotations
@@ -57,10 +58,48 @@ class _Silent:
         pass
 
 
+class Reader(Protocol):
+    """How a build reads its step (`load`) and where the planned batch finds its lists
+    (`planned`): in memory, in parts with the lists spilled (`bounded`), or by tasks next
+    to the data that leave the lists in the input files (`shares`)."""
+
+    def load(self, job: StepJob) -> SampleTable: ...
+
+    def planned(self, batch: TrainBatch) -> TrainBatch: ...
+
+
+class _InMemory:
+    def load(self, job: StepJob) -> SampleTable:
+        return load_samples(job.step, job.sources, job.settings, job.early)
+
+    def planned(self, batch: TrainBatch) -> TrainBatch:
+        return batch
+
+
+class _Bounded:
+    def __init__(self, spill: bounded.Spill) -> None:
+        self.spill = spill
+
+    def load(self, job: StepJob) -> SampleTable:
+        return bounded.load_samples(
+            job.step, job.sources, job.settings, self.spill, early=job.early
+        )
+
+    def planned(self, batch: TrainBatch) -> TrainBatch:
+        return bounded.spilled(batch, self.spill)
+
+
+# A reader made for one build, with what it holds until the build ends (a spill folder, a
+# connection) entered on the build's exit stack.
+OpenReader = Callable[["StepJob", ExitStack], Reader]
+
+
 @dataclass(frozen=True)
 class StepJob:
-    """One step to build: its files, settings and where it goes, and how its ranks are
-    written (`write_batch`: in this process, or Ray tasks, `orchestration/ray_ranks.py`)."""
+    """One step to build: its files, settings and where it goes, how it is read when it is
+    written (`reader`; None: in memory or in parts, by `stream_above`) and how its ranks are
+    written (`write_batch`: in this process, or Ray tasks, `orchestration/ray_ranks.py`).
+    A run that stops before the write reads in memory whatever `reader` says."""
 
     step: int
     sources: Sequence[SourceFile]
@@ -69,6 +108,16 @@ class StepJob:
     skipped: Sequence[str] = ()  # look-alike files the readers passed over, kept in the manifest
     early: EarlyDigests | None = None  # digests of input files taken before the build
     write_batch: Callable[[TrainBatch, Path], Manifest] = write_shards
+    reader: OpenReader | None = None
+
+    def open_reader(self, stack: ExitStack, writes: bool) -> Reader:
+        """The reader of a run that `writes` the step (through to its shards) or not."""
+        if writes and self.reader is not None:
+            return self.reader(self, stack)
+        if writes and self.streamed():
+            assert self.out_root is not None
+            return _Bounded(stack.enter_context(bounded.Spill(self.out_root, self.step)))
+        return _InMemory()
 
     def streamed(self) -> bool:
         """Whether the step is read in parts with its lists spilled (`bounded`), chosen up
@@ -94,26 +143,20 @@ def run_step(
     through `last` (`step.STAGES`), yielding each stage's result as soon as it is done. A
     run from a later stage than the read starts from `given` (what an earlier run of the
     previous stage staged). Every path that builds a step runs this: `build_step` (the CLI,
-    the Ray rank writer), `stages.run_stages` (Dagster, in process or in a Pipes worker),
+    a Ray cluster's tasks), `stages.run_stages` (Dagster, in process or in a Pipes worker),
     and `validate`, which stops after the plan."""
     report = reporter or _Silent()
     read, plan, write = STAGE_NAMES
     selected = STAGES[STAGES.index(first) : STAGES.index(last) + 1]
     step = job.step
     with ExitStack() as stack:
-        spill = None
+        reader: Reader = _InMemory()
         samples = given if isinstance(given, SampleTable) else None
         batch = given if isinstance(given, TrainBatch) else None
         if ROLLOUT_SAMPLES in selected:
             report.begin(step, read)
-            if job.streamed() and last == TRAINING_SHARDS:
-                assert job.out_root is not None
-                spill = stack.enter_context(bounded.Spill(job.out_root, step))
-                samples = bounded.load_samples(
-                    step, job.sources, job.settings, spill, early=job.early
-                )
-            else:
-                samples = load_samples(step, job.sources, job.settings, job.early)
+            reader = job.open_reader(stack, last == TRAINING_SHARDS)
+            samples = reader.load(job)
             report.end(step, read, f"{samples.ingested} rows read")
             yield ROLLOUT_SAMPLES, samples
         if TRAIN_BATCH in selected:
@@ -123,8 +166,7 @@ def run_step(
             batch = plan_batch(samples, job.settings)
             del samples  # the batch keeps what it needs of the rows
             batch.meta = batch.meta.replace(skipped_files=list(job.skipped))
-            if spill is not None:
-                batch = bounded.spilled(batch, spill)
+            batch = reader.planned(batch)
             report.end(step, plan, f"{batch.meta.counts.written} rows to write")
             yield TRAIN_BATCH, batch
         if TRAINING_SHARDS in selected:
@@ -143,19 +185,22 @@ def build_step(
     force: bool = False,
     reporter: StageReporter | None = None,
     skipped: Sequence[str] = (),
-    write_batch: Callable[[TrainBatch, Path], Manifest] = write_shards,
     early: EarlyDigests | None = None,
+    route: Callable[[StepJob], StepJob] | None = None,
 ) -> Manifest:
     """The whole build of one step (`run_step`); returns its manifest. A step folder that is
     current (`current_manifest`) is kept as it is unless `force`; any other is replaced
     whole. Builds of one step run one at a time (`writer.step_lock`), so the last published
-    read the newest inputs."""
+    read the newest inputs. `route` may give the job another reader and writer (the Ray
+    route of `orchestration/ray_ranks.py`)."""
     report = reporter or _Silent()
     with writer.step_lock(out_root, step):
         if not force and (manifest := current_manifest(step, sources, settings, out_root)):
             report.up_to_date(step, writer.step_folder(out_root, step))
             return manifest
-        job = StepJob(step, sources, settings, out_root, skipped, early, write_batch)
+        job = StepJob(step, sources, settings, out_root, skipped, early)
+        if route is not None:
+            job = route(job)
         built: Stage | None = None
         for stage in run_step(job, reporter=report):
             built = stage[1]  # each stage's result is let go as the next is made

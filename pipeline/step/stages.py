@@ -206,17 +206,23 @@ def selected_stages(names: Iterable[str]) -> list[str]:
 
 
 def run_stages(
-    names: Iterable[str], roots: StepRoots, step: int, settings: Settings | None
+    names: Iterable[str],
+    roots: StepRoots,
+    step: int,
+    settings: Settings | None,
+    route: Callable[[StepJob], StepJob] | None = None,
 ) -> Iterator[tuple[str, StageReport]]:
     """Run the selected stages of one step in order, yielding each asset's report as soon
     as it is done. What one stage hands the next stays in memory; an output is staged only
     when the next stage is not selected (it will run on its own, later), and a staged copy
     that this run supersedes without staging is removed, so a later stage run on its own
     never reads a stale one. A stage whose input is not produced here reads it from staging.
-    The run holds the step's lock (`writer.step_lock`), as a CLI build does."""
+    The run holds the step's lock (`writer.step_lock`), as a CLI build does. `route` may
+    give a run from the read through the write another reader and writer (Ray tasks,
+    `orchestration/ray_ranks.py`)."""
     stages = selected_stages(names)
     with writer.step_lock(roots.output_root, step):
-        yield from _run_selected(stages, roots, step, settings)
+        yield from _run_selected(stages, roots, step, settings, route)
 
 
 def _runs(stages: list[str]) -> list[list[str]]:
@@ -231,7 +237,11 @@ def _runs(stages: list[str]) -> list[list[str]]:
 
 
 def _run_selected(
-    stages: list[str], roots: StepRoots, step: int, settings: Settings | None
+    stages: list[str],
+    roots: StepRoots,
+    step: int,
+    settings: Settings | None,
+    route: Callable[[StepJob], StepJob] | None,
 ) -> Iterator[tuple[str, StageReport]]:
     for run in _runs(stages):
         first, last = run[0], run[-1]
@@ -247,6 +257,8 @@ def _run_selected(
         assert run_settings is not None
         sources = roots.step_sources(step) if first == ROLLOUT_SAMPLES else []
         job = StepJob(step, sources, run_settings, roots.output_root)
+        if route is not None and (first, last) == (ROLLOUT_SAMPLES, TRAINING_SHARDS):
+            job = route(job)
         batch = given if isinstance(given, TrainBatch) else None
         for name, value in run_step(job, first, last, given):
             # the next stage takes this one's output in memory, or a later run of its own

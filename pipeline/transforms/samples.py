@@ -137,7 +137,9 @@ def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.Laz
     LOG_PROBS_FINITE is the quick one (`light_frame` gives the exact frame). A frame whose
     lists were reduced (`reduced_lists`) gives the same columns from the reductions."""
     schema = lf.collect_schema()
-    reduced = all(name not in schema for name in c.PER_TOKEN_COLUMNS) and N_TOKENS in schema
+    # reduced lists win over lists in place: a step read by shares (`step.shares`) keeps each
+    # list's shape (null or not), its values left in the input files
+    reduced = N_TOKENS in schema
     reductions = {
         name: pl.col(name) if reduced else expr for name, expr in list_reductions(schema).items()
     }

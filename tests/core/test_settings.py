@@ -109,10 +109,11 @@ def test_settings_are_frozen_and_checked_when_replaced() -> None:
     with pytest.raises(ValueError, match="must be divisible"):
         settings.replace(global_batch_size=3)
     assert settings.to_json().startswith('{"trainer":"miles","global_batch_size":8,"dp_size":2,')
-    # run options (stream_above) change no output byte: not recorded; nor are the
-    # settings of another trainer
+    # run options (stream_above, ray_address, ray_above) change no output byte: not
+    # recorded; nor are the settings of another trainer
     verl = trainer_settings("verl")
-    recorded = [n for n, _, _ in setting_fields() if n != "stream_above" and n not in verl]
+    options = ("stream_above", "ray_address", "ray_above")
+    recorded = [n for n, _, _ in setting_fields() if n not in options and n not in verl]
     assert list(settings.to_dict()) == recorded
     assert list(settings.values()) == [name for name, _, _ in setting_fields()]
 

@@ -373,3 +373,48 @@ def test_a_warm_job_that_dies_building_a_step_fails_it_in_one_line(
     assert [p.name for p in roots.output.iterdir()] == [".ray-workers"]
     (queue,) = (roots.output / ".ray-workers").iterdir()
     assert [p for p in queue.rglob("*") if p.is_file() and p.parent != queue] == []
+
+
+def test_a_ray_job_sends_its_step_to_tasks_on_its_cluster(
+    ray_dashboard: str,
+    ray_head: RayHead,
+    roots: Roots,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`compute: ray` with `ray_above: 0`: the Pipes worker, running as a Ray job, has the
+    step read and written by Ray tasks on the job's own cluster; the bytes of in process."""
+    import requests
+
+    compute = StepCompute(
+        compute=Compute.ray,
+        ray=RayCompute(
+            address=ray_dashboard,
+            entrypoint=f"{sys.executable} -m pipeline.orchestration.pipes_worker",
+            poll_interval=0.5,
+        ),
+    )
+    config = {"ops": {"rollout_samples": {"config": {"ray_above": 0}}}}
+    with dg.instance_for_test() as instance:
+        assert materialize(instance, "00000001", config, compute=compute).success
+        in_process = tmp_path / "in-process"
+        monkeypatch.setenv("ROLLOUT_SHARDS_OUTPUT", str(in_process))
+        assert materialize(instance, "00000001").success
+    for name in ("manifest.json", "rank=0.parquet", "rank=1.parquet"):
+        built = (roots.output / "step=1" / name).read_bytes()
+        assert built == (in_process / "step=1" / name).read_bytes()
+    # the share reads and the rank writes were submitted as Ray tasks by the job
+    answer = requests.get(
+        f"{ray_dashboard}/api/v0/tasks",
+        params={
+            "filter_keys": "func_or_class_name",
+            "filter_predicates": "=",
+            "filter_values": "_run_call",
+            "limit": 1000,
+        },
+        headers=ray_head.headers(),
+        timeout=60,
+    )
+    assert answer.ok, answer.text[:500]
+    # (the head's task events lag behind the tasks: some may still be listed as pending)
+    assert answer.json()["data"]["result"]["result"]

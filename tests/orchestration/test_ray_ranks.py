@@ -1,141 +1,233 @@
-"""A step whose rank files are written by Ray tasks (`pipeline.orchestration.ray_ranks`) on
-the session's one-node Ray head: a driver process reads and plans, a Ray worker process
-writes each rank, and the files are the bytes `rollout-shards build` writes.
+"""A step read and written by Ray tasks (`pipeline.orchestration.ray_ranks`) on a three-node
+cluster on 127.0.0.1 (`ray_cluster.py`: a head that runs no task, where the drivers attach,
+and two worker nodes; Ray's token authentication on), from the CLI (`--ray ADDRESS`), from
+a driver script and from a Dagster materialization: the bytes of the in-process build,
+every task on a worker node, and a worker dying mid-step leaves nothing published.
 
-The driver is a process of its own, as a user's driver script is, started with
-`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`: the head listens on 127.0.0.1 only, and a driver
-without it turns the address 127.0.0.1 into the machine's address (Ray reads the variable
-when it is imported) and waits for a GCS that is not there.
+The cluster starts once for this module; every driver is a process of its own.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+import pyarrow.parquet as pq
 import pytest
-from ray_head import RayHead, start_timeout
+import ray_cluster
+from ray_head import start_timeout
 
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
-from pipeline.manifest import Manifest
 from pipeline.settings import Settings
-from pipeline.step.build import build_step
+from pipeline.step.build import StepJob, build_step
 from tests.conftest import generated_step
 
-REPO = Path(__file__).resolve().parents[2]
-# balance_data: the ranks' rows are not in batch order, so each rank's writer reorders
-# its spill files.
+HERE = Path(__file__).resolve().parent
+# balance_data: each rank's rows lie in every share, out of batch order
 SETTINGS = {"global_batch_size": 64, "dp_size": 4, "balance_data": True}
-RANKS = [f"rank={rank}.parquet" for rank in range(4)]
-
-DRIVER = """
-import json, os, sys
-from pathlib import Path
-import ray
-from pipeline.io.discovery import find_sources
-from pipeline.io.load import group_steps
-from pipeline.orchestration.ray_ranks import build_step_on_ray
-from pipeline.settings import Settings
-from pipeline.step import bounded
-
-# Whether the step took the rank-bounded path (its lists spilled), which the driver
-# chooses up front from the stream_above setting.
-routed = []
-route = bounded.spilled
-bounded.spilled = lambda batch, spill: routed.append(batch.step) or route(batch, spill)
-
-inputs, out, settings, address, stream_above, timeout = sys.argv[1:]
-built = build_step_on_ray(
-    0,
-    group_steps(find_sources([Path(inputs)]))[0],
-    Settings(**json.loads(settings), stream_above=json.loads(stream_above)),
-    Path(out),
-    address=address,
-    timeout_s=float(timeout),
-)
-print(json.dumps({
-    "driver": os.getpid(),
-    "connected": ray.is_initialized(),
-    "routed": routed,
-    "writers": [[w.name, w.host, w.pid] for w in built.writers],
-}))
-"""
 
 
-def _driver(
-    head: RayHead, inputs: Path, out: Path, stream_above: int | None, timeout: float
-) -> subprocess.CompletedProcess[str]:
-    """Build step 0 of `inputs` into `out` with `build_step_on_ray` in a driver process."""
-    env = {**os.environ, **head.environment(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    env.pop("RAY_AUTH_TOKEN_PATH", None)
-    env.pop("RAY_ADDRESS", None)
-    arguments = [str(inputs), str(out), json.dumps(SETTINGS), head.address]
-    return subprocess.run(
-        [sys.executable, "-c", DRIVER, *arguments, json.dumps(stream_above), str(timeout)],
-        cwd=REPO,
-        env=env,
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ray_cluster.RayCluster]:
+    state = tmp_path_factory.mktemp("ray-cluster") / "cluster.json"
+    up = ray_cluster.start(state, start_timeout())
+    try:
+        yield up
+    finally:
+        ray_cluster.stop(up.pid)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Step 0 in three files: Parquet of several row groups, Arrow IPC and JSON Lines."""
+    folder = tmp_path_factory.mktemp("ray-inputs")
+    table = pl.read_parquet(generated_step(folder / "gen") / "step=0.parquet")
+    root = folder / "rollouts" / "step=0"
+    root.mkdir(parents=True)
+    first, second, third = (table.slice(i * 1000, 1000) for i in range(3))
+    pq.write_table(first.to_arrow(), root / "a.parquet", row_group_size=250)
+    second.write_ipc(root / "b.arrow")
+    third.write_ndjson(root / "c.jsonl")
+    return folder / "rollouts"
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(root)): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and ".locks" not in path.parts
+    }
+
+
+def _in_process(inputs: Path, out: Path, settings: dict[str, Any]) -> dict[str, bytes]:
+    for step, files in group_steps(find_sources([inputs])).items():
+        build_step(step, files, Settings(**settings), out)
+    return _files(out)
+
+
+def _drive(cluster: ray_cluster.RayCluster, **spec: Any) -> dict[str, Any]:
+    spec = {"address": cluster.address, **spec}
+    spec = {k: str(v) if isinstance(v, Path) else v for k, v in spec.items()}
+    result = subprocess.run(
+        [sys.executable, str(HERE / "ray_driver.py"), json.dumps(spec)],
+        env=cluster.environment(),
         capture_output=True,
         text=True,
         timeout=2 * start_timeout(),
     )
-
-
-def _drive(head: RayHead, inputs: Path, out: Path, stream_above: int | None) -> dict[str, Any]:
-    result = _driver(head, inputs, out, stream_above, start_timeout())
     assert result.returncode == 0, result.stderr[-3000:]
     report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return report
 
 
-def _files(root: Path) -> dict[str, bytes]:
-    return {name: (root / "step=0" / name).read_bytes() for name in RANKS}
-
-
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return generated_step(tmp_path_factory.mktemp("ray-ranks") / "in")
-
-
-@pytest.mark.parametrize("stream_above", [0, None], ids=["spilled", "in-memory"])
-def test_ray_tasks_write_the_bytes_of_the_build(
-    ray_head: RayHead, inputs: Path, tmp_path: Path, stream_above: int | None
+def test_the_cli_builds_a_step_across_the_cluster(
+    cluster: ray_cluster.RayCluster, inputs: Path, tmp_path: Path
 ) -> None:
-    sources = group_steps(find_sources([inputs]))[0]
-    local = build_step(0, sources, Settings(**SETTINGS), tmp_path / "local")
-
-    report = _drive(ray_head, inputs, tmp_path / "ray", stream_above)
-
-    assert report["routed"] == ([0] if stream_above == 0 else [])
-    on_ray = Manifest.read(tmp_path / "ray" / "step=0" / "manifest.json")
-    assert on_ray is not None
-    assert [o.path for o in on_ray.outputs] == RANKS
-    assert on_ray.outputs == local.outputs  # names, rows, tokens and sha256
-    assert on_ray.counts == local.counts
-    assert _files(tmp_path / "ray") == _files(tmp_path / "local")
-    # Each rank file was written by a Ray worker process, none by the driver.
-    assert sorted(name for name, _, _ in report["writers"]) == RANKS
-    assert all(pid != report["driver"] for _, _, pid in report["writers"])
-    # The driver left Ray as it found it (not connected), and nothing private in the output
-    # root: no spill folder, no staged step folder.
-    assert report["connected"] is False
-    assert sorted(p.name for p in (tmp_path / "ray").iterdir()) == sorted(
-        p.name for p in (tmp_path / "local").iterdir()
+    command = [sys.executable, "-m", "pipeline.cli", "build", str(inputs)]
+    flags = ["--global-batch-size", "64", "--dp-size", "4", "--balance-data", "--ray-above", "0"]
+    result = subprocess.run(
+        [*command, "--out", str(tmp_path / "ray"), *flags, "--ray", cluster.address],
+        env=cluster.environment(),
+        capture_output=True,
+        text=True,
+        timeout=2 * start_timeout(),
     )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 0: 3000 rows in" in result.stdout
+    assert _files(tmp_path / "ray") == _in_process(inputs, tmp_path / "local", SETTINGS)
 
 
-def test_ranks_that_miss_the_timeout_publish_nothing(
-    ray_head: RayHead, inputs: Path, tmp_path: Path
+@pytest.mark.parametrize("quarantine", [False, True], ids=["valid", "quarantined"])
+def test_every_task_runs_on_a_worker_node(
+    cluster: ray_cluster.RayCluster, inputs: Path, tmp_path: Path, quarantine: bool
 ) -> None:
-    """Four rank files cannot be written in a millisecond: the tasks are cancelled, the step
-    fails, and the output root holds no step folder, no staged folder and no spill."""
-    result = _driver(ray_head, inputs, tmp_path / "ray", 0, 0.001)
+    """Shares of a few row groups each, so the Parquet file is read by several tasks; with
+    a broken row, its trajectory's lists are read back from the files for the quarantine."""
+    settings = dict(SETTINGS)
+    if quarantine:  # the rows left are trimmed to whole batches, not balanced
+        settings = {"global_batch_size": 64, "dp_size": 4, "on_invalid": "quarantine"}
+        path = inputs.parent / "broken" / "step=0"
+        path.mkdir(parents=True, exist_ok=True)
+        for source in (inputs / "step=0").iterdir():
+            (path / source.name).write_bytes(source.read_bytes())
+        table = pl.read_ipc(path / "b.arrow")
+        broken = pl.when(pl.int_range(pl.len()) == 7).then(10**6).otherwise("response_length")
+        table.with_columns(broken.alias("response_length")).write_ipc(path / "b.arrow")
+        inputs = path.parent
+    report = _drive(
+        cluster, inputs=inputs, out=tmp_path / "ray", settings=settings, share_bytes=200 << 10
+    )
+    built = _files(tmp_path / "ray")
+    assert report["error"] is None
+    assert built == _in_process(inputs, tmp_path / "local", settings)
+    assert ("_quarantine/step=0.parquet" in built) is quarantine
+    # the driver is on the head; every task ran on a worker node, and both took some
+    assert report["driver"] == cluster.head
+    assert {node for _, node, _ in report["ran"]} == set(cluster.workers)
+    tasks = [task for task, _, _ in report["ran"]]
+    assert tasks.count("write_rank") == 4 and tasks.count("file_digest") == 1
+    assert tasks.count("read_share") > 3  # row groups of the Parquet file, the two others
+    assert ("share_lists" in tasks) is quarantine
 
-    assert result.returncode == 1
-    assert "GetTimeoutError" in result.stderr
-    # the locks and the dataset card, which every build writes before its step
-    assert sorted(p.name for p in (tmp_path / "ray").iterdir()) == [".locks", "README.md"]
+
+@pytest.mark.parametrize("trainer", ["slime", "verl"])
+def test_every_trainer_profile_across_the_cluster(
+    cluster: ray_cluster.RayCluster, tmp_path: Path, trainer: str
+) -> None:
+    from tests.core.test_shares import TRAINERS
+
+    inputs = generated_step(tmp_path / "in", non_compact=True)
+    settings = TRAINERS[trainer]
+    report = _drive(cluster, inputs=inputs, out=tmp_path / "ray", settings=settings)
+    assert report["error"] is None
+    assert _files(tmp_path / "ray") == _in_process(inputs, tmp_path / "local", settings)
+    assert {node for _, node, _ in report["ran"]} <= set(cluster.workers)
+
+
+def test_a_worker_dying_mid_step_publishes_nothing_and_a_rerun_the_same_bytes(
+    cluster: ray_cluster.RayCluster, inputs: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "ray"
+    died = _drive(cluster, inputs=inputs, out=out, settings=SETTINGS, die_rank=2)
+    assert died["error"] is not None and "rule ray_tasks" in died["error"], died
+    assert "nothing was published" in died["error"] and "\n" not in died["error"]
+    # no step folder, no staged one: the output root the failed build made is gone again
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+    rerun = _drive(cluster, inputs=inputs, out=out, settings=SETTINGS)
+    assert rerun["error"] is None
+    assert _files(out) == _in_process(inputs, tmp_path / "local", SETTINGS)
+
+
+DAGSTER_DRIVER = """
+import json, sys
+import dagster as dg
+from dagster_support import materialize
+config = {"ops": {"rollout_samples": {"config": json.loads(sys.argv[1])}}}
+with dg.instance_for_test() as instance:
+    print(json.dumps(materialize(instance, "00000001", config).success))
+"""
+
+
+def test_a_dagster_materialization_builds_its_step_across_the_cluster(
+    cluster: ray_cluster.RayCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dagster_support import configured_roots
+
+    roots = configured_roots(tmp_path / "ray", monkeypatch)  # the driver inherits the roots
+    address = cluster.address
+    env = cluster.environment() | {"PYTHONPATH": f"{HERE}:{cluster.environment()['PYTHONPATH']}"}
+    for name in ("ROLLOUT_SHARDS_INPUT", "ROLLOUT_SHARDS_OUTPUT"):
+        env[name] = str(roots.input if name.endswith("INPUT") else roots.output)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            DAGSTER_DRIVER,
+            json.dumps({"ray_address": address, "ray_above": 0}),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2 * start_timeout(),
+    )
+    assert result.returncode == 0 and result.stdout.strip().endswith("true"), result.stderr[-3000:]
+    local = tmp_path / "local"
+    step = group_steps(find_sources([roots.input]))[1]
+    build_step(1, step, Settings(global_batch_size=8, dp_size=2, reward_key="score"), local)
+    built = {k: v for k, v in _files(roots.output).items() if k.startswith("step=")}
+    assert built == {k: v for k, v in _files(local).items() if k.startswith("step=")}
+
+
+def test_ray_above_keeps_a_small_step_in_process(inputs: Path, tmp_path: Path) -> None:
+    """The route sends a step to the cluster only above `ray_above` MiB of input files; a
+    step kept here joins no cluster (the address here reaches none)."""
+    from pipeline.orchestration.ray_route import ray_route
+
+    files = group_steps(find_sources([inputs]))[0]
+    size = sum(source.path.stat().st_size for source in files)
+    settings = Settings(**SETTINGS, ray_address="127.0.0.1:9", ray_above=-(-size >> 20))
+    job = StepJob(0, files, settings, tmp_path)
+    with ray_route(settings) as route:
+        assert route is not None and route(job) is job
+    with ray_route(settings.replace(ray_address=None)) as route:
+        assert route is None
+
+
+def test_a_cluster_that_does_not_answer_is_a_usage_error(inputs: Path, tmp_path: Path) -> None:
+    """One line and exit 2 at once (Ray's own connect would wait minutes), nothing built."""
+    port = ray_cluster.free_port()
+    command = [sys.executable, "-m", "pipeline.cli", "build", str(inputs), "--out"]
+    flags = ["--global-batch-size", "64", "--ray", f"127.0.0.1:{port}", "--ray-above", "0"]
+    result = subprocess.run(
+        [*command, str(tmp_path / "out"), *flags], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("rollout-shards: usage error: cannot reach the Ray cluster")
+    assert not (tmp_path / "out" / "step=0").exists()

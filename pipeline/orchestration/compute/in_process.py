@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import dagster as dg
 
+from pipeline.orchestration.ray_route import ray_route
 from pipeline.orchestration.reporting import dagster_metadata
 from pipeline.settings import Settings
 from pipeline.step.roots import StepRoots
@@ -20,7 +21,9 @@ def in_process_session(
     settings: Settings | None,
 ) -> Iterator[dg.MaterializeResult]:
     """Each stage's materialization as it finishes; a stage's StepError or UsageError is
-    raised after the assets done before it."""
-    for stage, report in run_stages(stages, roots, step, settings):
-        context.log.info(report.log)
-        yield dg.MaterializeResult(asset_key=stage, metadata=dagster_metadata(report.metadata))
+    raised after the assets done before it. A run config naming `ray_address` builds the
+    steps above `ray_above` with tasks on that cluster."""
+    with ray_route(settings) as route:
+        for stage, report in run_stages(stages, roots, step, settings, route):
+            context.log.info(report.log)
+            yield dg.MaterializeResult(asset_key=stage, metadata=dagster_metadata(report.metadata))

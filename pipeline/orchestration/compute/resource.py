@@ -105,7 +105,7 @@ class StepCompute(dg.ConfigurableResource):
             return
         names = ", ".join(stages)
         context.log.info(f"step {step}: {names} through Dagster Pipes ({self.compute.value})")
-        extras = worker_extras(stages, roots, step, settings)
+        extras = worker_extras(stages, roots, step, settings, self.compute == Compute.ray)
         if self.compute == Compute.subprocess:
             command = worker_command(self.python)
             messages = yield from subprocess_session(context, step, extras, command)
