@@ -389,29 +389,6 @@ def _inconsistency(s: Settings) -> str | None:
     return profile.check(s)
 
 
-def batch_inconsistency(s: Settings) -> str | None:
-    """The inconsistencies of the batch settings that miles and slime share (Megatron's
-    data-parallel layout and micro-batch schedule)."""
-    if s.global_batch_size is None:
-        return "global_batch_size: Field required"
-    if s.global_batch_size % s.dp_size:
-        return (
-            f"global_batch_size={s.global_batch_size} must be divisible by "
-            f"dp_size={s.dp_size} (Megatron refuses it at start-up, and ranks would run "
-            "different numbers of steps): change global_batch_size or dp_size"
-        )
-    if s.use_dynamic_batch_size and s.max_tokens_per_gpu is None:
-        return "use_dynamic_batch_size needs max_tokens_per_gpu"
-    if s.cp_size is not None and not s.use_dynamic_batch_size and s.micro_batch_size is None:
-        return (
-            "cp_size turns on the rollout-side schedule: set micro_batch_size "
-            "or use_dynamic_batch_size with max_tokens_per_gpu"
-        )
-    if (s.vpp_size or 1) > 1 and s.microbatch_group_size_per_vp_stage is None:
-        return "vpp_size > 1 needs microbatch_group_size_per_vp_stage"
-    return None
-
-
 def make_settings(values: Mapping[str, Any]) -> Settings:
     """Settings from plain values (files, flags, run config); a usage error names every
     problem: missing, unknown or mistyped settings first, else the first inconsistency."""

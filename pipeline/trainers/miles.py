@@ -23,7 +23,7 @@ from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
 from pipeline.miles_flags import REQUIRED_SHAPE, USER_CODE
 from pipeline.schemas.rules import ROWS, Model
-from pipeline.settings import Settings, batch_inconsistency, shared_settings
+from pipeline.settings import Settings, shared_settings
 from pipeline.trainers import BatchPlan
 from pipeline.transforms.layout import Layout, rank_sizes, rows_within_ranks
 from pipeline.transforms.rewards import group_normalized
@@ -202,6 +202,29 @@ def _refuse_what_cannot_train(
             "or turn off use_dynamic_batch_size",
         )
     return [int(rank) for rank in ranks]
+
+
+def batch_inconsistency(s: Settings) -> str | None:
+    """What miles (and Megatron at its start-up) refuses of the batch settings: the
+    data-parallel layout and the micro-batch schedule."""
+    if s.global_batch_size is None:
+        return "global_batch_size: Field required"
+    if s.global_batch_size % s.dp_size:
+        return (
+            f"global_batch_size={s.global_batch_size} must be divisible by "
+            f"dp_size={s.dp_size} (Megatron refuses it at start-up, and ranks would run "
+            "different numbers of steps): change global_batch_size or dp_size"
+        )
+    if s.use_dynamic_batch_size and s.max_tokens_per_gpu is None:
+        return "use_dynamic_batch_size needs max_tokens_per_gpu"
+    if s.cp_size is not None and not s.use_dynamic_batch_size and s.micro_batch_size is None:
+        return (
+            "cp_size turns on the rollout-side schedule: set micro_batch_size "
+            "or use_dynamic_batch_size with max_tokens_per_gpu"
+        )
+    if (s.vpp_size or 1) > 1 and s.microbatch_group_size_per_vp_stage is None:
+        return "vpp_size > 1 needs microbatch_group_size_per_vp_stage"
+    return None
 
 
 def miles_flag_problem(s: Settings) -> str | None:
