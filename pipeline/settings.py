@@ -309,7 +309,7 @@ ROW_SETTINGS = tuple(f.name for f in dataclasses.fields(RowSettings))
 # Settings of every trainer: which trainer, how rows are read and checked, run options.
 COMMON_SETTINGS = frozenset(
     ("trainer", "stream_above", "ray_address", "ray_above", "on_invalid", "rollout_id_policy")
-) | {"require_success_marker"}
+) | {"require_success_marker", "reward_key"}
 
 
 def trainer_settings(trainer: str) -> frozenset[str]:

@@ -152,3 +152,17 @@ def test_a_verl_step_is_the_same_built_in_memory_or_rank_bounded(tmp_path: Path)
     for name in ("rank=0.parquet", "rank=1.parquet", "manifest.json"):
         a = (tmp_path / "a" / "step=1" / name).read_bytes()
         assert a == (tmp_path / "b" / "step=1" / name).read_bytes(), name
+
+
+def test_a_struct_reward_is_read_through_reward_key_for_verl(tmp_path: Path) -> None:
+    """`reward_key` is how every trainer reads a struct reward (a common setting): the same
+    scores as a struct build the same rank files as plain floats."""
+    plain = rows()
+    struct = [{**row, "reward": {"score": row["reward"], "other": 0.5}} for row in plain]
+    write_step(tmp_path / "plain", plain, step=1)
+    write_step(tmp_path / "struct", struct, step=1)
+    build(tmp_path / "plain", tmp_path / "a", **SETTINGS)
+    build(tmp_path / "struct", tmp_path / "b", **SETTINGS, reward_key="score")
+    for rank in range(2):
+        name = f"step=1/rank={rank}.parquet"
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
