@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from bench.bench_schedule import BenchSettings, synthetic_batch, timings
+from pipeline.miles_flags import MODEL_SHAPE, REQUIRED_SHAPE
 from pipeline.transforms.flops import forward_flops, miles_model_shape
 from pipeline.transforms.schedule import rollout_schedule
 
@@ -57,22 +58,8 @@ MODELS: dict[str, dict[str, Any]] = {
         "moe_ffn_hidden_size": 768,
     },
 }
-SHAPE_DEFAULTS = dict.fromkeys(
-    (
-        "num_experts",
-        "moe_router_topk",
-        "moe_ffn_hidden_size",
-        "moe_layer_freq",
-        "moe_shared_expert_intermediate_size",
-        "q_lora_rank",
-        "kv_lora_rank",
-        "qk_head_dim",
-        "qk_pos_emb_head_dim",
-        "v_head_dim",
-        "num_query_groups",
-        "kv_channels",
-    )
-)
+# Megatron's model flags a model above does not give (null: the parser's default applies)
+SHAPE_DEFAULTS = dict.fromkeys(name for name in MODEL_SHAPE if name not in REQUIRED_SHAPE)
 
 
 def _shape(model: dict[str, Any]) -> Any:

@@ -364,12 +364,16 @@ def train_parallel_config(settings: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def samples(m: types.SimpleNamespace, rows: list[dict[str, Any]]) -> list[Any]:
-    """Input rows as miles' `Sample`s, each field where miles keeps it."""
+def samples(
+    m: types.SimpleNamespace, rows: list[dict[str, Any]], with_metadata: bool = False
+) -> list[Any]:
+    """Input rows as miles' `Sample`s (or slime's, the same fields), each field where the
+    trainer keeps it; `with_metadata`: the `metadata` column's JSON object under them."""
     sample_type = m.types.Sample
     out = []
     for row in rows:
-        metadata = {}
+        given = with_metadata and row.get("metadata") is not None
+        metadata = json.loads(row["metadata"]) if given else {}
         if row.get("raw_reward") is not None:
             metadata["raw_reward"] = row["raw_reward"]
         if row.get("round_number") is not None:

@@ -24,7 +24,6 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import io
-import json
 import os
 import shutil
 import sys
@@ -43,6 +42,7 @@ from tests.loader.miles_support import (
     _StubModule,
     cache_root,
 )
+from tests.loader.miles_support import samples as miles_samples
 
 URL = "https://github.com/THUDM/slime"
 PIN = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
@@ -235,42 +235,10 @@ def train_parallel_config(settings: dict[str, Any]) -> dict[str, Any]:
     return {key: settings.get(key) or 1 for key in PARALLEL}
 
 
-def _float_reward(reward: Any) -> Any:
-    if isinstance(reward, dict):
-        return {k: _float_reward(v) for k, v in reward.items()}
-    return float(reward) if isinstance(reward, int) else reward
-
-
 def samples(m: types.SimpleNamespace, rows: list[dict[str, Any]]) -> list[Any]:
-    """Input rows as slime's `Sample`s, each field where slime keeps it."""
-    sample_type = m.types.Sample
-    out = []
-    for row in rows:
-        metadata = json.loads(row["metadata"]) if row.get("metadata") is not None else {}
-        if row.get("raw_reward") is not None:
-            metadata["raw_reward"] = row["raw_reward"]
-        if row.get("round_number") is not None:
-            metadata["round_number"] = row["round_number"]
-        train_metadata = row.get("train_metadata")
-        out.append(
-            sample_type(
-                group_index=row.get("group_index"),
-                index=row.get("index"),
-                rollout_id=row.get("rollout_id"),
-                tokens=list(row["tokens"]),
-                response_length=row["response_length"],
-                reward=_float_reward(row["reward"]),
-                loss_mask=None if row.get("loss_mask") is None else list(row["loss_mask"]),
-                weight_versions=list(row.get("weight_versions") or []),
-                rollout_log_probs=row.get("rollout_log_probs"),
-                teacher_log_probs=row.get("teacher_log_probs"),
-                remove_sample=bool(row.get("remove_sample") or False),
-                status=sample_type.Status(row["status"]),
-                metadata=metadata,
-                train_metadata=None if train_metadata is None else json.loads(train_metadata),
-            )
-        )
-    return out
+    """Input rows as slime's `Sample`s, each field where slime keeps it (its `metadata`
+    too, where slime reads `source_name`)."""
+    return miles_samples(m, rows, with_metadata=True)
 
 
 def _runs(items: list[Any], key: Any) -> list[list[Any]]:
