@@ -26,7 +26,7 @@ from pipeline.manifest import Manifest
 from pipeline.settings import Settings, make_settings
 from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, TRAINING_SHARDS, staging
 from pipeline.step.build import StepJob, run_step
-from pipeline.step.ingest import PROVENANCE
+from pipeline.step.check import PROVENANCE
 from pipeline.step.roots import StepRoots
 from pipeline.step.tables import SampleTable, TrainBatch
 

@@ -19,8 +19,8 @@ from pipeline.io.load import group_steps
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings
 from pipeline.step import stages, staging
-from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch
+from pipeline.step.readers.memory import load_samples
 from pipeline.step.roots import StepRoots
 from pipeline.step.write import write_shards
 from tests.conftest import generated_step

@@ -20,8 +20,8 @@ from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.orchestration import ray_ranks
 from pipeline.settings import Settings
-from pipeline.step import shares
 from pipeline.step.build import build_step
+from pipeline.step.readers import shares
 
 RESOURCE = "rollout_worker"
 
