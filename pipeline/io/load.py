@@ -287,8 +287,10 @@ def read_in_parts(
     A Parquet file comes in row batches (`pyarrow`, which decodes a batch at a time where
     Polars decodes a row group whole), hashed on a thread meanwhile; any other file whole.
     With `row_groups` (first, end), only those row groups of a Parquet file are read and
-    the file is not hashed (None is returned): a share of the file (`step.shares`).
-    A file whose identity moved while it was read fails as `read_file` does."""
+    the file is not hashed (None is returned): a share of the file (`step.readers.shares`).
+    A file whose identity moved while it was read fails as `read_file` does. A file that
+    pyarrow cannot read in batches is read whole, as the in-memory read reads it
+    (`_read_rest`): its rows or its line are that read's, whichever reader reads it."""
     path = source.path
     if not is_parquet(source):
         read = read_source(source, step, early)
@@ -303,10 +305,6 @@ def read_in_parts(
         hashing = taken is None and row_groups is None
         digest = pool.submit(_digest, handle, None) if hashing else None
 
-        def unreadable(exc: Exception) -> StepError:
-            problem = unsupported_in("parquet", path.read_bytes())
-            return _unreadable(path, step, problem or f"cannot read parquet: {first_line(exc)}")
-
         try:
             parquet = pq.ParquetFile(str(path), buffer_size=PART_BUFFER, pre_buffer=False)
             meta = parquet.metadata
@@ -317,24 +315,59 @@ def read_in_parts(
                 batch_size=rows, row_groups=range(start, end), use_threads=True
             )
         except (pa.ArrowException, OSError) as exc:
-            raise unreadable(exc) from None
+            if row_groups is not None:  # its footer read before: the file changed since
+                raise _unreadable(path, step, f"cannot read parquet: {first_line(exc)}") from None
+            return _read_rest(source, step, (0, None), take, None, False)
         first = sum(meta.row_group(i).num_rows for i in range(start))
+        last = first + sum(meta.row_group(i).num_rows for i in range(start, end))
+        handed = False
         while True:
             try:  # pyarrow's errors only: `take`'s (a full spill disk, say) are its own
                 batch = next(batches, None)
-            except (pa.ArrowException, OSError) as exc:
-                raise unreadable(exc) from None
+            except (pa.ArrowException, OSError):
+                sha256 = _read_rest(source, step, (first, last), take, rows, handed)
+                return sha256 if row_groups is None else None
             if batch is None:
                 break
             frame = pl.from_arrow(batch)
             assert isinstance(frame, pl.DataFrame)
             del batch
             take(frame, first)
+            handed = True
             first += frame.height
             del frame
+        if not handed:  # no rows: the file's columns, as a whole read gives them
+            empty = pl.from_arrow(parquet.schema_arrow.empty_table())
+            assert isinstance(empty, pl.DataFrame)
+            take(empty, first)
         sha256 = digest.result() if digest is not None else taken
     _check_unchanged(path, info, step)
     return sha256
+
+
+def _read_rest(
+    source: SourceFile,
+    step: int,
+    rows: tuple[int, int | None],
+    take: Callable[[pl.DataFrame, int], None],
+    part: int | None,
+    handed: bool,
+) -> str:
+    """Rows [first, end) (None: to the last) of a Parquet file pyarrow could not read in
+    batches (a corrupted page, a nested column of dictionaries across row groups), read
+    whole as the in-memory read reads it (`read_file`: its line when it fails), handed on
+    in parts of `part` rows (None: at once); `handed`: whether earlier rows were. The
+    file's sha256."""
+    read = read_file(source.path, step)
+    first, end = rows
+    stop = read.frame.height if end is None else min(end, read.frame.height)
+    size = max(1, part or stop - first)
+    for offset in range(first, stop, size):
+        take(read.frame.slice(offset, min(size, stop - offset)), offset)
+        handed = True
+    if not handed:
+        take(read.frame.clear(), first)
+    return read.sha256
 
 
 def is_parquet(source: SourceFile) -> bool:
