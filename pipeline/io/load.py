@@ -34,6 +34,8 @@ from pipeline.speed import (
     thread_pool,
 )
 
+PanicException = pl.exceptions.PanicException  # a BaseException: it would end the run
+
 # Bytes a Parquet read in parts buffers of a column at a time.
 PART_BUFFER = 1 << 20
 
@@ -299,6 +301,11 @@ def read_in_parts(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    if not _utf8(path):  # pyarrow opens a file by its name, which must be UTF-8
+        handle, _ = _opened(path, step)
+        handle.close()
+        assert row_groups is None, "a share is of a file pyarrow opened (`split_shares`)"
+        return _read_rest(source, step, (0, None), take, None, False)
     handle, info = _opened(path, step)
     with handle, thread_pool(1) as pool, returning_arrow_pool():
         taken = _taken(early, info)
@@ -322,14 +329,16 @@ def read_in_parts(
         last = first + sum(meta.row_group(i).num_rows for i in range(start, end))
         handed = False
         while True:
-            try:  # pyarrow's errors only: `take`'s (a full spill disk, say) are its own
+            # pyarrow's and the conversion's errors only: `take`'s (a full spill disk, say)
+            # are its own
+            try:
                 batch = next(batches, None)
-            except (pa.ArrowException, OSError):
+                frame = pl.from_arrow(batch) if batch is not None else None
+            except (pa.ArrowException, OSError, pl.exceptions.PolarsError, PanicException):
                 sha256 = _read_rest(source, step, (first, last), take, rows, handed)
                 return sha256 if row_groups is None else None
-            if batch is None:
+            if frame is None:
                 break
-            frame = pl.from_arrow(batch)
             assert isinstance(frame, pl.DataFrame)
             del batch
             take(frame, first)

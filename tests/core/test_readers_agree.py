@@ -113,7 +113,9 @@ def _prepare(folder: Path, steps: list[dict[str, Any]]) -> None:
     for step in steps:
         ((op, value),) = step.items()
         if op == "build":
-            code, _, err = _run(["build", str(folder / "input"), "--out", str(folder / value)])
+            code, _, err = _run(
+                ["build", str(folder / "input"), "--out", str(folder / value), *ARGS]
+            )
             assert code == 0, err
         elif op == "fifo":
             (folder / value).unlink()
@@ -171,7 +173,7 @@ def test_every_reader_answers_as_in_memory(
         in_memory[name] = build_case(case, root, "memory", monkeypatch)
     expected = in_memory[name]
     got = build_case(case, root, reader, monkeypatch)
-    assert "Traceback" not in "\n".join(got.stderr), got.stderr
+    assert "Traceback" not in "\n".join(got.stderr), "\n".join(got.stderr)
     assert got.status == expected.status, got.stderr
     assert got.stderr == expected.stderr
     assert got.stdout == expected.stdout

@@ -95,7 +95,7 @@ def split_shares(
     for place, source in enumerate(sources):
         try:
             meta = pq.ParquetFile(str(source.path)).metadata if is_parquet(source) else None
-        except (pa.ArrowException, OSError):
+        except (pa.ArrowException, OSError, UnicodeEncodeError):  # pyarrow opens by name
             meta = None
         if meta is None or meta.num_row_groups == 0:
             shares.append(Share(step, source, place))
