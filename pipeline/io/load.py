@@ -335,8 +335,8 @@ def read_in_parts(
                 batch = next(batches, None)
                 frame = pl.from_arrow(batch) if batch is not None else None
             except (pa.ArrowException, OSError, pl.exceptions.PolarsError, PanicException):
-                sha256 = _read_rest(source, step, (first, last), take, rows, handed)
-                return sha256 if row_groups is None else None
+                whole = _read_rest(source, step, (first, last), take, rows, handed)
+                return whole if row_groups is None else None
             if frame is None:
                 break
             assert isinstance(frame, pl.DataFrame)
@@ -346,9 +346,8 @@ def read_in_parts(
             first += frame.height
             del frame
         if not handed:  # no rows: the file's columns, as a whole read gives them
-            empty = pl.from_arrow(parquet.schema_arrow.empty_table())
-            assert isinstance(empty, pl.DataFrame)
-            take(empty, first)
+            whole = _read_rest(source, step, (first, last), take, None, False)
+            return whole if row_groups is None else None
         sha256 = digest.result() if digest is not None else taken
     _check_unchanged(path, info, step)
     return sha256

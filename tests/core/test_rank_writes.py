@@ -104,7 +104,7 @@ def test_reruns_write_the_same_bytes(step_dir: Path, tmp_path: Path) -> None:
 
 def test_the_cli_imports_neither_dagster_nor_pandera_up_front() -> None:
     """Dagster is for the orchestrated path only; Pandera is imported on a second thread
-    while the first files are read (see `build.load_samples`)."""
+    while the first files are read (see `readers.memory.load_samples`)."""
     code = "import sys, pipeline.cli; print(sorted({'dagster', 'pandera'} & set(sys.modules)))"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
