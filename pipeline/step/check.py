@@ -26,7 +26,7 @@ from pipeline.columns import PATH_STEP, REASON, ROW_ID, TYPE_ERROR
 from pipeline.errors import StepError, Violation
 from pipeline.io.discovery import SourceFile
 from pipeline.io.step_files import LoadedStep, StepFiles
-from pipeline.schemas.rules import TABLE, Model
+from pipeline.schemas.rules import TABLE
 from pipeline.schemas.validate import Verdict, validate_step
 from pipeline.settings import RowSettings, Settings
 from pipeline.step.tables import SampleTable
@@ -78,7 +78,12 @@ def typed_part(
     """A part of a file (rows `first`.. as stored) typed as the whole read types it, then
     split: its rows with each list's shape in place and the list's reductions appended,
     and its lists (the values a reader in parts keeps aside)."""
-    typed = files.add_rows(source, frame, first)
+    return split_lists(files.add_rows(source, frame, first))
+
+
+def split_lists(typed: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Typed rows split as `typed_part` splits them: the rows with each list's shape and
+    reductions, and the lists."""
     names = [name for name in c.PER_TOKEN_COLUMNS if name in typed.columns]
     shapes = typed.with_columns(pl.col(name).list.head(0) for name in names)
     return shapes.hstack(s.reduced_lists(typed)), typed.select(names)
@@ -138,7 +143,6 @@ def repair_and_validate(
     type_violations: list[Violation],
     step: int,
     settings: Settings | RowSettings,
-    table: Model = TABLE,
 ) -> tuple[Verdict, dict[str, int]]:
     """Repair legacy ids if the settings ask, then validate (until valid when quarantining);
     the verdict and the repaired counts."""
@@ -153,7 +157,6 @@ def repair_and_validate(
         settings.reward_key,
         settings.normalizes_rewards and profile.sibling_rewards,
         until_valid=settings.on_invalid == "quarantine",
-        table=table,
         row_rules=profile.row_rules,
     )
     return _without_set_aside(verdict, step, settings, profile), repaired

@@ -36,7 +36,7 @@ from pipeline.io.discovery import SourceFile
 from pipeline.io.load import is_parquet, read_in_parts, read_source
 from pipeline.io.step_files import StepFiles
 from pipeline.manifest import Manifest
-from pipeline.step.check import ReadStep, typed_part
+from pipeline.step.check import ReadStep, split_lists
 from pipeline.step.readers.spill import PART_BYTES
 from pipeline.step.tables import RankRows, TrainBatch, compact
 from pipeline.step.write import RankFile, commit_shards, write_rank
@@ -121,15 +121,14 @@ class ShareRead:
     sha256: str | None
 
 
-def _typed_parts(
-    share: Share, take: Callable[[pl.DataFrame, pl.DataFrame], None]
-) -> tuple[StepFiles, Any]:
-    """Read `share` in parts, each typed and split (`check.typed_part`), to `take`."""
+def _typed_parts(share: Share, take: Callable[[pl.DataFrame], None]) -> tuple[StepFiles, Any]:
+    """Read `share` in parts, each typed as every read types it (`StepFiles.add_rows`), to
+    `take`."""
     files = StepFiles(share.step)
     seen = identity(share.source.path) if share.source.path.exists() else (0, 0, 0, 0)
 
     def typed(frame: pl.DataFrame, first: int) -> None:
-        take(*typed_part(files, share.source, frame, first))
+        take(files.add_rows(share.source, frame, first))
 
     if share.row_groups is None:  # a whole file, read as the in-memory read reads it
         read = read_source(share.source, share.step)
@@ -143,8 +142,8 @@ def read_share(share: Share) -> ShareRead:
     """The task of a share: its rows typed, lists reduced and left as shapes."""
     frames: list[pl.DataFrame] = []
 
-    def take(rows: pl.DataFrame, lists: pl.DataFrame) -> None:
-        frames.append(rows)
+    def take(typed: pl.DataFrame) -> None:
+        frames.append(split_lists(typed)[0])  # the lists stay in the file
 
     files, (seen, sha256) = _typed_parts(share, take)
     return ShareRead(frames, files.named(), files.extras, seen, sha256)
@@ -168,8 +167,8 @@ def share_lists(share: Share, rows: pl.Series, schema: dict[str, pl.DataType]) -
     typed as the read typed them, read again from the file."""
     taken: list[pl.DataFrame] = []
 
-    def take(light: pl.DataFrame, lists: pl.DataFrame) -> None:
-        mine = lists.filter(light.select(pl.col(SOURCE_ROW).is_in(rows.implode())).to_series())
+    def take(typed: pl.DataFrame) -> None:
+        mine = typed.filter(pl.col(SOURCE_ROW).is_in(rows.implode()))
         if mine.height:
             taken.append(
                 mine.select(
