@@ -4,8 +4,10 @@ and losing it never stops a build.
 A reader that goes away (`rollout-shards build ... | head -1`), a closed stream
 (`build ... >&-`) or a full device (`> /dev/full`) makes a write fail; a build then goes on,
 commits every valid step and exits with the status its steps give, without a traceback.
-Interrupting a build (Ctrl-C, SIGINT) ends it as SIGTERM does: at once, by the signal,
-leaving only whole step folders (and private leftovers the next build removes).
+Interrupting a build (Ctrl-C, SIGINT) ends it by the signal, as SIGTERM does, once the
+private folders and files it holds in the output root are removed (`writer.remove_held`)
+and any commit under way is done: the output root is left as it was, or with the step
+published whole.
 """
 
 from __future__ import annotations
@@ -102,11 +104,30 @@ def program_streams_and_signals() -> None:
 
 
 def end_on_interrupt() -> None:
-    """SIGINT ends the process at once, as SIGTERM does: Python's default raises
-    KeyboardInterrupt wherever the main thread happens to be (a traceback, and cleanup
-    code half run), and Polars' own handler, which its import installs, lets a build
-    waiting for a step's lock go on waiting. Called again once Polars is loaded."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    """SIGINT ends the process by the signal, as SIGTERM does, once what the build holds in
+    the output root is removed (`_interrupted`): Python's default raises KeyboardInterrupt
+    wherever the main thread happens to be (a traceback, and cleanup code half run), and
+    Polars' own handler, which its import installs, lets a build waiting for a step's lock
+    go on waiting. Called again once Polars is loaded."""
+    signal.signal(signal.SIGINT, _interrupted)
+
+
+def _interrupted(number: int, frame: object) -> None:
+    """Remove the build's private folders and files (after the commit under way, if any),
+    then end by the signal itself: the exit status a shell expects of a Ctrl-C."""
+    # not imported here: a process that has not loaded the writer holds nothing
+    writer = sys.modules.get("pipeline.io.writer")
+
+    def end() -> None:
+        if writer is not None:
+            writer.remove_held()
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+
+    if writer is None:
+        end()
+    else:
+        writer.when_not_committing(end)
 
 
 def exit_now(status: int) -> NoReturn:

@@ -16,8 +16,8 @@ from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
 from pipeline.step.build import build_step
-from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch
+from pipeline.step.readers.memory import load_samples
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -34,6 +34,8 @@ from pipeline.speed import (
     thread_pool,
 )
 
+PanicException = pl.exceptions.PanicException  # a BaseException: it would end the run
+
 # Bytes a Parquet read in parts buffers of a column at a time.
 PART_BUFFER = 1 << 20
 
@@ -287,8 +289,10 @@ def read_in_parts(
     A Parquet file comes in row batches (`pyarrow`, which decodes a batch at a time where
     Polars decodes a row group whole), hashed on a thread meanwhile; any other file whole.
     With `row_groups` (first, end), only those row groups of a Parquet file are read and
-    the file is not hashed (None is returned): a share of the file (`step.shares`).
-    A file whose identity moved while it was read fails as `read_file` does."""
+    the file is not hashed (None is returned): a share of the file (`step.readers.shares`).
+    A file whose identity moved while it was read fails as `read_file` does. A file that
+    pyarrow cannot read in batches is read whole, as the in-memory read reads it
+    (`_read_rest`): its rows or its line are that read's, whichever reader reads it."""
     path = source.path
     if not is_parquet(source):
         read = read_source(source, step, early)
@@ -297,15 +301,16 @@ def read_in_parts(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    if not _utf8(path):  # pyarrow opens a file by its name, which must be UTF-8
+        handle, _ = _opened(path, step)
+        handle.close()
+        assert row_groups is None, "a share is of a file pyarrow opened (`split_shares`)"
+        return _read_rest(source, step, (0, None), take, None, False)
     handle, info = _opened(path, step)
     with handle, thread_pool(1) as pool, returning_arrow_pool():
         taken = _taken(early, info)
         hashing = taken is None and row_groups is None
         digest = pool.submit(_digest, handle, None) if hashing else None
-
-        def unreadable(exc: Exception) -> StepError:
-            problem = unsupported_in("parquet", path.read_bytes())
-            return _unreadable(path, step, problem or f"cannot read parquet: {first_line(exc)}")
 
         try:
             parquet = pq.ParquetFile(str(path), buffer_size=PART_BUFFER, pre_buffer=False)
@@ -317,24 +322,60 @@ def read_in_parts(
                 batch_size=rows, row_groups=range(start, end), use_threads=True
             )
         except (pa.ArrowException, OSError) as exc:
-            raise unreadable(exc) from None
+            if row_groups is not None:  # its footer read before: the file changed since
+                raise _unreadable(path, step, f"cannot read parquet: {first_line(exc)}") from None
+            return _read_rest(source, step, (0, None), take, None, False)
         first = sum(meta.row_group(i).num_rows for i in range(start))
+        last = first + sum(meta.row_group(i).num_rows for i in range(start, end))
+        handed = False
         while True:
-            try:  # pyarrow's errors only: `take`'s (a full spill disk, say) are its own
+            # pyarrow's and the conversion's errors only: `take`'s (a full spill disk, say)
+            # are its own
+            try:
                 batch = next(batches, None)
-            except (pa.ArrowException, OSError) as exc:
-                raise unreadable(exc) from None
-            if batch is None:
+                frame = pl.from_arrow(batch) if batch is not None else None
+            except (pa.ArrowException, OSError, pl.exceptions.PolarsError, PanicException):
+                whole = _read_rest(source, step, (first, last), take, rows, handed)
+                return whole if row_groups is None else None
+            if frame is None:
                 break
-            frame = pl.from_arrow(batch)
             assert isinstance(frame, pl.DataFrame)
             del batch
             take(frame, first)
+            handed = True
             first += frame.height
             del frame
+        if not handed:  # no rows: the file's columns, as a whole read gives them
+            whole = _read_rest(source, step, (first, last), take, None, False)
+            return whole if row_groups is None else None
         sha256 = digest.result() if digest is not None else taken
     _check_unchanged(path, info, step)
     return sha256
+
+
+def _read_rest(
+    source: SourceFile,
+    step: int,
+    rows: tuple[int, int | None],
+    take: Callable[[pl.DataFrame, int], None],
+    part: int | None,
+    handed: bool,
+) -> str:
+    """Rows [first, end) (None: to the last) of a Parquet file pyarrow could not read in
+    batches (a corrupted page, a nested column of dictionaries across row groups), read
+    whole as the in-memory read reads it (`read_file`: its line when it fails), handed on
+    in parts of `part` rows (None: at once); `handed`: whether earlier rows were. The
+    file's sha256."""
+    read = read_file(source.path, step)
+    first, end = rows
+    stop = read.frame.height if end is None else min(end, read.frame.height)
+    size = max(1, part or stop - first)
+    for offset in range(first, stop, size):
+        take(read.frame.slice(offset, min(size, stop - offset)), offset)
+        handed = True
+    if not handed:
+        take(read.frame.clear(), first)
+    return read.sha256
 
 
 def is_parquet(source: SourceFile) -> bool:

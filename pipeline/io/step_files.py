@@ -1,6 +1,6 @@
 """A step's files as they are read: their typed rows in batch order, their manifest records
 and what typing found (`StepFiles`), and the whole step once read (`LoadedStep`). Both
-reads, whole (`io.load.load_step`) and in parts (`step.bounded`), fill one."""
+reads, whole (`io.load.load_step`) and in parts (`step.readers`), fill one."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ class StepFiles:
         self, source: SourceFile, place: int, name: str, violation: Violation
     ) -> None:
         """A violation of column `name` (the `place`-th of the file's columns) found in a
-        part of `source` read elsewhere (a share, `step.shares`), merged as `add_rows` merges."""
+        part of `source` read elsewhere (a share, `step.readers.shares`), merged as `add_rows` merges."""
         key = (str(source.path), name, violation.rule)
         if key not in self._named:
             self._named[key] = (len(self.files), place, violation)

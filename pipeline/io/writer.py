@@ -20,6 +20,7 @@ opens a moment with no `step=<N>`: a reader then finds the step missing, never p
 from __future__ import annotations
 
 import array
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -165,6 +166,61 @@ def private_name(kind: str, name: str) -> str:
     return f".{kind}-{name}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
+# The private folders and files this process holds in output roots right now: what an
+# interrupt removes before the process ends (`remove_held`), so that a Ctrl-C leaves an
+# output root as it was. A SIGKILL leaves them to the next build (`clean_stale`).
+_HELD: set[Path] = set()
+
+
+def hold(path: Path) -> None:
+    """`path` (a private folder or file about to be made) is this process's until released."""
+    _HELD.add(path)
+
+
+def release(path: Path) -> None:
+    _HELD.discard(path)
+
+
+def remove_held() -> None:
+    """Remove every private folder and file this process holds (an interrupt ends it)."""
+    for path in list(_HELD):
+        for _ in range(3):  # a writer thread may still add a file as the folder goes
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
+            if not os.path.lexists(path):
+                break
+        _HELD.discard(path)
+
+
+# While > 0, the step is being published (its quarantine moved into place, its folder
+# swapped in): an interrupt waits for the end of the commit (`commit_section`), so a step
+# is published whole or not at all.
+_committing = [0]
+_deferred: list[Callable[[], None]] = []
+
+
+@contextmanager
+def commit_section() -> Iterator[None]:
+    _committing[0] += 1
+    try:
+        yield
+    finally:
+        _committing[0] -= 1
+        if not _committing[0] and _deferred:
+            _deferred.pop()()
+
+
+def when_not_committing(end: Callable[[], None]) -> None:
+    """Run `end` now, or once the commit under way is done."""
+    if _committing[0]:
+        _deferred.append(end)
+    else:
+        end()
+
+
 def _gone(pid: int) -> bool:
     """Whether no process has the id `pid` (a process id out of range is not known gone)."""
     if not 0 < pid < PID_LIMIT:
@@ -257,13 +313,18 @@ def replace_folder(final: Path, fill: Callable[[Path], None]) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(final.parent)
     staged = final.parent / private_name("tmp", final.name)
+    hold(staged)
     staged.mkdir()
     try:
         fill(staged)
-        commit_folder(staged, final)
+        with commit_section():
+            commit_folder(staged, final)
+            release(staged)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
+    finally:
+        release(staged)
 
 
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")
@@ -350,6 +411,7 @@ def write_text_atomically(path: Path, text: str) -> None:
     """Replace `path` with `text` by one rename of a fsynced file beside it (a private
     name per process and call, so concurrent writers never share a temporary file)."""
     staged = path.with_name(f".tmp-{path.name}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    hold(staged)
     try:
         with open(staged, "w") as handle:
             handle.write(text)
@@ -360,3 +422,4 @@ def write_text_atomically(path: Path, text: str) -> None:
         raise OSError(exc.errno, exc.strerror, exc.filename or str(path)) from None
     finally:
         staged.unlink(missing_ok=True)
+        release(staged)

@@ -14,7 +14,7 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.manifest import Manifest
-from pipeline.step.ingest import PROVENANCE
+from pipeline.step.check import PROVENANCE
 from pipeline.step.stages import StageDone
 from pipeline.step.tables import SampleTable, TrainBatch
 

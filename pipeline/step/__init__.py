@@ -1,4 +1,4 @@
-"""One rollout step without Dagster: ingest, plan, write, freshness and staging.
+"""One rollout step without Dagster: readers, the one check, plan, write, freshness, staging.
 
 The names of the three stages are the names of the Dagster assets that run them.
 """

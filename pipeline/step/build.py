@@ -2,8 +2,9 @@
 
 The CLI's `build` (`build_step`) and `validate`, and the Dagster assets in process or in a
 Pipes worker on another process, Ray node or Kubernetes pod (`stages.run_stages`) all run
-it; a step on a Ray cluster is the same run with the reader and writer of `step.shares`
-handed in (`route`, from `step/ray_route.py`), so the core never imports Ray.
+it; a step on a Ray cluster is the same run with the reader and writer of
+`step.readers.shares` handed in (`route`, from `step/ray_route.py`), so the core never
+imports Ray.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from pipeline.io.discovery import SourceFile
 from pipeline.manifest import Manifest
 from pipeline.settings import RowSettings, Settings
 from pipeline.speed import EarlyDigests
-from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, TRAINING_SHARDS, bounded
+from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, TRAINING_SHARDS
+from pipeline.step.check import check
 from pipeline.step.freshness import current_manifest
-from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch, untrained_warning
+from pipeline.step.readers import Reader
+from pipeline.step.readers.memory import MemoryReader
+from pipeline.step.readers.spill import Spill, SpillReader, input_bytes
 from pipeline.step.tables import SampleTable, TrainBatch
 from pipeline.step.write import write_shards
 from pipeline.trainers.miles.staleness import STALE_GROUPS, STALE_ROWS
@@ -58,37 +62,6 @@ class _Silent:
         pass
 
 
-class Reader(Protocol):
-    """How a build reads its step (`load`) and where the planned batch finds its lists
-    (`planned`): in memory, in parts with the lists spilled (`bounded`), or by tasks next
-    to the data that leave the lists in the input files (`shares`)."""
-
-    def load(self, job: StepJob) -> SampleTable: ...
-
-    def planned(self, batch: TrainBatch) -> TrainBatch: ...
-
-
-class _InMemory:
-    def load(self, job: StepJob) -> SampleTable:
-        return load_samples(job.step, job.sources, job.settings, job.early)
-
-    def planned(self, batch: TrainBatch) -> TrainBatch:
-        return batch
-
-
-class _Bounded:
-    def __init__(self, spill: bounded.Spill) -> None:
-        self.spill = spill
-
-    def load(self, job: StepJob) -> SampleTable:
-        return bounded.load_samples(
-            job.step, job.sources, job.settings, self.spill, early=job.early
-        )
-
-    def planned(self, batch: TrainBatch) -> TrainBatch:
-        return bounded.spilled(batch, self.spill)
-
-
 # A reader made for one build, with what it holds until the build ends (a spill folder, a
 # connection) entered on the build's exit stack.
 OpenReader = Callable[["StepJob", ExitStack], Reader]
@@ -116,17 +89,17 @@ class StepJob:
             return self.reader(self, stack)
         if writes and self.streamed():
             assert self.out_root is not None
-            return _Bounded(stack.enter_context(bounded.Spill(self.out_root, self.step)))
-        return _InMemory()
+            return SpillReader(stack.enter_context(Spill(self.out_root, self.step)))
+        return MemoryReader()
 
     def streamed(self) -> bool:
-        """Whether the step is read in parts with its lists spilled (`bounded`), chosen up
+        """Whether the step is read in parts with its lists spilled (`readers.spill`), chosen up
         front from the size of its input files on disk and `stream_above`: only a build that
         writes holds the lists until then."""
         if self.out_root is None or not isinstance(self.settings, Settings):
             return False
         above = self.settings.stream_above_bytes
-        return above is not None and bounded.input_bytes(self.sources) > above
+        return above is not None and input_bytes(self.sources) > above
 
 
 Stage = SampleTable | TrainBatch | Manifest
@@ -139,7 +112,7 @@ def run_step(
     given: SampleTable | TrainBatch | None = None,
     reporter: StageReporter | None = None,
 ) -> Iterator[tuple[str, Stage]]:
-    """THE build of a step: read -> validate -> plan -> write -> commit, from stage `first`
+    """THE build of a step: read -> check -> plan -> write -> commit, from stage `first`
     through `last` (`step.STAGES`), yielding each stage's result as soon as it is done. A
     run from a later stage than the read starts from `given` (what an earlier run of the
     previous stage staged). Every path that builds a step runs this: `build_step` (the CLI,
@@ -150,13 +123,13 @@ def run_step(
     selected = STAGES[STAGES.index(first) : STAGES.index(last) + 1]
     step = job.step
     with ExitStack() as stack:
-        reader: Reader = _InMemory()
+        reader: Reader = MemoryReader()
         samples = given if isinstance(given, SampleTable) else None
         batch = given if isinstance(given, TrainBatch) else None
         if ROLLOUT_SAMPLES in selected:
             report.begin(step, read)
             reader = job.open_reader(stack, last == TRAINING_SHARDS)
-            samples = reader.load(job)
+            samples = check(reader.read(job), job.settings)
             report.end(step, read, f"{samples.ingested} rows read")
             yield ROLLOUT_SAMPLES, samples
         if TRAIN_BATCH in selected:

@@ -1,7 +1,7 @@
 """A step read and written by Ray tasks on a running cluster: a step larger than one node
 (docs/scaling-out.md).
 
-`RayTasks` runs the tasks of `pipeline.step.shares` on the cluster: a task per share of the
+`RayTasks` runs the tasks of `pipeline.step.readers.shares` on the cluster: a task per share of the
 input files reads, types, checks and reduces its rows and hands the driver their per-row
 scalars; a task per rank reads its rows' lists again from the input files and writes and
 seals its file. The driver (`build.run_step`, through `route`) plans and commits; it never
@@ -27,7 +27,7 @@ import ray.exceptions
 
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.step.build import StepJob
-from pipeline.step.shares import Call, by_tasks
+from pipeline.step.readers.shares import Call, by_tasks
 
 # Ray runs a task again when its worker dies; a step's tasks are not retried, so a dead
 # worker fails the step (nothing published) and the next build starts it afresh.

@@ -32,7 +32,7 @@ def ray_route(
     if address is None and not in_ray_job:
         yield None
         return
-    from pipeline.step.bounded import input_bytes
+    from pipeline.step.readers.spill import input_bytes
 
     with ExitStack() as stack:
         joined: list[Route] = []

@@ -121,6 +121,9 @@ def commit_shards(
                 ]
             )
         manifest.write(staged / MANIFEST)
+        # from here to the end of the commit an interrupt waits: the step is published
+        # whole (its quarantine, folder and card) or not at all
+        card.enter_context(writer.commit_section())
         if quarantined is not None:
             # out of the staged folder and into place, just before the folder is swapped in
             published = writer.quarantine_path(out_root, batch.step)
@@ -137,8 +140,8 @@ def commit_shards(
     out_root.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as card:
         writer.replace_folder(writer.step_folder(out_root, batch.step), fill)
-    if not manifest.counts.quarantined:
-        writer.quarantine_path(out_root, batch.step).unlink(missing_ok=True)
+        if not manifest.counts.quarantined:
+            writer.quarantine_path(out_root, batch.step).unlink(missing_ok=True)
     return manifest
 
 

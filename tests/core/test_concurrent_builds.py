@@ -16,9 +16,9 @@ from pipeline.io.checksums import sha256_of
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.settings import Settings
-from pipeline.step import build as build_module
-from pipeline.step import ingest, stages
+from pipeline.step import stages
 from pipeline.step.build import build_step
+from pipeline.step.readers.memory import MemoryReader
 from pipeline.step.roots import StepRoots
 from tests.conftest import sample, write_step
 
@@ -54,7 +54,7 @@ def test_a_slow_build_of_older_inputs_does_not_replace_a_newer_step(
     write_step(rows_dir, _rows(1.0))
     out = tmp_path / "shards"
     sources = _sources(rows_dir)
-    real_load = ingest.load_samples
+    real_read = MemoryReader.read
     others: list[threading.Thread] = []
     errors: list[BaseException] = []
 
@@ -68,14 +68,14 @@ def test_a_slow_build_of_older_inputs_does_not_replace_a_newer_step(
             errors.append(error)
 
     def load_then_rewrite(*args: Any) -> Any:
-        loaded = real_load(*args)
+        loaded = real_read(*args)
         if not others:  # build A, once its inputs are read
             write_step(rows_dir, _rows(5.0))
             others.append(threading.Thread(target=run_b))
             others[0].start()
         return loaded
 
-    monkeypatch.setattr(build_module, "load_samples", load_then_rewrite)
+    monkeypatch.setattr(MemoryReader, "read", load_then_rewrite)
     build_step(1, sources, SETTINGS, out)  # build A
     others[0].join(120)
 

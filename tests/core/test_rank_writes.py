@@ -20,8 +20,8 @@ from pipeline.manifest import Manifest
 from pipeline.orchestration import stage_reports as stages
 from pipeline.settings import Settings
 from pipeline.step import staging
-from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch
+from pipeline.step.readers.memory import load_samples
 from pipeline.step.roots import StepRoots
 from pipeline.step.write import write_shards
 from tests.conftest import generated_step
@@ -105,7 +105,7 @@ def test_reruns_write_the_same_bytes(step_dir: Path, tmp_path: Path) -> None:
 
 def test_the_cli_imports_neither_dagster_nor_pandera_up_front() -> None:
     """Dagster is for the orchestrated path only; Pandera is imported on a second thread
-    while the first files are read (see `build.load_samples`)."""
+    while the first files are read (see `readers.memory.load_samples`)."""
     code = "import sys, pipeline.cli; print(sorted({'dagster', 'pandera'} & set(sys.modules)))"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO

@@ -1,4 +1,4 @@
-"""A step read and written by tasks (`pipeline.step.shares`), here in this process
+"""A step read and written by tasks (`pipeline.step.readers.shares`), here in this process
 (`LocalTasks`): the bytes of the in-memory build for every layout and kind of input, the
 in-memory build's exact report and quarantine for a bad step, and a driver that never holds
 a per-token list. tests/orchestration/test_ray_cluster.py runs the same tasks on Ray."""
@@ -19,8 +19,9 @@ from pipeline.errors import StepError
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.settings import Settings
-from pipeline.step import shares
 from pipeline.step.build import StepJob, build_step
+from pipeline.step.check import check
+from pipeline.step.readers import shares
 from tests.conftest import generated_step
 
 
@@ -286,7 +287,7 @@ def test_the_driver_holds_no_list(tmp_path: Path, small_shares: None) -> None:
     (step, files), *_ = group_steps(find_sources([folder])).items()
     job = StepJob(step, files, Settings(global_batch_size=64, dp_size=4), tmp_path / "out")
     reader = shares.SharesReader(shares.LocalTasks())
-    samples = reader.load(job)
+    samples = check(reader.read(job), job.settings)
     assert not set(c.PER_TOKEN_COLUMNS) & set(samples.frame.columns)
     assert set(c.PER_TOKEN_COLUMNS) & set(samples.schema)  # the step's columns as loaded
     from pipeline.step.plan import plan_batch

@@ -19,8 +19,9 @@ from pipeline.errors import StepError
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.settings import Settings
-from pipeline.step import ray_ranks, shares
+from pipeline.step import ray_ranks
 from pipeline.step.build import build_step
+from pipeline.step.readers import shares
 
 RESOURCE = "rollout_worker"
 

@@ -30,7 +30,7 @@ from pipeline.io import writer
 from pipeline.orchestration import stage_reports as stages
 from pipeline.orchestration.partitions import rollout_steps, step_of
 from pipeline.orchestration.reporting import FAILURE_TAG
-from pipeline.step import bounded
+from pipeline.step.readers import spill
 from tests.conftest import dead_pid
 
 BLOCKING_CHECKS = {
@@ -239,9 +239,9 @@ def test_a_step_above_the_spill_threshold_is_built_rank_by_rank_alike(
     CLI's flag) through the rank-bounded build, with the same shards and the loaded columns
     (lists included) in the UI."""
     ran: list[int] = []
-    spilled = bounded.spilled
+    spilled = spill.spilled
     monkeypatch.setattr(
-        bounded, "spilled", lambda batch, spill: ran.append(1) or spilled(batch, spill)
+        spill, "spilled", lambda batch, spill: ran.append(1) or spilled(batch, spill)
     )
     run_config = {"ops": {"rollout_samples": {"config": {"stream_above": 0}}}}
     result = materialize(instance, "00000001", run_config)

@@ -2802,6 +2802,60 @@ def round_four_cases() -> list[Case]:
     ]
 
 
+def corrupted_pages(data: bytes) -> bytes:
+    """A Parquet file whose first data page is overwritten: its footer still reads."""
+    damaged = bytearray(data)
+    for i in range(60, 140):
+        damaged[i] ^= 0x5A
+    return bytes(damaged)
+
+
+def reader_cases() -> list[Case]:
+    """Issue 45: inputs the readers in parts (a spill, Ray shares) once answered otherwise
+    than the in-memory read; tests/core/test_readers_agree.py runs every case through each."""
+    rows = base()
+    too_big = [[11, 12, 13, 14, 15, 2**63 + 5], *[[11, 12, 13, 14, 15, 16]] * 7]
+    tokens = pa.array(too_big, pa.list_(pa.uint64()))
+    versions = pa.array(
+        [[f"v{i}", f"v{i + 1}"] for i in range(8)], pa.list_(pa.dictionary(pa.int32(), pa.string()))
+    )
+    across_row_groups = io.BytesIO()
+    table = arrow_table(rows, {"weight_versions": versions})
+    pq.write_table(table, across_row_groups, row_group_size=4)
+    empty = io.BytesIO()
+    frame(at_step(6, rows)).clear().write_parquet(empty)
+    return [
+        quarantined(
+            "uint64_token_above_int64",
+            "a uint64 token above 2^63 on row 0",
+            {f"step={STEP}.parquet": arrow_parquet(rows, {"tokens": tokens})},
+            counts(8, 1, 3, 4),
+            [(0, 0, "column_type: column tokens must be List(Int32)")],
+        ),
+        Case(
+            "zero_row_step_beside_a_valid_one",
+            "step 6 holds no row, step 7 is valid: step 7 built, step 6 refused",
+            {f"step={STEP}.parquet": parquet(rows), "step=6.parquet": empty.getvalue()},
+            1,
+            built=[STEP],
+            lines=["step 6: rule not_enough_samples: not enough samples 0 for global_batch_size 4"],
+        ),
+        accepted(
+            "dictionary_strings_in_lists_across_row_groups",
+            "weight_versions as lists of dictionary-encoded strings, in two row groups",
+            {f"step={STEP}.parquet": across_row_groups.getvalue()},
+            [],
+        ),
+        unsupported(
+            "corrupted_pages",
+            "the first data page overwritten, the footer intact",
+            corrupted_pages(parquet(rows)),
+            "cannot read parquet: ",
+            f"step={STEP}.parquet",
+        ),
+    ]
+
+
 def cases() -> list[Case]:
     return [
         *column_cases(),
@@ -2817,6 +2871,7 @@ def cases() -> list[Case]:
         *validate_json_cases(),
         *staging_cases(),
         *round_four_cases(),
+        *reader_cases(),
     ]
 
 

@@ -6,13 +6,11 @@ Ray cluster, `step/ray_ranks.py`; or this process, `LocalTasks`):
 
 1. read: the step's files are cut into shares (`split_shares`: a Parquet file by ranges of
    its row groups, found in its footer; any other file whole). A task per share reads it in
-   parts, types each part (`StepFiles.add_rows`), reduces its lists to the per-row scalars
-   the rules, the plan and the metrics read (`samples.reduced_lists`) and returns the rows
-   with each list's shape in its place (an empty list, or null where the list is null);
-   a task per Parquet file hashes it. The driver merges what the tasks found as a read in
-   parts merges it (type violations into the whole read's line) and validates the rows with
-   every column test: a list's tests are of its type and its nulls, which its shape keeps,
-   so a bad step gets the lines, quarantine and counts of the in-memory read;
+   parts, types and splits each part (`check.typed_part`) and returns the rows with each
+   list's shape in its place and the scalars reduced from it; a task per Parquet file
+   hashes it. The driver merges what the tasks found as a read in parts merges it (type
+   violations into the whole read's line) and hands the rows to the one check
+   (`check.check`), as every reader does;
 2. plan on the driver, on those rows;
 3. write: a task per rank reads its rows' lists again from the input files (by share and
    file row), gathers them into training order and writes and seals its file
@@ -32,18 +30,16 @@ from typing import Any, Protocol
 import polars as pl
 
 from pipeline import columns as c
-from pipeline.columns import ROW_ID, SOURCE_ROW, TYPE_ERROR
+from pipeline.columns import SOURCE_ROW
 from pipeline.errors import StepError, Violation
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import is_parquet, read_in_parts, read_source
 from pipeline.io.step_files import StepFiles
 from pipeline.manifest import Manifest
-from pipeline.settings import RowSettings, Settings
-from pipeline.step.bounded import PART_BYTES
-from pipeline.step.ingest import quarantine_table, repair_and_validate
-from pipeline.step.tables import RankRows, SampleTable, TrainBatch, compact
+from pipeline.step.check import ReadStep, split_lists
+from pipeline.step.readers.spill import PART_BYTES
+from pipeline.step.tables import RankRows, TrainBatch, compact
 from pipeline.step.write import RankFile, commit_shards, write_rank
-from pipeline.transforms import samples as s
 from pipeline.transforms.layout import rank_bounds
 from pipeline.transforms.shard_columns import loss_masks, optional_shard_columns
 
@@ -99,7 +95,7 @@ def split_shares(
     for place, source in enumerate(sources):
         try:
             meta = pq.ParquetFile(str(source.path)).metadata if is_parquet(source) else None
-        except (pa.ArrowException, OSError):
+        except (pa.ArrowException, OSError, UnicodeEncodeError):  # pyarrow opens by name
             meta = None
         if meta is None or meta.num_row_groups == 0:
             shares.append(Share(step, source, place))
@@ -126,7 +122,8 @@ class ShareRead:
 
 
 def _typed_parts(share: Share, take: Callable[[pl.DataFrame], None]) -> tuple[StepFiles, Any]:
-    """Read `share` in parts, each typed as the in-memory read types it, to `take`."""
+    """Read `share` in parts, each typed as every read types it (`StepFiles.add_rows`), to
+    `take`."""
     files = StepFiles(share.step)
     seen = identity(share.source.path) if share.source.path.exists() else (0, 0, 0, 0)
 
@@ -146,9 +143,7 @@ def read_share(share: Share) -> ShareRead:
     frames: list[pl.DataFrame] = []
 
     def take(typed: pl.DataFrame) -> None:
-        lists = [name for name in c.PER_TOKEN_COLUMNS if name in typed.columns]
-        shapes = typed.with_columns(pl.col(name).list.head(0) for name in lists)
-        frames.append(shapes.hstack(s.reduced_lists(typed)))
+        frames.append(split_lists(typed)[0])  # the lists stay in the file
 
     files, (seen, sha256) = _typed_parts(share, take)
     return ShareRead(frames, files.named(), files.extras, seen, sha256)
@@ -248,16 +243,18 @@ class SourceRows(RankRows):
 
 @dataclass
 class SharesReader:
-    """The reader (`build.Reader`) of a step read and written by `tasks`."""
+    """The reader (`readers.Reader`) of a step read and written by `tasks`; the check's
+    `Lists` of its rows (read back from the files by tasks)."""
 
     tasks: Tasks
     share_bytes: int | None = None  # None: SHARE_BYTES
     shares: list[Share] = field(default_factory=list)
+    places: pl.DataFrame | None = None  # SHARE and SOURCE_ROW of each loaded row
     place: pl.DataFrame | None = None  # SHARE and SOURCE_ROW of each kept row, batch order
     schema: dict[str, pl.DataType] = field(default_factory=dict)
 
-    def load(self, job: Any) -> SampleTable:
-        step, settings = job.step, job.settings
+    def read(self, job: Any) -> ReadStep:
+        step = job.step
         self.shares = split_shares(step, job.sources, self.share_bytes or SHARE_BYTES)
         calls: list[Call] = []
         for place, source in enumerate(job.sources):
@@ -286,64 +283,32 @@ class SharesReader:
                 raise _changed(source, step)
             assert sha256 is not None, "a file is hashed by its digest's task or its read"
             files.add_file(source, sha256, rows)
-        return self._checked(files, pl.concat(places), settings)
-
-    def _checked(
-        self, files: StepFiles, places: pl.DataFrame, settings: Settings | RowSettings
-    ) -> SampleTable:
-        """`ingest.checked` on the rows with their lists' shapes and reductions."""
         loaded = files.loaded()
-        step = loaded.step
-        original = loaded.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(ROW_ID))
-        reduced = [n for n in original.columns if n in _REDUCED]
-        lists = [n for n in c.PER_TOKEN_COLUMNS if n in original.columns]
-        self.schema = {n: original.schema[n] for n in lists}
-        assert loaded.type_errors is not None
-        frame = original.with_columns(loaded.type_errors.alias(TYPE_ERROR))
-        verdict, repaired = repair_and_validate(frame, loaded.type_violations, step, settings)
-        if verdict.violations and not (settings.on_invalid == "quarantine" and verdict.settled):
-            raise StepError(verdict.violations)
-        quarantine = None
-        if verdict.violations:
-            # the rows `quarantine_table` keeps, in its order: every row of a trajectory
-            # holding a failing row
-            failing = verdict.failing.get_column(ROW_ID).implode()
-            touched = pl.col(ROW_ID).is_in(failing).any().over(c.TRAJECTORY)
-            kept = original.filter(touched).get_column(ROW_ID)
-            table = quarantine_table(original.drop(reduced), verdict.failing)
-            quarantine = self._with_lists(table, places.gather(kept))
-        self.place = places.gather(verdict.valid.get_column(ROW_ID))
-        columns = [n for n in original.columns if n not in reduced and n != ROW_ID]
-        return SampleTable(
-            step=step,
-            frame=verdict.valid.drop(ROW_ID, TYPE_ERROR, *lists),
-            files=loaded.files,
-            ignored_columns=loaded.ignored_columns,
-            ingested=original.height,
-            repaired=repaired,
-            quarantine=quarantine,
-            light=verdict.light,
-            columns=pl.Schema((n, original.schema[n]) for n in columns),
-        )
+        self.places = pl.concat(places)
+        self.schema = {
+            n: loaded.frame.schema[n] for n in c.PER_TOKEN_COLUMNS if n in loaded.frame.columns
+        }
+        return ReadStep(loaded, self)
 
-    def _with_lists(self, quarantine: pl.DataFrame, place: pl.DataFrame) -> pl.DataFrame:
-        """The quarantine with its rows' lists (at `place`, row by row) read back from the
-        files by tasks."""
+    def take(self, rows: pl.Series) -> list[pl.Series]:
+        """The lists of the loaded rows `rows`, read back from the files by tasks."""
+        assert self.places is not None, "lists of a share read"
 
         def fetch(asked: list[tuple[int, pl.Series]]) -> list[pl.DataFrame]:
             calls = [(share_lists, (self.shares[i], rows, self.schema)) for i, rows in asked]
             return list(self.tasks.run(calls))
 
-        return quarantine.with_columns(lists_at(place, self.schema, fetch))
+        return lists_at(self.places.gather(rows), self.schema, fetch)
+
+    def keep(self, rows: pl.Series) -> None:
+        assert self.places is not None, "lists of a share read"
+        self.place = self.places.gather(rows)
 
     def planned(self, batch: TrainBatch) -> TrainBatch:
         rows = batch.rank_rows
         assert rows is not None and self.place is not None, "a planned batch of a share read"
         source_rows = SourceRows(rows, self.shares, self.place, self.schema)
         return TrainBatch(batch.step, source_rows, batch.meta, batch.quarantine)
-
-
-_REDUCED = set(s.list_reductions(pl.Schema())) | {c.has_column(n) for n in c.PER_TOKEN_COLUMNS}
 
 
 def _changed(source: SourceFile, step: int) -> StepError:

@@ -1,0 +1,227 @@
+"""The step read in parts, its per-token lists spilled: the build holds one part, or one rank,
+of lists at a time.
+
+The in-memory build holds the whole step; nearly all of its bytes are the lists with a value
+per token (`c.PER_TOKEN_COLUMNS`), which only the writer needs whole, and only one rank at a
+time. Here:
+
+1. read: each input file comes in parts (`io.load.read_in_parts`); a part is typed and split
+   (`check.typed_part`): its rows keep each list's shape and the per-row scalars the rules,
+   the plan and the metrics read, its lists go to an uncompressed Arrow file in a private
+   folder of the output root (`Spill`);
+2. the check (`check.check`) validates the rows as it validates every reader's; the
+   trajectories a quarantine sets aside take their lists back from the spill (`Spill.take`);
+3. write: `write_shards` asks for each rank's rows; `SpilledRows` takes that rank's lists
+   from each spilled part, mapped, reading only their pages (`take_rows`), and gathers them
+   into training order, one frame per rank file as the in-memory build writes it, so the
+   files are byte-identical.
+
+The driver (`step.build`) chooses this read up front, from the size of the step's input
+files (the `stream_above` setting), and reads a step once.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from pipeline import columns as c
+from pipeline.io import writer
+from pipeline.io.discovery import SourceFile
+from pipeline.io.load import read_in_parts
+from pipeline.io.step_files import StepFiles
+from pipeline.step.check import ReadStep, typed_part
+from pipeline.step.tables import RankRows, TrainBatch, compact
+from pipeline.transforms.shard_columns import loss_masks, optional_shard_columns
+
+if TYPE_CHECKING:
+    from pipeline.step.build import StepJob
+
+# Decoded bytes of one part of an input file: what the read holds at once beside the
+# rows without their lists.
+PART_BYTES = 16 << 20
+
+
+def input_bytes(sources: Sequence[SourceFile]) -> int:
+    """The bytes of the step's input files on disk (a file that cannot be read counts 0:
+    its reader reports it)."""
+    total = 0
+    for source in sources:
+        try:
+            total += os.stat(source.path).st_size
+        except OSError:
+            pass
+    return total
+
+
+class Spill:
+    """A private folder of the output root holding one build's lists until they are written
+    (`writer.private_name`: removed when the build ends, however it ends; on an interrupt
+    by `writer.remove_held`; a killed build's folder by the next build). The check's
+    `Lists` of a read in parts."""
+
+    def __init__(self, out_root: Path, step: int) -> None:
+        out_root.mkdir(parents=True, exist_ok=True)
+        self.folder = out_root / writer.private_name("tmp", f"spill-step={step}")
+        writer.hold(self.folder)
+        self.folder.mkdir()
+        # each part's file, first loaded position and rows, in load order
+        self.parts: list[tuple[Path, int, int]] = []
+        self.rows = 0  # rows spilled so far
+        self.schema: dict[str, pl.DataType] = {}  # every list column any part has
+        # The loaded position of each row of the batch, in batch order; None: every row.
+        self.kept: pl.Series | None = None
+
+    def __enter__(self) -> Spill:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+        writer.release(self.folder)
+
+    def add(self, lists: pl.DataFrame) -> None:
+        path = self.folder / f"part={len(self.parts)}.arrow"
+        lists.write_ipc(path, compression="uncompressed")
+        self.parts.append((path, self.rows, lists.height))
+        self.rows += lists.height
+        for name, dtype in lists.schema.items():
+            self.schema.setdefault(name, dtype)
+
+    def take(self, rows: pl.Series) -> list[pl.Series]:
+        return take_rows(self.parts, self.schema, rows).get_columns()
+
+    def keep(self, rows: pl.Series) -> None:
+        self.kept = rows
+
+
+class SpillReader:
+    """The reader (`readers.Reader`) of a step read in parts (of `part_bytes`, by default
+    `PART_BYTES`) into `spill`."""
+
+    def __init__(self, spill: Spill, part_bytes: int | None = None) -> None:
+        self.spill = spill
+        self.part_bytes = part_bytes
+
+    def read(self, job: StepJob) -> ReadStep:
+        step, spill = job.step, self.spill
+        files = StepFiles(step)
+        for source in job.sources:
+            rows = 0
+
+            def take(frame: pl.DataFrame, first: int, source: SourceFile = source) -> None:
+                nonlocal rows
+                light, lists = typed_part(files, source, frame, first)
+                spill.add(lists)
+                files.frames.append(light)
+                rows += light.height
+
+            taken = job.early(source.path) if job.early is not None else None
+            sha256 = read_in_parts(source, step, self.part_bytes or PART_BYTES, take, taken)
+            assert sha256 is not None, "a whole file is hashed"
+            files.add_file(source, sha256, rows)
+        return ReadStep(files.loaded(), spill)
+
+    def planned(self, batch: TrainBatch) -> TrainBatch:
+        return spilled(batch, self.spill)
+
+
+def take_rows(
+    parts: list[tuple[Path, int, int]], schema: dict[str, pl.DataType], wanted: pl.Series
+) -> pl.DataFrame:
+    """The lists of the rows at these loaded positions (ascending), in that order, from the
+    spilled `parts` (file, first loaded position, rows). Each part is mapped
+    (`pyarrow.memory_map`) and only the wanted rows' pages are read; a part is unmapped
+    before the next, so no more than one part's pages are resident besides the rows."""
+    import pyarrow as pa
+    import pyarrow.ipc
+
+    taken = []
+    for path, first, height in parts:
+        local = wanted.filter((wanted >= first) & (wanted < first + height)) - first
+        if local.is_empty():
+            continue
+        with pa.memory_map(str(path)) as source:
+            # Polars takes the mapped buffers as they are and gathers the rows into its own
+            mapped = pl.from_arrow(pyarrow.ipc.open_file(source).read_all())
+            assert isinstance(mapped, pl.DataFrame)
+            frame = mapped[local]
+            del mapped
+        taken.append(
+            frame.select(
+                pl.col(n) if n in frame.columns else pl.lit(None, dtype=d).alias(n)
+                for n, d in schema.items()
+            )
+        )
+    return pl.concat(taken) if taken else pl.DataFrame(schema=schema)
+
+
+def spilled(batch: TrainBatch, spill: Spill) -> TrainBatch:
+    """The planned batch with its lists left in the spilled parts, where each rank's writer
+    gathers its own rows (`SpilledRows`)."""
+    rows = batch.rank_rows
+    assert rows is not None, "a planned batch holds its rows in batch order"
+    # the loaded position of each batch position
+    loaded = spill.kept if spill.kept is not None else pl.int_range(spill.rows, eager=True)
+    rank_rows = SpilledRows(rows, spill.parts, loaded, spill.schema)
+    return TrainBatch(batch.step, rank_rows, batch.meta, batch.quarantine)
+
+
+class SpilledRows(RankRows):
+    """`RankRows` whose lists wait in the spilled parts (`take_rows`); the writer takes one
+    rank at a time, so that the build holds one rank's lists."""
+
+    parallel_ranks = 1
+
+    def __init__(
+        self,
+        rows: RankRows,
+        parts: list[tuple[Path, int, int]],
+        loaded: pl.Series,
+        schema: dict[str, pl.DataType],
+    ) -> None:
+        super().__init__(rows.scalars, rows.inputs, rows.optional, rows.order, rows.columns)
+        self.parts = parts  # each part's file, first loaded position and rows
+        self.loaded = loaded  # the loaded position of each batch position
+        self.schema = schema  # every list column any part has
+
+    def for_rank(self, start: int, length: int) -> RankRows:
+        """Rows [start, start + length) alone; their lists stay in the spilled parts, where
+        they are found by batch position, so every position's light inputs are kept."""
+        mine = RankRows(
+            compact(self.scalars, start, length),
+            self.inputs,
+            self.optional,
+            self.order.slice(start, length),
+            self.columns,
+        )
+        return SpilledRows(mine, self.parts, self.loaded, self.schema)
+
+    def rows(self, start: int, length: int) -> pl.DataFrame:
+        positions = self.order.slice(start, length)
+        loaded = self.loaded.gather(positions)
+        wanted = loaded.sort()
+        held = take_rows(self.parts, self.schema, wanted)
+        # a gather gives a chunk per chunk of its indices: one, as the in-memory build's
+        where = wanted.search_sorted(loaded).rechunk()
+        # column by column, each taken column freed once gathered: the rank's lists are
+        # held about once, not twice
+        lists = []
+        for name in list(held.columns):
+            lists.append(held.get_column(name).gather(where))
+            held = held.drop(name)
+        picked = self.inputs[positions].hstack(lists)
+        written = picked.select(
+            pl.col(c.TOKENS), loss_masks(picked), *optional_shard_columns(self.optional)
+        )
+        return compact(self.scalars, start, length).hstack(written).select(*self.columns)
