@@ -1,4 +1,4 @@
-"""verl's own dumps as input (pipeline/io/verl_dump.py): the DataProto verl 0.9.1's agent
+"""verl's own dumps as input (pipeline/io/formats/verl.py): the DataProto verl 0.9.1's agent
 loop returns for a step, written by its `save_to_disk` where the rollout skip manager keeps
 it (`<dump folder>/<step>/gen_batch.dp` and `meta.json`), read without running code and
 built with `--trainer verl`, gives every rank the chunk verl's trainer hands it; a pickle
@@ -18,7 +18,7 @@ from rollout_shards_loader.verl import read_rank
 
 from pipeline.errors import StepError
 from pipeline.io.discovery import find_sources
-from pipeline.io.verl_dump import read_verl_dump
+from pipeline.io.formats.verl import read_verl_dump
 from tests.conftest import build
 from tests.loader.test_verl_read_rank import assert_same
 from tests.loader.verl_support import case_rows, rollout_batch, trainer_ranks, verl_modules
