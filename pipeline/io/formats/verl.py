@@ -11,7 +11,7 @@ else (a multimodal batch's tensors among the non-tensor values, another serializ
 refused as `unsafe_pickle`.
 
 What is taken is `DECLARED` (`declared.check`: each tensor's dimensions by name and kind
-of numbers, the uids one string per row; at least one row, prompt and response token), so
+of numbers, the uids one string per row; prompts and responses at least one token wide), so
 a batch of another shape is one `malformed_dump` line through the frame every format
 shares (`frame.read_dump`). Taken (docs/verl.md): `prompts`, `responses`,
 `attention_mask`, `response_mask`, `rm_scores`, `rollout_log_probs` when present, and the
@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import polars as pl
 
 from pipeline import columns as c
@@ -38,6 +37,9 @@ from pipeline.io.formats import declared as d
 from pipeline.io.formats import unpickle as dp
 from pipeline.io.formats.frame import DumpFormat, read_dump
 from pipeline.io.formats.names import find_verl_dumps, is_verl_dump
+
+if TYPE_CHECKING:  # numpy is imported by the read: finding dumps, or a table build, needs none
+    import numpy as np
 
 WHAT = "a verl DataProto dump"
 DECLARED: d.Declared = {
@@ -49,7 +51,7 @@ DECLARED: d.Declared = {
     "rollout_log_probs": d.Tensor(("rows", "response"), kinds="iubf", required=False),
     "uid": d.Texts("rows", required=False),
 }
-NONZERO = ("rows", "prompt", "response")
+NONZERO = ("prompt", "response")  # zero rows read as zero rows, as a table's do
 # tensordict's dtype names -> numpy codes (bfloat16 widened to float32)
 _DTYPES = {
     "torch.int64": "i8",
@@ -76,6 +78,8 @@ class _DataProtoState:
 
 
 def _any_dtype(*args: Any) -> Any:
+    import numpy as np
+
     dtype = np.dtype(*args)
     return dtype if dtype.kind == "O" else dp.checked_dtype(dtype)
 
@@ -91,6 +95,8 @@ class _OuterUnpickler(dp.DumpUnpickler):
         return super().find_class(module, name)
 
     def _numpy_ndarray(self, shape: Any, dtype: Any = float, *rest: Any) -> Any:
+        import numpy as np
+
         checked = np.dtype(dtype)
         if checked.kind != "O":
             return super()._numpy_ndarray(shape, dtype, *rest)
@@ -118,6 +124,8 @@ class _BatchUnpickler(dp.DumpUnpickler):
         return super().find_class(module, name)
 
     def _leaves(self, metadata: Any, storage: Any) -> dict[str, np.ndarray]:
+        import numpy as np
+
         if not isinstance(metadata, dict) or not isinstance(metadata.get("leaves"), dict):
             raise dp.Unreadable("a consolidated TensorDict without its leaves")
         out = {}
@@ -158,9 +166,13 @@ def _payload(path: Path) -> dict[str, Any]:
 
 def _group_index(uid: np.ndarray | None, prompts: np.ndarray, keep: np.ndarray) -> np.ndarray:
     """The uid's order of first appearance, or runs of one repeated prompt without uids."""
+    import numpy as np
+
     if uid is not None:  # strings, one per row (DECLARED)
         _, first, inverse = np.unique(uid.astype(str), return_index=True, return_inverse=True)
         return np.argsort(np.argsort(first))[inverse].astype(np.int64)
+    if not len(prompts):
+        return np.zeros(0, dtype=np.int64)
     masked = np.where(keep, prompts, -1)
     changed = np.any(masked[1:] != masked[:-1], axis=1)
     return np.concatenate([[0], np.cumsum(changed)]).astype(np.int64)
@@ -168,6 +180,7 @@ def _group_index(uid: np.ndarray | None, prompts: np.ndarray, keep: np.ndarray) 
 
 def _lists(values: np.ndarray, lengths: np.ndarray, dtype: pl.DataType) -> pl.Series:
     """Consecutive runs of `values`, `lengths` long, as a list column of `dtype`."""
+    import numpy as np
     import pyarrow as pa
 
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
@@ -210,6 +223,8 @@ def read_verl_dump(path: Path, step: int) -> pl.DataFrame:
 
 
 def _rows(batch: dict[str, Any], sizes: dict[str, int], path: Path, step: int) -> pl.DataFrame:
+    import numpy as np
+
     rows, prompt_width, width = sizes["rows"], sizes["prompt"], sizes["response"]
     attention = batch["attention_mask"].astype(np.int64)
     if not np.isin(attention, (0, 1)).all() or (
