@@ -28,12 +28,12 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import UsageError, Violation, step_error
 from pipeline.io.formats import declared as d
+from pipeline.io.formats.declared import Malformed
 from pipeline.io.formats.frame import DumpFormat, read_dump
 from pipeline.io.formats.names import find_miles_dumps, is_miles_dump, named_step
 from pipeline.io.formats.unpickle import VALUES_PER_BYTE, Budget, read_torch_save
 from pipeline.io.formats.values import (
     LISTS,
-    Malformed,
     Plain,
     Sizes,
     column_series,
