@@ -244,6 +244,8 @@ def _table_sources(
                 passed.append(child)
             elif child.is_dir() and _holds_tables(child):
                 passed.append(child)
+            elif child.suffix in _dump_suffixes():
+                passed.append(child)  # a dump beside tables: named, never read as a table
         except _OutOfRange as exc:
             refusals.append(exc.violation)
     return found
@@ -255,8 +257,17 @@ def _holds_tables(folder: Path) -> bool:
     return any(_is_table(p) or _look_alike(p) for p in _walk(folder))
 
 
+def _dump_suffixes() -> set[str]:
+    return {suffix for fmt in FORMATS.values() for suffix in fmt.suffixes}
+
+
 def _skipped_note(path: Path) -> str:
-    if path.is_dir() and not STEP_FOLDER_LOOK_ALIKE.match(path.name):
+    if path.suffix in _dump_suffixes():
+        why = (
+            "named like a trainer's dump, in a folder of tables: not read (give the dumps' "
+            "folder as an input of its own)"
+        )
+    elif path.is_dir() and not STEP_FOLDER_LOOK_ALIKE.match(path.name):
         why = "a folder that is not a step folder (step=<N>): the tables under it are not read"
     elif path.is_dir():
         why = "a folder named like a step but not step=<N> exactly (lower case, ASCII digits)"

@@ -322,3 +322,36 @@ def test_a_pickle_of_a_format_s_payload_is_not_read_as_another(tmp_path: Path) -
     assert violation.message == (
         f"{path}: not a DataProto pickled by save_to_disk (a verl DataProto dump)"
     )
+
+
+def test_a_symlink_loop_named_like_a_verl_dump_is_named(tmp_path: Path) -> None:
+    """Given as an input, or beside verl's step folders: never passed over without a word."""
+    from pipeline.errors import Violation
+    from pipeline.io.discovery import find_sources
+
+    folder = write_verl_dump(tmp_path / "dump", dump_rows(), 2, True)
+    loop = folder / "x.dp"
+    loop.symlink_to("x.dp")
+    for given in (folder, loop):
+        refused: list[Violation] = []
+        sources = find_sources([given], refused=refused)
+        assert [s.step for s in sources] == ([2] if given == folder else [])
+        assert [(v.rule, v.step, v.files) for v in refused] == [
+            ("unreadable_file", None, [str(loop)])
+        ]
+        assert "but a symlink loop, not a file" in refused[0].message
+
+
+def test_a_dump_beside_tables_is_named_in_a_note(tmp_path: Path) -> None:
+    from pipeline.io.discovery import find_sources
+
+    root = tmp_path / "rows"
+    root.mkdir()
+    pl.DataFrame({"index": [0]}).write_parquet(root / "step=1.parquet")
+    (root / "rollout_3.pt").mkdir()
+    (root / "x.dp").symlink_to("x.dp")
+    notes: list[str] = []
+    assert [s.step for s in find_sources([root], notes=notes)] == [1]
+    why = "named like a trainer's dump, in a folder of tables: not read"
+    tail = " (give the dumps' folder as an input of its own)"
+    assert notes == [f"skipped {root / name}: {why}{tail}" for name in ("rollout_3.pt", "x.dp")]

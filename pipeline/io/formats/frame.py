@@ -30,6 +30,7 @@ class DumpFormat(ABC):
     which is also the `kind` of its `SourceFile`s."""
 
     name: str
+    suffixes: tuple[str, ...]  # what a file of the format is named
     # How messages name a file of the format, and what its pickle may hold.
     what: str
     holds: str

@@ -30,7 +30,7 @@ from pipeline.errors import UsageError, Violation, step_error
 from pipeline.io.formats import declared as d
 from pipeline.io.formats.declared import Malformed
 from pipeline.io.formats.frame import DumpFormat, read_dump
-from pipeline.io.formats.names import find_miles_dumps, is_miles_dump, named_step
+from pipeline.io.formats.names import DUMP_SUFFIX, find_miles_dumps, is_miles_dump, named_step
 from pipeline.io.formats.unpickle import VALUES_PER_BYTE, Budget, read_torch_save
 from pipeline.io.formats.values import (
     LISTS,
@@ -178,6 +178,7 @@ class MilesFormat(DumpFormat):
     """miles' and slime's `save_debug_rollout_data` dumps."""
 
     name = "miles"
+    suffixes = (DUMP_SUFFIX,)
     what = WHAT
     holds = "plain values, tensors and numeric numpy arrays"
 

@@ -36,7 +36,7 @@ from pipeline.errors import Violation
 from pipeline.io.formats import declared as d
 from pipeline.io.formats import unpickle as dp
 from pipeline.io.formats.frame import DumpFormat, read_dump
-from pipeline.io.formats.names import find_verl_dumps, is_verl_dump
+from pipeline.io.formats.names import SUFFIX, find_verl_dumps, is_verl_dump
 
 if TYPE_CHECKING:  # numpy is imported by the read: finding dumps, or a table build, needs none
     import numpy as np
@@ -192,6 +192,7 @@ class VerlFormat(DumpFormat):
     """verl's `DataProto.save_to_disk` dumps (the rollout skip manager's)."""
 
     name = "verl"
+    suffixes = (SUFFIX,)
     what = WHAT
     holds = "plain values, numpy arrays and the batch's tensors"
 
