@@ -10,7 +10,7 @@ Writes a dump as miles' `save_debug_rollout_data` does (`torch.save` of `rollout
 from other work hits each alike:
 
 - `torch.load(path, weights_only=False)`: the unrestricted unpickler, the yardstick;
-- `load_payload(path)`: the restricted, bounded unpickler of `pipeline.io.dump_pickle`;
+- `load_payload(path)`: the restricted, bounded unpickler of `pipeline.io.formats.unpickle`;
 - `read_miles_dump(path)`: that plus mapping the samples to contract columns.
 
 Prints the minimum and median of each and their ratios to torch.load; `--json` also
@@ -102,8 +102,8 @@ def main() -> int:
 
     import torch
 
-    from pipeline.io.dump_pickle import load_payload
-    from pipeline.io.miles_dump import read_miles_dump
+    from pipeline.io.formats.miles import read_miles_dump
+    from pipeline.io.formats.unpickle import read_torch_save as load_payload
 
     with tempfile.TemporaryDirectory() as work:
         path = Path(work) / "rollout_data" / "3.pt"

@@ -79,16 +79,25 @@ def _steps(
     settings: Settings | RowSettings,
     session_version: str | None = None,
     skipped: list[Path] | None = None,
+    refused: list[Violation] | None = None,
 ) -> dict[int, list[SourceFile]]:
+    """The steps under the inputs; paths refused by name (a step beyond int64, a folder
+    named like a dump) go to `refused`, for the caller to report beside the built steps."""
     notes: list[str] = []
     incomplete: list[Path] = []
     sources = find_sources(
-        inputs, session_version, notes, skipped, settings.require_success_marker, incomplete
+        inputs,
+        session_version,
+        notes,
+        skipped,
+        settings.require_success_marker,
+        incomplete,
+        refused,
     )
     steps = group_steps(sources)
     for note in notes:
         print(f"{PROG}: note: {printable(note)}", file=sys.stderr)
-    if not steps and not incomplete:
+    if not steps and not incomplete and not refused:
         raise UsageError(f"no rollout tables found under {', '.join(inputs)}")
     return steps
 
@@ -232,7 +241,9 @@ def run_build(args: argparse.Namespace) -> int:
     check_out(args.out, args.inputs)
     clean_stale(args.out)
     skipped: list[Path] = []
-    steps = _steps(args.inputs, settings, args.session_version, skipped)
+    refused: list[Violation] = []
+    steps = _steps(args.inputs, settings, args.session_version, skipped, refused)
+    print_violations("build", refused)
     progress = Progress(len(steps), STAGE_NAMES)
     # --ray ADDRESS: the steps above ray_above are built by tasks on that cluster
     with ray_route(settings) as route:
@@ -240,7 +251,7 @@ def run_build(args: argparse.Namespace) -> int:
             _build_one(step, files, settings, args, progress, skipped_files(skipped, step), route)
             for step, files in steps.items()
         ]
-    return 0 if all(built) else 1
+    return 0 if all(built) and not refused else 1
 
 
 def _all_but_the_batch_size(values: dict[str, Any]) -> None:
@@ -264,8 +275,11 @@ def run_validate(args: argparse.Namespace) -> int:
         _all_but_the_batch_size(values)
         settings = make_row_settings(values)
         print(f"{PROG}: note: {ROWS_ONLY}", file=sys.stderr)
-    report: list[dict[str, Any]] = []
-    steps = _steps(args.inputs, settings, args.session_version)
+    refused: list[Violation] = []
+    steps = _steps(args.inputs, settings, args.session_version, refused=refused)
+    report: list[dict[str, Any]] = [
+        {"step": violation.step, "valid": False, "violations": [violation]} for violation in refused
+    ]
     # JSON output is for machines: no progress lines mixed into it.
     stages = STAGE_NAMES[:2] if isinstance(settings, Settings) else STAGE_NAMES[:1]
     progress = Progress(len(steps), stages, quiet=args.format == "json")

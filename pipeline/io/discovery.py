@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import StepError, UsageError, Violation, printable
-from pipeline.io.dump_files import find_verl_dumps, is_verl_dump
-from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump
+from pipeline.io.formats import FORMATS
+from pipeline.io.formats.names import out_of_range
 
 TABLE_SUFFIXES = {".parquet": "parquet", ".arrow": "ipc", ".feather": "ipc", ".jsonl": "jsonl"}
 # Digits are ASCII: `step=١` (Arabic-Indic) or `step=７` (fullwidth), which `int` would
@@ -29,11 +29,19 @@ SUCCESS_MARKER = "_SUCCESS"
 INT64_MAX = 2**63 - 1
 
 
+class _OutOfRange(Exception):
+    """A name's step number beyond int64 (`step_out_of_range`), refused by name."""
+
+    def __init__(self, violation: Violation) -> None:
+        super().__init__(violation.message)
+        self.violation = violation
+
+
 @dataclass(frozen=True)
 class SourceFile:
     path: Path
     step: int | None  # from the path; None when only the `step` column tells
-    kind: str = "table"  # or "miles": a miles `--dump-details` .pt file; "verl": a DataProto
+    kind: str = "table"  # or the name of a dump format (`pipeline.io.formats.FORMATS`)
     session_version: str | None = None  # overrides a miles dump's inferred session version
 
 
@@ -79,8 +87,7 @@ def _step_of(path: Path) -> int | None:
         return None
     step = int(match.group(1))
     if step > INT64_MAX:
-        message = f"step number {match.group(1)} in the name is beyond int64"
-        raise StepError([Violation("step_out_of_range", message, files=[str(path)])])
+        raise _OutOfRange(out_of_range(path, f"step number {match.group(1)} in the name"))
     return step
 
 
@@ -117,7 +124,10 @@ def _check_one_name_per_step(children: Sequence[Path]) -> None:
     """In one folder, `step=007` beside `step=7` or `step=1.parquet` beside `step=1/`."""
     first: dict[int, Path] = {}
     for child in children:
-        step = _step_of(child)
+        try:
+            step = _step_of(child)
+        except _OutOfRange:
+            continue  # refused by name where it is read
         if step is None or not (child.is_dir() or _is_table(child) or _dangling(child)):
             continue
         seen = first.setdefault(step, child)
@@ -146,63 +156,42 @@ def find_sources(
     skipped: list[Path] | None = None,
     require_marker: bool = False,
     incomplete: list[Path] | None = None,
+    refused: list[Violation] | None = None,
 ) -> list[SourceFile]:
     """Every table file under the inputs, with the step its path names (CONTRACT section 1);
-    miles dump folders and .pt files too (SEMANTICS section 9). Entries whose name starts
-    with `_` or `.` are never read. Notes on skipped files and folders are appended to
-    `notes`, and the files and folders that look like inputs but are not read to
+    the trainers' dump folders and files too (`pipeline.io.formats`). Entries whose name
+    starts with `_` or `.` are never read. Notes on skipped files and folders are appended
+    to `notes`, and the files and folders that look like inputs but are not read to
     `skipped`. With `require_marker`, a step folder without `_SUCCESS` is not complete
     yet: it is left out with a note, and listed in `incomplete`. Two paths naming one
-    step ambiguously are a StepError."""
+    step ambiguously are a StepError. A path refused by name (a step number beyond int64,
+    a folder or symlink loop named like a dump) is appended to `refused`, the other steps
+    still found; without a list, it is a StepError."""
     found: list[SourceFile] = []
     passed: list[Path] = []
     waiting: list[Path] = []
+    refusals: list[Violation] = []
     for raw in inputs:
         path = Path(raw)
         if not path.exists() and not path.is_symlink():
             raise UsageError(f"input {path} does not exist")
-        if is_miles_dump(path):
-            dumps, dump_notes = find_miles_dumps(path)
+        fmt = next((f for f in FORMATS.values() if f.is_dump(path)), None)
+        if fmt is not None:
+            dumps, dump_notes = fmt.find(path, refusals)
             if notes is not None:
                 notes.extend(dump_notes)
-            found.extend(SourceFile(p, step, "miles", session_version) for step, p in dumps.items())
+            found.extend(
+                SourceFile(p, step, fmt.name, session_version) for step, p in dumps.items()
+            )
             continue
-        if is_verl_dump(path):
-            dumps, dump_notes = find_verl_dumps(path)
-            if notes is not None:
-                notes.extend(dump_notes)
-            found.extend(SourceFile(p, step, "verl") for step, p in dumps.items())
-            continue
-        step = _step_of(path)
-        if _named_like_a_step(path):
-            passed.append(path)
-        elif not path.is_dir():
-            if not _table_name(path):
-                raise UsageError(
-                    f"input {path} is not a table (expected {', '.join(TABLE_SUFFIXES)})"
-                )
-            found.append(SourceFile(path, step))
-        elif step is not None:
-            found.extend(_step_folder_sources(path, step, passed, waiting, require_marker))
-        else:
-            children = sorted((p for p in path.iterdir() if not hidden(p)), key=str)
-            _check_one_name_per_step(children)
-            for child in children:
-                child_step = _step_of(child)
-                if child.is_dir() and child_step is not None:
-                    found += _step_folder_sources(
-                        child, child_step, passed, waiting, require_marker
-                    )
-                elif _named_like_a_step(child) and (child.is_dir() or _table_name(child)):
-                    passed.append(child)
-                elif _is_table(child) or (child_step is not None and _dangling(child)):
-                    found.append(SourceFile(child, child_step))
-                elif _look_alike(child) or (
-                    child.is_dir() and STEP_FOLDER_LOOK_ALIKE.match(child.name)
-                ):
-                    passed.append(child)
-                elif child.is_dir() and _holds_tables(child):
-                    passed.append(child)
+        try:
+            found += _table_sources(path, passed, waiting, require_marker, refusals)
+        except _OutOfRange as exc:
+            refusals.append(exc.violation)
+    if refusals and refused is None:
+        raise StepError(refusals)
+    if refused is not None:
+        refused.extend(refusals)
     if notes is not None:
         notes += [_skipped_note(path) for path in passed]
         notes += [
@@ -218,14 +207,67 @@ def find_sources(
     return found
 
 
+def _table_sources(
+    path: Path,
+    passed: list[Path],
+    waiting: list[Path],
+    require_marker: bool,
+    refusals: list[Violation],
+) -> list[SourceFile]:
+    """The table files of one input path; a child whose name carries a step beyond int64
+    is refused by name (`refusals`), its siblings still read."""
+    step = _step_of(path)
+    if _named_like_a_step(path):
+        passed.append(path)
+        return []
+    if not path.is_dir():
+        if not _table_name(path):
+            raise UsageError(f"input {path} is not a table (expected {', '.join(TABLE_SUFFIXES)})")
+        return [SourceFile(path, step)]
+    if step is not None:
+        return _step_folder_sources(path, step, passed, waiting, require_marker)
+    found: list[SourceFile] = []
+    children = sorted((p for p in path.iterdir() if not hidden(p)), key=str)
+    _check_one_name_per_step(children)
+    for child in children:
+        try:
+            child_step = _step_of(child)
+            if child.is_dir() and child_step is not None:
+                found += _step_folder_sources(child, child_step, passed, waiting, require_marker)
+            elif _named_like_a_step(child) and (child.is_dir() or _table_name(child)):
+                passed.append(child)
+            elif _is_table(child) or (child_step is not None and _dangling(child)):
+                found.append(SourceFile(child, child_step))
+            elif _look_alike(child) or (
+                child.is_dir() and STEP_FOLDER_LOOK_ALIKE.match(child.name)
+            ):
+                passed.append(child)
+            elif child.is_dir() and _holds_tables(child):
+                passed.append(child)
+            elif child.suffix in _dump_suffixes():
+                passed.append(child)  # a dump beside tables: named, never read as a table
+        except _OutOfRange as exc:
+            refusals.append(exc.violation)
+    return found
+
+
 def _holds_tables(folder: Path) -> bool:
     """Whether a folder that is no step folder holds files named like tables, which a
     user may believe are read."""
     return any(_is_table(p) or _look_alike(p) for p in _walk(folder))
 
 
+def _dump_suffixes() -> set[str]:
+    return {suffix for fmt in FORMATS.values() for suffix in fmt.suffixes}
+
+
 def _skipped_note(path: Path) -> str:
-    if path.is_dir() and not STEP_FOLDER_LOOK_ALIKE.match(path.name):
+    if path.suffix in _dump_suffixes():
+        why = (
+            "named like a trainer's dump, in a folder of tables: not read (give the dumps' "
+            "folder as an input of its own)"
+        )
+    elif path.is_dir() and not STEP_FOLDER_LOOK_ALIKE.match(path.name):
         why = "a folder that is not a step folder (step=<N>): the tables under it are not read"
     elif path.is_dir():
         why = "a folder named like a step but not step=<N> exactly (lower case, ASCII digits)"

@@ -20,9 +20,9 @@ from pipeline.errors import StepError, Violation, first_line
 from pipeline.io.arrow_types import panics_kept_off_stderr, unsupported_in
 from pipeline.io.conform import cast_column, index_leaf_pairs, value_text
 from pipeline.io.discovery import TABLE_SUFFIXES, SourceFile
+from pipeline.io.formats import FORMATS, read_dump
 from pipeline.io.ipc import read_ipc
 from pipeline.io.jsonl import JsonLinesError, read_jsonl
-from pipeline.io.miles_dump import read_miles_dump
 from pipeline.io.parquet import Mapper, read_parquet
 from pipeline.io.step_files import LoadedStep, StepFiles
 from pipeline.speed import (
@@ -182,16 +182,12 @@ def read_table(path: Path, step: int | None = None) -> pl.DataFrame:
 
 
 def _read_dump(source: SourceFile, step: int | None) -> ReadFile:
-    """A miles dump, hashed before it is parsed; a dump that changed in between (another
-    inode, size, or modification) fails the step rather than vouch for other bytes."""
+    """A trainer's dump (`pipeline.io.formats`), hashed before it is parsed; a dump that
+    changed in between (another inode, size, or modification) fails the step rather than
+    vouch for other bytes."""
     data, before = _read_bytes(source.path, step)
-    if source.kind == "verl":
-        from pipeline.io.verl_dump import read_verl_dump  # numpy: only for verl's dumps
-
-        assert source.step is not None, "a verl dump's step comes from its path"
-        frame = read_verl_dump(source.path, source.step)
-    else:
-        frame = read_miles_dump(source.path, source.session_version)
+    options = {"session_version": source.session_version}
+    frame = read_dump(FORMATS[source.kind], source.path, source.step, **options)
     _check_unchanged(source.path, before, step)
     return ReadFile(frame, hashlib.sha256(data).hexdigest(), before.st_size)
 
@@ -199,7 +195,7 @@ def _read_dump(source: SourceFile, step: int | None) -> ReadFile:
 def read_source(
     source: SourceFile, step: int | None = None, early: EarlyDigest | None = None
 ) -> ReadFile:
-    if source.kind in ("miles", "verl"):
+    if source.kind in FORMATS:
         return _read_dump(source, step)
     return read_file(source.path, step, early)
 

@@ -1,5 +1,6 @@
-"""miles dumps are read without torch (`pipeline.io.dump_pickle`): a stdlib zip + restricted-pickle
-reader, checked against real `torch.save` files and `torch.load(weights_only=True)`."""
+"""miles dumps are read without torch (`pipeline.io.formats.unpickle`): a stdlib zip +
+restricted-pickle reader, checked against real `torch.save` files and
+`torch.load(weights_only=True)`."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import pytest
 import torch
 
 from pipeline.errors import StepError
-from pipeline.io.dump_pickle import load_payload as _load_payload
-from pipeline.io.miles_dump import read_miles_dump
+from pipeline.io.formats.miles import read_miles_dump
+from pipeline.io.formats.unpickle import read_torch_save as _load_payload
 from tests.core.test_cli import REPO, digests
 from tests.core.test_miles_dump import sample_dict, write_dump
 

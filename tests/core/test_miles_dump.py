@@ -18,7 +18,7 @@ import torch
 
 from pipeline import columns as c
 from pipeline.errors import StepError, UsageError
-from pipeline.io.miles_dump import find_miles_dumps, is_miles_dump, read_miles_dump
+from pipeline.io.formats.miles import find_miles_dumps, is_miles_dump, read_miles_dump
 
 TRIM_METADATA = {"dynamic_global_batch_size": 4}
 

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.errors import StepError, UsageError
-from pipeline.io.miles_dump import read_miles_dump
+from pipeline.io.formats.miles import read_miles_dump
 from pipeline.settings import load_settings
 from pipeline.trainers.miles.flags import parse_layer_pattern
 from tests.conftest import build, sample, write_step

@@ -1,6 +1,6 @@
 """slime's own rollout dumps as input (`save_debug_rollout_data`: `torch.save({"rollout_id",
 "samples": [Sample.to_dict()]})`, written here by slime's own function): read without torch
-and without running code (`pipeline.io.miles_dump`, the same restricted reader as miles'
+and without running code (`pipeline.io.formats.miles`, the same restricted reader as miles'
 dumps), built with `--trainer slime`, each rank read back equals what slime's trainer holds
 when its rollout manager loads the same dump (`--load-debug-rollout-data`)."""
 
@@ -55,7 +55,7 @@ def test_slime_dump_reads_without_torch(slime: Any, tmp_path: Path) -> None:
     ss.save_dump(slime, copy.deepcopy(rows), dump, step=1)
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "from pipeline.io.miles_dump import read_miles_dump\n"
+        "from pipeline.io.formats.miles import read_miles_dump\n"
         f"frame = read_miles_dump({str(dump)!r})\n"
         "print(frame.height, sorted(frame.columns))\n"
     )

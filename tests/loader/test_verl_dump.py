@@ -1,4 +1,4 @@
-"""verl's own dumps as input (pipeline/io/verl_dump.py): the DataProto verl 0.9.1's agent
+"""verl's own dumps as input (pipeline/io/formats/verl.py): the DataProto verl 0.9.1's agent
 loop returns for a step, written by its `save_to_disk` where the rollout skip manager keeps
 it (`<dump folder>/<step>/gen_batch.dp` and `meta.json`), read without running code and
 built with `--trainer verl`, gives every rank the chunk verl's trainer hands it; a pickle
@@ -6,7 +6,6 @@ asking for anything else is refused before anything of it runs."""
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 from pathlib import Path
@@ -18,50 +17,11 @@ from rollout_shards_loader.verl import read_rank
 
 from pipeline.errors import StepError
 from pipeline.io.discovery import find_sources
-from pipeline.io.verl_dump import read_verl_dump
+from pipeline.io.formats.verl import read_verl_dump
 from tests.conftest import build
 from tests.loader.test_verl_read_rank import assert_same
-from tests.loader.verl_support import case_rows, rollout_batch, trainer_ranks, verl_modules
-
-SETTINGS: dict[str, Any] = {
-    "trainer": "verl",
-    "dp_size": 2,
-    "rollout_n": 4,
-    "train_batch_size": 3,
-    "max_prompt_length": 6,
-    "max_response_length": 7,
-    "pad_token_id": 151643,
-    "balance_batch": True,
-    "norm_adv_by_std_in_grpo": True,
-}
-
-
-def dump_rows(log_probs: bool = True) -> list[dict[str, Any]]:
-    """A step as verl generates it: each group's rows share their prompt; groups numbered in
-    order of appearance (a dump's uids become that order); float32 rewards."""
-    rows = case_rows(groups=3, n=4, seed=11, log_probs=log_probs)
-    for g in range(3):
-        first = rows[4 * g]
-        prompt = first["tokens"][: len(first["tokens"]) - first["response_length"]]
-        for row in rows[4 * g : 4 * g + 4]:
-            row["group_index"] = g
-            row["tokens"] = prompt + row["tokens"][len(row["tokens"]) - row["response_length"] :]
-            row["reward"] = float(np.float32(row["reward"]))
-    return rows
-
-
-def write_dump(folder: Path, rows: list[dict[str, Any]], step: int, uid: bool) -> Path:
-    """verl's agent-loop output for `rows`, saved by `DataProto.save_to_disk` as the rollout
-    skip manager saves it."""
-    gen = rollout_batch(verl_modules(), rows, SETTINGS)
-    if uid:  # the trainer's uids ride along without a reward loop
-        uids = [f"uuid-{row['group_index']}-x" for row in rows]
-        gen.non_tensor_batch["uid"] = np.array(uids, dtype=object)
-    step_dir = folder / "GBS3_N4_in6_out7" / str(step)
-    step_dir.mkdir(parents=True)
-    gen.save_to_disk(step_dir / "gen_batch.dp")
-    (step_dir / "meta.json").write_text(json.dumps({"global_steps": step}))
-    return folder / "GBS3_N4_in6_out7"
+from tests.loader.verl_support import DUMP_SETTINGS as SETTINGS
+from tests.loader.verl_support import dump_rows, trainer_ranks, write_dump
 
 
 @pytest.mark.parametrize(("uid", "log_probs"), [(True, True), (False, False)])

@@ -27,9 +27,13 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.metadata
+import json
 import sys
 import types
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tests.loader.miles_support import _StubLoader, _StubModule
 
@@ -276,3 +280,50 @@ def case_rows(
                 row["rollout_log_probs"] = [-rng.random() * 4 for _ in range(length)]
             rows.append(row)
     return rows
+
+
+# --- verl's own dumps (`DataProto.save_to_disk`, the rollout skip manager's layout) -----
+
+DUMP_SETTINGS: dict[str, Any] = {
+    "trainer": "verl",
+    "dp_size": 2,
+    "rollout_n": 4,
+    "train_batch_size": 3,
+    "max_prompt_length": 6,
+    "max_response_length": 7,
+    "pad_token_id": 151643,
+    "balance_batch": True,
+    "norm_adv_by_std_in_grpo": True,
+}
+
+
+def dump_rows(log_probs: bool = True) -> list[dict[str, Any]]:
+    """A step as verl generates it: each group's rows share their prompt; groups numbered in
+    order of appearance (a dump's uids become that order); float32 rewards."""
+    rows = case_rows(groups=3, n=4, seed=11, log_probs=log_probs)
+    for g in range(3):
+        first = rows[4 * g]
+        prompt = first["tokens"][: len(first["tokens"]) - first["response_length"]]
+        for row in rows[4 * g : 4 * g + 4]:
+            row["group_index"] = g
+            row["tokens"] = prompt + row["tokens"][len(row["tokens"]) - row["response_length"] :]
+            row["reward"] = float(np.float32(row["reward"]))
+    return rows
+
+
+def write_dump(
+    folder: Path, rows: list[dict[str, Any]], step: int, uid: bool, edit: Any = None
+) -> Path:
+    """verl's agent-loop output for `rows`, saved by `DataProto.save_to_disk` as the rollout
+    skip manager saves it."""
+    gen = rollout_batch(verl_modules(), rows, DUMP_SETTINGS)
+    if uid:  # the trainer's uids ride along without a reward loop
+        uids = [f"uuid-{row['group_index']}-x" for row in rows]
+        gen.non_tensor_batch["uid"] = np.array(uids, dtype=object)
+    if edit is not None:  # a test's change to the DataProto before it is saved
+        gen = edit(gen) or gen
+    step_dir = folder / "GBS3_N4_in6_out7" / str(step)
+    step_dir.mkdir(parents=True)
+    gen.save_to_disk(step_dir / "gen_batch.dp")
+    (step_dir / "meta.json").write_text(json.dumps({"global_steps": step}))
+    return folder / "GBS3_N4_in6_out7"

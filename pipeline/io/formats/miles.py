@@ -3,9 +3,11 @@
 miles writes each file with `torch.save(dict(rollout_id=<step>, metadata=<trim metadata>,
 samples=[Sample.to_dict(), ...]))` (radixark/miles `miles/ray/rollout/debug_data.py`,
 `save_debug_rollout_data`; slime writes the same minus `metadata`). Finding the files is
-`pipeline.io.dump_files`; unpickling them safely is `pipeline.io.dump_pickle`; this module
-maps the samples to columns, each of the type the column table (`pipeline.columns`) gives
-it, through `pipeline.io.dump_values`, which checks the unpickled values on the way.
+`names`; unpickling them safely is `unpickle`; the payload is checked against `DECLARED`
+(`declared.check`: a `samples` list of dicts, at least one; a `rollout_id` in int64), and
+this module maps the samples to columns, each of the type the column table
+(`pipeline.columns`) gives it, through `values`, which checks each value on the way. What
+goes wrong is one line through the frame every format shares (`frame.read_dump`).
 
 The session version is not stored. v2 leaves carry `metadata["leaf"]` (a descriptor
 `{node_id, parent, path_node_ids, response_id}`, miles `session/v2/assembly.py`); the
@@ -24,12 +26,14 @@ from typing import Any
 import polars as pl
 
 from pipeline import columns as c
-from pipeline.errors import StepError, UsageError, step_error
-from pipeline.io.dump_files import find_miles_dumps, is_miles_dump, named_step
-from pipeline.io.dump_pickle import VALUES_PER_BYTE, Budget, TooBig, load_payload
-from pipeline.io.dump_values import (
+from pipeline.errors import UsageError, Violation, step_error
+from pipeline.io.formats import declared as d
+from pipeline.io.formats.declared import Malformed
+from pipeline.io.formats.frame import DumpFormat, read_dump
+from pipeline.io.formats.names import DUMP_SUFFIX, find_miles_dumps, is_miles_dump, named_step
+from pipeline.io.formats.unpickle import VALUES_PER_BYTE, Budget, read_torch_save
+from pipeline.io.formats.values import (
     LISTS,
-    Malformed,
     Plain,
     Sizes,
     column_series,
@@ -39,7 +43,13 @@ from pipeline.io.dump_values import (
     preview,
 )
 
-__all__ = ["find_miles_dumps", "is_miles_dump", "read_miles_dump"]
+__all__ = ["FORMAT", "find_miles_dumps", "is_miles_dump", "read_miles_dump"]
+
+WHAT = "a miles or slime rollout dump"
+DECLARED: d.Declared = {
+    "rollout_id": d.StepNumber(required=False),
+    "samples": d.Rows(dict),
+}
 
 V1_SESSION_KEYS = ("accumulated_token_ids", "max_trim_tokens", "tito_session_mismatch")
 LEAF_KEY = "leaf"
@@ -145,30 +155,59 @@ def _reward_values(rewards: list[Any], path: Path, plain: Plain) -> tuple[list[A
     return values, pl.Struct(dict.fromkeys(numeric, TYPES[c.REWARD]))
 
 
-def _payload_step(payload: dict[str, Any], path: Path) -> int:
-    named = named_step(path)
+def _payload_step(payload: dict[str, Any], path: Path, named: int | None) -> int:
     raw = plain_value(payload.get("rollout_id"))
     if raw is None:
         if named is None:
-            raise step_error(
-                "malformed_dump", f"{path}: no rollout_id in the dump and no step in its name"
-            )
+            raise Malformed("no rollout_id in the dump and no step in its name")
         return named
-    if isinstance(raw, bool) or not isinstance(raw, int):
-        raise step_error(
-            "malformed_dump", f"{path}: rollout_id {preview(raw)} is not a step number"
-        )
     if named is not None and named != raw:
         raise step_error(
             "step_mismatch",
             f"{path}: the file is named for step {named} but holds rollout_id {raw}",
             step=raw,
         )
-    return raw
+    return int(raw)
 
 
 def _field(samples: Iterable[dict[str, Any]], key: str, plain: Plain) -> list[Any]:
     return [plain(sample.get(key)) for sample in samples]
+
+
+class MilesFormat(DumpFormat):
+    """miles' and slime's `save_debug_rollout_data` dumps."""
+
+    name = "miles"
+    suffixes = (DUMP_SUFFIX,)
+    what = WHAT
+    holds = "plain values, tensors and numeric numpy arrays"
+
+    def is_dump(self, path: Path) -> bool:
+        return is_miles_dump(path)
+
+    def find(
+        self, path: Path, refused: list[Violation] | None = None
+    ) -> tuple[dict[int, Path], list[str]]:
+        return find_miles_dumps(path, refused)
+
+    def unpickle(self, path: Path) -> Any:
+        return read_torch_save(path)
+
+    def step_of(self, payload: Any, path: Path, step: int | None) -> int | None:
+        d.check(payload, {}, WHAT)  # a dict
+        rollout_id = plain_value(payload.get("rollout_id"))  # a 0-d tensor is a number too
+        d.check({"rollout_id": rollout_id}, {"rollout_id": DECLARED["rollout_id"]}, WHAT)
+        return _payload_step(payload, path, step)
+
+    def rows(
+        self, payload: Any, path: Path, step: int | None, options: dict[str, Any]
+    ) -> pl.DataFrame:
+        assert step is not None, "step_of gives every dump a step"
+        d.check(payload, DECLARED, WHAT)
+        return _samples_frame(payload["samples"], step, path, options.get("session_version"))
+
+
+FORMAT = MilesFormat()
 
 
 def read_miles_dump(path: Path, session_version: str | None = None) -> pl.DataFrame:
@@ -181,32 +220,7 @@ def read_miles_dump(path: Path, session_version: str | None = None) -> pl.DataFr
     if session_version not in (None, "v1", "v2"):
         raise UsageError(f"session_version must be v1 or v2, not {session_version!r}")
     path = Path(path)
-    payload = load_payload(path)
-    if not isinstance(payload, dict) or not isinstance(payload.get("samples"), list):
-        raise step_error(
-            "malformed_dump", f"{path}: expected a dict with a 'samples' list (a miles dump)"
-        )
-    step = _payload_step(payload, path)
-    samples: list[dict[str, Any]] = payload["samples"]
-    for position, sample in enumerate(samples):
-        if not isinstance(sample, dict):
-            raise step_error(
-                "malformed_dump",
-                f"{path}: sample {position} is a {type(sample).__name__}, not a dict",
-                step=step,
-            )
-    try:
-        return _samples_frame(samples, step, path, session_version)
-    except StepError as error:
-        for violation in error.violations:
-            violation.step = step
-        raise
-    except TooBig as exc:
-        raise step_error("malformed_dump", f"{path}: {exc}", step=step) from None
-    except RecursionError:
-        raise step_error(
-            "malformed_dump", f"{path}: a sample holds a value nested too deeply", step=step
-        ) from None
+    return read_dump(FORMAT, path, named_step(path), session_version=session_version)
 
 
 def _samples_frame(

@@ -19,7 +19,8 @@ from typing import Any
 import polars as pl
 
 from pipeline.errors import StepError, step_error
-from pipeline.io.dump_pickle import Budget, first_sentence
+from pipeline.io.formats.declared import Malformed
+from pipeline.io.formats.unpickle import Budget, first_sentence
 
 _NONE = type(None)
 LISTS = (list, tuple)
@@ -32,10 +33,6 @@ _PREVIEW.maxlevel = 3
 _PREVIEW.maxlist = _PREVIEW.maxtuple = 8
 _PREVIEW.maxdict = _PREVIEW.maxset = _PREVIEW.maxfrozenset = 4
 _PREVIEW.maxstring = _PREVIEW.maxother = 60
-
-
-class Malformed(Exception):
-    """A sample's field that cannot become its column."""
 
 
 def preview(value: Any) -> str:

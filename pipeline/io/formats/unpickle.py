@@ -7,7 +7,8 @@ Loading never runs code from the file and does not need torch: the archive is op
 the archive's storages; numeric numpy arrays and scalars, since routing-replay dumps carry
 `rollout_routed_experts` as int32 arrays; `OrderedDict`, read as a dict; plain builtins).
 Anything else is refused. torch is not used even when installed, so shards do not depend
-on it.
+on it. Every format's reader (`pipeline.io.formats`) builds on this one; what it raises
+becomes one line in `frame.read_dump`.
 
 What a file may make the reader allocate is bounded by the file's own size
 (`ARRAYS_PER_BYTE`, `FLOOR`): a few bytes of pickle can otherwise ask for an array of
@@ -27,9 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.errors import StepError, step_error
-
-# A dump may build at most ARRAYS_PER_BYTE bytes of arrays and, in `pipeline.io.dump_values`,
+# A dump may build at most ARRAYS_PER_BYTE bytes of arrays and, in `formats.values`,
 # VALUES_PER_BYTE column values per byte of its file, and at least FLOOR of either. A
 # bfloat16 storage is read (2 bytes an element), widened to float32 (4) and copied out as a
 # tensor (4): 5 per byte of file, the most a real dump needs.
@@ -386,41 +385,6 @@ def read_torch_save(path: Path) -> Any:
         if type(value) is int and value == _LEGACY_MAGIC:
             raise Unreadable(LEGACY_FORMAT)
     raise Unreadable("a plain pickle, not a torch.save file")
-
-
-def load_payload(path: Path) -> Any:
-    """The unpickled dump. Never runs code from the file: only allowlisted names are looked
-    up (see `DumpUnpickler`), and torch is not needed, so shards do not depend on it."""
-    try:
-        return read_torch_save(path)
-    except Refused as refused:
-        raise step_error(
-            "unsafe_pickle",
-            f"{path}: refused to unpickle: it needs {refused.name}; a miles dump holds only "
-            "plain values, tensors and numeric numpy arrays, and loading anything else "
-            "could run code from the file",
-        ) from None
-    except Unreadable as exc:
-        raise step_error(
-            "unreadable_file", f"{path}: not a readable torch.save file: {exc}"
-        ) from None
-    except TooBig as exc:
-        raise step_error("malformed_dump", f"{path}: {exc}") from None
-    except MemoryError:
-        # The pickle declared a length no file of this size holds.
-        raise step_error(
-            "malformed_dump",
-            f"{path}: asks for more memory than a dump of {path.stat().st_size:,} bytes holds",
-        ) from None
-    except Exception as exc:  # a damaged file fails in many ways
-        raise unreadable(path, exc) from None
-
-
-def unreadable(path: Path, exc: BaseException) -> StepError:
-    return step_error(
-        "unreadable_file",
-        f"{path}: not a readable torch.save file, truncated or corrupt? ({first_sentence(exc)})",
-    )
 
 
 def first_sentence(exc: BaseException) -> str:
