@@ -14,8 +14,9 @@ from typing import Any, NamedTuple, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rollout_shards_loader._consistent import check_rows
 from rollout_shards_loader._folder import MANIFEST, Replaced, open_folder, rank_name
-from rollout_shards_loader._manifest import ATTEMPTS, load_manifest
+from rollout_shards_loader._manifest import ATTEMPTS, load_manifest, trainer_of
 from rollout_shards_loader._verify import DIGESTED, Checks, open_other_file, open_own_file
 
 T = TypeVar("T")
@@ -125,6 +126,8 @@ def read_once(
                         )
                         handles.append(handle)
                 ordered = [files[r] for r in range(step_dp)]
+                # the one verification every trainer's conversion starts from
+                check_rows(path, manifest, rank, own, parts, trainer_of(manifest))
                 data = convert(RankFiles(path, manifest, ordered, parts, own))
             except Exception:
                 checks.wait()  # a file that is not the manifest's is the error to report
