@@ -43,10 +43,14 @@ def check_layout(manifest: dict[str, Any], path: Path, trainer: str) -> None:
     counts = manifest["counts"]
     written = sum(o["rows"] for o in ranks)
     if written != counts["written"]:
-        raise _refuse(path, f"the rank files hold {written} rows, `counts.written` says {counts['written']}")
+        raise _refuse(
+            path, f"the rank files hold {written} rows, `counts.written` says {counts['written']}"
+        )
     dropped = len(manifest.get("dropped_positions", []))
     if dropped != counts["dropped"]:
-        raise _refuse(path, f"{dropped} `dropped_positions`, `counts.dropped` says {counts['dropped']}")
+        raise _refuse(
+            path, f"{dropped} `dropped_positions`, `counts.dropped` says {counts['dropped']}"
+        )
     steps = manifest.get("num_train_steps")
     for name in ("num_rollouts", "num_microbatches"):
         per_step = manifest.get(name)
@@ -62,6 +66,12 @@ def _verl_layout(manifest: dict[str, Any], path: Path, ranks: list[dict[str, Any
     rows = settings["train_batch_size"] * settings["rollout_n"]
     chunk = rows // settings["dp_size"]
     per_rank = [o["rows"] for o in ranks]
+    if manifest["global_batch_size"] != rows:
+        raise _refuse(
+            path,
+            f"`global_batch_size` is {manifest['global_batch_size']}, train_batch_size x "
+            f"rollout_n = {rows}",
+        )
     if rows % settings["dp_size"] or per_rank != [chunk] * settings["dp_size"]:
         raise _refuse(
             path,
@@ -70,11 +80,30 @@ def _verl_layout(manifest: dict[str, Any], path: Path, ranks: list[dict[str, Any
         )
 
 
+def _slime_layout(manifest: dict[str, Any], path: Path, ranks: list[dict[str, Any]]) -> None:
+    """slime trains `global_batch_size` rollouts in each of `num_train_steps` steps (its
+    `global_batch_sizes`), the configured size: no dynamic batch size."""
+    gbs, steps = manifest["global_batch_size"], manifest["num_train_steps"]
+    if gbs != manifest["settings"]["global_batch_size"]:
+        raise _refuse(
+            path,
+            f"`global_batch_size` is {gbs}, `settings.global_batch_size` "
+            f"{manifest['settings']['global_batch_size']}",
+        )
+    if manifest["num_rollouts"] != [gbs] * steps:
+        raise _refuse(
+            path,
+            f"`num_rollouts` is {manifest['num_rollouts']}, not {steps} train steps of "
+            f"global_batch_size={gbs}",
+        )
+
+
 def _nothing(manifest: dict[str, Any], path: Path, ranks: list[dict[str, Any]]) -> None:
     pass
 
 
 LAYOUTS: dict[str, Callable[[dict[str, Any], Path, list[dict[str, Any]]], None]] = {
+    "slime": _slime_layout,
     "verl": _verl_layout,
 }
 
@@ -103,7 +132,10 @@ def check_rows(
                     f"{where}: rows whose `{name}` is not {want}: not this step's rank {rank} file"
                 )
     _check_positions(folder, manifest, rank, table, parts)
-    WIDTHS.get(trainer, _no_widths)(folder / "manifest.json", manifest, table)
+    if trainer in WIDTHS:  # every rank's rows: one that does not fit is the step's widths'
+        tables = [table.select(list(WIDTH_COLUMNS[trainer]))]
+        tables += [parts[r].select(list(WIDTH_COLUMNS[trainer])) for r in sorted(parts)]
+        WIDTHS[trainer](folder / "manifest.json", manifest, pa.concat_tables(tables))
 
 
 def _check_positions(
@@ -116,7 +148,9 @@ def _check_positions(
     arrays = [np.asarray(manifest.get("dropped_positions", []), dtype=np.int64)]
     for column in columns:
         if column.null_count or not pa.types.is_integer(column.type):
-            raise _refuse(folder / "manifest.json", "a rank file's batch positions are not integers")
+            raise _refuse(
+                folder / "manifest.json", "a rank file's batch positions are not integers"
+            )
         arrays.append(scalar_array(column).astype(np.int64, copy=False))
     positions = np.concatenate(arrays)
     n = manifest["counts"]["written"] + manifest["counts"]["dropped"]
@@ -142,13 +176,9 @@ def _verl_widths(path: Path, manifest: dict[str, Any], table: pa.Table) -> None:
         if len(outside):
             raise _refuse(
                 path,
-                f"`settings.{name}` is {width} but a row of this rank is {int(outside[0])} "
+                f"`settings.{name}` is {width} but a row of the step is {int(outside[0])} "
                 "tokens long",
             )
-
-
-def _no_widths(path: Path, manifest: dict[str, Any], table: pa.Table) -> None:
-    pass
 
 
 WIDTH_COLUMNS: dict[str, tuple[str, ...]] = {"verl": (RESPONSE_LENGTHS, TOTAL_LENGTHS)}

@@ -96,7 +96,7 @@ def test_read_rank_without_torch_is_one_line(tmp_path: Path) -> None:
     )
     assert run.stdout == (
         "ImportError(\"rollout_shards_loader.slime.read_rank runs in slime's environment "
-        "(torch is not installed): install the loader where slime runs\")\n"
+        '(torch is not installed): install the loader where slime runs")\n'
     )
 
 
