@@ -33,7 +33,7 @@ from pipeline.settings import (
     setting_types,
     setting_values,
 )
-from pipeline.step import ROLLOUT_SAMPLES, TRAIN_BATCH
+from pipeline.step import ROLLOUT_SAMPLES, TRAIN_BATCH, refused
 from pipeline.step.build import (
     STAGE_NAMES,
     StepJob,
@@ -265,6 +265,9 @@ def _all_but_the_batch_size(values: dict[str, Any]) -> None:
 
 def run_validate(args: argparse.Namespace) -> int:
     _inputs_exist(args.inputs)
+    if all(refused.is_output_root(Path(raw)) for raw in args.inputs):
+        # an output root: its refused steps (the records builds left), whole
+        return 0 if all([refused.report_root("validate", Path(r)) for r in args.inputs]) else 1
     values = _setting_values(args)
     settings: Settings | RowSettings
     # miles' batch is checked once its global batch size is given; another trainer's
@@ -341,6 +344,8 @@ def run_metrics(args: argparse.Namespace) -> int:
         raise UsageError("metrics: give --tensorboard DIR, --jsonl FILE or both")
     jsonl = None if args.jsonl in (None, "-") else Path(args.jsonl)
     metrics_export.check_targets(args.tensorboard, jsonl)
+    for note in refused.refused_notes("metrics", Path(args.root)):
+        print(note, file=sys.stderr)
     steps = metrics_export.root_metrics(args.root)
     written = []
     if args.tensorboard is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -119,6 +120,15 @@ class Counts(_Record):
         return self.ingested == self.quarantined + self.trimmed + self.dropped + self.written
 
 
+def manifest_sha256(fields: dict[str, Any]) -> str:
+    """sha256 of a manifest's fields but `manifest_sha256` as JSON with sorted keys, no
+    spaces, ASCII only; the loader computes the same of the JSON it reads
+    (loader/rollout_shards_loader/_manifest.py)."""
+    fields = {k: v for k, v in fields.items() if k != "manifest_sha256"}
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 @dataclass
 class Manifest(_Record):
     """Everything a step folder records about how it was built; `outputs` is empty until
@@ -151,6 +161,15 @@ class Manifest(_Record):
     # loader's batch-wide `raw_reward` (miles keeps them there)
     dropped_positions: list[int] = field(default_factory=list)
     dropped_raw_reward: list[float | None] = field(default_factory=list)
+    # The seal of the fields above (`manifest_sha256`), set whenever the manifest is written:
+    # a reader (the loader) refuses a manifest edited after its build.
+    manifest_sha256: str | None = field(default=None, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("manifest_sha256")
+        data["manifest_sha256"] = manifest_sha256(data)
+        return data
 
     @property
     def dp_size(self) -> int:

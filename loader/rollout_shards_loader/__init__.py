@@ -8,13 +8,14 @@ trainer); `read_manifest(step_folder)` the step's manifest.
 from rollout_shards_loader._convert import Ragged
 from rollout_shards_loader._folder import ShardVerificationError
 from rollout_shards_loader._manifest import read_manifest
-from rollout_shards_loader._step import StepNotBuiltError, wait_for_step
+from rollout_shards_loader._step import StepNotBuiltError, StepRefusedError, wait_for_step
 from rollout_shards_loader.miles import read_rank
 
 __all__ = [
     "Ragged",
     "ShardVerificationError",
     "StepNotBuiltError",
+    "StepRefusedError",
     "read_manifest",
     "read_rank",
     "wait_for_step",

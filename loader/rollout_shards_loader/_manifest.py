@@ -1,15 +1,17 @@
 """A step's manifest as the loader reads it: one JSON object whose fields have the types
 the build writes (docs/contract.md, "The manifest"), checked field by field before any is
-used, and whose `step` is the folder's.
+used, sealed by its `manifest_sha256`, and whose `step` is the folder's.
 
 JSON types are taken strictly: `true` is not the integer 1, `"2"` is not 2, and a float
 field takes a JSON number (an integer or a float, never a boolean). A field the loader
 reads that has another type, or a required one that is missing, is one
-ShardVerificationError naming the manifest and the field.
+ShardVerificationError naming the manifest and the field; so is a manifest whose fields are
+not those its `manifest_sha256` seals (edited after its build).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rollout_shards_loader._consistent import check_layout
 from rollout_shards_loader._folder import (
     MANIFEST,
     Folder,
@@ -57,16 +60,22 @@ def _or_null(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
 
 
 INTEGER: Check = (_is_int, "an integer")
+COUNT: Check = (lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+POSITIVE: Check = (lambda v: _is_int(v) and v >= 1, "an integer >= 1")
 TEXT: Check = (_is_text, "a string")
 INTEGERS: Check = (_list_of(_is_int), "a list of integers")
 # The fields the loader reads: required ones, then those a manifest may lack (written
 # before they existed), each with its type.
+OBJECT: Check = (lambda v: type(v) is dict, "an object")
 REQUIRED: dict[str, Check] = {
     "step": INTEGER,
-    "settings": (lambda v: type(v) is dict, "an object"),
+    "settings": OBJECT,
     "outputs": (lambda v: type(v) is list, "a list"),
+    "counts": OBJECT,
 }
 OPTIONAL: dict[str, Check] = {
+    "manifest_sha256": TEXT,
+    "num_train_steps": COUNT,
     "dynamic_global_batch_size": (_or_null(_is_int), "an integer or null"),
     "num_microbatches": (_or_null(_list_of(_is_int)), "a list of integers or null"),
     "num_rollouts": INTEGERS,
@@ -74,19 +83,33 @@ OPTIONAL: dict[str, Check] = {
     "dropped_positions": INTEGERS,
     "dropped_raw_reward": (_list_of(_is_number, null_items=True), "a list of numbers or nulls"),
 }
+COUNTS: dict[str, Check] = {"written": COUNT, "dropped": COUNT}
 # The settings each trainer's reader takes from the manifest (a manifest records the
-# chosen trainer's settings; one without `trainer` is miles').
+# chosen trainer's settings; one without `trainer` is miles'), and the other fields it
+# needs. A new trainer's reader adds its line to each.
 SETTINGS: dict[str, dict[str, Check]] = {
-    "miles": {"dp_size": INTEGER, "global_batch_size": INTEGER},
-    "slime": {"dp_size": INTEGER, "global_batch_size": INTEGER},
+    "miles": {"dp_size": POSITIVE, "global_batch_size": POSITIVE},
+    "slime": {"dp_size": POSITIVE, "global_batch_size": POSITIVE},
     "verl": {
-        "dp_size": INTEGER,
-        "max_prompt_length": INTEGER,
-        "max_response_length": INTEGER,
+        "dp_size": POSITIVE,
+        "max_prompt_length": POSITIVE,
+        "max_response_length": POSITIVE,
         "pad_token_id": INTEGER,
+        "rollout_n": POSITIVE,
+        "train_batch_size": POSITIVE,
     },
 }
-OUTPUT: dict[str, Check] = {"path": TEXT, "sha256": TEXT, "rows": INTEGER}
+FIELDS: dict[str, dict[str, Check]] = {
+    "miles": {},
+    "slime": {
+        "global_batch_size": POSITIVE,
+        "num_train_steps": COUNT,
+        "num_rollouts": INTEGERS,
+        "num_microbatches": INTEGERS,
+    },
+    "verl": {"global_batch_size": POSITIVE},
+}
+OUTPUT: dict[str, Check] = {"path": TEXT, "sha256": TEXT, "rows": COUNT}
 OUTPUT_OPTIONAL: dict[str, Check] = {"raw_reward_sha256": (_or_null(_is_text), "a string or null")}
 
 
@@ -122,7 +145,16 @@ def load_manifest(folder: Folder, trainer: str | None = None) -> dict[str, Any]:
         raise ShardVerificationError(f"{path}: not a JSON manifest") from None
     check_fields(manifest, path, trainer)
     _check_step(folder.path, manifest)
+    check_layout(manifest, path, trainer_of(manifest))
     return manifest
+
+
+def manifest_sha256(manifest: dict[str, Any]) -> str:
+    """The digest that seals a manifest: sha256 of its JSON without `manifest_sha256`, keys
+    sorted, no spaces, ASCII (pipeline/manifest.py computes it when it writes one)."""
+    fields = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def check_fields(manifest: Any, path: Path, expected: str | None = None) -> None:
@@ -132,22 +164,31 @@ def check_fields(manifest: Any, path: Path, expected: str | None = None) -> None
         raise ShardVerificationError(f"{path}: not a rollout-shards manifest (not an object)")
     _check(manifest, REQUIRED, OPTIONAL, "", path)
     _check(manifest["settings"], {}, {"trainer": TEXT}, "settings.", path)
+    _check(manifest["counts"], COUNTS, {}, "counts.", path)
     trainer = trainer_of(manifest)
     if trainer not in SETTINGS:
         raise ShardVerificationError(
             f"{path}: built for the {trainer!r} trainer, which this loader does not read "
             f"(it reads {', '.join(SETTINGS)})"
         )
+    _check(manifest["settings"], SETTINGS[trainer], {}, "settings.", path)
+    _check(manifest, FIELDS[trainer], {}, "", path)
+    for i, output in enumerate(manifest["outputs"]):
+        if type(output) is not dict:
+            raise _wrong_type(path, f"outputs[{i}]", output, "an object")
+        _check(output, OUTPUT, OUTPUT_OPTIONAL, f"outputs[{i}].", path)
+    sealed = manifest.get("manifest_sha256")
+    if sealed is not None and sealed != manifest_sha256(manifest):
+        raise ShardVerificationError(
+            f"{path}: its fields are not those its build wrote (they do not give its "
+            f"manifest_sha256 {sealed[:12]}...): the manifest was edited after the build; "
+            "rebuild the step (rollout-shards build ... --force)"
+        )
     if expected is not None and trainer != expected:
         raise ValueError(
             f"{path}: built for the {trainer} trainer (--trainer {trainer}), not {expected}: "
             f"read its ranks with rollout_shards_loader.{trainer}.read_rank"
         )
-    _check(manifest["settings"], SETTINGS[trainer], {}, "settings.", path)
-    for i, output in enumerate(manifest["outputs"]):
-        if type(output) is not dict:
-            raise _wrong_type(path, f"outputs[{i}]", output, "an object")
-        _check(output, OUTPUT, OUTPUT_OPTIONAL, f"outputs[{i}].", path)
     dropped = len(manifest.get("dropped_positions", []))
     if len(manifest.get("dropped_raw_reward", [])) != dropped:
         raise ShardVerificationError(

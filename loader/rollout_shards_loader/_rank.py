@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rollout_shards_loader._convert import scalar_array
-from rollout_shards_loader._folder import ShardVerificationError
 from rollout_shards_loader._verify import BATCH_POSITION, RAW_REWARD
 
 
@@ -47,8 +46,7 @@ def batch_raw_reward(
         part = table if other == rank else parts[other]
         positions.append(scalar_array(part.column(BATCH_POSITION)).astype(np.int64))
         columns.append(part.column(RAW_REWARD))
-    flat_positions = np.concatenate(positions)
-    check_positions(flat_positions, manifest)
+    flat_positions = np.concatenate(positions)  # each of 0..n-1 once (`check_rows`)
     dropped = list(manifest.get("dropped_raw_reward", []))
     if as_numpy or not any(c.null_count for c in columns):
         arrays = [scalar_array(c) for c in columns]
@@ -63,18 +61,6 @@ def batch_raw_reward(
         (v for chunk in chunks for v in chunk), dtype=object, count=len(flat_positions)
     )
     return batch.tolist()
-
-
-def check_positions(positions: np.ndarray, manifest: dict[str, Any]) -> None:
-    """The rank files' and the dropped rows' batch positions are each of 0..n-1 once, so
-    every value of the batch-wide `raw_reward` is set exactly once."""
-    n = len(positions)
-    inside = bool(((positions >= 0) & (positions < n)).all())
-    if not inside or np.bincount(positions, minlength=n).max(initial=1) != 1:
-        raise ShardVerificationError(
-            f"step {manifest['step']}: the rank files' batch positions and the manifest's "
-            f"`dropped_positions` are not each of 0..{n - 1} once"
-        )
 
 
 def micro_batch_indices(table: pa.Table) -> list[list[int]]:

@@ -5,6 +5,7 @@ a rebuild replaces the folder. Also the wait for a step that is not built yet.""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -14,8 +15,9 @@ from typing import Any, NamedTuple, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rollout_shards_loader._consistent import check_rows
 from rollout_shards_loader._folder import MANIFEST, Replaced, open_folder, rank_name
-from rollout_shards_loader._manifest import ATTEMPTS, load_manifest
+from rollout_shards_loader._manifest import ATTEMPTS, load_manifest, trainer_of
 from rollout_shards_loader._verify import DIGESTED, Checks, open_other_file, open_own_file
 
 T = TypeVar("T")
@@ -35,17 +37,54 @@ class RankFiles(NamedTuple):
     own: pa.Buffer
 
 
+# Where a build that refused a step leaves why (pipeline/step/refused.py writes it).
+REFUSED_FOLDER = "_refused"
+
+
 class StepNotBuiltError(TimeoutError):
     """A step the trainer asked for has no manifest after the wait: nothing built it."""
+
+
+class StepRefusedError(RuntimeError):
+    """The build of a step the trainer asked for refused it (its data broke a rule, or its
+    settings could not be met): it will not come until its input or settings are fixed."""
+
+
+def refusal(step_folder: Path) -> StepRefusedError | None:
+    """The error of a refused step (its record under `<root>/_refused/`), or None."""
+    record_path = step_folder.parent / REFUSED_FOLDER / f"{step_folder.name}.json"
+    try:
+        text = record_path.read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as error:
+        text = f'{{"lines": ["its record cannot be read: {error.strerror}"]}}'
+    try:
+        record = json.loads(text)
+        lines = [str(line) for line in record["lines"]]
+        when = f" at {record['refused_at']}" if "refused_at" in record else ""
+    except (ValueError, KeyError, TypeError):
+        lines, when = ["its record cannot be read"], ""
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    first = " ".join(lines[0].split()) if lines else "no rule named"
+    return StepRefusedError(
+        f"{step_folder}: the step was refused by its build{when}: {first}{more}; "
+        f"`rollout-shards validate {step_folder.parent}` shows it all ({record_path}); fix "
+        "the step's input or settings and build it again"
+    )
 
 
 def wait_for_step(step_folder: str | Path, timeout_s: float) -> None:
     """Return once `step_folder` has its manifest (the build's last write), waiting up to
     `timeout_s` seconds; then StepNotBuiltError, one line naming the command that builds
-    the step."""
+    the step. A step whose build refused it (`<root>/_refused/step=<N>.json`) fails at
+    once with StepRefusedError: the refusal's first line and the command that shows it."""
     step_folder = Path(step_folder)
     deadline = time.monotonic() + timeout_s
     while not os.path.isfile(step_folder / MANIFEST):
+        refused = refusal(step_folder)
+        if refused is not None:
+            raise refused
         if time.monotonic() >= deadline:
             raise StepNotBuiltError(
                 f"{step_folder}: the step is not built (no {MANIFEST} after waiting "
@@ -75,6 +114,11 @@ def read_rank_files(
             return read_once(
                 folder, rank, dp_size, global_batch_size, verify, convert, trainer, other_columns
             )
+        except FileNotFoundError:
+            refused = refusal(folder)  # no step, or none complete: was it refused?
+            if refused is not None and not os.path.isfile(folder / MANIFEST):
+                raise refused from None
+            raise
         except Replaced:
             time.sleep(0.002 * (attempt + 1))
     raise RuntimeError(
@@ -125,6 +169,8 @@ def read_once(
                         )
                         handles.append(handle)
                 ordered = [files[r] for r in range(step_dp)]
+                # the one verification every trainer's conversion starts from
+                check_rows(path, manifest, rank, own, parts, trainer_of(manifest))
                 data = convert(RankFiles(path, manifest, ordered, parts, own))
             except Exception:
                 checks.wait()  # a file that is not the manifest's is the error to report

@@ -144,8 +144,7 @@ def open_own_file(
         if verify and _VERIFIED.get(key) != record["sha256"]:
             checks.submit(keep, path, record["sha256"], key)
         parquet = pq.ParquetFile(pa.BufferReader(keep))
-        if verify:
-            _check_rows(parquet, record, path)
+        _check_rows(parquet, record, path)
     except BaseException:
         handle.close()
         raise
@@ -181,8 +180,7 @@ def open_other_file(
     try:
         try:
             parquet = pq.ParquetFile(handle)
-            if verify:
-                _check_rows(parquet, record, path)
+            _check_rows(parquet, record, path)
             part = parquet.read(columns=list(columns))
         except ShardVerificationError:
             raise

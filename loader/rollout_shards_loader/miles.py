@@ -110,11 +110,12 @@ def read_rank(
     step of this rollout step that trains it, None for a row never trained (as numpy, an
     int32 masked array, masked where None).
 
-    Every file read is checked against the manifest (`verify=False` skips the digests and
-    row counts, not the rest): the rank's own file by its sha256, another rank's file by
-    the digest of the two columns read of it (`raw_reward_sha256`; by its sha256 when the
-    manifest has none), each by its row count. A mismatch, a manifest of another step or
-    with a field of another JSON type, or a file that is a symbolic link raises
+    Every file read is checked against the manifest (`verify=False` skips the digests, not
+    the rest): the rank's own file by its sha256, another rank's file by the digest of the
+    two columns read of it (`raw_reward_sha256`; by its sha256 when the manifest has none),
+    each by its row count; the manifest by its `manifest_sha256`, its fields' JSON types and
+    their agreement with each other and with the rows (`_consistent`). A mismatch, a
+    manifest of another step, or a file that is a symbolic link raises
     ShardVerificationError naming the file. A rebuild of the step during the read makes
     it start over on the new folder (up to 8 times), so the dict is always one build's.
     """

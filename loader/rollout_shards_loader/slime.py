@@ -77,7 +77,9 @@ def read_rank(
     `dp_size` and `global_batch_size` (slime's `--global-batch-size`: rollouts per train
     step), when given, must match the step's, else ValueError; a step built for another
     trainer is a ValueError too. Every file is checked against the manifest as
-    `rollout_shards_loader.read_rank` checks it (`verify=False` skips the digests)."""
+    `rollout_shards_loader.read_rank` checks it (`verify=False` skips the digests). Without
+    torch (slime's environment has it) an ImportError of one line says where to run it."""
+    _need_torch()
     return read_rank_files(
         step_folder,
         rank,
@@ -87,6 +89,16 @@ def read_rank(
         lambda read: _slime_dict(read, rank),
         trainer=TRAINER,
     )
+
+
+def _need_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError as missing:
+        raise ImportError(
+            f"rollout_shards_loader.slime.read_rank runs in slime's environment ({missing.name} "
+            "is not installed): install the loader where slime runs"
+        ) from None
 
 
 def _tensors(column: pa.ChunkedArray, dtype: str) -> list[Any]:

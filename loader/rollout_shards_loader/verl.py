@@ -41,7 +41,7 @@ def _step_files(
         verify,
         lambda read: _rank_table(read, rank),
         trainer="verl",
-        other_columns=("total_lengths",),
+        other_columns=("batch_position", "response_lengths", "total_lengths"),
     )
 
 

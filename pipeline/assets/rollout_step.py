@@ -35,6 +35,6 @@ def rollout_step(
     step_compute: StepCompute,
 ) -> Iterator[dg.MaterializeResult]:
     """Read, validate, plan and write one rollout step, reporting each selected asset."""
-    with failures_reported(context), step_slot(context):
+    with failures_reported(context, rollout_storage.output_path), step_slot(context):
         settings = rollout_storage.settings(config.overrides())
         yield from step_compute.materialize(context, rollout_storage.roots(), settings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -14,6 +15,7 @@ from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
 from pipeline.errors import StepError, UsageError, Violation, error_lines, os_violation
 from pipeline.orchestration.partitions import step_of
 from pipeline.orchestration.stage_reports import Metadata
+from pipeline.step import refused
 
 ROWS_SHOWN = 20
 FAILURE_TAG = "rollout_shards/invalid"
@@ -79,7 +81,10 @@ def forget_unrun_checks(context: dg.AssetExecutionContext) -> int:
 
 
 def refusal_observed(
-    context: dg.AssetExecutionContext, lines: Sequence[str], violations: Sequence[Violation]
+    context: dg.AssetExecutionContext,
+    lines: Sequence[str],
+    violations: Sequence[Violation],
+    extra: dict[str, Any] | None = None,
 ) -> None:
     """Put why a step was refused where its partition's red dot leads: an observation of
     each of the step's assets on the partition, holding the lines the command line prints
@@ -95,6 +100,7 @@ def refusal_observed(
         metadata |= violation_metadata(violations)
         files = sorted({file for v in violations for file in v.files})
         metadata["files"] = dg.MetadataValue.json(files)
+    metadata |= extra or {}
     for key in context.assets_def.keys:
         context.log_event(
             dg.AssetObservation(
@@ -106,8 +112,19 @@ def refusal_observed(
         )
 
 
+def refusal_record(context: dg.AssetExecutionContext, out_root: Path | None) -> dict[str, Any]:
+    """Where the refused step's record is (`step.refused`: what a trainer waiting on the
+    step is told of), as metadata; nothing when no record was left."""
+    if out_root is None or not context.has_partition_key:
+        return {}
+    record = refused.record_path(out_root, step_of(context.partition_key))
+    return {"refused_record": dg.MetadataValue.path(str(record))} if record.is_file() else {}
+
+
 @contextmanager
-def failures_reported(context: dg.AssetExecutionContext) -> Iterator[None]:
+def failures_reported(
+    context: dg.AssetExecutionContext, out_root: Path | None = None
+) -> Iterator[None]:
     """Turn the core's errors into a run failure that carries its summary, not a traceback:
     the description is the lines the command line prints, so the UI shows them first. Each
     of them fails the step before anything is published, so the checks the run planned on
@@ -119,11 +136,12 @@ def failures_reported(context: dg.AssetExecutionContext) -> Iterator[None]:
         rules = sorted({v.rule for v in exc.violations})
         context.instance.add_run_tags(context.run.run_id, {FAILURE_TAG: ", ".join(rules)})
         forget_unrun_checks(context)
-        refusal_observed(context, error_lines("build", exc), exc.violations)
+        record = refusal_record(context, out_root)
+        refusal_observed(context, error_lines("build", exc), exc.violations, record)
         # from None: the user's data broke a rule, and the core's traceback says nothing more
         raise dg.Failure(
             description="\n".join(error_lines("build", exc)),
-            metadata=violation_metadata(exc.violations),
+            metadata=violation_metadata(exc.violations) | record,
             allow_retries=False,
         ) from None
     except UsageError as exc:

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from pipeline.errors import StepError
 from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
 from pipeline.manifest import Manifest
 from pipeline.settings import RowSettings, Settings
 from pipeline.speed import EarlyDigests
-from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, TRAINING_SHARDS
+from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, TRAINING_SHARDS, refused
 from pipeline.step.check import check
 from pipeline.step.freshness import current_manifest
 from pipeline.step.plan import plan_batch, untrained_warning
@@ -117,7 +118,26 @@ def run_step(
     run from a later stage than the read starts from `given` (what an earlier run of the
     previous stage staged). Every path that builds a step runs this: `build_step` (the CLI,
     a Ray cluster's tasks), `stages.run_stages` (Dagster, in process or in a Pipes worker),
-    and `validate`, which stops after the plan."""
+    and `validate`, which stops after the plan. A run that writes leaves the record of a
+    refused step in the output root, and removes it once the step is committed
+    (`step.refused`)."""
+    try:
+        yield from _run_step(job, first, last, given, reporter)
+    except StepError as error:
+        if job.out_root is not None:
+            refused.write_record(job.out_root, job.step, error, job.sources, job.settings)
+        raise
+    if job.out_root is not None and last == TRAINING_SHARDS:
+        refused.clear_record(job.out_root, job.step)
+
+
+def _run_step(
+    job: StepJob,
+    first: str,
+    last: str,
+    given: SampleTable | TrainBatch | None,
+    reporter: StageReporter | None,
+) -> Iterator[tuple[str, Stage]]:
     report = reporter or _Silent()
     read, plan, write = STAGE_NAMES
     selected = STAGES[STAGES.index(first) : STAGES.index(last) + 1]
@@ -169,6 +189,7 @@ def build_step(
     report = reporter or _Silent()
     with writer.step_lock(out_root, step):
         if not force and (manifest := current_manifest(step, sources, settings, out_root)):
+            refused.clear_record(out_root, step)  # those inputs are back: it stands
             report.up_to_date(step, writer.step_folder(out_root, step))
             return manifest
         job = StepJob(step, sources, settings, out_root, skipped, early)

@@ -4,6 +4,7 @@ what it wrote, and one of another shape reads as none (the step is rebuilt)."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import subprocess
 import sys
@@ -131,5 +132,19 @@ def test_the_json_keeps_its_bytes() -> None:
         '  "inputs": [\n    {\n      "path": "in/step=3.parquet",\n'
     )
     assert '"stats": {\n    "rollout/raw_reward": 1.0\n  },' in text
-    assert text.endswith('  "dropped_raw_reward": [\n    null,\n    1.5\n  ]\n}\n')
+    assert '  "dropped_raw_reward": [\n    null,\n    1.5\n  ],\n  "manifest_sha256": "' in text
     assert list(json.loads(text)) == [f.name for f in dataclasses.fields(Manifest)]
+
+
+def test_the_manifest_is_sealed_by_its_digest() -> None:
+    """`manifest_sha256` is the sha256 of the other fields' JSON (sorted keys, compact,
+    ASCII), taken again from the JSON as read, as the loader does; reading a manifest
+    and writing it again gives the same seal."""
+    text = manifest().replace(stats={"rollout/raw_reward": 0.1, "x": float("nan")}).to_json()
+    data = json.loads(text)
+    seal = data.pop("manifest_sha256")
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    assert seal == hashlib.sha256(canonical.encode()).hexdigest()
+    assert Manifest.from_json(text).to_json() == text
+    changed = manifest().replace(settings={"global_batch_size": 4, "dp_size": 1})
+    assert json.loads(changed.to_json())["manifest_sha256"] != seal

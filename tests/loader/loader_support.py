@@ -11,6 +11,17 @@ import pyarrow.parquet as pq
 from tests.reference import micro_batch_runs, miles_rank_dict, reference_build
 
 
+def rewrite_manifest(folder: Path, manifest: dict[str, Any], seal: bool = True) -> None:
+    """Write `manifest` as the step folder's, sealed by its own `manifest_sha256` as a build
+    seals one (`seal`), or without the seal, as a build wrote it before the seal existed."""
+    from rollout_shards_loader._manifest import manifest_sha256
+
+    manifest = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    if seal:
+        manifest["manifest_sha256"] = manifest_sha256(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
 def bits(value: Any) -> Any:
     """`value` with every float as its hex (bit for bit) and every type made visible."""
     if isinstance(value, float):

@@ -103,6 +103,19 @@ def test_loader_installs_beside_miles_pins_and_reads_a_step(tmp_path: Path) -> N
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "runs in verl's environment (tensordict is not installed)"
 
+    # the slime module imports without torch; its reader says in one line where it runs
+    run = subprocess.run(
+        [str(python), "-I", "-c", SLIME_WITHOUT_TORCH, str(folder)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == (
+        "rollout_shards_loader.slime.read_rank runs in slime's environment (torch is not "
+        "installed): install the loader where slime runs\n"
+    )
+
 
 VERL_WITHOUT_VERL = """
 import sys
@@ -112,4 +125,15 @@ try:
     verl_side.read_rank(sys.argv[1], 0)
 except ImportError as error:
     print(str(error).partition("read_rank ")[2].partition(":")[0])
+"""
+
+
+SLIME_WITHOUT_TORCH = """
+import sys
+import rollout_shards_loader.slime as slime_side
+assert "torch" not in sys.modules
+try:
+    slime_side.read_rank(sys.argv[1], 0)
+except ImportError as error:
+    print(error)
 """

@@ -21,7 +21,12 @@ from rollout_shards_loader import read_manifest, read_rank
 from pipeline.errors import StepError
 from tests.conftest import REPO, build, sample, write_step
 from tests.core.test_differential import build_settings, trajectories
-from tests.loader.loader_support import assert_same_dict, expected_rank_dicts, numpy_as_python
+from tests.loader.loader_support import (
+    assert_same_dict,
+    expected_rank_dicts,
+    numpy_as_python,
+    rewrite_manifest,
+)
 
 
 def _check(rows: list[dict[str, Any]], out: Path, **chosen: Any) -> list[dict[str, Any]]:
@@ -265,6 +270,6 @@ def test_steps_with_one_column_set_and_present_columns(tmp_path: Path) -> None:
     ]
     for output in manifest["outputs"]:  # the files as that build wrote them
         output["sha256"] = hashlib.sha256((folder / output["path"]).read_bytes()).hexdigest()
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    rewrite_manifest(folder, manifest, seal=False)
     for rank in range(2):
         assert_same_dict(read_rank(folder, rank), before[rank])

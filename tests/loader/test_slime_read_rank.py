@@ -71,6 +71,35 @@ def test_no_slime_source_fails_in_one_line(tmp_path: Path, monkeypatch: pytest.M
     assert ss.SOURCE_ENV in message and "\n" not in message
 
 
+def test_read_rank_without_torch_is_one_line(tmp_path: Path) -> None:
+    """Where torch is missing (a trainer environment that is not slime's) the reader says
+    so in one line, before it reads anything, and no traceback of torch's import."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # as if torch were not installed\n"
+        "from rollout_shards_loader import slime\n"
+        "try:\n"
+        "    slime.read_rank(sys.argv[1], 0)\n"
+        "except ImportError as error:\n"
+        "    print(repr(error))\n"
+    )
+    loader = str(Path(__file__).resolve().parents[2] / "loader")
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "no-step")],
+        capture_output=True,
+        text=True,
+        env={"PATH": "", "PYTHONPATH": loader},
+        check=True,
+    )
+    assert run.stdout == (
+        "ImportError(\"rollout_shards_loader.slime.read_rank runs in slime's environment "
+        '(torch is not installed): install the loader where slime runs")\n'
+    )
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_read_rank_is_slimes_dict_on_random_cases(slime: Any, tmp_path: Path, seed: int) -> None:
     """Drawn cases (tests/loader/test_slime_reference.py): where slime's code builds the

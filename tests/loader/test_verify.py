@@ -32,7 +32,7 @@ from rollout_shards_loader import (
 
 from pipeline.io import writer
 from tests.conftest import REPO, build, sample, write_step
-from tests.loader.loader_support import bits
+from tests.loader.loader_support import bits, rewrite_manifest
 
 
 def _step(tmp_path: Path, name: str = "out", reward: float = 1.0, n: int = 8) -> Path:
@@ -134,7 +134,7 @@ def test_a_manifest_without_the_column_digest_checks_whole_files(tmp_path: Path)
     manifest = json.loads((folder / "manifest.json").read_text())
     for output in manifest["outputs"]:
         del output["raw_reward_sha256"]
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    rewrite_manifest(folder, manifest, seal=False)
     verifier._VERIFIED.clear()
     assert [read_rank(folder, rank) for rank in range(2)] == want
     path = folder / "rank=1.parquet"
@@ -176,7 +176,8 @@ def test_a_row_count_other_than_the_manifests(tmp_path: Path) -> None:
     folder = _step(tmp_path)
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["outputs"][0]["rows"] += 1
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    manifest["counts"]["written"] += 1
+    rewrite_manifest(folder, manifest)
     with pytest.raises(
         ShardVerificationError, match=r"rank=0\.parquet: 4 rows, the manifest says 5"
     ):
@@ -292,20 +293,22 @@ def test_a_manifest_of_inconsistent_fields_is_named(tmp_path: Path) -> None:
     folder = _step(tmp_path)
     path = folder / "manifest.json"
     manifest = json.loads(path.read_text())
-    path.write_text(json.dumps({**manifest, "dropped_raw_reward": [0.5]}))
+    rewrite_manifest(folder, {**manifest, "dropped_raw_reward": [0.5]})
     with pytest.raises(ShardVerificationError, match="1 values for 0 `dropped_positions`"):
         read_rank(folder, 0)
     # a batch position given twice would leave a value of the batch-wide raw_reward unset
-    path.write_text(json.dumps({**manifest, "dropped_positions": [0], "dropped_raw_reward": [1]}))
+    counts = {**manifest["counts"], "dropped": 1}
+    twice = {"dropped_positions": [0], "dropped_raw_reward": [1], "counts": counts}
+    rewrite_manifest(folder, {**manifest, **twice})
     with pytest.raises(ShardVerificationError, match=r"not each of 0\.\.8 once"):
         read_rank(folder, 0)
     slime = {**manifest["settings"], "trainer": "slime"}
-    path.write_text(json.dumps({**manifest, "settings": slime}))
+    rewrite_manifest(folder, {**manifest, "settings": slime, "num_microbatches": [2, 2]})
     with pytest.raises(
         ValueError, match=r"not miles: read its ranks with rollout_shards_loader\.slime"
     ):
         read_rank(folder, 0)
-    path.write_text(json.dumps({**manifest, "settings": {**slime, "trainer": "torchtitan"}}))
+    rewrite_manifest(folder, {**manifest, "settings": {**slime, "trainer": "torchtitan"}})
     with pytest.raises(ShardVerificationError, match="which this loader does not read"):
         read_rank(folder, 0)
     path.write_text("[" * 100_000 + "]" * 100_000)
