@@ -43,6 +43,7 @@ from pipeline.step.build import (
     summary_line,
     warning_lines,
 )
+from pipeline.step.one_trainer import other_trainer
 from pipeline.step.tables import SampleTable, TrainBatch
 
 PROG = "rollout-shards"
@@ -230,6 +231,8 @@ def run_build(args: argparse.Namespace) -> int:
     _inputs_exist(args.inputs)
     settings = _settings(args)
     check_out(args.out, args.inputs)
+    if (mixed := other_trainer(args.out, settings.trainer)) is not None:
+        raise UsageError(mixed)  # the root read whole is one dataset
     clean_stale(args.out)
     skipped: list[Path] = []
     steps = _steps(args.inputs, settings, args.session_version, skipped)
