@@ -42,6 +42,7 @@ from pipeline.step.build import (
     summary_line,
     warning_lines,
 )
+from pipeline.step.one_trainer import other_trainer
 from pipeline.step.ray_route import Route, ray_route
 from pipeline.step.tables import SampleTable, TrainBatch
 
@@ -239,6 +240,8 @@ def run_build(args: argparse.Namespace) -> int:
     _inputs_exist(args.inputs)
     settings = _settings(args)
     check_out(args.out, args.inputs)
+    if (mixed := other_trainer(args.out, settings.trainer)) is not None:
+        raise UsageError(mixed)  # the root read whole is one dataset
     clean_stale(args.out)
     skipped: list[Path] = []
     refused: list[Violation] = []

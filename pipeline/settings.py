@@ -260,6 +260,8 @@ def _checked(model: Model, values: Mapping[str, Any]) -> dict[str, Any]:
     """`model`'s fields among `values`, checked; SettingsError naming every missing,
     unknown (for `Settings`) or mistyped one, worded by pydantic."""
     kinds = _hints(model)
+    if beyond := [f"{name}: the integer {v} is beyond int64" for name, v in _ints(values)]:
+        raise SettingsError("; ".join(beyond))  # wherever it came from (a file refuses it too)
     known = all(name in kinds for name in values) or model is RowSettings
     fields = {f.name: f for f in dataclasses.fields(model)}
     given = all(name in values for name, f in fields.items() if f.default is dataclasses.MISSING)
@@ -271,6 +273,16 @@ def _checked(model: Model, values: Mapping[str, Any]) -> dict[str, Any]:
         return dict(_pydantic_model(model).model_validate(values))
     except ValidationError as exc:
         raise SettingsError("; ".join(_problem(error) for error in exc.errors())) from None
+
+
+def _ints(values: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """The integers of `values` (lists' included) beyond int64, by setting."""
+    found = []
+    for name, value in values.items():
+        for item in value if type(value) is list else [value]:
+            if type(item) is int and not -(1 << 63) <= item < 1 << 63:
+                found.append((name, item))
+    return found
 
 
 @functools.cache

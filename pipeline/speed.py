@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import mmap
 import os
 import stat
 import sys
@@ -72,8 +71,8 @@ def _table_files(inputs: Sequence[str]) -> Iterator[Path]:
                     yield Path(folder, name)
 
 
-# Bytes of a file mapped at once while it is hashed (a multiple of the mapping granularity).
-HASH_WINDOW = 64 << 20
+# Bytes of a file read at once while it is hashed.
+HASH_WINDOW = 8 << 20
 
 
 def _sha256(path: Path) -> tuple[Identity, str] | None:
@@ -85,14 +84,13 @@ def _sha256(path: Path) -> tuple[Identity, str] | None:
         if not stat.S_ISREG(before.st_mode):
             return None
         digest = hashlib.sha256()
-        # Mapped (as Polars reads it) and hashed a window per call: no copy, and the GIL let
-        # go once per window, where reads in pieces would win it back from the imports each
-        # time; a window is unmapped once hashed, so a big step's file is never resident
-        # whole in this process.
-        for offset in range(0, before.st_size, HASH_WINDOW):
-            length = min(HASH_WINDOW, before.st_size - offset)
-            with mmap.mmap(fd, length, prot=mmap.PROT_READ, offset=offset) as mapped:
-                digest.update(mapped)
+        # Read into one buffer and hashed a window per call: the GIL let go twice per window
+        # (the read, the hash), where small reads would win it back from the imports each
+        # time. Never mapped: a file truncated by another process while mapped kills the
+        # process with SIGBUS; a read of it is only short (and the identity check fails).
+        window = memoryview(bytearray(HASH_WINDOW))
+        while read := os.readv(fd, [window]):
+            digest.update(window[:read])
     finally:
         os.close(fd)
     same = _identity(os.stat(path)) == _identity(before)

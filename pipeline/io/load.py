@@ -44,9 +44,10 @@ PART_BUFFER = 1 << 20
 EarlyDigest = Digest
 
 
-# Each format's reader, given the file (Parquet: its path, which Polars reads without a
-# copy of the file in memory; the others: its bytes, which rows mapped from an Arrow file
-# or the duplicate-key check of JSON Lines need) and the `map` of the read's pool.
+# Each format's reader, given the file's bytes (read once, hashed from memory) and the `map`
+# of the read's pool. Never a path: Polars maps a Parquet file it is given by name, and a
+# file truncated by another process while mapped kills the build with SIGBUS; read into
+# memory, a truncated file is a short read, an `unreadable_file` line.
 READERS: dict[str, Callable[[Any, Mapper], pl.DataFrame]] = {
     "parquet": read_parquet,
     "ipc": lambda data, _: read_ipc(data),
@@ -111,7 +112,7 @@ def _read_bytes(path: Path, step: int | None) -> tuple[bytes, os.stat_result]:
 
 
 def _utf8(path: Path) -> bool:
-    """Whether Polars can open `path` by name (a name that is not UTF-8 is read as bytes)."""
+    """Whether pyarrow can open `path` by name (a name that is not UTF-8 is read as bytes)."""
     try:
         str(path).encode()
     except UnicodeEncodeError:
@@ -145,7 +146,7 @@ def read_file(path: Path, step: int | None = None, early: EarlyDigest | None = N
         if info.st_size == 0:
             raise _unreadable(path, step, "the file is empty")
         try:
-            data = None if kind == "parquet" and _utf8(path) else handle.read()
+            data = handle.read()
         except OSError as exc:
             raise _unreadable(path, step, f"cannot read the file ({exc.strerror})") from None
         try:
@@ -155,7 +156,7 @@ def read_file(path: Path, step: int | None = None, early: EarlyDigest | None = N
                 digest = pool.submit(_digest, handle, data) if early is None and parallel else None
                 try:
                     mapper = pool.map if parallel else map
-                    frame = READERS[kind](data if data is not None else str(path), mapper)
+                    frame = READERS[kind](data, mapper)
                 except pl.exceptions.PanicException:  # a BaseException: it would end the run
                     panicked[0] = True
                     raise
@@ -168,8 +169,7 @@ def read_file(path: Path, step: int | None = None, early: EarlyDigest | None = N
         except OSError as exc:
             raise _unreadable(path, step, f"cannot read the file ({exc.strerror})") from None
         except (Exception, pl.exceptions.PanicException) as exc:  # noqa: BLE001 - the file's
-            stored = data if data is not None else path.read_bytes()
-            problem = unsupported_in(kind, stored) if kind != "jsonl" else None
+            problem = unsupported_in(kind, data) if kind != "jsonl" else None
             reason = problem or f"cannot read {kind}: {first_line(exc)}"
             raise _unreadable(path, step, reason) from None
     _check_unchanged(path, info, step)

@@ -118,20 +118,41 @@ def route(tasks: RayTasks) -> Callable[[StepJob], StepJob]:
     return routed
 
 
+# The bounds of the probe of a GCS before Ray's own connect, which waits minutes.
+CONNECT_TIMEOUT_S = 10.0
+ANSWER_TIMEOUT_S = 5.0
+# An HTTP/2 client's connection preface and an empty SETTINGS frame (RFC 9113 section 3.4):
+# the GCS, a gRPC server, answers with its own SETTINGS at once; a TLS GCS answers with an
+# alert or closes; a port that accepts and then stays silent is no GCS.
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_HEAD = "give the GCS address of a running head (head:6379, what `ray start --address` takes)"
+
+
 def _reachable(address: str | None) -> None:
-    """A GCS address (`host:port`) that does not answer is a usage error now: Ray's own
-    connect waits minutes for it."""
+    """A GCS address (`host:port`) that refuses, or accepts and does not answer, is a usage
+    error within CONNECT_TIMEOUT_S + ANSWER_TIMEOUT_S: Ray's own connect waits minutes."""
     text = address or ""
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or "://" in text:
+    if not host or not port.isascii() or not port.isdigit() or "://" in text:
         return
+    host = host.removeprefix("[").removesuffix("]")
     try:
-        socket.create_connection((host, int(port)), timeout=10).close()
+        probe = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
     except OSError as error:
-        raise UsageError(
-            f"cannot reach the Ray cluster at {address} ({error.strerror or error}): give the "
-            "GCS address of a running head (head:6379, what `ray start --address` takes)"
-        ) from None
+        reason = "timed out" if isinstance(error, TimeoutError) else error.strerror or error
+        raise UsageError(f"cannot reach the Ray cluster at {address} ({reason}): {_HEAD}") from None
+    with probe:
+        try:
+            probe.settimeout(ANSWER_TIMEOUT_S)
+            probe.sendall(_PREFACE)
+            probe.recv(1)  # a frame, an alert or the end of the stream: someone answered
+        except TimeoutError:
+            raise UsageError(
+                f"the Ray cluster at {address} did not answer in {ANSWER_TIMEOUT_S:g} s (the "
+                f"port accepts connections but is no Ray GCS, or the head is stuck): {_HEAD}"
+            ) from None
+        except OSError:
+            pass  # reset on the preface: something answered; Ray's connect says what
 
 
 @contextmanager

@@ -8,15 +8,47 @@ cluster is the `ray_above` setting's, the same for every caller (`ray_ranks.rout
 
 from __future__ import annotations
 
+import importlib.util
+import re
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
+
+from pipeline.errors import UsageError
 
 if TYPE_CHECKING:
     from pipeline.settings import RowSettings, Settings
     from pipeline.step.build import StepJob
 
 Route = Callable[["StepJob"], "StepJob"]
+
+# What `ray.init(address=...)` takes: `auto`, `local`, or a GCS `host:port` (a Ray Client's
+# `ray://host:port`), the port in ASCII digits: Ray waits minutes on `head:+6379` or
+# `head:６３７９` rather than refuse them.
+_ADDRESS = re.compile(r"(?:ray://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]{1,5})")
+INSTALL_RAY = "pip install 'rollout-shards[ray]'"
+
+
+def check_address(address: str) -> None:
+    """A usage error unless `address` has the shape of a Ray cluster's address."""
+    match = _ADDRESS.fullmatch(address)
+    if address in ("auto", "local") or (match and 0 < int(match["port"]) < 1 << 16):
+        return
+    raise UsageError(
+        f"invalid settings: ray_address: {address!r} is not a Ray cluster's "
+        "address: give its GCS as host:port (the port 1 to 65535, digits only), "
+        "ray://host:port or auto"
+    )
+
+
+def check_ray_installed() -> None:
+    """A usage error naming the extra when Ray is not importable here."""
+    try:
+        found = importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise UsageError(f"--ray (ray_address) needs Ray, which is not installed: {INSTALL_RAY}")
 
 
 @contextmanager
@@ -32,6 +64,9 @@ def ray_route(
     if address is None and not in_ray_job:
         yield None
         return
+    if address is not None:  # before any step is read
+        check_address(address)
+        check_ray_installed()
     from pipeline.step.readers.spill import input_bytes
 
     with ExitStack() as stack:
@@ -42,7 +77,12 @@ def ray_route(
             if job.out_root is None or input_bytes(job.sources) <= above:
                 return job
             if not joined:
-                from pipeline.step import ray_ranks
+                try:
+                    from pipeline.step import ray_ranks
+                except ImportError as error:
+                    if (error.name or "").partition(".")[0] != "ray":
+                        raise
+                    raise UsageError(f"Ray cannot be imported ({error}): {INSTALL_RAY}") from None
 
                 joined.append(stack.enter_context(ray_ranks.connected(address, keep=in_ray_job)))
             return joined[0](job)

@@ -16,6 +16,8 @@ from pipeline.io import writer
 from pipeline.io.regular import read_regular
 from pipeline.manifest import MANIFEST, Manifest
 from pipeline.speed import thread_pool, write_threads
+from pipeline.step.one_trainer import RULE as ONE_TRAINER
+from pipeline.step.one_trainer import other_trainer
 from pipeline.step.tables import TrainBatch
 from pipeline.step.verify import blocking_problems, footer_rows
 from pipeline.transforms.layout import rank_bounds
@@ -121,6 +123,12 @@ def commit_shards(
                 ]
             )
         manifest.write(staged / MANIFEST)
+        # The card's lock from here to the commit: no other build commits in between, so
+        # the root's steps checked here are the ones this step is published beside.
+        card.enter_context(writer.card_lock(out_root))
+        trainer = str(manifest.settings.get("trainer", "miles"))
+        if (mixed := other_trainer(out_root, trainer, batch.step)) is not None:
+            raise StepError([Violation(rule=ONE_TRAINER, message=mixed, step=batch.step)])
         # from here to the end of the commit an interrupt waits: the step is published
         # whole (its quarantine, folder and card) or not at all
         card.enter_context(writer.commit_section())
@@ -133,7 +141,6 @@ def commit_shards(
         # The card last before the commit, under its lock until the commit: a step is
         # published whole with a card naming it, or (the card failed, say on a full disk)
         # not at all, and a failure always means nothing of the step was written.
-        card.enter_context(writer.card_lock(out_root))
         build = next_build_id(out_root / DATASET_CARD, batch.step, manifest.to_json())
         writer.write_text_atomically(out_root / DATASET_CARD, dataset_card(build))
 

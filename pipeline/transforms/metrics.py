@@ -212,6 +212,11 @@ def rollout_metrics(
     step: int | None = None,
 ) -> dict[str, float]:
     """miles' rollout metrics of a step's trimmed batch (docs/metrics.md)."""
+    if step is not None and c.WEIGHT_VERSIONS in samples.collect_schema():
+        from pipeline.transforms.staleness import versions_fit_int64
+
+        versions = samples.select(c.INDEX, c.LEAF, c.WEIGHT_VERSIONS).collect()
+        versions_fit_int64(versions, step)  # Polars' Int64 would fail on them below
     values = sample_columns(samples, reward).collect()
     if values.height == 0:
         return {}

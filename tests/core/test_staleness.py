@@ -170,13 +170,20 @@ def test_budget_needs_group_index_and_ascii_versions(tmp_path: Path) -> None:
         load_settings(global_batch_size=1, max_weight_staleness=-1)
 
 
-def test_versions_past_int64_are_never_the_oldest() -> None:
-    """miles reads them as Python integers: larger than every step, so never stale."""
+def test_versions_past_int64_are_refused() -> None:
+    """miles reads them as Python integers, which no column type here holds: the step is
+    refused naming the rows (int64's largest version is read)."""
+    from pipeline.errors import StepError
     from pipeline.trainers.miles.staleness import stale_rows
 
     frame = pl.DataFrame(
         {"_row_id": [0, 1, 2], "index": [0, 1, 2], "leaf": [0, 0, 0], "group_index": [0, 0, 1]}
     ).with_columns(
-        pl.Series("weight_versions", [["99999999999999999999999"], ["3"], ["99999999999999999999"]])
+        pl.Series("weight_versions", [["99999999999999999999999"], ["3"], ["9223372036854775808"]])
     )
-    assert stale_rows(frame, STEP, 1).get_column("_row_id").to_list() == [0, 1]
+    with pytest.raises(StepError) as refused:
+        stale_rows(frame, STEP, 1)
+    (violation,) = refused.value.violations
+    assert (violation.rule, violation.rows) == ("weight_version_beyond_int64", [(0, 0), (2, 0)])
+    largest = frame.with_columns(pl.Series("weight_versions", [[str(2**63 - 1)], ["3"], ["9"]]))
+    assert stale_rows(largest, STEP, 1).get_column("_row_id").to_list() == [0, 1]

@@ -58,6 +58,25 @@ def _check(frame: pl.DataFrame, step: int) -> None:
     )
 
 
+def versions_fit_int64(frame: pl.DataFrame, step: int) -> None:
+    """Refuse rows holding a weight version of digits beyond int64: miles reads it as a
+    Python integer (`Sample.oldest_weight_version`), which no column type here holds, so
+    neither the budget nor the weight_version metrics could measure it as miles does."""
+    if c.WEIGHT_VERSIONS not in frame.columns:
+        return
+    digits = pl.element().str.contains(r"^[0-9]+$")
+    beyond = digits & pl.element().str.to_integer(strict=False).is_null()
+    mask = pl.col(c.WEIGHT_VERSIONS).list.eval(beyond).list.any().fill_null(False)
+    _refused(
+        frame,
+        frame.select(mask).to_series(),
+        "weight_version_beyond_int64",
+        "weight_versions holds a version of digits beyond int64 (9223372036854775807), "
+        "which miles reads as a number: write the engine's weight version",
+        step,
+    )
+
+
 def stale_rows(frame: pl.DataFrame, step: int, budget: int) -> pl.DataFrame:
     """ROW_ID and REASON of every row of the groups the budget sets aside, in batch order.
     `frame`: the step's valid rows with ROW_ID, `group_index` and `weight_versions`."""
@@ -67,9 +86,8 @@ def stale_rows(frame: pl.DataFrame, step: int, budget: int) -> pl.DataFrame:
     if c.GROUP_INDEX not in frame.columns:
         frame = frame.with_columns(pl.lit(None, dtype=pl.Int64).alias(c.GROUP_INDEX))
     _check(frame, step)
+    versions_fit_int64(frame, step)
     element = pl.element()
-    # digits only: an entry too long for int64 is larger than every step, so it is never
-    # the oldest of a group that could be stale
     numeric = pl.when(element.str.contains(r"^[0-9]+$")).then(element.str.to_integer(strict=False))
     oldest = pl.col(c.WEIGHT_VERSIONS).list.eval(numeric).list.min()
     lag = pl.lit(step, dtype=pl.Int64) - pl.col(_GROUP_OLDEST)
