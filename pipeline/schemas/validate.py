@@ -32,7 +32,7 @@ REPAIR_HINT = (
 )
 # A step whose every broken rule names rows builds the rest when those are set aside.
 QUARANTINE_HINT = (
-    "--on-invalid quarantine sets the trajectories holding these rows aside and builds the rest"
+    "--on-invalid quarantine would set these trajectories aside and build the rest"
 )
 # The values a row rule reads, named on the first failing row: (light column, name shown).
 RULE_VALUES: dict[str, tuple[tuple[str, str], ...]] = {

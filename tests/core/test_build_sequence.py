@@ -39,7 +39,8 @@ def test_a_broken_rule_fails_the_step_before_it_is_planned(
     assert code == 1
     assert err == (
         f"rollout-shards: build: step 1: {path}: rule unique_leaf: (step, index, leaf) must "
-        "be unique; rows (index, leaf): (0, 0), (0, 0)\n"
+        "be unique; first at file row 1; --on-invalid quarantine would set these trajectories "
+        "aside and build the rest; rows (index, leaf): (0, 0), (0, 0)\n"
     )
     assert stdout == ""  # no stage was done: validation failed
     assert planned == []
