@@ -33,7 +33,7 @@ DAGSTER_ENV = DAGSTER_HOME=$(DAGSTER_HOME) ROLLOUT_SHARDS_INPUT=$(ROLLOUT_SHARDS
 # dg expects the project's venv to be the active one; say it is, as `source .venv/bin/activate` would.
 DG_ENV = $(DAGSTER_ENV) VIRTUAL_ENV=$(CURDIR)/$(VENV)
 
-.PHONY: run ui test install lint browser data clean
+.PHONY: run ui test peers install lint browser data clean
 
 $(BIN)/python:
 	@echo "make: creating $(VENV) (first run only)"
@@ -99,12 +99,32 @@ browser:
 	$$sudo apt-get update -qq && \
 	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
 
-test: install lint browser $(DAGSTER_HOME)/dagster.yaml $(POLARS1_VENV)/.installed
+# The trainer tests run miles' and slime's own code: before anything is installed or run,
+# `make test` checks that its source can be had (MILES_SOURCE/SLIME_SOURCE, a cached clone,
+# or git reaching GitHub) and otherwise stops with the script's one line.
+ifneq ($(filter test peers,$(MAKECMDGOALS)),)
+PEERS_MISSING := $(shell $(PYTHON) tests/peer_sources.py 2>&1)
+ifneq ($(PEERS_MISSING),)
+$(error $(PEERS_MISSING))
+endif
+endif
+peers:
+	@:
+
+# Both pytest passes run whatever the first gives; the last line says which failed.
+test: peers install lint browser $(DAGSTER_HOME)/dagster.yaml $(POLARS1_VENV)/.installed
 	$(BIN)/rollout-shards validate $(INPUT)
 	$(DG_ENV) $(BIN)/dg check defs
-	ROLLOUT_SHARDS_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
-	@echo "make: tests/core again on $$($(POLARS1_VENV)/bin/python -c 'import polars; print("Polars", polars.__version__)')"
-	$(POLARS1_VENV)/bin/python -m pytest tests/core -n $(TEST_WORKERS) --dist loadfile
+	@main=0; polars1=0; \
+	echo "ROLLOUT_SHARDS_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15"; \
+	ROLLOUT_SHARDS_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 || main=$$?; \
+	version=$$($(POLARS1_VENV)/bin/python -c 'import polars; print("Polars", polars.__version__)'); \
+	echo "make: tests/core again on $$version"; \
+	$(POLARS1_VENV)/bin/python -m pytest tests/core -n $(TEST_WORKERS) --dist loadfile || polars1=$$?; \
+	if [ $$main -ne 0 ] || [ $$polars1 -ne 0 ]; then \
+		echo "make: test failed: the tests $$([ $$main -eq 0 ] && echo passed || echo "failed (pytest status $$main)"), tests/core on $$version $$([ $$polars1 -eq 0 ] && echo passed || echo "failed (pytest status $$polars1)")" >&2; \
+		exit 1; \
+	fi
 
 data: install
 	$(BIN)/python -m pipeline.sample_data $(INPUT)

@@ -244,6 +244,11 @@ def parser() -> argparse.ArgumentParser:
             help="session version of every row of miles .pt dumps (they do not store it)",
         )
         _add_setting_flags(sub)
+        sub.add_argument(
+            "--quiet",
+            action="store_true",
+            help="no progress bar on a terminal (stdout keeps its lines)",
+        )
         sub.set_defaults(early_digests=None)  # `HeadStart.digest` when run by `main`
     compare = commands.add_parser(
         "parity", help="compare two builds or two inputs field by field, bitwise"

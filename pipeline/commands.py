@@ -247,7 +247,7 @@ def run_build(args: argparse.Namespace) -> int:
     refused: list[Violation] = []
     steps = _steps(args.inputs, settings, args.session_version, skipped, refused)
     print_violations("build", refused)
-    progress = Progress(len(steps), STAGE_NAMES)
+    progress = Progress(len(steps), STAGE_NAMES, quiet=args.quiet)
     # --ray ADDRESS: the steps above ray_above are built by tasks on that cluster
     with ray_route(settings) as route:
         built = [
@@ -286,9 +286,8 @@ def run_validate(args: argparse.Namespace) -> int:
     report: list[dict[str, Any]] = [
         {"step": violation.step, "valid": False, "violations": [violation]} for violation in refused
     ]
-    # JSON output is for machines: no progress lines mixed into it.
     stages = STAGE_NAMES[:2] if isinstance(settings, Settings) else STAGE_NAMES[:1]
-    progress = Progress(len(steps), stages, quiet=args.format == "json")
+    progress = Progress(len(steps), stages, quiet=args.quiet)
     for step, sources in steps.items():
         # the build's own driver, stopped before the write (rows only: after the read)
         job = StepJob(step, sources, settings, None, early=args.early_digests)
@@ -343,13 +342,14 @@ def run_parity(args: argparse.Namespace) -> int:
 def run_metrics(args: argparse.Namespace) -> int:
     from pipeline import metrics_export
 
-    if args.tensorboard is None and args.jsonl is None:
-        raise UsageError("metrics: give --tensorboard DIR, --jsonl FILE or both")
     jsonl = None if args.jsonl in (None, "-") else Path(args.jsonl)
     metrics_export.check_targets(args.tensorboard, jsonl)
     for note in refused.refused_notes("metrics", Path(args.root)):
         print(note, file=sys.stderr)
     steps = metrics_export.root_metrics(args.root)
+    if args.tensorboard is None and args.jsonl is None:  # ROOT alone: a table to read
+        sys.stdout.write(metrics_export.table_text(steps))
+        return 0
     written = []
     if args.tensorboard is not None:
         written.append(str(metrics_export.write_tensorboard(steps, args.tensorboard)))

@@ -87,6 +87,33 @@ def jsonl_text(steps: Iterable[StepMetrics]) -> str:
     return "".join(json.dumps(step.record()) + "\n" for step in steps)
 
 
+def _cell(value: float | None) -> str:
+    """A value as a person reads it: a whole number without decimals, else 6 significant
+    digits (the JSON Lines export keeps every digit); `-` where a step has no such metric."""
+    if value is None:
+        return "-"
+    if math.isfinite(value) and value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.6g}"
+
+
+def table_text(steps: Sequence[StepMetrics]) -> str:
+    """The metrics as a table for a terminal: one row per metric (in the first step's
+    manifest order, then any a later step adds), one column per step."""
+    names = list(dict.fromkeys(k for s in steps for k in s.stats if k != STEP))
+    header = ["metric", *(f"step {s.step}" for s in steps)]
+    rows = [[name, *(_cell(s.stats.get(name)) for s in steps)] for name in names]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(
+            cell.ljust(width) if i == 0 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [header, *rows]
+    ]
+    return "\n".join(lines) + "\n"
+
+
 # --- TensorBoard event files -------------------------------------------------------------
 
 

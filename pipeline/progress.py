@@ -1,4 +1,8 @@
-"""Progress of a CLI run: a bar per step and stage on a terminal, plain lines otherwise."""
+"""Progress of a CLI run: a bar per step and stage on stderr when it is a terminal.
+
+stdout holds only what the README promises (one summary line per step, or a report), so a
+file or a pipe gets exactly that; the progress is for a person watching, and says nothing
+where no one is (stderr not a terminal) or with `--quiet`."""
 
 from __future__ import annotations
 
@@ -7,11 +11,12 @@ import time
 from typing import TextIO
 
 BAR_WIDTH = 24
+LINE_WIDTH = 100
 
 
 class Progress:
-    """Reports each stage of each step. On a terminal one line is redrawn in place on
-    stderr; elsewhere (CI logs, pipes) every finished stage is one plain line on stdout."""
+    """Reports each stage of each step as one line redrawn in place on stderr, erased
+    before anything else is printed; silent when stderr is not a terminal or when quiet."""
 
     def __init__(
         self,
@@ -22,19 +27,18 @@ class Progress:
     ) -> None:
         self.total_steps = total_steps
         self.stages = stages
-        self.quiet = quiet
-        self.tty = (stream or sys.stderr).isatty() and not quiet
-        self.stream = (stream or sys.stderr) if self.tty else sys.stdout
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() and not quiet
         self.done_steps = 0
         self.started = time.perf_counter()
 
-    def _bar(self, step: int, stage: str) -> None:
+    def _bar(self, step: int, stage: str, detail: str = "") -> None:
         done = self.done_steps * len(self.stages) + self.stages.index(stage)
         total = self.total_steps * len(self.stages)
         filled = BAR_WIDTH * done // max(total, 1)
         bar = "#" * filled + "-" * (BAR_WIDTH - filled)
-        line = f"[{bar}] step {step} ({self.done_steps + 1}/{self.total_steps}): {stage}"
-        self.stream.write("\r" + line.ljust(72)[:100])
+        line = f"[{bar}] step {step} ({self.done_steps + 1}/{self.total_steps}): {stage}{detail}"
+        self.stream.write("\r" + line.ljust(72)[:LINE_WIDTH])
         self.stream.flush()
 
     def begin(self, step: int, stage: str) -> None:
@@ -43,9 +47,9 @@ class Progress:
             self._bar(step, stage)
 
     def end(self, step: int, stage: str, detail: str) -> None:
-        if not self.tty and not self.quiet:
+        if self.tty:
             seconds = time.perf_counter() - self.started
-            print(f"step {step}: {stage}: {detail} ({seconds:.2f} s)", file=self.stream, flush=True)
+            self._bar(step, stage, f": {detail} ({seconds:.2f} s)")
 
     def step_done(self) -> None:
         self.done_steps += 1
@@ -55,5 +59,5 @@ class Progress:
     def clear(self) -> None:
         """Erase the bar before another line is printed on the terminal."""
         if self.tty:
-            self.stream.write("\r" + " " * 100 + "\r")
+            self.stream.write("\r" + " " * LINE_WIDTH + "\r")
             self.stream.flush()

@@ -313,7 +313,10 @@ def _problem(error: ErrorDetails) -> str:
     """One of pydantic's errors as `name: what is wrong`."""
     from pipeline.yaml_config import setting_name
 
-    return f"{'.'.join(map(setting_name, error['loc']))}: {error['msg']}"
+    name = ".".join(map(setting_name, error["loc"]))
+    if error["type"] == "missing":  # pydantic's "Field required", in the project's words
+        return f"{name}: required: give it as a flag, in --config or in rollout-shards.yaml"
+    return f"{name}: {error['msg']}"
 
 
 # The settings the row and file rules read; the rest shape the batch (trim, layout, ranks).

@@ -66,12 +66,20 @@ class ParityReport:
         if self.only_left or self.only_right:
             lines.append(f"rows: {self.only_left} only in left, {self.only_right} only in right")
             lines += [f"  only in {ex['side']}: {_show_key(ex['key'])}" for ex in self.row_examples]
+            lines += _unlisted(self.only_left + self.only_right, len(self.row_examples))
         matched = self.rows_left - self.only_left
         for column in self.columns:
             lines.append(_column_header(column, matched))
             lines += [f"  {_show_example(column, ex)}" for ex in column.examples]
+            if column.examples:
+                lines += _unlisted(column.rows, len(column.examples))
         lines.append(self.summary())
         return "\n".join(lines)
+
+
+def _unlisted(total: int, listed: int) -> list[str]:
+    """The line counting what the examples above leave out (`--format json` has the counts)."""
+    return [f"  and {total - listed} more"] if total > listed else []
 
 
 def _show(value: Any) -> str:

@@ -157,8 +157,8 @@ ROWS = Model(
         ),
         Rule(
             "rollout_id_only_on_v2_multi_leaf",
-            "rollout_id must be set exactly on the leaves of v2 multi-leaf trajectories; "
-            "v1 rows and v2 singletons keep it null (miles PR #2536)",
+            "rollout_id must be set exactly on the leaves of v2 multi-leaf trajectories "
+            "(one id shared by the leaves); v1 rows and v2 singletons keep it null",
             pl.col(c.ROLLOUT_ID).is_not_null() == V2_MULTI_LEAF,
         ),
         # A leaf without an id is rollout_id_only_on_v2_multi_leaf's to report.

@@ -9,6 +9,7 @@ quarantine mode the last phase repeats on what remains until nothing more fails.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import polars as pl
@@ -25,9 +26,39 @@ MAX_ROWS_SHOWN = 5
 # and the line says so when repair would fix every row it names.
 ROLLOUT_ID_RULES = ("rollout_id_only_on_v2_multi_leaf",)
 REPAIR_HINT = (
-    "for data written before it, --rollout-id-policy repair clears the ids of v1 rows and "
-    "single-row trajectories and gives v2 leaves without one a sibling's id, else their index"
+    "for data written before this rule, --rollout-id-policy repair clears the ids of v1 rows "
+    "and single-row trajectories and gives v2 leaves without one a sibling's id, else their "
+    "index"
 )
+# A step whose every broken rule names rows builds the rest when those are set aside.
+QUARANTINE_HINT = (
+    "--on-invalid quarantine would set these trajectories aside and build the rest"
+)
+# The values a row rule reads, named on the first failing row: (light column, name shown).
+RULE_VALUES: dict[str, tuple[tuple[str, str], ...]] = {
+    "reward_finite": ((c.REWARD_VALUE, "reward"),),
+    "raw_reward_finite": ((c.RAW_REWARD, "raw_reward"),),
+    "response_within_tokens": ((c.RESPONSE_LENGTH, "response_length"), (c.N_TOKENS, "tokens")),
+    "loss_mask_length": ((c.MASK_LEN, "loss_mask length"), (c.RESPONSE_LENGTH, "response_length")),
+    "rollout_log_probs_length": (
+        (c.RLP_LEN, "rollout_log_probs length"),
+        (c.RESPONSE_LENGTH, "response_length"),
+    ),
+    "teacher_log_probs_length": (
+        (c.TLP_LEN, "teacher_log_probs length"),
+        (c.RESPONSE_LENGTH, "response_length"),
+    ),
+    "rollout_id_only_on_v2_multi_leaf": (
+        (c.ROLLOUT_ID, "rollout_id"),
+        (c.SESSION_VERSION, "session_version"),
+        (c.TRAJECTORY_SIZE, "leaves"),
+    ),
+    "rollout_id_shared_by_siblings": ((c.ROLLOUT_ID, "rollout_id"),),
+    "rollout_id_on_multi_leaf": ((c.ROLLOUT_ID, "rollout_id"), (c.TRAJECTORY_SIZE, "leaves")),
+    "one_session_version": ((c.SESSION_VERSION, "session_version"),),
+    "rollout_key_unique_per_trajectory": ((c.ROLLOUT_KEY, "rollout key"),),
+    "multi_leaf_only_in_v2": ((c.SESSION_VERSION, "session_version"), (c.TRAJECTORY_SIZE, "rows")),
+}
 REPAIRABLE = repairable(
     pl.col(c.SESSION_VERSION), pl.col(c.TRAJECTORY_SIZE) > 1, pl.col(c.ROLLOUT_ID)
 )
@@ -125,6 +156,37 @@ def _rollout_reward_message(light: pl.DataFrame, positions: pl.Series) -> str:
     )
 
 
+def _shown(value: object) -> str:
+    """A value as the line shows it: NaN and infinities by name, null as null."""
+    if value is None:
+        return "null"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return str(value)
+
+
+def _first_row(rows: pl.DataFrame, rule: str, group: pl.DataFrame) -> str:
+    """Where the first failing row sits in its file (1-based, as the file stores it) and
+    the values the rule read there: `; file row 3 has reward NaN`."""
+    if rows.height == 0 or c.SOURCE_ROW not in rows.columns:
+        return ""
+    first = rows.row(0, named=True)
+    if first[c.SOURCE_ROW] is None:
+        return ""
+    where = f"file row {first[c.SOURCE_ROW] + 1}"
+    if rows.get_column(c.SOURCE_FILE).n_unique() > 1:
+        where += f" of {first[c.SOURCE_FILE]}"
+    named = [(name, label) for name, label in RULE_VALUES.get(rule, ()) if name in rows.columns]
+    if named:
+        held = ", ".join(f"{label} {_shown(first[name])}" for name, label in named)
+    elif group.get_column("schema_context")[0] == "Column":
+        case = group.filter(pl.col("index") == first[c.POSITION]).get_column("failure_case")
+        held = f"{group.get_column('column')[0]} {_shown(case[0])}" if case.len() else ""
+    else:
+        return f"; first at {where}"
+    return f"; {where} has {held}" if held else f"; first at {where}"
+
+
 def _summarise(
     cases: pl.DataFrame, light: pl.DataFrame, step: int, messages: dict[str, str]
 ) -> list[RuleFailure]:
@@ -140,15 +202,18 @@ def _summarise(
         rows = light.filter(pl.col(c.POSITION).is_in(positions.implode())).sort(c.POSITION)
         message = messages.get(rule) or group.get_column("check")[0].partition(": ")[2]
         reason = f"{rule}: {message}"
+        at = _first_row(rows, rule, group)
         if rule == "rollout_shares_reward":
             message = _rollout_reward_message(light, positions)
         elif rule == "step_matches_path":
             held = rows.get_column(c.STEP).unique(maintain_order=True).head(3).to_list()
-            message = f"{message}: the step column holds {held}, the path says step {step}"
+            message = f"{message}: the step column holds {held}, the path says step {step}{at}"
         elif rule in ROLLOUT_ID_RULES and rows.height and rows.select(REPAIRABLE.all()).item():
-            message = f"{message}; {REPAIR_HINT}"
+            message = f"{message}{at}; {REPAIR_HINT}"
         elif rows.height == 0:
             message = f"{message} (got {group.get_column('failure_case').head(3).to_list()})"
+        else:
+            message += at
         violation = Violation(
             rule=rule,
             message=message,
@@ -281,6 +346,9 @@ def validate_step(
             break
     else:
         settled = False
+    if settled and not until_valid and all(v.rows for v in violations):
+        for violation in violations:
+            violation.message += f"; {QUARANTINE_HINT}"
     return Verdict(
         valid=valid,
         violations=violations,

@@ -195,6 +195,7 @@ def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.Laz
         key.alias(ROLLOUT_KEY),
         source_name.alias(c.SOURCE_NAME),
         pl.col(c.SOURCE_FILE),
+        _or_null(schema, c.SOURCE_ROW, pl.Int64()).alias(c.SOURCE_ROW),  # for error lines
         _or_null(schema, "_path_step", pl.Int64()).alias("_path_step"),
     )
 

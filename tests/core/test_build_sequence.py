@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import commands
 from pipeline.cli import main
+from pipeline.progress import Progress
 from pipeline.step import build
 from tests.conftest import sample, write_step
 
@@ -37,7 +39,8 @@ def test_a_broken_rule_fails_the_step_before_it_is_planned(
     assert code == 1
     assert err == (
         f"rollout-shards: build: step 1: {path}: rule unique_leaf: (step, index, leaf) must "
-        "be unique; rows (index, leaf): (0, 0), (0, 0)\n"
+        "be unique; first at file row 1; --on-invalid quarantine would set these trajectories "
+        "aside and build the rest; rows (index, leaf): (0, 0), (0, 0)\n"
     )
     assert stdout == ""  # no stage was done: validation failed
     assert planned == []
@@ -56,11 +59,22 @@ def test_the_same_step_validated_gives_the_same_line(
 
 
 def test_a_valid_step_reports_each_stage_in_order(
-    rows_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    rows_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    stages: list[tuple[int, str]] = []
+
+    class Recorded(Progress):
+        def end(self, step: int, stage: str, detail: str) -> None:
+            stages.append((step, stage))
+
+    monkeypatch.setattr(commands, "Progress", Recorded)
     write_step(rows_dir, [sample(i, reward=float(i % 2)) for i in range(4)])
     code, stdout, _ = _build(capsys, rows_dir, tmp_path / "shards")
-    stages = [line.split(": ")[1] for line in stdout.splitlines() if line.startswith("step 1: ")]
     assert code == 0
-    assert stages[:3] == ["read and validate", "plan", "write"]
+    assert stages == [(1, "read and validate"), (1, "plan"), (1, "write")]
+    assert stdout.startswith("step 1: 4 rows in, ")  # the summary alone: no stage lines
+    assert stdout.count("\n") == 1
     assert (tmp_path / "shards" / "step=1" / "manifest.json").is_file()

@@ -163,12 +163,31 @@ def test_cli_exports_both_and_a_rerun_replaces(root: Path, tmp_path: Path) -> No
     assert json.loads(printed.stdout) == {ROLLOUT_STEP: 2} | _stats(root, 2)
 
 
+def test_root_alone_prints_a_table_of_every_metric_per_step(root: Path) -> None:
+    done = cli("metrics", root)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    header, *rows = done.stdout.splitlines()
+    assert header.split() == ["metric", "step", "2", "step", "10"]
+    table = {row.split()[0]: row.split()[1:] for row in rows}
+    two, ten = _stats(root, 2), _stats(root, 10)
+    assert set(table) == (set(two) | set(ten)) - {ROLLOUT_STEP}
+    assert table["rollout/num_training_samples"] == ["4", "6"]
+    for name, (left, right) in table.items():
+        for cell, stats in ((left, two), (right, ten)):
+            if name not in stats:
+                assert cell == "-"
+            else:
+                assert float(cell) == pytest.approx(stats[name], rel=1e-5)
+    # the numbers right-aligned under their step
+    assert {len(row) for row in done.stdout.splitlines()} == {len(header)}
+
+
 @pytest.mark.parametrize(
     ("args", "status", "message"),
     [
         (["{tmp}/nowhere", "--jsonl", "{tmp}/m.jsonl"], 2, "{tmp}/nowhere does not exist"),
         (["{tmp}/empty", "--jsonl", "{tmp}/m.jsonl"], 2, "no committed step"),
-        (["{root}"], 2, "give --tensorboard DIR, --jsonl FILE or both"),
+        (["{tmp}/nowhere"], 2, "{tmp}/nowhere does not exist"),
         (
             ["{root}", "--tensorboard", "{tmp}/a-file", "--jsonl", "{tmp}/m.jsonl"],
             2,

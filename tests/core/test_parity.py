@@ -157,6 +157,20 @@ def test_missing_row(builds: tuple[Path, Path], capsys: pytest.CaptureFixture[st
     assert lines[-1] == "0 columns differ, 1 rows on one side only"
 
 
+def test_unlisted_one_sided_rows_are_counted(
+    builds: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    left, right = builds
+    for shard in (right / "step=1").glob("rank=*.parquet"):
+        rewrite(shard, keep=pl.lit(False))
+    status, lines = run(left, right, capsys=capsys)
+    assert status == 1
+    assert "rows: 8 only in left, 0 only in right" in lines
+    listed = [line for line in lines if line.startswith("  only in left: ")]
+    assert len(listed) == 5
+    assert lines[lines.index(listed[-1]) + 1] == "  and 3 more"
+
+
 def test_column_on_one_side(builds: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     left, right = builds
     for shard in (right / "step=1").glob("rank=*.parquet"):
@@ -165,6 +179,7 @@ def test_column_on_one_side(builds: tuple[Path, Path], capsys: pytest.CaptureFix
     assert status == 1
     assert "column round_number: only in left (8 rows)" in lines
     assert "  step 1, batch_position 0: left 3, right (absent)" in lines
+    assert "  and 3 more" in lines  # 5 of the 8 rows listed
     assert lines[-1] == "1 columns differ"
 
 

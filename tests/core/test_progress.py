@@ -1,4 +1,5 @@
-"""Progress: a bar redrawn in place on a terminal, plain lines otherwise."""
+"""Progress: a bar redrawn in place on stderr when it is a terminal, nothing otherwise or
+with --quiet; stdout holds the summary lines alone."""
 
 from __future__ import annotations
 
@@ -33,13 +34,16 @@ def test_bar_on_a_terminal_is_redrawn_and_cleared() -> None:
     assert "\n" not in screen.getvalue()
 
 
-def test_plain_lines_elsewhere(capsys: pytest.CaptureFixture[str]) -> None:
-    progress = Progress(1, ("plan",), stream=io.StringIO())
-    progress.begin(7, "plan")
-    progress.end(7, "plan", "12 rows to write")
-    out = capsys.readouterr().out
-    assert out.startswith("step 7: plan: 12 rows to write (")
-    assert out.endswith(" s)\n")
+def test_nothing_elsewhere_or_when_quiet(capsys: pytest.CaptureFixture[str]) -> None:
+    for progress in (
+        Progress(1, ("plan",), stream=io.StringIO()),
+        Progress(1, ("plan",), stream=Terminal(), quiet=True),
+    ):
+        progress.begin(7, "plan")
+        progress.end(7, "plan", "12 rows to write")
+        progress.step_done()
+        assert progress.stream.getvalue() == ""  # type: ignore[attr-defined]
+    assert capsys.readouterr() == ("", "")
 
 
 def test_build_on_a_terminal_shows_the_bar(tmp_path: Path) -> None:
@@ -49,7 +53,31 @@ def test_build_on_a_terminal_shows_the_bar(tmp_path: Path) -> None:
     screen = log.read_text()
     assert "] step 3 (3/4): plan" in screen
     assert "step 3: 16 rows in" in screen
-    assert ": read and validate: " not in screen  # no plain lines on a terminal
+    # each stage's bar says what it did; only the summary lines stay on the screen
+    assert "] step 1 (1/4): read and validate: " in screen
+    raw = log.read_bytes().decode()  # the bar's carriage returns as written
+    kept = [line.rstrip("\r").split("\r")[-1].strip() for line in raw.split("\n")[1:-2]]
+    summaries = [line for line in kept if line and not line.startswith("rollout-shards: ")]
+    assert [line.split(": ")[0] for line in summaries] == [f"step {n}" for n in range(1, 5)]
+    quiet = tmp_path / "quiet"
+    subprocess.run(
+        ["script", "-qec", f"{command} --force --quiet", str(quiet)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    assert "] step " not in quiet.read_text() and "step 3: 16 rows in" in quiet.read_text()
+
+
+def test_piped_build_prints_the_summary_lines_alone(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "pipeline.cli", "build", "data/rollouts", "--out", str(out)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
+    assert [line.split(": ")[0] for line in result.stdout.splitlines()] == [
+        f"step {n}" for n in range(1, 5)
+    ]
+    assert all(" rows in, " in line for line in result.stdout.splitlines())
+    assert "read and validate" not in result.stderr  # only the warnings
 
 
 def test_build_output_piped_into_head_exits_quietly(tmp_path: Path) -> None:
@@ -57,5 +85,5 @@ def test_build_output_piped_into_head_exits_quietly(tmp_path: Path) -> None:
         f"{sys.executable} -m pipeline.cli build data/rollouts --out {tmp_path / 'o'} | head -1"
     )
     result = subprocess.run(["bash", "-c", command], cwd=REPO, capture_output=True, text=True)
-    assert result.stdout.startswith("step 1: read and validate: ")
+    assert result.stdout.startswith("step 1: 16 rows in, ")
     assert "Traceback" not in result.stderr

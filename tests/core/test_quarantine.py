@@ -110,7 +110,8 @@ def test_fail_mode_reports_a_wrong_type_once(rows_dir: Path) -> None:
         ("status_isin", [(2, 0)]),
     ]
     assert error.value.violations[0].message == (
-        'column response_length must be Int32, got "two" at file row 2'
+        'column response_length must be Int32, got "two" at file row 2; '
+        "--on-invalid quarantine would set these trajectories aside and build the rest"
     )
 
 
@@ -193,7 +194,8 @@ def test_too_few_rows_left_says_how_many_were_quarantined(rows_dir: Path, tmp_pa
     (violation,) = error.value.violations
     assert violation.rule == "not_enough_samples"
     assert violation.message.startswith(
-        "not enough samples 1 for global_batch_size 2 (left after quarantining 3 rows"
+        "not enough samples 1 for global_batch_size 2; --global-batch-size 1 is the largest "
+        "this step fills (a multiple of dp_size 1) (left after quarantining 3 rows"
     )
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from pipeline import columns as c
 from pipeline.errors import StepError
-from pipeline.schemas.validate import REPAIR_HINT
+from pipeline.schemas.validate import QUARANTINE_HINT, REPAIR_HINT
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
 from tests.conftest import build, ranks, sample, table, write_step
 
@@ -156,7 +156,7 @@ def test_a_singleton_without_a_session_version_is_cleared(rows_dir: Path, tmp_pa
         build(rows_dir, tmp_path / "strict", global_batch_size=2)
     (violation,) = error.value.violations
     assert violation.rule == "rollout_id_only_on_v2_multi_leaf"
-    assert violation.message.endswith(REPAIR_HINT)
+    assert violation.message.endswith(f"{REPAIR_HINT}; {QUARANTINE_HINT}")
     manifest = build(rows_dir, tmp_path / "out", global_batch_size=2, **REPAIR)
     assert manifest["repaired"] == {CLEARED: 4, STAMPED: 0}
     assert manifest["is_compact"] is False

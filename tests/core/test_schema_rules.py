@@ -79,7 +79,8 @@ CASES = [
     (
         "rollout_id_only_on_v2_multi_leaf",
         [sample(3, 0, **V2), sample(3, 1, **V2)],
-        "v1 rows and v2 singletons keep it null (miles PR #2536)",
+        "v1 rows and v2 singletons keep it null; file row 1 has rollout_id null, "
+        "session_version v2, leaves 2",
         [(3, 0), (3, 1)],
     ),
     (

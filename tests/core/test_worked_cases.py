@@ -202,7 +202,8 @@ def test_siblings_with_different_rewards_are_invalid(rows_dir: Path) -> None:
     (violation,) = excinfo.value.violations
     assert violation.rule == "rollout_shares_reward"
     assert violation.message == (
-        "all samples in rollout 11 must share one reward; rows [1, 2] have rewards [2.0, 6.0]"
+        "all samples in rollout 11 must share one reward; rows [1, 2] have rewards [2.0, 6.0]; "
+        "--on-invalid quarantine would set these trajectories aside and build the rest"
     )
     assert violation.rows == [(11, 0), (11, 1)]
 

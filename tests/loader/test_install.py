@@ -137,3 +137,47 @@ try:
 except ImportError as error:
     print(error)
 """
+
+
+# setuptools' metadata hook, run in a copy: a deprecated or unread license field warns
+METADATA = """
+import sys, warnings
+warnings.simplefilter("error")
+from setuptools import build_meta
+print(build_meta.prepare_metadata_for_build_wheel(sys.argv[1]))
+"""
+
+
+def _metadata(source: Path, into: Path) -> dict[str, list[str]]:
+    into.mkdir()
+    run = subprocess.run(
+        [sys.executable, "-c", METADATA, str(into)],
+        cwd=source,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    text = (into / run.stdout.split()[-1] / "METADATA").read_text()
+    fields: dict[str, list[str]] = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(": ")
+        fields.setdefault(key, []).append(value)
+    return fields
+
+
+def test_both_distributions_carry_the_apache_license(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, project / name)
+    shutil.copytree(REPO / "pipeline", project / "pipeline")
+    loader = tmp_path / "loader"
+    shutil.copytree(REPO / "loader", loader)
+    apache = "Apache License\n                           Version 2.0, January 2004"
+    for source, name in ((project, "rollout-shards"), (loader, "rollout-shards-loader")):
+        fields = _metadata(source, tmp_path / f"{name}-meta")
+        assert fields["Name"] == [name]
+        assert fields["License-Expression"] == ["Apache-2.0"]
+        assert fields["License-File"] == ["LICENSE"]
+        assert "Metadata-Version" in fields
+        assert apache in (source / "LICENSE").read_text()

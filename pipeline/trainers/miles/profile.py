@@ -72,10 +72,21 @@ def plan_trim(n_rows: int, settings: Settings, compact: bool, step: int) -> Trim
     if kept == 0:
         raise step_error(
             "not_enough_samples",
-            f"not enough samples {n_rows} for global_batch_size {size}",
+            f"not enough samples {n_rows} for global_batch_size {size}{_fits(n_rows, settings)}",
             step,
         )
     return TrimPlan(size, dynamic, kept, n_rows - kept)
+
+
+def _fits(n_rows: int, settings: Settings) -> str:
+    """The largest global batch size this step fills (a multiple of dp_size), as advice."""
+    largest = n_rows // settings.dp_size * settings.dp_size
+    if largest == 0:
+        return f"; the step has fewer rows than dp_size {settings.dp_size}"
+    return (
+        f"; --global-batch-size {largest} is the largest this step fills "
+        f"(a multiple of dp_size {settings.dp_size})"
+    )
 
 
 def prompt_groups(light: pl.LazyFrame, n_rows: int, settings: Settings) -> pl.Expr:
@@ -208,7 +219,11 @@ def batch_inconsistency(s: Settings) -> str | None:
     """What miles (and Megatron at its start-up) refuses of the batch settings: the
     data-parallel layout and the micro-batch schedule."""
     if s.global_batch_size is None:
-        return "global_batch_size: Field required"
+        return (
+            "global_batch_size: required by the miles trainer (miles' --global-batch-size): "
+            "give --global-batch-size, or global_batch_size in --config or in the input "
+            "root's rollout-shards.yaml"
+        )
     if s.global_batch_size % s.dp_size:
         return (
             f"global_batch_size={s.global_batch_size} must be divisible by "

@@ -17,14 +17,26 @@ MILES_ONLY_RULES = (
     "rollout_id_only_on_v2_multi_leaf",
     "rollout_key_unique_per_trajectory",
 )
+# Its messages are slime's own assertions' words.
+SLIME_SHARED_ID = Rule(
+    "rollout_id_shared_by_siblings",
+    "sibling samples from one compact rollout (the leaves of a multi-leaf trajectory) must "
+    "share rollout_id",
+    next(r.expr for r in ROWS.rules if r.name == "rollout_id_shared_by_siblings"),
+)
 ROW_RULES = Model(
     "SlimeSampleRules",
     rules=(
-        *(rule for rule in ROWS.rules if rule.name not in MILES_ONLY_RULES),
+        *(
+            SLIME_SHARED_ID if rule.name == SLIME_SHARED_ID.name else rule
+            for rule in ROWS.rules
+            if rule.name not in MILES_ONLY_RULES
+        ),
         Rule(
             "rollout_id_on_multi_leaf",
-            "every leaf of a multi-leaf trajectory must carry the trajectory's rollout_id "
-            "(slime's validate_rollout_id_annotated)",
+            "a compact rollout (the leaves of a multi-leaf trajectory) must have "
+            "Sample.rollout_id set on every sibling so the loss reducer can aggregate them "
+            "as one rollout instead of N",
             (pl.col(c.TRAJECTORY_SIZE) == 1) | pl.col(c.ROLLOUT_ID).is_not_null(),
         ),
     ),

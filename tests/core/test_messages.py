@@ -1,0 +1,122 @@
+"""The lines a user reads when a step is refused: the offending value and the file's row,
+the suggestion where one exists, the project's own words for a missing setting, and the
+trainer's own words for its rollout-id rule."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.schemas.validate import QUARANTINE_HINT
+from tests.conftest import sample, write_step
+
+
+def _stderr(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, list[str]]:
+    status = main([*map(str, args)])
+    return status, capsys.readouterr().err.splitlines()
+
+
+def test_a_nan_reward_names_its_value_file_row_and_quarantine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [sample(i, reward=float(i % 2)) for i in range(8)]
+    rows[2]["reward"] = math.nan
+    path = write_step(tmp_path / "in", rows)
+    status, lines = _stderr(
+        capsys, "build", tmp_path / "in", "--out", tmp_path / "out", "--global-batch-size", "4"
+    )
+    assert status == 1
+    assert lines == [
+        f"rollout-shards: build: step 1: {path}: rule reward_finite: reward must be a finite "
+        f"number on every row; file row 3 has reward NaN; {QUARANTINE_HINT}; "
+        "rows (index, leaf): (2, 0)"
+    ]
+    # the suggestion holds: quarantining builds the rest
+    status, _ = _stderr(
+        capsys, "build", tmp_path / "in", "--out", tmp_path / "out", "--global-batch-size", "4",
+        "--on-invalid", "quarantine",
+    )  # fmt: skip
+    assert status == 0
+
+
+def test_a_row_of_a_second_file_names_that_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "in" / "step=1"
+    folder.mkdir(parents=True)
+    rows = [sample(i) for i in range(8)]
+    rows[6]["response_length"] = 40
+    write_step(tmp_path / "a", rows[:4]).rename(folder / "part-0.parquet")
+    write_step(tmp_path / "b", rows[4:]).rename(folder / "part-1.parquet")
+    status, lines = _stderr(capsys, "validate", tmp_path / "in", "--global-batch-size", "4")
+    assert status == 1
+    (line,) = lines
+    assert "rule response_within_tokens: " in line
+    assert "; file row 3 has response_length 40, tokens " in line  # row 3 of part-1
+
+
+def test_too_few_samples_suggest_the_largest_batch_the_step_fills(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_step(tmp_path / "in", [sample(i) for i in range(11)])
+    status, lines = _stderr(
+        capsys, "validate", tmp_path / "in", "--global-batch-size", "16", "--dp-size", "4"
+    )
+    assert status == 1
+    assert lines == [
+        "rollout-shards: validate: step 1: rule not_enough_samples: not enough samples 11 for "
+        "global_batch_size 16; --global-batch-size 8 is the largest this step fills "
+        "(a multiple of dp_size 4)"
+    ]
+    status, _ = _stderr(
+        capsys, "validate", tmp_path / "in", "--global-batch-size", "8", "--dp-size", "4"
+    )
+    assert status == 0
+
+
+def test_a_missing_batch_size_in_the_projects_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_step(tmp_path / "in", [sample(i) for i in range(4)])
+    status, lines = _stderr(capsys, "build", tmp_path / "in", "--out", tmp_path / "out")
+    assert status == 2
+    (line,) = lines
+    assert "Field required" not in line
+    assert line == (
+        "rollout-shards: usage error: invalid settings: global_batch_size: required by the "
+        "miles trainer (miles' --global-batch-size): give --global-batch-size, or "
+        "global_batch_size in --config or in the input root's rollout-shards.yaml"
+    )
+
+
+def test_slime_names_its_rollout_id_rule_in_its_own_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [sample(0, 0, rollout_id=5), sample(0, 1), *(sample(i) for i in range(1, 4))]
+    write_step(tmp_path / "in", rows)
+    status, lines = _stderr(
+        capsys, "validate", tmp_path / "in", "--trainer", "slime", "--global-batch-size", "2",
+        "--rollout-batch-size", "2",
+    )  # fmt: skip
+    assert status == 1
+    (line,) = lines
+    assert "rule rollout_id_on_multi_leaf: a compact rollout" in line
+    assert "Sample.rollout_id set on every sibling so the loss reducer" in line
+    assert "miles" not in line and "2536" not in line
+
+
+def test_no_build_names_a_pull_request_for_the_rollout_id_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [sample(i, session_version="v1") for i in range(4)]
+    rows[2]["rollout_id"] = 2
+    write_step(tmp_path / "in", rows)
+    status, lines = _stderr(capsys, "validate", tmp_path / "in", "--global-batch-size", "2")
+    assert status == 1
+    (line,) = lines
+    assert "rule rollout_id_only_on_v2_multi_leaf: rollout_id must be set exactly" in line
+    assert "file row 3 has rollout_id 2, session_version v1, leaves 1" in line
+    assert "PR #" not in line
