@@ -107,8 +107,8 @@ team-webserver: install $(TEAM_HOME)/dagster.yaml
 	$(TEAM_ENV) $(BIN)/dagster-webserver -h 127.0.0.1 -p $(UI_PORT) -w deploy/workspace.yaml
 
 lint: install
-	$(BIN)/ruff check pipeline tests bench loader
-	$(BIN)/ruff format --check pipeline tests bench loader
+	$(BIN)/ruff check pipeline tests bench loader deploy
+	$(BIN)/ruff format --check pipeline tests bench loader deploy
 	$(BIN)/mypy
 
 # The browser test drives a Chromium (Debian's package by default) through the playwright

@@ -72,10 +72,9 @@ def _run(command: list[str], user: str | None, timeout: float = START_TIMEOUT_S)
         command, user=user, capture_output=True, text=True, timeout=timeout, check=False
     )
     if done.returncode:
-        message = (done.stderr or done.stdout).strip().splitlines()
-        raise SystemExit(
-            f"local_postgres: {Path(command[0]).name}: {message[-1] if message else done.returncode}"
-        )
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        said = lines[-1] if lines else f"exit status {done.returncode}"
+        raise SystemExit(f"local_postgres: {Path(command[0]).name}: {said}")
 
 
 def start(data: Path, port: int, bin_dir: Path) -> str:

@@ -24,8 +24,9 @@ DEFAULT_CRON = "0 * * * *"
 def stale_shards_schedule(
     context: dg.ScheduleEvaluationContext, rollout_storage: RolloutStorage
 ) -> list[dg.RunRequest] | dg.SkipReason:
-    """Every hour (or on $ROLLOUT_SHARDS_STALE_CRON), requests a run for each registered step whose step folder is missing,
-    or was written from other input files or other settings than the current ones."""
+    """Every hour (or on $ROLLOUT_SHARDS_STALE_CRON), requests a run for each registered
+    step whose step folder is missing, or was written from other input files or other
+    settings than the current ones."""
     try:
         steps = rollout_storage.steps()
         settings = rollout_storage.settings()
