@@ -33,7 +33,7 @@ DAGSTER_ENV = DAGSTER_HOME=$(DAGSTER_HOME) ROLLOUT_SHARDS_INPUT=$(ROLLOUT_SHARDS
 # dg expects the project's venv to be the active one; say it is, as `source .venv/bin/activate` would.
 DG_ENV = $(DAGSTER_ENV) VIRTUAL_ENV=$(CURDIR)/$(VENV)
 
-.PHONY: run ui test peers install lint browser data clean
+.PHONY: run ui test peers install lint browser data clean team-db team-code-server team-daemon team-webserver
 
 $(BIN)/python:
 	@echo "make: creating $(VENV) (first run only)"
@@ -47,7 +47,7 @@ $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 	@echo "make: installing into $(VENV), a few minutes on a first run (1/3: $(TORCH), CPU build)"
 	$(BIN)/pip install --quiet "$(TORCH)"
 	@echo "make: installing (2/3: rollout-shards with its extras: Dagster, Ray, verl, test tools)"
-	$(BIN)/pip install --quiet -e ".[dev,dagster,miles,ray,k8s,verl]"
+	$(BIN)/pip install --quiet -e ".[dev,dagster,miles,ray,k8s,verl,deploy]"
 	$(BIN)/pip install --quiet --no-deps "$(VERL)"
 	@echo "make: installing (3/3: compiling the package's bytecode)"
 	$(BIN)/python -m compileall -q pipeline loader
@@ -75,9 +75,40 @@ run: install $(DAGSTER_HOME)/dagster.yaml
 ui: install $(DAGSTER_HOME)/dagster.yaml
 	$(DG_ENV) $(BIN)/dg dev -h 127.0.0.1 -p $(UI_PORT)
 
+# A team's deployment (docs/deploy.md): the code server, the daemon and the webserver, each a
+# service of its own over one PostgreSQL instance named by DAGSTER_PG_URL (never in the repo).
+TEAM_HOME ?= $(CURDIR)/.dagster_team
+TEAM_PG_PORT ?= 5433
+ROLLOUT_SHARDS_CODE_PORT ?= 4266
+ROLLOUT_SHARDS_MAX_RUNS ?= 4
+TEAM_ENV = DAGSTER_HOME=$(TEAM_HOME) ROLLOUT_SHARDS_INPUT=$(ROLLOUT_SHARDS_INPUT) \
+	ROLLOUT_SHARDS_OUTPUT=$(ROLLOUT_SHARDS_OUTPUT) ROLLOUT_SHARDS_CODE_PORT=$(ROLLOUT_SHARDS_CODE_PORT) \
+	ROLLOUT_SHARDS_MAX_RUNS=$(ROLLOUT_SHARDS_MAX_RUNS)
+NEED_PG_URL = @test -n "$$DAGSTER_PG_URL" || { echo "make: set DAGSTER_PG_URL to the team's postgresql:// URL (make team-db starts one on this machine)" >&2; exit 1; }
+
+$(TEAM_HOME)/dagster.yaml: deploy/dagster.yaml
+	mkdir -p $(TEAM_HOME) && ln -sf $(CURDIR)/deploy/dagster.yaml $@
+
+# A PostgreSQL on 127.0.0.1 for trying the deployment on one machine; prints DAGSTER_PG_URL.
+team-db: install
+	@$(BIN)/python deploy/local_postgres.py start $(TEAM_HOME)/postgres --port $(TEAM_PG_PORT)
+
+team-code-server: install $(TEAM_HOME)/dagster.yaml
+	$(NEED_PG_URL)
+	$(TEAM_ENV) $(BIN)/dagster code-server start -h 127.0.0.1 -p $(ROLLOUT_SHARDS_CODE_PORT) \
+		-m pipeline.definitions --location-name rollout_shards
+
+team-daemon: install $(TEAM_HOME)/dagster.yaml
+	$(NEED_PG_URL)
+	$(TEAM_ENV) $(BIN)/dagster-daemon run -w deploy/workspace.yaml
+
+team-webserver: install $(TEAM_HOME)/dagster.yaml
+	$(NEED_PG_URL)
+	$(TEAM_ENV) $(BIN)/dagster-webserver -h 127.0.0.1 -p $(UI_PORT) -w deploy/workspace.yaml
+
 lint: install
-	$(BIN)/ruff check pipeline tests bench loader
-	$(BIN)/ruff format --check pipeline tests bench loader
+	$(BIN)/ruff check pipeline tests bench loader deploy
+	$(BIN)/ruff format --check pipeline tests bench loader deploy
 	$(BIN)/mypy
 
 # The browser test drives a Chromium (Debian's package by default) through the playwright

@@ -1,5 +1,7 @@
 """The scheduled run over registered steps whose shards are missing or stale."""
 
+import os
+
 import dagster as dg
 
 from pipeline.errors import StepError, UsageError
@@ -9,18 +11,22 @@ from pipeline.orchestration.resources import RolloutStorage
 from pipeline.step.freshness import shard_state
 
 REASON_TAG = "rollout_shards/reason"
+# A deployment may run the schedule more often than hourly (docs/deploy.md).
+CRON_ENV = "ROLLOUT_SHARDS_STALE_CRON"
+DEFAULT_CRON = "0 * * * *"
 
 
 @dg.schedule(
     job=rollout_step_job,
-    cron_schedule="0 * * * *",
+    cron_schedule=os.environ.get(CRON_ENV) or DEFAULT_CRON,
     default_status=dg.DefaultScheduleStatus.STOPPED,
 )
 def stale_shards_schedule(
     context: dg.ScheduleEvaluationContext, rollout_storage: RolloutStorage
 ) -> list[dg.RunRequest] | dg.SkipReason:
-    """Every hour, requests a run for each registered step whose step folder is missing,
-    or was written from other input files or other settings than the current ones."""
+    """Every hour (or on $ROLLOUT_SHARDS_STALE_CRON), requests a run for each registered
+    step whose step folder is missing, or was written from other input files or other
+    settings than the current ones."""
     try:
         steps = rollout_storage.steps()
         settings = rollout_storage.settings()
