@@ -20,10 +20,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, os_violation, printable
-from pipeline.miles_flags import FLAG_READERS
 from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields, valued_booleans
 from pipeline.speed import HeadStart, on, tune_process
-from pipeline.streams import end_on_interrupt, kept_streams, program_streams_and_signals
+from pipeline.streams import (
+    end_on_interrupt,
+    exit_now,
+    kept_streams,
+    program_streams_and_signals,
+)
+from pipeline.trainers.miles.flags import FLAG_READERS
 
 PROG = "rollout-shards"
 
@@ -279,17 +284,6 @@ def _run(
             args.command, [os_violation(exc, Path(getattr(args, "out", None) or "."))]
         )
         return 1
-
-
-def exit_now(status: int) -> NoReturn:
-    """End the program without the interpreter's teardown (freeing every frame and module
-    takes a tenth of a second or more after a big step). By now every step folder is
-    committed and fsynced and every thread pool of the stages is joined (the head start
-    may still be on a file no step read); only the output streams may hold text, and they
-    are flushed first (`streams.KeptStream`: a stream that went away drops it)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,7 +23,6 @@ from pipeline.io.discovery import SourceFile, find_sources
 from pipeline.io.load import group_steps
 from pipeline.io.writer import clean_stale, step_folder
 from pipeline.manifest import Manifest
-from pipeline.orchestration.ray_route import Route, ray_route
 from pipeline.progress import Progress
 from pipeline.settings import (
     RowSettings,
@@ -43,6 +42,7 @@ from pipeline.step.build import (
     summary_line,
     warning_lines,
 )
+from pipeline.step.ray_route import Route, ray_route
 from pipeline.step.tables import SampleTable, TrainBatch
 
 PROG = "rollout-shards"

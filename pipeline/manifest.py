@@ -1,4 +1,5 @@
-"""The manifest of a step folder (`manifest.json`), typed, read and written here only.
+"""The manifest of a step folder (`manifest.json`), typed and written here (read from a
+step folder by `step.freshness.manifest_at`).
 
 A step's manifest is written last, so its presence means the step is complete. One that
 cannot be read, or does not have this shape, is as good as none: the step is rebuilt.
@@ -172,14 +173,3 @@ class Manifest(_Record):
             os.fsync(fd)
         finally:
             os.close(fd)
-
-    @classmethod
-    def read(cls, path: Path) -> Manifest | None:
-        """The manifest at `path`; None when it is missing, unreadable, not a regular file
-        (a FIFO there is never waited on) or of another shape."""
-        from pipeline.io.regular import read_regular
-
-        try:
-            return cls.from_json(read_regular(path))
-        except (OSError, ValueError):
-            return None

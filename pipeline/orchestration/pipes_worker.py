@@ -44,12 +44,12 @@ from dagster_pipes import (  # noqa: E402
     open_dagster_pipes,
 )
 
-from pipeline.cli import exit_now  # noqa: E402
 from pipeline.errors import StepError, UsageError, Violation, os_violation  # noqa: E402
 from pipeline.orchestration.ray_jobs import WarmQueue  # noqa: E402
-from pipeline.orchestration.ray_route import ray_route  # noqa: E402
 from pipeline.settings import Settings, make_settings  # noqa: E402
 from pipeline.speed import tune_process  # noqa: E402
+from pipeline.step.ray_route import ray_route  # noqa: E402
+from pipeline.streams import exit_now  # noqa: E402
 
 if TYPE_CHECKING:
     from pipeline.step.roots import StepRoots
@@ -115,6 +115,7 @@ def run_session(params_loader: PipesParamsLoader | None = None) -> None:
     `params_loader` is a warm worker's for each step it takes; `open_dagster_pipes` would
     hand back the process's first (closed) context, so each step gets a context of its own."""
     # Polars and the stages load here, after `main` set the process settings.
+    from pipeline.orchestration.stage_reports import stage_report
     from pipeline.step.roots import StepRoots
     from pipeline.step.stages import run_stages
 
@@ -137,7 +138,8 @@ def run_session(params_loader: PipesParamsLoader | None = None) -> None:
         in_ray_job = bool(pipes.extras.get("in_ray_job"))
         try:
             with ray_route(settings, in_ray_job) as route:
-                for stage, report in run_stages(stages, roots, step, settings, route):
+                for stage, done in run_stages(stages, roots, step, settings, route):
+                    report = stage_report(done)
                     pipes.log.info(report.log)
                     pipes.report_asset_materialization(metadata=report.metadata, asset_key=stage)
         except (StepError, UsageError) as error:

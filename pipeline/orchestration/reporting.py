@@ -13,7 +13,7 @@ from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
 
 from pipeline.errors import StepError, UsageError, Violation, error_lines, os_violation
 from pipeline.orchestration.partitions import step_of
-from pipeline.step.stages import Metadata
+from pipeline.orchestration.stage_reports import Metadata
 
 ROWS_SHOWN = 20
 FAILURE_TAG = "rollout_shards/invalid"

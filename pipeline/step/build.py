@@ -3,7 +3,7 @@
 The CLI's `build` (`build_step`) and `validate`, and the Dagster assets in process or in a
 Pipes worker on another process, Ray node or Kubernetes pod (`stages.run_stages`) all run
 it; a step on a Ray cluster is the same run with the reader and writer of `step.shares`
-handed in (`route`, from `orchestration/ray_route.py`), so the core never imports Ray.
+handed in (`route`, from `step/ray_route.py`), so the core never imports Ray.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch, untrained_warning
 from pipeline.step.tables import SampleTable, TrainBatch
 from pipeline.step.write import write_shards
+from pipeline.trainers.miles.staleness import STALE_GROUPS, STALE_ROWS
 from pipeline.transforms import metrics
-from pipeline.transforms.staleness import STALE_GROUPS, STALE_ROWS
 
 # A step is worth a look when more than half of its prompt groups have one reward (GRPO
 # learns nothing from them) or more than a tenth of its samples were truncated.
@@ -98,7 +98,7 @@ OpenReader = Callable[["StepJob", ExitStack], Reader]
 class StepJob:
     """One step to build: its files, settings and where it goes, how it is read when it is
     written (`reader`; None: in memory or in parts, by `stream_above`) and how its ranks are
-    written (`write_batch`: in this process, or Ray tasks, `orchestration/ray_ranks.py`).
+    written (`write_batch`: in this process, or Ray tasks, `step/ray_ranks.py`).
     A run that stops before the write reads in memory whatever `reader` says."""
 
     step: int
@@ -192,7 +192,7 @@ def build_step(
     current (`current_manifest`) is kept as it is unless `force`; any other is replaced
     whole. Builds of one step run one at a time (`writer.step_lock`), so the last published
     read the newest inputs. `route` may give the job another reader and writer (the Ray
-    route of `orchestration/ray_ranks.py`)."""
+    route of `step/ray_ranks.py`)."""
     report = reporter or _Silent()
     with writer.step_lock(out_root, step):
         if not force and (manifest := current_manifest(step, sources, settings, out_root)):

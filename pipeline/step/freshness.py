@@ -16,6 +16,7 @@ from pathlib import Path
 from pipeline.io import writer
 from pipeline.io.checksums import input_digest, sha256_of
 from pipeline.io.discovery import SourceFile
+from pipeline.io.regular import read_regular
 from pipeline.manifest import MANIFEST, Manifest, input_path
 from pipeline.settings import Settings
 
@@ -28,7 +29,16 @@ DIGEST_CHARS = 16
 def read_manifest(out_root: Path, step: int) -> Manifest | None:
     """A committed step's manifest, or None when the step folder is absent, incomplete, or
     its manifest is not one this project writes (then the step is rebuilt)."""
-    return Manifest.read(writer.step_folder(out_root, step) / MANIFEST)
+    return manifest_at(writer.step_folder(out_root, step) / MANIFEST)
+
+
+def manifest_at(path: Path) -> Manifest | None:
+    """The manifest at `path`; None when it is missing, unreadable, not a regular file
+    (a FIFO there is never waited on) or of another shape."""
+    try:
+        return Manifest.from_json(read_regular(path))
+    except (OSError, ValueError):
+        return None
 
 
 def _folder_matches(manifest: Manifest, folder: Path, hash_outputs: bool) -> bool:

@@ -2,7 +2,7 @@
 
 The build of a step larger than one node (docs/scaling-out.md) runs the one driver
 (`build.run_step`) with this reader and writer; the tasks run wherever `Tasks` puts them (a
-Ray cluster, `orchestration/ray_ranks.py`; or this process, `LocalTasks`):
+Ray cluster, `step/ray_ranks.py`; or this process, `LocalTasks`):
 
 1. read: the step's files are cut into shares (`split_shares`: a Parquet file by ranges of
    its row groups, found in its footer; any other file whole). A task per share reads it in

@@ -40,7 +40,7 @@ class RankFile(NamedTuple):
 def write_rank(batch: TrainBatch, rank: int, staged: Path) -> RankFile:
     """Write one rank's file of `batch` into the staged step folder and seal it: a writer
     that has the batch, or only this rank's rows of it, and no other rank (a Ray task of
-    `pipeline/orchestration/ray_ranks.py`)."""
+    `pipeline/step/ray_ranks.py`)."""
     bounds = rank_bounds(batch.ranks(), batch.meta.dp_size)
     name, rows, tokens, rewards = _write_rank_file(batch, rank, bounds, staged)
     return RankFile(name, rows, tokens, rewards, *_seal_rank(staged / name))

@@ -15,13 +15,16 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "pipeline"
 # Everything that imports Dagster lives here; the rest of `pipeline` is the core.
 ORCHESTRATION = ("definitions.py", "assets", "orchestration")
+# The one module that imports Ray: the tasks of a step on a cluster, beside the readers,
+# loaded by `step/ray_route.py` only when a cluster is named.
+RAY_TASKS = Path("step", "ray_ranks.py")
 
 
 def core_modules() -> list[str]:
     modules = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE)
-        if relative.parts[0] in ORCHESTRATION:
+        if relative.parts[0] in ORCHESTRATION or relative == RAY_TASKS:
             continue
         parts = ("pipeline", *relative.with_suffix("").parts)
         modules.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
@@ -51,7 +54,7 @@ def test_threads_start_in_one_core_module() -> None:
 
 
 def test_cli_and_core_import_without_dagster_or_ray() -> None:
-    """Ray comes only with a cluster named (`orchestration/ray_route.py`)."""
+    """Ray comes only with a cluster named (`step/ray_route.py`)."""
     script = (
         "import importlib, json, sys\n"
         f"for name in {core_modules()!r}:\n"
@@ -63,6 +66,12 @@ def test_cli_and_core_import_without_dagster_or_ray() -> None:
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert json.loads(result.stdout) == []
+    ray_importers = [
+        path.relative_to(PACKAGE)
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if re.search(r"^\s*(import ray|from ray\b)", path.read_text(), re.MULTILINE)
+    ]
+    assert ray_importers == [RAY_TASKS]
 
 
 def test_the_orchestration_layer_is_what_imports_dagster() -> None:
@@ -272,10 +281,11 @@ def test_the_process_settings_keep_openblas_to_one_thread() -> None:
 
 
 def test_a_trainer_module_is_reached_only_through_the_registry() -> None:
-    """`pipeline/trainers/<name>.py` is imported by nothing outside `pipeline/trainers/`
-    (nor by tests, bench or the loader): the profile comes from `trainers.profile(name)`."""
+    """`pipeline/trainers/<name>/profile.py` is imported by nothing outside
+    `pipeline/trainers/` (nor by tests, bench or the loader): the profile comes from
+    `trainers.profile(name)`."""
     trainer_module = re.compile(
-        r"(from\s+pipeline\.trainers\.\w+\s+import|import\s+pipeline\.trainers\.\w+"
+        r"(from\s+pipeline\.trainers\.\w+(\.profile)?\s+import|import\s+pipeline\.trainers\.\w+(\.profile)?\b(?!\.)"
         r"|from\s+pipeline\.trainers\s+import\s+(?!BatchPlan|Profile|NAMES|profile)\w+)"
     )
     offenders = [

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pipeline.manifest import Counts, InputFile, Manifest, OutputFile, ShapeError
+from pipeline.step.freshness import manifest_at
 
 
 def manifest() -> Manifest:
@@ -40,7 +41,7 @@ def manifest() -> Manifest:
 def test_a_manifest_reads_back_what_it_wrote(tmp_path: Path) -> None:
     written = manifest()
     written.write(tmp_path / "manifest.json")
-    read = Manifest.read(tmp_path / "manifest.json")
+    read = manifest_at(tmp_path / "manifest.json")
     assert read == written
     assert isinstance(read.inputs[0], InputFile) and isinstance(read.counts, Counts)
     assert json.loads(written.to_json())["counts"]["untrained"] == 0
@@ -80,7 +81,7 @@ def _with(change: dict[str, Any]) -> str:
 )
 def test_a_manifest_of_another_shape_reads_as_none(tmp_path: Path, change: dict) -> None:
     (tmp_path / "manifest.json").write_text(_with(change))
-    assert Manifest.read(tmp_path / "manifest.json") is None
+    assert manifest_at(tmp_path / "manifest.json") is None
     with pytest.raises(ShapeError):
         Manifest.from_json(_with(change))
 
@@ -118,7 +119,7 @@ def test_writing_a_manifest_does_not_load_pydantic(tmp_path: Path) -> None:
     run = [sys.executable, "-c", script, str(tmp_path / "manifest.json")]
     result = subprocess.run(run, capture_output=True, text=True, check=True)
     assert result.stdout == "False\n"
-    assert Manifest.read(tmp_path / "manifest.json") == manifest()
+    assert manifest_at(tmp_path / "manifest.json") == manifest()
 
 
 def test_the_json_keeps_its_bytes() -> None:

@@ -17,8 +17,9 @@ import pytest
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.manifest import Manifest
+from pipeline.orchestration import stage_reports as stages
 from pipeline.settings import Settings
-from pipeline.step import stages, staging
+from pipeline.step import staging
 from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch
 from pipeline.step.roots import StepRoots

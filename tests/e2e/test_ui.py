@@ -36,10 +36,10 @@ from pipeline import columns as c
 from pipeline.io import writer
 from pipeline.io.checksums import sha256_of
 from pipeline.manifest import MANIFEST
+from pipeline.orchestration import stage_reports as stages
 from pipeline.orchestration.partitions import partition_key, rollout_steps
 from pipeline.orchestration.reporting import FAILURE_TAG
 from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV
-from pipeline.step import stages
 from pipeline.transforms import metrics
 from tests.orchestration.dagster_support import DATA, Roots, break_step_1
 

@@ -18,9 +18,8 @@ from typing import Any
 from pipeline.errors import StepError
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
-from pipeline.orchestration import ray_ranks
 from pipeline.settings import Settings
-from pipeline.step import shares
+from pipeline.step import ray_ranks, shares
 from pipeline.step.build import build_step
 
 RESOURCE = "rollout_worker"

@@ -27,9 +27,10 @@ from dagster_support import (
 from pipeline import cli
 from pipeline import columns as c
 from pipeline.io import writer
+from pipeline.orchestration import stage_reports as stages
 from pipeline.orchestration.partitions import rollout_steps, step_of
 from pipeline.orchestration.reporting import FAILURE_TAG
-from pipeline.step import bounded, stages
+from pipeline.step import bounded
 from tests.conftest import dead_pid
 
 BLOCKING_CHECKS = {

@@ -1,4 +1,4 @@
-"""A step read and written by Ray tasks (`pipeline.orchestration.ray_ranks`) on a three-node
+"""A step read and written by Ray tasks (`pipeline.step.ray_ranks`) on a three-node
 cluster on 127.0.0.1 (`ray_cluster.py`: a head that runs no task, where the drivers attach,
 and two worker nodes; Ray's token authentication on), from the CLI (`--ray ADDRESS`), from
 a driver script and from a Dagster materialization: the bytes of the in-process build,
@@ -208,7 +208,7 @@ def test_a_dagster_materialization_builds_its_step_across_the_cluster(
 def test_ray_above_keeps_a_small_step_in_process(inputs: Path, tmp_path: Path) -> None:
     """The route sends a step to the cluster only above `ray_above` MiB of input files; a
     step kept here joins no cluster (the address here reaches none)."""
-    from pipeline.orchestration.ray_route import ray_route
+    from pipeline.step.ray_route import ray_route
 
     files = group_steps(find_sources([inputs]))[0]
     size = sum(source.path.stat().st_size for source in files)

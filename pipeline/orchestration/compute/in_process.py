@@ -6,9 +6,10 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from pipeline.orchestration.ray_route import ray_route
 from pipeline.orchestration.reporting import dagster_metadata
+from pipeline.orchestration.stage_reports import stage_report
 from pipeline.settings import Settings
+from pipeline.step.ray_route import ray_route
 from pipeline.step.roots import StepRoots
 from pipeline.step.stages import run_stages
 
@@ -24,6 +25,7 @@ def in_process_session(
     raised after the assets done before it. A run config naming `ray_address` builds the
     steps above `ray_above` with tasks on that cluster."""
     with ray_route(settings) as route:
-        for stage, report in run_stages(stages, roots, step, settings, route):
+        for stage, done in run_stages(stages, roots, step, settings, route):
+            report = stage_report(done)
             context.log.info(report.log)
             yield dg.MaterializeResult(asset_key=stage, metadata=dagster_metadata(report.metadata))

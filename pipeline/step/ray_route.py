@@ -42,7 +42,7 @@ def ray_route(
             if job.out_root is None or input_bytes(job.sources) <= above:
                 return job
             if not joined:
-                from pipeline.orchestration import ray_ranks
+                from pipeline.step import ray_ranks
 
                 joined.append(stack.enter_context(ray_ranks.connected(address, keep=in_ray_job)))
             return joined[0](job)
