@@ -42,12 +42,14 @@ CASES = [
 
 
 def _listening() -> set[tuple[str, int]]:
+    """The TCP ports this process and its descendants (Ray's and TransferQueue's) listen on."""
     import psutil
 
+    ours = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
     return {
         (c.laddr.ip, c.laddr.port)
         for c in psutil.net_connections(kind="tcp")
-        if c.status == psutil.CONN_LISTEN
+        if c.status == psutil.CONN_LISTEN and c.pid in ours
     }
 
 
@@ -59,7 +61,6 @@ def tq() -> Iterator[Any]:
 
     verl_modules()
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    before = _listening()
     ray.init(
         _node_ip_address="127.0.0.1",
         include_dashboard=False,
@@ -70,7 +71,7 @@ def tq() -> Iterator[Any]:
     try:
         transfer_queue.init()
         try:
-            opened = _listening() - before
+            opened = _listening()
             assert opened and {ip for ip, _ in opened} == {"127.0.0.1"}, opened
             yield transfer_queue
         finally:
@@ -92,6 +93,7 @@ def verl_config(root: Path, case: dict[str, Any]) -> Any:
                 f"actor_rollout_ref.rollout.n={case['n']}",
                 f"data.train_batch_size={case['groups']}",
                 f"actor_rollout_ref.actor.ppo_mini_batch_size={case['mini']}",
+                "algorithm.adv_estimator=grpo",
                 f"algorithm.norm_adv_by_std_in_grpo={case['std']}",
                 "algorithm.rollout_correction.bypass_mode=True",
                 f"actor_rollout_ref.rollout.agent.agent_loop_manager_class={HOOK}",
@@ -306,3 +308,38 @@ def test_the_hook_refuses_a_legacy_step_and_validation(tq: Any, tmp_path: Path) 
     m.tensordict_utils.assign_non_tensor_data(batch, "validate", True)
     with pytest.raises(ValueError, match="val_before_train=False"):
         hook.generate_sequences(batch)
+
+
+def test_the_v1_target_refuses_an_empty_response_in_one_line(tmp_path: Path) -> None:
+    from pipeline.errors import StepError
+
+    rows = case_rows(groups=2, n=2, seed=11, max_prompt=4, max_response=4)
+    for row in rows:
+        if row["response_length"] == 0:
+            row["tokens"], row["response_length"] = [*row["tokens"], 5], 1
+            row["loss_mask"] = None
+            row["rollout_log_probs"] = [-1.0]
+    rows[2]["tokens"] = rows[2]["tokens"][: len(rows[2]["tokens"]) - rows[2]["response_length"]]
+    rows[2]["response_length"], rows[2]["loss_mask"] = 0, None
+    rows[2]["rollout_log_probs"] = []
+    write_step(tmp_path / "in", rows)
+    settings = {
+        "trainer": "verl",
+        "rollout_n": 2,
+        "train_batch_size": 2,
+        "max_prompt_length": 9,
+        "max_response_length": 9,
+        "pad_token_id": 0,
+    }
+    # the legacy trainer holds an empty response (its score in the last column)
+    assert build(tmp_path / "in", tmp_path / "legacy", **settings)["settings"]["verl_target"] == (
+        "legacy"
+    )
+    with pytest.raises(StepError) as refused:
+        build(tmp_path / "in", tmp_path / "v1", verl_target="v1", **settings)
+    text = str(refused.value)
+    assert "v1_empty_response" in text and "--verl-target legacy" in text
+    assert "\n" not in text.strip() and "(2, 0)" in text
+    assert not (tmp_path / "v1" / "step=1").exists()
+    with pytest.raises(Exception, match="verl_target: 'v2' is not a verl trainer"):
+        build(tmp_path / "in", tmp_path / "v2", verl_target="v2", **settings)
