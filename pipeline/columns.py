@@ -247,6 +247,9 @@ COLUMNS: tuple[Column, ...] = (
         optional=True,
         trainer_key=SAMPLING_MASK_OFFSETS,
         per_token=True,
+        # set with the ids on each row (rollout_sampling_mask_shape): the ids' all-or-none
+        # rule speaks for both, one line as miles' one ValueError
+        all_or_none=False,
     ),
     Column(
         WEIGHT_VERSIONS,

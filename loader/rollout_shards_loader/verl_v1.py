@@ -143,7 +143,9 @@ def trajectory_fields(
         attention_mask = torch.ones_like(input_ids, dtype=torch.int64)
         field["loss_mask"] = field["response_mask"]
         field["input_ids"] = input_ids
-        field["position_ids"] = compute_position_id_with_mask(attention_mask.unsqueeze(0)).squeeze(0)
+        field["position_ids"] = compute_position_id_with_mask(attention_mask.unsqueeze(0)).squeeze(
+            0
+        )
         field["multi_modal_inputs"] = {}
         prompt_len, response_len = field["prompts"].size(0), field["responses"].size(0)
         keys.append(f"{kwargs['uid']}_{kwargs['session_id']}_0")
@@ -218,15 +220,22 @@ class StepAgentLoopManager:
                 f"prompts of actor_rollout_ref.rollout.n={rollout.n}: build the step with "
                 "data.train_batch_size and rollout.n as the trainer runs"
             )
-        if rollout.get("calculate_log_probs", False) and "rollout_log_probs" not in table.column_names:
+        if (
+            rollout.get("calculate_log_probs", False)
+            and "rollout_log_probs" not in table.column_names
+        ):
             raise ValueError(
                 f"{folder}: the step has no rollout_log_probs, but "
                 "actor_rollout_ref.rollout.calculate_log_probs=True reads them: set it False"
             )
         keys, fields, tags = trajectory_fields(table, kwargs, n)
         uids = [k["uid"] for k in kwargs]
-        tq.kv_batch_put(keys=uids, partition_id=PARTITION, tags=[{"status": "running"} for _ in uids])
+        tq.kv_batch_put(
+            keys=uids, partition_id=PARTITION, tags=[{"status": "running"} for _ in uids]
+        )
         tq.kv_batch_put(
             keys=keys, partition_id=PARTITION, fields=list_of_dict_to_tensordict(fields), tags=tags
         )
-        tq.kv_batch_put(keys=uids, partition_id=PARTITION, tags=[{"status": "finished"} for _ in uids])
+        tq.kv_batch_put(
+            keys=uids, partition_id=PARTITION, tags=[{"status": "finished"} for _ in uids]
+        )

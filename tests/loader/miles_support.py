@@ -118,7 +118,9 @@ def miles_source(commit: str = PIN) -> Path:
         try:
             archive = _git(f"--git-dir={git_dir}", "archive", commit, "miles")
         except SourceMissing as exc:
-            raise SourceMissing(f"{SOURCE_ENV}={given} has no miles commit {commit}: {exc}") from None
+            raise SourceMissing(
+                f"{SOURCE_ENV}={given} has no miles commit {commit}: {exc}"
+            ) from None
         partial = Path(tempfile.mkdtemp(prefix=out.name, dir=_made(out.parent)))
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(partial, filter="data")

@@ -32,6 +32,7 @@ from tests.loader.verl_support import case_rows, verl_modules
 
 HOOK = "rollout_shards_loader.verl_v1.StepAgentLoopManager"
 EOS = 151645
+START_ATTEMPTS = 3
 CASES = [
     # dp, n, groups, ppo_mini_batch_size: the batch padded to lcm(dp, mini * n) when short
     {"dp": 2, "n": 4, "groups": 3, "mini": 2, "std": True},  # 12 rows + 4 pad rows
@@ -61,13 +62,20 @@ def tq() -> Iterator[Any]:
 
     verl_modules()
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray.init(
-        _node_ip_address="127.0.0.1",
-        include_dashboard=False,
-        num_cpus=4,
-        logging_level="ERROR",
-        log_to_driver=False,
-    )
+    for attempt in range(START_ATTEMPTS):
+        try:
+            ray.init(
+                _node_ip_address="127.0.0.1",
+                include_dashboard=False,
+                num_cpus=4,
+                logging_level="ERROR",
+                log_to_driver=False,
+            )
+            break
+        except Exception as error:  # Ray gives its raylet 30 s, too few on a loaded machine
+            ray.shutdown()
+            if "timed out during startup" not in str(error) or attempt == START_ATTEMPTS - 1:
+                raise
     try:
         transfer_queue.init()
         try:
@@ -259,8 +267,8 @@ def test_v1_ranks_from_the_hook_are_v1s_own(
     runs = []
     for source in ("hook", "verl"):
         # the pad rows' uid, one per batch, from uuid4: the same in both runs
-        ids = itertools.count(1000)
-        monkeypatch.setattr(m.padding.uuid, "uuid4", lambda: uuid.UUID(int=next(ids)))
+        pad_ids = itertools.count(1000)
+        monkeypatch.setattr(m.padding.uuid, "uuid4", lambda ids=pad_ids: uuid.UUID(int=next(ids)))
         batch = prompts(m, case["groups"], step=1)
         uids = submit(tq, batch, step=1)
         if source == "hook":
