@@ -35,6 +35,8 @@ REMOVE_SAMPLE = "remove_sample"
 ROLLOUT_LOG_PROBS = "rollout_log_probs"
 TEACHER_LOG_PROBS = "teacher_log_probs"
 WEIGHT_VERSIONS = "weight_versions"
+SAMPLING_MASK_IDS = "rollout_sampling_mask_ids"
+SAMPLING_MASK_OFFSETS = "rollout_sampling_mask_offsets"
 RAW_REWARD = "raw_reward"
 ROUND_NUMBER = "round_number"
 TRAIN_METADATA = "train_metadata"
@@ -226,6 +228,30 @@ COLUMNS: tuple[Column, ...] = (
         per_token=True,
     ),
     Column(
+        SAMPLING_MASK_IDS,
+        "the token ids of each response token's sampling support, flattened (miles' "
+        "rollout_sampling_mask_ids, compressed sparse rows); null when the step has none",
+        input=pl.List(pl.Int32()),
+        shard=pl.List(pl.Int32()),
+        optional=True,
+        trainer_key=SAMPLING_MASK_IDS,
+        per_token=True,
+    ),
+    Column(
+        SAMPLING_MASK_OFFSETS,
+        "where each response token's support starts in rollout_sampling_mask_ids, then its "
+        "length: response_length + 1 offsets from 0, strictly increasing; null when the "
+        "step has none",
+        input=pl.List(pl.Int32()),
+        shard=pl.List(pl.Int32()),
+        optional=True,
+        trainer_key=SAMPLING_MASK_OFFSETS,
+        per_token=True,
+        # set with the ids on each row (rollout_sampling_mask_shape): the ids' all-or-none
+        # rule speaks for both, one line as miles' one ValueError
+        all_or_none=False,
+    ),
+    Column(
         WEIGHT_VERSIONS,
         "policy weight versions that produced the response; null when the step has none",
         input=pl.List(pl.String()),
@@ -338,6 +364,9 @@ MASK_BINARY = "_mask_binary"
 MASK_SUM = "_mask_sum"
 RLP_LEN = "_rlp_len"
 TLP_LEN = "_tlp_len"
+SMO_LEN = "_sampling_mask_offsets_len"
+# offsets from 0 to len(ids), strictly increasing (null without the pair)
+SM_SHAPE = "_sampling_mask_shape"
 METADATA_OBJECT = "_metadata_object"
 LOG_PROBS_FINITE = "_log_probs_finite"  # every rollout and teacher log prob finite
 TRAJECTORY_SIZE = "_trajectory_size"

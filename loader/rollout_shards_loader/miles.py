@@ -68,11 +68,20 @@ ROW_KEYS = (
     "rollout_ids",
     "rollout_mask_sums",
     "rollout_log_probs",
+    "rollout_sampling_mask_ids",
+    "rollout_sampling_mask_offsets",
     "teacher_log_probs",
     "weight_versions",
 )
 # Shard columns miles hands the trainer only when the batch has them.
-OPTIONAL = ("round_number", "rollout_log_probs", "teacher_log_probs", "weight_versions")
+OPTIONAL = (
+    "round_number",
+    "rollout_log_probs",
+    "rollout_sampling_mask_ids",
+    "rollout_sampling_mask_offsets",
+    "teacher_log_probs",
+    "weight_versions",
+)
 # Shard columns that are ours or that miles does not hand the trainer.
 NOT_HANDED = ("batch_position", "train_step", "micro_batch", "metadata", "step", "rank")
 

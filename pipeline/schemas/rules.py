@@ -137,6 +137,18 @@ ROWS = Model(
             pl.col(c.TLP_LEN) == pl.col(c.RESPONSE_LENGTH),
         ),
         Rule(
+            "rollout_sampling_mask_offsets_length",
+            "rollout_sampling_mask_offsets must hold response_length + 1 offsets",
+            pl.col(c.SMO_LEN) == pl.col(c.RESPONSE_LENGTH) + 1,
+        ),
+        Rule(
+            "rollout_sampling_mask_shape",
+            "rollout_sampling_mask_ids and _offsets must be set together, the offsets from 0 "
+            "to the number of ids and strictly increasing (a non-empty support per token), "
+            "as miles' Sample.validate asserts",
+            pl.col(c.SM_SHAPE),
+        ),
+        Rule(
             "train_metadata_json_object",
             "train_metadata must be a JSON object ({...})",
             pl.col(c.METADATA_OBJECT),

@@ -20,6 +20,8 @@ from pipeline.columns import (
     REWARD_VALUE,
     RLP_LEN,
     ROLLOUT_KEY,
+    SM_SHAPE,
+    SMO_LEN,
     TLP_LEN,
     TRAJECTORY,
     TRAJECTORY_SIZE,
@@ -81,6 +83,30 @@ def _log_prob_sums_finite(schema: pl.Schema) -> pl.Expr:
     return pl.all_horizontal(pl.col(n).list.sum().is_finite().fill_null(True) for n in names)
 
 
+def _sampling_mask_shape(schema: pl.Schema) -> pl.Expr:
+    """miles' `Sample.validate` of a sampling mask: offsets start at 0, end at the number of
+    ids and strictly increase (every token a non-empty support), and ids and offsets are
+    both set or both null; null when the step has neither."""
+    ids, offsets = c.SAMPLING_MASK_IDS, c.SAMPLING_MASK_OFFSETS
+    if ids not in schema and offsets not in schema:
+        return pl.lit(None, dtype=pl.Boolean)
+    if ids not in schema or offsets not in schema:
+        present = ids if ids in schema else offsets
+        return pl.when(pl.col(present).is_not_null()).then(pl.lit(False))
+    starts = pl.col(offsets).list.first() == 0
+    ends = pl.col(offsets).list.last() == pl.col(ids).list.len()
+    rising = pl.col(offsets).list.diff(null_behavior="drop").list.min().fill_null(1) > 0
+    both = pl.col(ids).is_not_null() & pl.col(offsets).is_not_null()
+    neither = pl.col(ids).is_null() & pl.col(offsets).is_null()
+    return (
+        pl.when(neither)
+        .then(pl.lit(None, dtype=pl.Boolean))
+        .when(both)
+        .then((starts & ends & rising).fill_null(False))
+        .otherwise(pl.lit(False))
+    )
+
+
 def list_reductions(schema: pl.Schema) -> dict[str, pl.Expr]:
     """What the rules and the plan need of the list columns, one scalar per row each; the
     log probs' finiteness is the quick one (`light_frame` and `reduced_lists` settle it)."""
@@ -102,6 +128,8 @@ def list_reductions(schema: pl.Schema) -> dict[str, pl.Expr]:
         MASK_SUM: mask_sum.cast(pl.Int64),
         RLP_LEN: _list_len(schema, c.ROLLOUT_LOG_PROBS).cast(pl.Int64),
         TLP_LEN: _list_len(schema, c.TEACHER_LOG_PROBS).cast(pl.Int64),
+        SMO_LEN: _list_len(schema, c.SAMPLING_MASK_OFFSETS).cast(pl.Int64),
+        SM_SHAPE: _sampling_mask_shape(schema),
         LOG_PROBS_FINITE: _log_prob_sums_finite(schema),
     }
     for name in c.PER_TOKEN_COLUMNS:
@@ -200,7 +228,7 @@ def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.Laz
     )
 
 
-LIST_REDUCTIONS = (N_TOKENS, MASK_LEN, MASK_BINARY, MASK_SUM, RLP_LEN, TLP_LEN)
+LIST_REDUCTIONS = (N_TOKENS, MASK_LEN, MASK_BINARY, MASK_SUM, RLP_LEN, TLP_LEN, SMO_LEN, SM_SHAPE)
 
 
 def light_frame(frame: pl.DataFrame, reward_key: str | None, step: int) -> pl.DataFrame:

@@ -68,13 +68,15 @@ def test_the_rank_file_layout_is_the_contract_s() -> None:
         *("batch_position", "train_step", "micro_batch", "tokens", "response_lengths"),
         *("total_lengths", "loss_masks", "rewards", "raw_reward", "truncated"),
         *("sample_indices", "rollout_ids", "rollout_mask_sums", "rollout_log_probs"),
-        *("teacher_log_probs", "weight_versions", "round_number", "metadata", "step", "rank"),
+        *("teacher_log_probs", "rollout_sampling_mask_ids", "rollout_sampling_mask_offsets"),
+        *("weight_versions", "round_number", "metadata", "step", "rank"),
     )
     assert c.OPTIONAL_SHARD_SOURCES["metadata"] == "train_metadata"
     assert c.REQUIRED_COLUMNS == ("index", "status", "tokens", "response_length", "reward")
     assert c.ALL_OR_NONE == (
         "rollout_log_probs",
         "teacher_log_probs",
+        "rollout_sampling_mask_ids",
         "round_number",
         "train_metadata",
     )

@@ -45,6 +45,10 @@ import pytest
 
 URL = "https://github.com/radixark/miles"
 PIN = "31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
+# the heads of miles' PRs after PIN that change what its trainer receives: per-call weight
+# version spans (#1891, #1892) and the sampling-support transport (#2595, on PIN)
+SPANS_PIN = "204b0f904eabdfbf571af2b2d221e16339aa48e9"
+SAMPLING_MASK_PIN = "301be963391856ede8e93a3222395be9be89e70b"
 SOURCE_ENV = "MILES_SOURCE"
 RELEASE = "miles-rl==0.0.2"
 REAL = {"miles", "torch", "numpy", "typing_extensions", "pyarrow", "rollout_shards_loader"}
@@ -78,51 +82,60 @@ def _published(partial: Path, out: Path) -> Path:
     return out
 
 
-def head_source(cache: Path | None = None) -> Path:
-    """A folder holding the `miles/` package of miles at PIN (the module's docstring says
-    from where); without one the test fails with the one line saying what to set.
+def head_source(cache: Path | None = None, commit: str = PIN) -> Path:
+    """A folder holding the `miles/` package of miles at `commit` (the module's docstring
+    says from where); without one the test fails with the one line saying what to set.
     `cache` is unused, kept for callers that pass a scratch folder."""
     try:
-        return miles_source()
+        return miles_source(commit)
     except SourceMissing as exc:
         missing = str(exc)
     pytest.fail(missing, pytrace=False)
 
 
-def miles_source() -> Path:
-    """A folder holding the `miles/` package of miles at PIN; SourceMissing without one."""
+def miles_source(commit: str = PIN) -> Path:
+    """A folder holding the `miles/` package of miles at `commit` (40 hex digits);
+    SourceMissing without one."""
     given = os.environ.get(SOURCE_ENV)
     if given:
         origin = Path(given)
-        if (origin / "miles" / "__init__.py").is_file():
+        is_git = (origin / "HEAD").is_file() or (origin / ".git").exists()
+        if not is_git and (origin / "miles" / "__init__.py").is_file():
+            if commit != PIN:
+                raise SourceMissing(
+                    f"{SOURCE_ENV}={given} is a folder without git history, and this test "
+                    f"needs miles at {commit}: point {SOURCE_ENV} at a git checkout of {URL}"
+                )
             return origin
-        if not ((origin / "HEAD").is_file() or (origin / ".git").exists()):
+        if not is_git:
             raise SourceMissing(
                 f"{SOURCE_ENV}={given} is neither a checkout of {URL} nor its git directory"
             )
         git_dir = origin / ".git" if (origin / ".git").is_dir() else origin
-        out = cache_root() / f"miles-src-{PIN}"
+        out = cache_root() / f"miles-src-{commit}"
         if (out / "miles" / "__init__.py").is_file():
             return out
         try:
-            archive = _git(f"--git-dir={git_dir}", "archive", PIN, "miles")
+            archive = _git(f"--git-dir={git_dir}", "archive", commit, "miles")
         except SourceMissing as exc:
-            raise SourceMissing(f"{SOURCE_ENV}={given} has no miles commit {PIN}: {exc}") from None
+            raise SourceMissing(
+                f"{SOURCE_ENV}={given} has no miles commit {commit}: {exc}"
+            ) from None
         partial = Path(tempfile.mkdtemp(prefix=out.name, dir=_made(out.parent)))
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(partial, filter="data")
         return _published(partial, out)
-    out = cache_root() / f"miles-{PIN}"
+    out = cache_root() / f"miles-{commit}"
     if (out / "miles" / "__init__.py").is_file():
         return out
     partial = Path(tempfile.mkdtemp(prefix=out.name, dir=_made(out.parent)))
     try:
         _git("clone", "-q", "--no-checkout", URL, str(partial))
-        _git("-C", str(partial), "checkout", "-q", PIN)
+        _git("-C", str(partial), "checkout", "-q", commit)
     except SourceMissing as exc:
         shutil.rmtree(partial, ignore_errors=True)
         raise SourceMissing(
-            f"no miles source: set {SOURCE_ENV} to a checkout of {URL} at {PIN} "
+            f"no miles source: set {SOURCE_ENV} to a checkout of {URL} at {commit} "
             f"(git clone {URL} failed: {exc})"
         ) from None
     return _published(partial, out)
@@ -388,16 +401,38 @@ def samples(
                 response_length=row["response_length"],
                 reward=_float_reward(row["reward"]),
                 loss_mask=None if row.get("loss_mask") is None else list(row["loss_mask"]),
-                weight_versions=list(row.get("weight_versions") or []),
+                weight_versions=_weight_versions(m, row.get("weight_versions")),
                 rollout_log_probs=row.get("rollout_log_probs"),
                 teacher_log_probs=row.get("teacher_log_probs"),
                 remove_sample=bool(row.get("remove_sample") or False),
                 status=sample_type.Status(row["status"]),
                 metadata=metadata,
                 train_metadata=None if train_metadata is None else json.loads(train_metadata),
+                **_sampling_masks(sample_type, row),
             )
         )
     return out
+
+
+def _weight_versions(m: types.SimpleNamespace, given: Any) -> list[Any]:
+    """A row's weight versions as the Sample at hand holds them: strings before miles'
+    per-call spans (#1891), one `WeightVersionsPerCall` per generation call after; a row of
+    strings reaches a spans Sample as miles loads an old dump (`legacy_weight_versions`,
+    not a field: dropped)."""
+    calls = list(given or [])
+    per_call = getattr(m.types, "WeightVersionsPerCall", None)
+    if per_call is None:
+        return calls
+    if calls and isinstance(calls[0], str):
+        return []
+    return [per_call.from_dicts(list(call)) for call in calls]
+
+
+def _sampling_masks(sample_type: Any, row: dict[str, Any]) -> dict[str, Any]:
+    """The row's sampling-support columns, on a Sample that has them (#2595)."""
+    names = ("rollout_sampling_mask_ids", "rollout_sampling_mask_offsets")
+    fields = getattr(sample_type, "__dataclass_fields__", {})
+    return {n: None if row.get(n) is None else list(row[n]) for n in names if n in fields}
 
 
 def _float_reward(reward: Any) -> Any:

@@ -4,9 +4,9 @@ rank for a list of rollout rows.
 
 verl comes from the package registry (`pip install --no-deps verl==0.9.1`, the project's
 `verl` extra; see docs/verl.md). Its modules are imported as they are; the third-party
-packages they import that are not installed (transformers, hydra, Megatron, flash-attn,
+packages they import that are not installed (transformers, Megatron, flash-attn,
 ...) resolve to permissive stand-ins, as tests/loader/miles_support.py does for miles.
-torch, numpy, tensordict, Ray, omegaconf and pydantic are the real ones.
+torch, numpy, tensordict, Ray, omegaconf, hydra, pydantic and TransferQueue are the real ones.
 
 The one stand-in the data path touches is the tokenizer: the agent loop pads with
 `tokenizer.pad`, and `MemoryTokenizer` does what transformers' `PreTrainedTokenizerBase.pad`
@@ -46,6 +46,13 @@ MODULES = {
     "reward": "verl.trainer.ppo.reward",
     "agent_loop": "verl.experimental.agent_loop.agent_loop",
     "algorithm": "verl.trainer.config.algorithm",
+    # the V1 trainer (trainer.use_v1=true) and what it reaches TransferQueue through
+    "agent_loop_tq": "verl.trainer.ppo.v1.agent_loop_tq",
+    "trainer_sync": "verl.trainer.ppo.v1.trainer_sync",
+    "padding": "verl.trainer.ppo.padding_utils",
+    "tq_bridge": "verl.utils.transferqueue_utils",
+    "dispatch": "verl.single_controller.base.decorator",
+    "tensordict_utils": "verl.utils.tensordict_utils",
 }
 
 

@@ -15,6 +15,10 @@ each data-parallel rank its `DataProto.chunk` (docs/verl.md).
   has mean 0 and std 1. The scalar advantage goes to `rewards`, the score to `raw_reward`.
 - Rank files: `columns.DATASET_COLUMNS` and `group_index`, which the loader
   (`rollout_shards_loader.verl`) pads into verl's tensors.
+- `verl_target: v1` (verl's default V1 trainer): no balancing here (V1 balances, pads and
+  computes the advantages itself); the rows stay in the step's order, rank after rank, for
+  `rollout_shards_loader.verl_v1` to put into TransferQueue; an empty response is refused
+  (V1 holds the score at the last response token); `rewards` is GRPO in that order.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ ROWS_NAMED = 10
 EPSILON = 1e-6
 # calculate_workload: 12 h^2 L + 2 h L^2 for h = 4096, divided by 2 h
 WORKLOAD_PER_TOKEN = 24576
+# the trainers a verl build is for: `RayPPOTrainer` (trainer.use_v1=false) or V1
+TARGETS = ("legacy", "v1")
 REQUIRED = ("train_batch_size", "rollout_n", "max_prompt_length", "max_response_length")
 WRITE = "_write"
 RUN = "_run"
@@ -90,6 +96,22 @@ def _check_lengths(frame: pl.DataFrame, settings: Settings, step: int) -> None:
                 f"{longest} tokens); verl pads to that length and refuses longer ones: "
                 f"raise {rule} to verl's data.{rule}, or leave these rows out",
             )
+
+
+def _check_v1_responses(frame: pl.DataFrame, step: int) -> None:
+    """Every response at least one token: V1's agent loop writes the score at the
+    response's last token (`rm_scores[-1]`), which an empty response does not have."""
+    empty = frame.select(pl.col(c.RESPONSE_LENGTH) == 0).to_series().arg_true()
+    if len(empty):
+        raise _refusal(
+            frame,
+            empty,
+            "v1_empty_response",
+            step,
+            f"{len(empty)} responses are empty but scored; verl's V1 trainer holds a score "
+            "at the response's last token, which an empty response lacks: leave these rows "
+            "out, or build with --verl-target legacy (trainer.use_v1=false)",
+        )
 
 
 def _check_groups(frame: pl.DataFrame, settings: Settings, step: int) -> None:
@@ -217,6 +239,11 @@ class Verl:
                 f"{', '.join(missing)}: required by the verl trainer (verl's data.*, "
                 "actor_rollout_ref.rollout.n and the tokenizer's pad token id)"
             )
+        if settings.verl_target not in TARGETS:
+            return (
+                f"verl_target: {settings.verl_target!r} is not a verl trainer; one of "
+                f"{', '.join(TARGETS)} (legacy: trainer.use_v1=false; v1: verl's default)"
+            )
         if settings.adv_estimator != "grpo":
             return (
                 f"adv_estimator: {settings.adv_estimator!r} is not built for verl; only grpo "
@@ -245,7 +272,9 @@ class Verl:
         _check_lengths(frame, settings, step)
         _check_groups(frame, settings, step)
         dp = settings.dp_size
-        if settings.balance_batch:
+        if settings.verl_target == "v1":
+            _check_v1_responses(frame, step)
+        if settings.balance_batch and settings.verl_target == "legacy":
             order = balanced_order(frame.get_column(c.TOTAL_LENGTHS), dp)
         else:
             order = pl.int_range(height, dtype=pl.Int64, eager=True)

@@ -46,6 +46,12 @@ class VerlSettings:
     pad_token_id: NonNegative | None = _verl(
         "The tokenizer's pad token id, which verl pads prompts and responses with.", None
     )
+    verl_target: str = _verl(
+        "Which verl trainer reads the step: legacy (RayPPOTrainer, trainer.use_v1=false: "
+        "rank files of its DataProto chunks) or v1 (the default V1 trainer, fed by "
+        "rollout_shards_loader.verl_v1: the step's rows in order, V1 balances them).",
+        "legacy",
+    )
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(VerlSettings))
