@@ -203,6 +203,41 @@ def _add_shaped_flag(group: argparse._ArgumentGroup, name: str, base: Any, help_
     )
 
 
+# The layout settings `plan` takes as comma lists (`--dp-size 8,16,32`): each combination
+# of their values is one layout of the grid.
+GRID_SETTINGS = (
+    "dp_size",
+    "cp_size",
+    "max_tokens_per_gpu",
+    "micro_batch_size",
+    "global_batch_size",
+    "vpp_size",
+    "microbatch_group_size_per_vp_stage",
+)
+
+
+def grid_argvs(argv: list[str]) -> tuple[list[list[str]], list[str]]:
+    """`plan`'s arguments as one argument list per layout of the grid, and the settings
+    that vary (in the order given)."""
+    flags = {_flag(name): name for name in GRID_SETTINGS}
+    variants: list[list[str]] = [[]]
+    varying: list[str] = []
+    tokens = iter(argv)
+    for token in tokens:
+        flag, equals, value = token.partition("=")
+        if flag in flags and not equals:
+            value = next(tokens, "")
+        if flag in flags and "," in value:
+            values = [v.strip() for v in value.split(",")]
+            varying.append(flags[flag])
+            variants = [[*v, flag, item] for v in variants for item in values]
+        elif flag in flags:
+            variants = [[*v, flag, value] for v in variants]
+        else:
+            variants = [[*v, token] for v in variants]
+    return variants, varying
+
+
 def _version() -> str:
     import importlib.metadata
 
@@ -236,7 +271,19 @@ def parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check inputs and settings, write nothing")
     validate.add_argument("inputs", nargs="+", metavar="INPUT")
     validate.add_argument("--format", choices=("text", "json"), default="text")
-    for sub in (build, validate):
+    plan = commands.add_parser(
+        "plan", help="each rank's load of every step under a grid of layouts, write nothing"
+    )
+    plan.add_argument("inputs", nargs="+", metavar="INPUT")
+    plan.add_argument("--format", choices=("text", "json"), default="text")
+    plan.add_argument(
+        "--by",
+        # `planner.MEASURES`, named here: the planner loads Polars, after the process settings
+        choices=("tokens", "sum_squared_lengths", "flops", "micro_batches", "padding"),
+        help="the imbalance the best layout is chosen by (default: flops where the model's "
+        "shape is given, else sum_squared_lengths)",
+    )
+    for sub in (build, validate, plan):
         sub.add_argument("--config", type=Path, help="settings YAML")
         sub.add_argument(
             "--session-version",
@@ -299,7 +346,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         program_streams_and_signals()
     tune_process()
     with kept_streams():
-        args = parser().parse_args(argv)
+        given = list(sys.argv[1:] if argv is None else argv)
+        variants, varying = grid_argvs(given) if given[:1] == ["plan"] else ([given], [])
+        args = parser().parse_args(variants[0])
+        if args.command == "plan":
+            args.varying = varying
+            args.layouts = [args, *(parser().parse_args(v) for v in variants[1:])]
         head_start = None
         # a build on a Ray cluster reads its files there: the head start would read them here
         on_ray = getattr(args, "ray_address", None) is not None

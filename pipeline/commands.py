@@ -43,6 +43,7 @@ from pipeline.step.build import (
     warning_lines,
 )
 from pipeline.step.one_trainer import other_trainer
+from pipeline.step.plan import plan_batch
 from pipeline.step.ray_route import Route, ray_route
 from pipeline.step.tables import SampleTable, TrainBatch
 
@@ -328,6 +329,52 @@ def run_validate(args: argparse.Namespace) -> int:
     return 0 if all(entry["valid"] for entry in report) else 1
 
 
+def run_plan(args: argparse.Namespace) -> int:
+    """Every step read and checked once, then planned under each layout of the grid."""
+    from pipeline import planner
+
+    _inputs_exist(args.inputs)
+    layouts = [
+        (_settings(given), {name: getattr(given, name) for name in args.varying})
+        for given in args.layouts
+    ]
+    first = layouts[0][0]
+    refused: list[Violation] = []
+    steps = _steps(args.inputs, first, args.session_version, refused=refused)
+    print_violations("plan", refused)
+    plans: list[planner.LayoutPlan] = []
+    failed = bool(refused)
+    progress = Progress(len(steps), STAGE_NAMES[:2], quiet=args.quiet)
+    for step, sources in steps.items():
+        # the layout settings are not the check's: one read and check serves every layout
+        job = StepJob(step, sources, first, None, early=args.early_digests)
+        try:
+            samples = next(
+                v for _, v in run_step(job, last=ROLLOUT_SAMPLES, reporter=_StepReport(progress))
+            )
+        except StepError as exc:
+            progress.step_done()
+            print_violations("plan", exc.violations)
+            failed = True
+            continue
+        assert isinstance(samples, SampleTable)
+        for settings, layout in layouts:
+            try:
+                batch = plan_batch(samples, settings)
+            except StepError as exc:
+                line = "; ".join(v.line() for v in exc.violations)
+                plans.append(planner.LayoutPlan(step, layout, None, refused=line))
+                continue
+            plans.append(planner.LayoutPlan(step, layout, planner.rank_figures(batch, settings)))
+        progress.step_done()
+    measure = args.by or planner.default_measure(plans)
+    if args.format == "json":
+        print(strict_json([p.to_json() for p in plans]))
+    else:
+        print(planner.text_table(plans, measure))
+    return 1 if failed else 0
+
+
 def run_parity(args: argparse.Namespace) -> int:
     from pipeline.parity.payloads import parity
 
@@ -368,6 +415,7 @@ def run_metrics(args: argparse.Namespace) -> int:
 COMMANDS = {
     "build": run_build,
     "validate": run_validate,
+    "plan": run_plan,
     "parity": run_parity,
     "metrics": run_metrics,
 }

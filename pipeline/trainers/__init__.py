@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 # Polars is not loaded by importing the package: the command line reads a trainer's flag
 # readers before it sets Polars' allocator up (`pipeline.speed`).
 if TYPE_CHECKING:
+    import numpy as np
     import polars as pl
 
     from pipeline.schemas.rules import Model
@@ -83,6 +84,10 @@ class Profile(Protocol):
 
     def check(self, settings: Any) -> str | None:
         """What this trainer refuses of well-typed settings (a usage error), or None."""
+
+    def row_flops(self, lengths: np.ndarray, settings: Any) -> np.ndarray | None:
+        """Each row's forward FLOPs by this trainer's estimate of the model's shape
+        (`transforms.flops`) for rows of total `lengths`, or None without a shape."""
 
     def plan(
         self, light: pl.LazyFrame, schema: pl.Schema, height: int, settings: Any, step: int

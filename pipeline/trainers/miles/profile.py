@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from pipeline import columns as c
@@ -325,6 +326,13 @@ class Miles:
         if settings.use_dynamic_global_batch_size and settings.disable_rollout_trim_samples:
             return "use_dynamic_global_batch_size needs trimming: drop disable_rollout_trim_samples"
         return batch_inconsistency(settings) or miles_flag_problem(settings)
+
+    def row_flops(self, lengths: np.ndarray, settings: Any) -> np.ndarray | None:
+        if any(getattr(settings, name) is None for name in REQUIRED_SHAPE):
+            return None
+        from pipeline.transforms.flops import forward_flops, miles_model_shape  # numpy
+
+        return forward_flops(lengths, miles_model_shape(settings))
 
     def plan(
         self, light: pl.LazyFrame, schema: pl.Schema, height: int, settings: Settings, step: int

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from pipeline import columns as c
@@ -164,6 +165,13 @@ class Slime:
 
     def check(self, settings: Settings) -> str | None:
         return slime_settings_problem(settings)
+
+    def row_flops(self, lengths: np.ndarray, settings: Any) -> np.ndarray | None:
+        if any(getattr(settings, name) is None for name in REQUIRED_SHAPE):
+            return None
+        from pipeline.transforms.flops import forward_flops, slime_model_shape  # numpy
+
+        return forward_flops(lengths, slime_model_shape(settings))
 
     def plan(
         self, light: pl.LazyFrame, schema: pl.Schema, height: int, settings: Settings, step: int

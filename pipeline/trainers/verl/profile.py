@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from pipeline import columns as c
@@ -259,6 +260,9 @@ class Verl:
                 "(verl's DataProto.chunk asserts it): change one of them"
             )
         return None
+
+    def row_flops(self, lengths: np.ndarray, settings: Any) -> np.ndarray | None:
+        return None  # verl balances by tokens; it has no FLOPs estimate of its own
 
     def plan(
         self, light: pl.LazyFrame, schema: pl.Schema, height: int, settings: Settings, step: int
