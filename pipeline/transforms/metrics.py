@@ -213,7 +213,7 @@ def rollout_metrics(
 ) -> dict[str, float]:
     """miles' rollout metrics of a step's trimmed batch (docs/metrics.md)."""
     if step is not None and c.WEIGHT_VERSIONS in samples.collect_schema():
-        from pipeline.transforms.staleness import versions_fit_int64
+        from pipeline.transforms.weight_versions import versions_fit_int64
 
         versions = samples.select(c.INDEX, c.LEAF, c.WEIGHT_VERSIONS).collect()
         versions_fit_int64(versions, step)  # Polars' Int64 would fail on them below

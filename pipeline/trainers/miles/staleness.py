@@ -18,6 +18,7 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.columns import REASON, ROW_ID
 from pipeline.errors import StepError, Violation
+from pipeline.transforms.weight_versions import versions_fit_int64
 
 RULE = "max_weight_staleness"
 # miles' own name for the count (`DefaultDataBuffer.get_metrics`), and ours for the rows.
@@ -54,25 +55,6 @@ def _check(frame: pl.DataFrame, step: int) -> None:
         "weight_version_not_ascii",
         "max_weight_staleness reads weight versions as miles does (Python's str.isdigit, "
         "which takes other scripts' digits too): write these weight_versions in ASCII",
-        step,
-    )
-
-
-def versions_fit_int64(frame: pl.DataFrame, step: int) -> None:
-    """Refuse rows holding a weight version of digits beyond int64: miles reads it as a
-    Python integer (`Sample.oldest_weight_version`), which no column type here holds, so
-    neither the budget nor the weight_version metrics could measure it as miles does."""
-    if c.WEIGHT_VERSIONS not in frame.columns:
-        return
-    digits = pl.element().str.contains(r"^[0-9]+$")
-    beyond = digits & pl.element().str.to_integer(strict=False).is_null()
-    mask = pl.col(c.WEIGHT_VERSIONS).list.eval(beyond).list.any().fill_null(False)
-    _refused(
-        frame,
-        frame.select(mask).to_series(),
-        "weight_version_beyond_int64",
-        "weight_versions holds a version of digits beyond int64 (9223372036854775807), "
-        "which miles reads as a number: write the engine's weight version",
         step,
     )
 
