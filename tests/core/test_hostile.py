@@ -1,4 +1,5 @@
-"""Bad input of the newest surfaces (issue 47, item 6), each as a user meets it: the CLI as a
+"""Bad input of the newest surfaces (Ray addresses, model shapes, int64 settings, mixed-trainer
+roots, truncated inputs), each as a user meets it: the CLI as a
 process, one stderr line, the exit status (1 bad data, 2 usage), under 15 s, nothing of
 the refused step published and the other steps built."""
 
