@@ -74,7 +74,8 @@ class StepFiles:
         self, source: SourceFile, place: int, name: str, violation: Violation
     ) -> None:
         """A violation of column `name` (the `place`-th of the file's columns) found in a
-        part of `source` read elsewhere (a share, `step.readers.shares`), merged as `add_rows` merges."""
+        part of `source` read elsewhere (a share, `step.readers.shares`), merged as
+        `add_rows` merges."""
         key = (str(source.path), name, violation.rule)
         if key not in self._named:
             self._named[key] = (len(self.files), place, violation)

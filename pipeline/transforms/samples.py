@@ -165,8 +165,8 @@ def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.Laz
     LOG_PROBS_FINITE is the quick one (`light_frame` gives the exact frame). A frame whose
     lists were reduced (`reduced_lists`) gives the same columns from the reductions."""
     schema = lf.collect_schema()
-    # reduced lists win over lists in place: a step read by shares (`step.readers.shares`) keeps each
-    # list's shape (null or not), its values left in the input files
+    # reduced lists win over lists in place: a step read in parts or shares
+    # (`step.readers`) keeps each list's shape (null or not), its values kept elsewhere
     reduced = N_TOKENS in schema
     reductions = {
         name: pl.col(name) if reduced else expr for name, expr in list_reductions(schema).items()
