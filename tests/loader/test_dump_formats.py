@@ -146,7 +146,7 @@ TORCH_SAVE_LINES = {
     "step_in_dump_beyond_int64": ("step_out_of_range", f"rollout_id {HUGE} is beyond int64"),
 }
 FILE_LINES = {
-    "truncated": ("unreadable_file", "not a readable"),
+    "truncated": ("unreadable_file", "cannot be read as a"),
     "step_name_beyond_int64": ("step_out_of_range", f"step number {HUGE} in the name"),
     "folder_named_like_dump": ("unreadable_file", "cannot open the file (a folder)"),
     "symlink_loop": ("unreadable_file", "cannot open the file (a symlink loop)"),
