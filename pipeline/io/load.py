@@ -21,6 +21,7 @@ from pipeline.io.arrow_types import panics_kept_off_stderr, unsupported_in
 from pipeline.io.conform import cast_column, index_leaf_pairs, value_text
 from pipeline.io.discovery import TABLE_SUFFIXES, SourceFile
 from pipeline.io.formats import FORMATS, read_dump
+from pipeline.io.formats.names import not_a_file
 from pipeline.io.ipc import read_ipc
 from pipeline.io.jsonl import JsonLinesError, read_jsonl
 from pipeline.io.parquet import Mapper, read_parquet
@@ -91,13 +92,14 @@ def _opened(path: Path, step: int | None) -> tuple[io.BufferedReader, os.stat_re
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
-        what = "a dangling symlink" if path.is_symlink() and not path.exists() else exc.strerror
-        raise _unreadable(path, step, f"cannot open the file ({what})") from None
-    handle = os.fdopen(fd, "rb")
+        why = not_a_file(path) or exc.strerror
+        raise _unreadable(path, step, f"cannot open the file ({why})") from None
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        handle.close()
-        raise _unreadable(path, step, "cannot open the file (not a regular file)")
+    if not stat.S_ISREG(info.st_mode):  # checked before `fdopen`, which refuses a folder
+        os.close(fd)
+        why = not_a_file(path) or "not a regular file"
+        raise _unreadable(path, step, f"cannot open the file ({why})")
+    handle = os.fdopen(fd, "rb")
     return handle, info
 
 

@@ -6,6 +6,7 @@ step folder's and a dump's."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from collections.abc import Callable
@@ -145,10 +146,10 @@ TORCH_SAVE_LINES = {
     "step_in_dump_beyond_int64": ("step_out_of_range", f"rollout_id {HUGE} is beyond int64"),
 }
 FILE_LINES = {
-    "truncated": ("unreadable_file", "not a readable"),
+    "truncated": ("unreadable_file", "cannot be read as a"),
     "step_name_beyond_int64": ("step_out_of_range", f"step number {HUGE} in the name"),
-    "folder_named_like_dump": ("unreadable_file", "but a folder, not a file"),
-    "symlink_loop": ("unreadable_file", "but a symlink loop, not a file"),
+    "folder_named_like_dump": ("unreadable_file", "cannot open the file (a folder)"),
+    "symlink_loop": ("unreadable_file", "cannot open the file (a symlink loop)"),
 }
 LINES: dict[str, dict[str, tuple[str, str]]] = {
     "miles": {
@@ -238,8 +239,7 @@ def test_a_malformed_dump_is_one_line_and_the_other_step_builds(
         assert line.startswith("rollout-shards: build: step 1: "), line
     assert "Traceback" not in err
     assert not (out / "step=1").exists()
-    manifest = pl.read_parquet(out / "step=2" / "rank=0.parquet")
-    assert manifest.height > 0
+    assert pl.read_parquet(out / "step=2" / "rank=0.parquet").height > 0  # step 2 built
     assert not Path("pwned").exists() and not (tmp_path / "pwned").exists()
 
 
@@ -277,20 +277,26 @@ def test_a_step_beyond_int64_is_refused_alike_in_a_table_folder_or_dump_name(
 
 
 def test_validate_reports_a_refused_name_in_its_json(tmp_path: Path, capsys: Any) -> None:
+    """A name refused (no step can carry it) and a step whose dump is a folder: one entry
+    each beside the valid step."""
     root = tmp_path / "rollout_data"
     _torch_save_dump(tmp_path, 2, None)
     (root / "1.pt").mkdir()
+    (root / f"{HUGE}.pt").symlink_to("2.pt")
     capsys.readouterr()
     status = main(["validate", str(root), "--global-batch-size", "2", "--format", "json"])
-    out = capsys.readouterr().out
-    import json
-
-    report = json.loads(out)
+    report = json.loads(capsys.readouterr().out)
     assert status == 1
-    assert [(entry["step"], entry["valid"]) for entry in report] == [(1, False), (2, True)]
-    (violation,) = report[0]["violations"]
-    assert violation["rule"] == "unreadable_file"
-    assert violation["files"] == [str(root / "1.pt")]
+    assert [(entry["step"], entry["valid"]) for entry in report] == [
+        (None, False),
+        (1, False),
+        (2, True),
+    ]
+    found = [(v["rule"], v["files"]) for e in report[:2] for v in e["violations"]]
+    assert found == [
+        ("step_out_of_range", [str(root / f"{HUGE}.pt")]),
+        ("unreadable_file", [str(root / "1.pt")]),
+    ]
 
 
 def test_a_dump_of_zero_rows_reads_as_zero_rows_in_every_format(tmp_path: Path) -> None:

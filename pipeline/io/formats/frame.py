@@ -79,7 +79,7 @@ def read_dump(fmt: DumpFormat, path: Path, step: int | None = None, **options: A
         ) from None
     except Unreadable as exc:
         raise step_error(
-            "unreadable_file", f"{path}: not a readable {fmt.what}: {exc}", step
+            "unreadable_file", f"{path}: cannot be read as {fmt.what}: {exc}", step
         ) from None
     except (TooBig, Malformed) as exc:
         raise step_error("malformed_dump", f"{path}: {exc}", step) from None
@@ -95,7 +95,7 @@ def read_dump(fmt: DumpFormat, path: Path, step: int | None = None, **options: A
     except Exception as exc:  # a damaged file fails in many ways: one line, not a traceback
         raise step_error(
             "unreadable_file",
-            f"{path}: not a readable {fmt.what}, truncated or corrupt? ({first_sentence(exc)})",
+            f"{path}: cannot be read as {fmt.what}, truncated or corrupt? ({first_sentence(exc)})",
             step,
         ) from None
     try:

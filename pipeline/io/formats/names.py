@@ -8,10 +8,12 @@ verl (the rollout skip manager's `<folder>/<step>/gen_batch.dp`, its `meta.json`
 after the batch, or single `step=<N>.dp` files).
 
 Every finder answers alike for what it cannot take: a step number beyond int64 in a name
-is `step_out_of_range`, and an entry named like a dump that is no regular file (a folder,
-a symlink loop, a dangling symlink, a FIFO) is `unreadable_file`; both name the path and
-are appended to `refused` (raised at once when no list is given), so the other steps are
-still found. Nothing named like a dump is passed over without a word.
+is `step_out_of_range`, and an entry named like a dump but for no step that is no regular
+file (a folder, a symlink loop, a dangling symlink, a FIFO) is `unreadable_file`; both name
+the path and are appended to `refused` (raised at once when no list is given), so the
+other steps are still found. An entry named for a step is that step's dump whatever it
+is, as a table's name is: its read fails with one line (`io.load`), the other steps built
+(by Dagster's sensor too). Nothing named like a dump is passed over without a word.
 """
 
 from __future__ import annotations
@@ -180,7 +182,7 @@ def find_miles_dumps(
         if digits is not None and step is None:
             continue
         why = not_a_file(file)
-        if why is not None:
+        if why is not None and step is None:
             _refuse(refused, _not_a_dump(file, why, step, what))
             continue
         if step is None:
@@ -234,14 +236,14 @@ def find_verl_dumps(
         digits = folder_step if _digits(folder_step) else named.group(1) if named else None
         step = _number(digits, path, refused) if digits is not None else None
         why = not_a_file(path)
-        if why is not None and (digits is None or step is not None):
+        if why is not None and digits is None:
             _refuse(refused, _not_a_dump(path, why, step, what))
         elif digits is None:
             raise UsageError(
                 f"cannot tell the step of {path}: name it step=<N>.dp, or keep verl's "
                 f"<step>/{DUMP_NAME}"
             )
-        return ({step: path} if step is not None and why is None else {}), notes
+        return ({step: path} if step is not None else {}), notes
     folders = [path] if present(path / DUMP_NAME) else sorted(path.iterdir())
     found: dict[int, Path] = {}
     for stray in (p for p in folders if p.suffix == SUFFIX and not p.name.startswith(".")):
@@ -256,10 +258,6 @@ def find_verl_dumps(
             continue
         step = _number(folder.name, folder, refused)
         if step is None:
-            continue
-        why = not_a_file(dump)
-        if why is not None:
-            _refuse(refused, _not_a_dump(dump, why, step, what))
             continue
         if not (folder / META).is_file():
             notes.append(f"skipped {folder}: no {META} yet (verl writes it after the batch)")
