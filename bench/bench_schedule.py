@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pipeline.transforms.schedule import balanced_rank_partitions, rollout_schedule
+from pipeline.trainers.miles.schedule import balanced_rank_partitions, rollout_schedule
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from bench.bench_schedule import BenchSettings, synthetic_batch, timings
-from pipeline.miles_flags import MODEL_SHAPE, REQUIRED_SHAPE
+from pipeline.trainers.miles.schedule import rollout_schedule
+from pipeline.trainers.miles.settings import MODEL_SHAPE, REQUIRED_SHAPE
 from pipeline.transforms.flops import forward_flops, miles_model_shape
-from pipeline.transforms.schedule import rollout_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 

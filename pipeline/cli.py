@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, os_violation, printable
-from pipeline.miles_flags import FLAG_READERS
 from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields, valued_booleans
 from pipeline.speed import HeadStart, on, tune_process
 from pipeline.streams import end_on_interrupt, kept_streams, program_streams_and_signals
+from pipeline.trainers.miles.flags import FLAG_READERS
 
 PROG = "rollout-shards"
 

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pipeline import settings_files as files
 from pipeline.errors import UsageError
-from pipeline.miles_flags import FIELDS as MILES_FIELDS
-from pipeline.miles_flags import MilesFlags, NonNegative, derived_global_batch_size
 from pipeline.settings_files import DATA_SETTINGS as DATA_SETTINGS
 from pipeline.settings_files import DISABLE_FLAGS as DISABLE_FLAGS
 from pipeline.settings_files import data_settings_files as data_settings_files
-from pipeline.verl_settings import FIELDS as VERL_FIELDS
-from pipeline.verl_settings import VerlSettings
+from pipeline.trainers.miles.settings import FIELDS as MILES_FIELDS
+from pipeline.trainers.miles.settings import MilesFlags, NonNegative, derived_global_batch_size
+from pipeline.trainers.verl.settings import FIELDS as VERL_FIELDS
+from pipeline.trainers.verl.settings import VerlSettings
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -215,8 +215,8 @@ Model = type
 @functools.cache
 def _fields() -> tuple[dataclasses.Field[Any], ...]:
     """The fields of `Settings` in the contract's order: its own, then miles' data-path
-    flags (`pipeline.miles_flags`), then verl's (`pipeline.verl_settings`): base classes,
-    whose fields dataclasses list first."""
+    flags (`pipeline.trainers.miles.settings`), then verl's
+    (`pipeline.trainers.verl.settings`): base classes, whose fields dataclasses list first."""
     fields = dataclasses.fields(Settings)
     return tuple(sorted(fields, key=lambda f: (f.name in VERL_FIELDS, f.name in MILES_FIELDS)))
 

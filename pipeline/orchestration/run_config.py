@@ -17,8 +17,8 @@ import dagster as dg
 from pydantic import Field, create_model
 
 from pipeline.errors import UsageError
-from pipeline.miles_flags import FLAG_READERS
 from pipeline.settings import non_null, setting_fields
+from pipeline.trainers.miles.flags import FLAG_READERS
 
 
 def _optional(name: str, annotation: Any) -> Any:

@@ -12,17 +12,7 @@ import polars as pl
 import pandera.backends.polars.builtin_checks  # noqa: F401  # isort: skip
 from pandera.api.polars.types import PolarsData
 
-from pipeline.schemas.rules import (
-    ROWS,
-    SIBLINGS,
-    SLIME_ROWS,
-    TABLE,
-    TABLE_LISTS,
-    TABLE_ROWS,
-    ColumnRule,
-    Model,
-    Rule,
-)
+from pipeline.schemas.rules import ColumnRule, Model, Rule
 
 
 def _column(rule: ColumnRule) -> pa.Column:
@@ -50,6 +40,13 @@ def schema(model: Model) -> pa.DataFrameSchema:
     )
 
 
-SCHEMAS: dict[str, pa.DataFrameSchema] = {
-    m.name: schema(m) for m in (TABLE, TABLE_LISTS, TABLE_ROWS, ROWS, SLIME_ROWS, SIBLINGS)
-}
+# Built once per model on first use: the core's models and any a trainer declares
+# (`Profile.row_rules`), by their names.
+_SCHEMAS: dict[str, pa.DataFrameSchema] = {}
+
+
+def schema_of(model: Model) -> pa.DataFrameSchema:
+    """The Pandera schema of `model`, built on first use."""
+    if model.name not in _SCHEMAS:
+        _SCHEMAS[model.name] = schema(model)
+    return _SCHEMAS[model.name]

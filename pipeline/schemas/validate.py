@@ -98,7 +98,7 @@ def _failure_cases(model: Model, frame: pl.DataFrame) -> pl.DataFrame | None:
     from pandera.config import ValidationDepth, config_context
     from pandera.errors import SchemaErrors
 
-    from pipeline.schemas.samples import SCHEMAS
+    from pipeline.schemas.samples import schema_of
 
     # Pandera runs one small query per check: Polars' in-memory engine starts each one
     # with less overhead than the streaming engine that Polars 2 picks by default.
@@ -107,7 +107,7 @@ def _failure_cases(model: Model, frame: pl.DataFrame) -> pl.DataFrame | None:
         pl.Config(engine_affinity="in-memory"),
     ):
         try:
-            SCHEMAS[model.name].validate(frame, lazy=True)
+            schema_of(model).validate(frame, lazy=True)
         except SchemaErrors as exc:
             cases: pl.DataFrame = exc.failure_cases
             return cases

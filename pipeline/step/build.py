@@ -25,8 +25,8 @@ from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch, untrained_warning
 from pipeline.step.tables import SampleTable, TrainBatch
 from pipeline.step.write import write_shards
+from pipeline.trainers.miles.staleness import STALE_GROUPS, STALE_ROWS
 from pipeline.transforms import metrics
-from pipeline.transforms.staleness import STALE_GROUPS, STALE_ROWS
 
 # A step is worth a look when more than half of its prompt groups have one reward (GRPO
 # learns nothing from them) or more than a tenth of its samples were truncated.

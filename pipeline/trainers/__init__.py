@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import polars as pl
+# Polars is not loaded by importing the package: the command line reads a trainer's flag
+# readers before it sets Polars' allocator up (`pipeline.speed`).
+if TYPE_CHECKING:
+    import polars as pl
 
-from pipeline.schemas.rules import Model
-from pipeline.transforms.layout import Layout
+    from pipeline.schemas.rules import Model
+    from pipeline.transforms.layout import Layout
 
 # The profiles by the name the `trainer` setting takes.
 _MODULES = {
-    "miles": "pipeline.trainers.miles",
-    "slime": "pipeline.trainers.slime",
-    "verl": "pipeline.trainers.verl",
+    "miles": "pipeline.trainers.miles.profile",
+    "slime": "pipeline.trainers.slime.profile",
+    "verl": "pipeline.trainers.verl.profile",
 }
 NAMES = tuple(_MODULES)
 

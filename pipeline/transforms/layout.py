@@ -1,7 +1,7 @@
 """Where every kept row of a step goes: the layout the plan writes by (SEMANTICS 6 and 7).
 
 Polars Series, so that the common path (strided or balanced ranks) plans without numpy;
-only the rollout-side schedule (`transforms.schedule`) computes with numpy.
+only the rollout-side schedule (`trainers.miles.schedule`) computes with numpy.
 """
 
 from __future__ import annotations

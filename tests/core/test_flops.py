@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from pipeline.errors import StepError
 from pipeline.settings import load_settings
+from pipeline.trainers.miles.schedule import rollout_schedule
 from pipeline.transforms.flops import forward_flops, miles_model_shape
-from pipeline.transforms.schedule import rollout_schedule
 from tests import reference
 from tests.loader import miles_support as ms
 

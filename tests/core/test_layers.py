@@ -272,10 +272,11 @@ def test_the_process_settings_keep_openblas_to_one_thread() -> None:
 
 
 def test_a_trainer_module_is_reached_only_through_the_registry() -> None:
-    """`pipeline/trainers/<name>.py` is imported by nothing outside `pipeline/trainers/`
-    (nor by tests, bench or the loader): the profile comes from `trainers.profile(name)`."""
+    """`pipeline/trainers/<name>/profile.py` is imported by nothing outside
+    `pipeline/trainers/` (nor by tests, bench or the loader): the profile comes from
+    `trainers.profile(name)`."""
     trainer_module = re.compile(
-        r"(from\s+pipeline\.trainers\.\w+\s+import|import\s+pipeline\.trainers\.\w+"
+        r"(from\s+pipeline\.trainers\.\w+(\.profile)?\s+import|import\s+pipeline\.trainers\.\w+(\.profile)?\b(?!\.)"
         r"|from\s+pipeline\.trainers\s+import\s+(?!BatchPlan|Profile|NAMES|profile)\w+)"
     )
     offenders = [

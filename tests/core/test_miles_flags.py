@@ -11,8 +11,8 @@ import pytest
 from pipeline.cli import main
 from pipeline.errors import StepError, UsageError
 from pipeline.io.miles_dump import read_miles_dump
-from pipeline.miles_flags import parse_layer_pattern
 from pipeline.settings import load_settings
+from pipeline.trainers.miles.flags import parse_layer_pattern
 from tests.conftest import build, sample, write_step
 from tests.core.test_miles_dump import sample_dict, write_dump
 

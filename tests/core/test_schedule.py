@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import StepError
+from pipeline.trainers.miles.schedule import balanced_rank_partitions, rollout_schedule
 from pipeline.transforms.layout import Layout
 from pipeline.transforms.packing import first_fit_decreasing, karmarkar_karp, split_bins
-from pipeline.transforms.schedule import balanced_rank_partitions, rollout_schedule
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ def test_groups_set_aside_are_the_ones_miles_buffer_drops(
 
 def test_budget_needs_group_index_and_ascii_versions(tmp_path: Path) -> None:
     settings = load_settings(global_batch_size=1, max_weight_staleness=1)
-    from pipeline.transforms.staleness import stale_rows
+    from pipeline.trainers.miles.staleness import stale_rows
 
     frame = pl.DataFrame(
         {"_row_id": [0, 1], "index": [0, 1], "leaf": [0, 0], "group_index": [0, None]}
@@ -172,7 +172,7 @@ def test_budget_needs_group_index_and_ascii_versions(tmp_path: Path) -> None:
 
 def test_versions_past_int64_are_never_the_oldest() -> None:
     """miles reads them as Python integers: larger than every step, so never stale."""
-    from pipeline.transforms.staleness import stale_rows
+    from pipeline.trainers.miles.staleness import stale_rows
 
     frame = pl.DataFrame(
         {"_row_id": [0, 1, 2], "index": [0, 1, 2], "leaf": [0, 0, 0], "group_index": [0, 0, 1]}

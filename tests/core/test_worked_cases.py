@@ -483,7 +483,7 @@ def test_rewards_match_torch_per_group_whichever_order_the_rows_come_in(
     import torch
 
     from pipeline.columns import GROUP
-    from pipeline.transforms.rewards import _rollouts_are_runs
+    from pipeline.trainers.miles.rewards import _rollouts_are_runs
 
     rng = np.random.default_rng(7)
     groups = [g for g, size in enumerate([1, 2, 3, 5, 8, 9, 4, 7, 3]) for _ in range(size)]

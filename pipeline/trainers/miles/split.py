@@ -19,7 +19,7 @@ def plain_layout(keys: pl.Series, lengths: pl.Series, settings: Settings) -> Lay
     assert settings.global_batch_size is not None, "a trainer's profile requires it"
     local_batch = settings.global_batch_size // dp
     if settings.balance_data:
-        from pipeline.transforms.schedule import balanced_rank_partitions  # numpy
+        from pipeline.trainers.miles.schedule import balanced_rank_partitions  # numpy
 
         parts = balanced_rank_partitions(lengths.to_numpy(), dp)
         written = pl.DataFrame(

@@ -1,7 +1,7 @@
 """slime's DP and micro-batch schedule (THUDM/slime `slime/utils/dp_schedule.py` at the
 pinned commit), which slime always runs on the rollout side, on per-row length arrays.
 
-Where it differs from miles' (`transforms.schedule`): train steps hold exactly
+Where it differs from miles' (`trainers.miles.schedule`): train steps hold exactly
 `global_batch_size` rollouts and the trailing ones are dropped (no partial step);
 token-budget micro-batches are packed first-fit in row order (not by length descending);
 `balance_by_flops` packs into ceil(tokens / cap) micro-batches by Karmarkar-Karp on each

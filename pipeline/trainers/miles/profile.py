@@ -21,15 +21,15 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
-from pipeline.miles_flags import REQUIRED_SHAPE, USER_CODE
 from pipeline.schemas.rules import ROWS, Model
 from pipeline.settings import Settings, shared_settings
 from pipeline.trainers import BatchPlan
+from pipeline.trainers.miles.rewards import group_normalized
+from pipeline.trainers.miles.settings import REQUIRED_SHAPE, USER_CODE
+from pipeline.trainers.miles.split import plain_layout
+from pipeline.trainers.miles.staleness import set_aside_metrics, stale_rows
 from pipeline.transforms.layout import Layout, rank_sizes, rows_within_ranks
-from pipeline.transforms.rewards import group_normalized
 from pipeline.transforms.shard_columns import light_shard_columns, raw_reward
-from pipeline.transforms.split import plain_layout
-from pipeline.transforms.staleness import set_aside_metrics, stale_rows
 from pipeline.transforms.trim import is_compact
 
 ROWS_NAMED = 10
@@ -111,8 +111,8 @@ def batch_layout(light: pl.DataFrame, settings: Settings) -> Layout:
     assert settings.global_batch_size is not None, "checked with the settings"
     scheduled = settings.uses_schedule and not settings.splits_on_trainer
     if scheduled and keys.n_unique() >= settings.global_batch_size:
+        from pipeline.trainers.miles.schedule import rollout_schedule
         from pipeline.transforms.flops import forward_flops, miles_model_shape  # numpy
-        from pipeline.transforms.schedule import rollout_schedule
 
         flops = None
         if settings.balance_by_flops:

@@ -1,12 +1,12 @@
 """verl's settings, named after its configuration keys, mixed into `Settings` (the verl
-profile, `pipeline/trainers/verl.py`, reads them; docs/verl.md maps each to its key)."""
+profile, `pipeline/trainers/verl/profile.py`, reads them; docs/verl.md maps each to its key)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from pipeline.miles_flags import NonNegative, Positive
+from pipeline.trainers.miles.settings import NonNegative, Positive
 
 # The fields below, by name (`Settings` lists them after its own and miles').
 FIELDS: tuple[str, ...]

@@ -10,7 +10,7 @@ miles does not (`RolloutManager._convert_samples_to_train_data`, `_post_process_
 - Rollout ids: a missing id becomes the smallest integer not used yet, in batch order;
   `rollout_ids` and `rollout_mask_sums` are over these ids, not `index`.
 - No trimming and no dynamic global batch size: every row is kept, and the schedule
-  (`transforms.slime_schedule`), which slime always runs on the rollout side, drops the rows of
+  (`trainers.slime.schedule`), which slime always runs on the rollout side, drops the rows of
   trailing rollouts past the last whole train step of `global_batch_size` rollouts.
 - Rank files: the common columns plus `source_names` (`metadata`'s `source_name`, else
   "unknown"), which the loader's `rollout_shards_loader.slime` turns into slime's dict.
@@ -25,15 +25,16 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.errors import step_error
-from pipeline.miles_flags import REQUIRED_SHAPE
-from pipeline.schemas.rules import SLIME_ROWS, Model
+from pipeline.schemas.rules import Model
 from pipeline.settings import Settings
 from pipeline.trainers import BatchPlan
+from pipeline.trainers.miles.settings import REQUIRED_SHAPE
+from pipeline.trainers.slime.rules import ROW_RULES
+from pipeline.trainers.slime.schedule import SlimeLayout, slime_layout
 from pipeline.transforms.flops import slime_model_shape
 from pipeline.transforms.layout import rank_sizes
 from pipeline.transforms.repair import filled_rollout_ids
 from pipeline.transforms.shard_columns import light_shard_columns, raw_reward
-from pipeline.transforms.slime_schedule import SlimeLayout, slime_layout
 from pipeline.transforms.torch_float import torch_dim_std, torch_sums
 from pipeline.transforms.trim import is_compact
 
@@ -143,7 +144,7 @@ class Slime:
     """The slime profile (`pipeline.trainers.Profile`)."""
 
     name: str = "slime"
-    row_rules: Model = SLIME_ROWS
+    row_rules: Model = ROW_RULES
     # slime normalizes by position: rows of one rollout may hold different rewards
     sibling_rewards: bool = False
     settings: frozenset[str] = SLIME_SETTINGS
