@@ -195,7 +195,9 @@ _ISSUE_SHAPES: dict[str, dict[str, Any]] = {
         "moe_layer_freq": 1,
     },
 }
-CASES.update({f"by_flops_{name}": (_uneven_rows(), chosen) for name, chosen in _ISSUE_SHAPES.items()})
+CASES.update(
+    {f"by_flops_{name}": (_uneven_rows(), chosen) for name, chosen in _ISSUE_SHAPES.items()}
+)
 CASES["delayed_split_with_cp_size"] = (
     _uneven_rows(),
     {**_BY_FLOPS, **_SHAPE, "balance_data": True, "delay_split_train_data_by_dp": True},
