@@ -124,7 +124,10 @@ def kept_whole(
         if grown.height == taken.height:
             break
         taken = grown
-    added = taken.filter(~pl.col(ROW_ID).is_in(failing.get_column(ROW_ID).implode()))
+    # the failing rows' own trajectories are quarantine's already (as their siblings)
+    invalid = failing.get_column(ROW_ID).implode()
+    own = rows.filter(pl.col(ROW_ID).is_in(invalid).any().over(c.TRAJECTORY)).get_column(ROW_ID)
+    added = taken.filter(~pl.col(ROW_ID).is_in(own.implode()))
     if added.is_empty():
         return empty
     who = frame.select(ROW_ID, c.INDEX, c.LEAF).join(
