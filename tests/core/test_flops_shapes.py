@@ -10,7 +10,6 @@ compact batches, partial steps, balanced ranks."""
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +218,7 @@ def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 
 @settings(
-    max_examples=int(os.environ.get("FLOPS_SHAPES_EXAMPLES", "520")),
+    max_examples=520,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
