@@ -100,7 +100,9 @@ def kept_whole(
                 )
             ]
         )
-    rows = frame.select(ROW_ID, *c.TRAJECTORY, groups.key().alias(_KEY))
+    ungrouped = groups.kind == "group_index" and c.GROUP_INDEX not in frame.columns
+    key = pl.lit(None, dtype=pl.Int64) if ungrouped else groups.key()
+    rows = frame.select(ROW_ID, *c.TRAJECTORY, key.alias(_KEY))
     taken = origins.select(ROW_ID, pl.col(ROW_ID).alias(_ORIGIN))
     while True:
         marked = rows.join(taken, on=ROW_ID, how="left")

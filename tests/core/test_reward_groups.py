@@ -70,6 +70,24 @@ def test_slime_sets_a_prompt_aside_whole_and_keeps_the_other_per_prompt(tmp_path
     assert expected == pytest.approx([-scaled, -scaled, scaled, scaled], rel=1e-6)
 
 
+@pytest.mark.parametrize("stream_above", [None, 0])
+def test_every_reader_sets_the_same_groups_aside(tmp_path: Path, stream_above: int | None) -> None:
+    """The rank-bounded read (stream_above 0) quarantines what the in-memory read does."""
+    rewards = [0.0, NAN, 2.0, 3.0, 4.0, 4.0, 8.0, 8.0]
+    write_step(tmp_path / "in", [sample(i, reward=r) for i, r in enumerate(rewards)])
+    meta = build(tmp_path / "in", tmp_path / "out", **SLIME, stream_above=stream_above)
+    assert meta["counts"]["quarantined"] == 4
+    assert _quarantined(tmp_path / "out")["index"].to_list() == [0, 1, 2, 3]
+    assert sorted(_written(tmp_path / "out")) == [4, 5, 6, 7]
+
+
+def test_verl_without_group_index_is_refused_not_grouped(tmp_path: Path) -> None:
+    rows = [sample(i, reward=NAN if i == 1 else 1.0) for i in range(4)]
+    write_step(tmp_path / "in", rows)
+    with pytest.raises(StepError, match="group_of_rollout_n"):
+        build(tmp_path / "in", tmp_path / "out", train_batch_size=1, **VERL)
+
+
 def test_slime_three_prompts_keep_their_own_groups_after_one_goes(tmp_path: Path) -> None:
     """12 rows (3 x 4) less one prompt are 8 rows, which slime on its own would normalize as
     one group mixing two prompts: each stays its own group."""
