@@ -60,7 +60,8 @@ def rows_of(keys: list[int], lengths: list[int], compact: bool) -> list[dict[str
         # the contract's rule: a rollout id on the leaves of v2 multi-leaf trajectories only
         multi_leaf = compact and keys.count(key) > 1
         extra = {"rollout_id": key, "session_version": "v2"} if multi_leaf else {}
-        rows.append(sample(key, leaf, response_length=length - 2, **extra))
+        # a prompt group per rollout, so that no trim cuts one (SEMANTICS 5.4)
+        rows.append(sample(key, leaf, group_index=key, response_length=length - 2, **extra))
     return rows
 
 

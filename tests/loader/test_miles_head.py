@@ -195,9 +195,9 @@ _ISSUE_SHAPES: dict[str, dict[str, Any]] = {
         "moe_layer_freq": 1,
     },
 }
-CASES.update(
-    {f"by_flops_{name}": (_uneven_rows(), chosen) for name, chosen in _ISSUE_SHAPES.items()}
-)
+# prompt groups of two rows, which the trims to global batches of 8 keep whole
+_PROMPT_ROWS = [dict(row, group_index=row["index"] // 2) for row in _uneven_rows()]
+CASES.update({f"by_flops_{name}": (_PROMPT_ROWS, chosen) for name, chosen in _ISSUE_SHAPES.items()})
 CASES["delayed_split_with_cp_size"] = (
     _uneven_rows(),
     {**_BY_FLOPS, **_SHAPE, "balance_data": True, "delay_split_train_data_by_dp": True},
