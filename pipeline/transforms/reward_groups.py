@@ -168,15 +168,19 @@ def trim_cuts_group(
     if rows.is_empty():
         return
     n_kept = kept.select(pl.len()).collect().item()
+    fix = (
+        "give every row its group_index (its prompt), or set disable_rollout_trim_samples"
+        if groups.kind == "whole"
+        else "choose a global_batch_size that ends on a group's edge, or set "
+        "disable_rollout_trim_samples"
+    )
     raise StepError(
         [
             Violation(
                 TRIM_RULE,
                 f"trimming the last {rows.height} rows to whole global batches ({n_kept} rows "
                 f"kept) would cut a reward group ({groups.described}), so the kept rows of "
-                "that group would be normalized without the trimmed ones: choose a "
-                "global_batch_size that ends on a group's edge, or set "
-                "disable_rollout_trim_samples",
+                f"that group would be normalized without the trimmed ones: {fix}",
                 step=step,
                 rows=list(
                     zip(
