@@ -38,6 +38,7 @@ from pipeline.step.build import (
     STAGE_NAMES,
     StepJob,
     build_step,
+    quarantine_lines,
     run_step,
     summary_line,
     warning_lines,
@@ -205,6 +206,8 @@ def _build_one(
         )
         return True
     print(printable(summary_line(manifest, step_folder(args.out, step))))
+    for line in quarantine_lines(manifest, args.out):
+        print(f"{PROG}: build: {printable(line)}", file=sys.stderr)
     _warn("build", manifest)
     return True
 

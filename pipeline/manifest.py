@@ -157,6 +157,9 @@ class Manifest(_Record):
     skipped_files: list[str] = field(default_factory=list)
     # ranks holding rows the trainer never trains (`counts.untrained`), ascending
     untrained_ranks: list[int] = field(default_factory=list)
+    # quarantined rows per rule they (or their trajectory) broke, or that set them aside
+    # (`reward_group_kept_whole`, `max_weight_staleness`); a row counts under each
+    quarantined_rules: dict[str, int] = field(default_factory=dict)
     # rows the rollout-side schedule dropped: batch positions and raw rewards, for the
     # loader's batch-wide `raw_reward` (miles keeps them there)
     dropped_positions: list[int] = field(default_factory=list)

@@ -255,8 +255,12 @@ def check_rows(rows: list[Row], reward_key: str | None) -> None:
 # --- rewards (SEMANTICS 5) ----------------------------------------------------------
 
 
-def prompt_groups(rows: list[Row], settings: dict[str, Any]) -> list[list[int]]:
-    """Row positions of each prompt group, groups in order of first appearance."""
+def prompt_groups(
+    rows: list[Row], settings: dict[str, Any], ingested: int | None = None
+) -> list[list[int]]:
+    """Row positions of each prompt group, groups in order of first appearance. `ingested`:
+    the rows of the step as given when `rows` are what is left of them after whole groups
+    went aside (SEMANTICS 5.4): the fixed fan-out is judged on that count."""
     if rows and all(row.get("group_index") is not None for row in rows):
         groups: dict[int, list[int]] = {}
         for position, row in enumerate(rows):
@@ -264,9 +268,25 @@ def prompt_groups(rows: list[Row], settings: dict[str, Any]) -> list[list[int]]:
         return list(groups.values())
     n = settings["n_samples_per_prompt"]
     batch = settings["rollout_batch_size"]
-    if n is not None and batch is not None and len(rows) == n * batch:
+    count = len(rows) if ingested is None else ingested
+    if n is not None and batch is not None and count == n * batch:
         return [list(range(start, start + n)) for start in range(0, len(rows), n)]
     return [list(range(len(rows)))]
+
+
+def check_trim_keeps_groups(rows: list[Row], kept: int, settings: dict[str, Any]) -> None:
+    """SEMANTICS 5.4: a trim may not cut a reward group as the step was given (some rows
+    kept, some trimmed); a whole-batch group is cut by any trim."""
+    normalize = (
+        settings["advantage_estimator"] in NORMALIZED_ESTIMATORS
+        and settings["rewards_normalization"]
+    )
+    if not normalize or kept == len(rows):
+        return
+    for group in prompt_groups(rows, settings):
+        inside = [position < kept for position in group]
+        if any(inside) and not all(inside):
+            raise ValueError(f"trim_cuts_reward_group: trimming to {kept} rows cuts {group}")
 
 
 def normalize_rollout_rewards(
@@ -290,7 +310,7 @@ def normalize_rollout_rewards(
 
 
 def post_process_rewards(
-    rows: list[Row], raw_rewards: list[float], settings: dict[str, Any]
+    rows: list[Row], raw_rewards: list[float], settings: dict[str, Any], ingested: int | None = None
 ) -> tuple[list[float], int]:
     """The `rewards` column and the number of equal-reward groups."""
     normalize = (
@@ -302,7 +322,7 @@ def post_process_rewards(
 
     rewards = [0.0] * len(rows)
     equal_reward_groups = 0
-    for group in prompt_groups(rows, settings):
+    for group in prompt_groups(rows, settings, ingested):
         rollouts: dict[int, list[int]] = {}
         for position in group:
             rollouts.setdefault(rollout_key(rows[position]), []).append(position)
@@ -328,10 +348,14 @@ def post_process_rewards(
 
 
 def convert_samples_to_shard_rows(
-    rows: list[Row], settings: dict[str, Any], global_batch_size: int, is_compact: bool
+    rows: list[Row],
+    settings: dict[str, Any],
+    global_batch_size: int,
+    is_compact: bool,
+    ingested: int | None = None,
 ) -> tuple[list[Row], int]:
     raw_rewards = [get_reward_value(row, i, settings["reward_key"]) for i, row in enumerate(rows)]
-    rewards, equal_reward_groups = post_process_rewards(rows, raw_rewards, settings)
+    rewards, equal_reward_groups = post_process_rewards(rows, raw_rewards, settings, ingested)
     loss_masks = [loss_mask_of(row) for row in rows]
 
     mask_sums: dict[int, int] = {}
@@ -434,9 +458,11 @@ def reference_build(
     kept = rows
     if not settings["disable_rollout_trim_samples"] and not is_compact:
         kept = trim_samples(rows, global_batch_size)
+        check_trim_keeps_groups(rows, len(kept), settings)
 
+    # the groups as given: a fixed fan-out judged on the step's rows before the trim
     shard_rows, equal_reward_groups = convert_samples_to_shard_rows(
-        kept, settings, global_batch_size, is_compact
+        kept, settings, global_batch_size, is_compact, ingested=len(rows)
     )
     if global_batch_size % dp_size:
         raise ValueError(f"global_batch_size {global_batch_size} not divisible by dp {dp_size}")

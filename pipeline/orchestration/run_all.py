@@ -20,7 +20,7 @@ from pipeline.orchestration.jobs import rollout_step_job
 from pipeline.orchestration.partitions import partition_key, rollout_steps
 from pipeline.orchestration.resources import RolloutStorage
 from pipeline.settings import Settings
-from pipeline.step.build import summary_line, warning_lines
+from pipeline.step.build import quarantine_lines, summary_line, warning_lines
 from pipeline.step.freshness import current_manifest, read_manifest
 
 INPUT_ROOT_TAG = "rollout_shards/input_root"
@@ -44,7 +44,7 @@ def _summary(step: int, storage: RolloutStorage, seconds: float) -> str:
     manifest = read_manifest(storage.output_path, step)
     if manifest is None:
         return f"step {step}: materialized, but {storage.step_folder(step)} has no manifest"
-    for warning in warning_lines(manifest):
+    for warning in quarantine_lines(manifest, storage.output_path) + warning_lines(manifest):
         print(f"{PROG}: build: {warning}", file=sys.stderr)
     return f"{summary_line(manifest, storage.step_folder(step))} ({seconds:.1f}s)"
 

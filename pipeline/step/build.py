@@ -32,6 +32,7 @@ from pipeline.step.tables import SampleTable, TrainBatch
 from pipeline.step.write import write_shards
 from pipeline.trainers.miles.staleness import STALE_GROUPS, STALE_ROWS
 from pipeline.transforms import metrics
+from pipeline.transforms.reward_groups import GROUP_RULE
 
 # A step is worth a look when more than half of its prompt groups have one reward (GRPO
 # learns nothing from them) or more than a tenth of its samples were truncated.
@@ -213,7 +214,7 @@ def summary_line(manifest: Manifest, folder: Path) -> str:
     repaired = f"{n.repaired} repaired, " if n.repaired else ""
     return (
         f"step {manifest.step}: {n.ingested} rows in, {n.quarantined} quarantined"
-        f"{_stale(manifest)}, "
+        f"{_stale(manifest)}{_kept_whole(manifest)}, "
         f"{n.trimmed} trimmed, {n.dropped} dropped, {n.written} written to "
         f"{_count(manifest.dp_size, 'rank')}, {n.untrained} untrained, {repaired}"
         f"{_count(manifest.num_train_steps, 'train step')}, {kind} -> {folder}"
@@ -226,6 +227,24 @@ def _stale(manifest: Manifest) -> str:
         return ""
     groups, rows = int(manifest.stats[STALE_GROUPS]), int(manifest.stats[STALE_ROWS])
     return f" ({_count(groups, 'stale group')}, {_count(rows, 'row')})"
+
+
+def _kept_whole(manifest: Manifest) -> str:
+    """The rows of `quarantined` set aside with their reward groups (SEMANTICS 5.4)."""
+    rows = manifest.quarantined_rules.get(GROUP_RULE, 0)
+    return f" ({_count(rows, 'row')} of reward groups kept whole)" if rows else ""
+
+
+def quarantine_lines(manifest: Manifest, out_root: Path) -> list[str]:
+    """One line per rule that quarantined rows of a built step, with its row count and the
+    quarantine file (`build` and `make run` print them on stderr)."""
+    if not manifest.counts.quarantined:
+        return []
+    where = writer.quarantine_path(out_root, manifest.step)
+    return [
+        f"step {manifest.step}: {_count(rows, 'row')} quarantined by {rule} -> {where}"
+        for rule, rows in manifest.quarantined_rules.items()
+    ]
 
 
 def _count(number: int, thing: str) -> str:

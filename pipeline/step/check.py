@@ -33,6 +33,7 @@ from pipeline.step.tables import SampleTable
 from pipeline.trainers import Profile
 from pipeline.transforms import samples as s
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
+from pipeline.transforms.reward_groups import every_row_grouped, kept_whole
 
 PROVENANCE = (c.SOURCE_FILE, c.SOURCE_ROW, PATH_STEP)
 # Provenance as the quarantine table names it: where to find the row as it was written.
@@ -159,7 +160,31 @@ def repair_and_validate(
         until_valid=settings.on_invalid == "quarantine",
         row_rules=profile.row_rules,
     )
+    # the batch settings say how rewards are grouped (`validate` of the rows alone has none)
+    if isinstance(settings, Settings) and settings.on_invalid == "quarantine" and verdict.settled:
+        verdict = _groups_kept_whole(frame, verdict, step, settings, profile)
     return _without_set_aside(verdict, step, settings, profile), repaired
+
+
+def _groups_kept_whole(
+    frame: pl.DataFrame, verdict: Verdict, step: int, settings: Settings, profile: Profile
+) -> Verdict:
+    """The reward groups (as ingested) of the rows quarantine sets aside go aside whole, so
+    no remaining row is normalized against a group that lost rows
+    (`transforms.reward_groups`); a whole-batch group refuses the step."""
+    if verdict.failing.is_empty():
+        return verdict
+    groups = profile.reward_groups(settings, frame.height, every_row_grouped(frame))
+    mates = kept_whole(frame, verdict.failing, groups, step)
+    if mates.is_empty():
+        return verdict
+    ids = mates.get_column(ROW_ID).implode()
+    return dataclasses.replace(
+        verdict,
+        valid=verdict.valid.filter(~pl.col(ROW_ID).is_in(ids)),
+        failing=pl.concat([verdict.failing, mates], how="vertical_relaxed"),
+        light=None,  # positions moved: the plan computes them again
+    )
 
 
 def _without_set_aside(

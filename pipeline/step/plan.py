@@ -17,6 +17,7 @@ from pipeline.step.tables import RankRows, SampleTable, TrainBatch
 from pipeline.transforms import samples as s
 from pipeline.transforms.layout import UNTRAINED, Layout
 from pipeline.transforms.metrics import layout_metrics, rollout_metrics
+from pipeline.transforms.reward_groups import every_row_grouped
 from pipeline.transforms.shard_columns import optional_columns, present_columns
 
 
@@ -78,6 +79,39 @@ def untrained_warning(meta: Manifest) -> str | None:
     )
 
 
+# A rule's name where a quarantine reason names it: at the start, after "; " between
+# rules, or after a sibling's "sibling of an invalid leaf: ".
+_RULE_NAMED = r"(?:^|; |leaf: )[a-z][a-z0-9_]*: "
+
+
+def quarantined_rules(quarantine: pl.DataFrame | None) -> dict[str, int]:
+    """Quarantined rows per rule their reasons name (a row under each of its rules)."""
+    if quarantine is None or quarantine.is_empty():
+        return {}
+    counts = (
+        quarantine.select(
+            pl.int_range(pl.len()).alias("_row"),
+            pl.col(c.REASON).str.extract_all(_RULE_NAMED).alias("_rule"),
+        )
+        .explode("_rule")
+        .select("_row", pl.col("_rule").str.extract(r"([a-z][a-z0-9_]*): $", 1))
+        .drop_nulls()
+        .unique()
+        .group_by("_rule")
+        .agg(pl.len())
+        .sort("_rule")
+    )
+    return dict(zip(counts.get_column("_rule"), counts.get_column("len"), strict=True))
+
+
+def _grouped(samples: SampleTable) -> bool:
+    """Whether every ingested row had a group_index: the valid rows and the quarantined."""
+    quarantine = samples.quarantine
+    return every_row_grouped(samples.frame) and (
+        quarantine is None or every_row_grouped(quarantine)
+    )
+
+
 def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     """The trainer's plan of the step (`pipeline.trainers`), every shard column and the
     manifest; the batch in write order."""
@@ -85,7 +119,8 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
     light = (samples.light if samples.light is not None else _light(frame, settings, step)).lazy()
     profile = trainers.profile(settings.trainer)
     try:
-        plan = profile.plan(light, frame.schema, frame.height, settings, step)
+        groups = profile.reward_groups(settings, samples.ingested, _grouped(samples))
+        plan = profile.plan(light, frame.schema, frame.height, settings, step, groups)
     except StepError as error:
         if samples.quarantine is not None:
             for violation in error.violations:
@@ -135,6 +170,7 @@ def plan_batch(samples: SampleTable, settings: Settings) -> TrainBatch:
         present_columns=present_columns(optional),
         stats=stats,
         untrained_ranks=plan.untrained_ranks,
+        quarantined_rules=quarantined_rules(samples.quarantine),
         dropped_positions=layout.dropped.to_list(),
         dropped_raw_reward=light_df.get_column(c.RAW_REWARD).gather(layout.dropped).to_list(),
     )

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from pipeline.schemas.rules import Model
     from pipeline.transforms.layout import Layout
+    from pipeline.transforms.reward_groups import RewardGroups
 
 # The profiles by the name the `trainer` setting takes.
 _MODULES = {
@@ -89,11 +90,23 @@ class Profile(Protocol):
         """Each row's forward FLOPs by this trainer's estimate of the model's shape
         (`transforms.flops`) for rows of total `lengths`, or None without a shape."""
 
+    def reward_groups(self, settings: Any, ingested: int, grouped: bool) -> RewardGroups:
+        """How this trainer groups rewards for normalization, decided on the step as
+        ingested: `ingested` rows, `grouped` when every one has a `group_index`
+        (`transforms.reward_groups`: what quarantine and trimming must keep whole)."""
+
     def plan(
-        self, light: pl.LazyFrame, schema: pl.Schema, height: int, settings: Any, step: int
+        self,
+        light: pl.LazyFrame,
+        schema: pl.Schema,
+        height: int,
+        settings: Any,
+        step: int,
+        groups: RewardGroups | None = None,
     ) -> BatchPlan:
         """The batch plan of a step's `height` valid rows: `light` holds their light columns
-        (`transforms.samples.light_frame`) in batch order, `schema` the rows' columns."""
+        (`transforms.samples.light_frame`) in batch order, `schema` the rows' columns;
+        `groups` the reward groups as ingested (None: decided on these rows)."""
 
 
 def profile(name: str) -> Profile:

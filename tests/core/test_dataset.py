@@ -25,12 +25,13 @@ def _two_steps(tmp_path: Path) -> tuple[Path, dict[int, dict]]:
     rows_2 = [
         sample(
             10 + i,
+            group_index=10 + i,  # a prompt each: the duplicate's group is its own (SEMANTICS 5.4)
             weight_versions=["3"] if i % 2 else [],
             train_metadata=json.dumps({"i": i}),
             reward=float(i % 2),
         )
         for i in range(4)
-    ] + [sample(10, status="completed")]  # a duplicate index: quarantined
+    ] + [sample(10, group_index=10, status="completed")]  # a duplicate index: quarantined
     out = tmp_path / "out"
     manifests = {}
     for step, rows in ((1, rows_1), (2, rows_2)):

@@ -11,13 +11,21 @@ import polars as pl
 import pytest
 
 from pipeline.errors import StepError
-from tests.conftest import build, plan, sample, write_step
+from tests.conftest import build, plan, write_step
+from tests.conftest import sample as one_row
 
 V2 = {"session_version": "v2"}
 Q = {"on_invalid": "quarantine", "global_batch_size": 2}
 MASK_LENGTH = "loss_mask_length: loss_mask length must equal response_length"
 WITHIN = "response_within_tokens: response_length must be within 0..len(tokens)"
 SIBLING = "sibling of an invalid leaf: "
+
+
+def sample(index: int, leaf: int = 0, **fields: Any) -> dict[str, Any]:
+    """A row of its own prompt group (`group_index` = its index): quarantine then sets aside
+    its trajectory and no more (SEMANTICS 5.4; tests/core/test_reward_groups.py has the
+    groups of several rows)."""
+    return one_row(index, leaf, **{"group_index": index, **fields})
 
 
 def quarantine_of(out: Path, step: int = 1) -> pl.DataFrame:

@@ -104,7 +104,8 @@ def rewards_of(rows: list[dict[str, Any]], **settings: Any) -> list[float]:
 @pytest.mark.parametrize(("rows", "expected"), [(13, 12), (16, 16)])
 def test_dynamic_global_batch_size(rows: int, expected: int) -> None:
     settings = {"global_batch_size": 8, "dp_size": 4, "use_dynamic_global_batch_size": True}
-    result = reference_build([sample(i) for i in range(rows)], settings)
+    # a prompt group per row: a trim never cuts one (SEMANTICS 5.4)
+    result = reference_build([sample(i, group_index=i) for i in range(rows)], settings)
     assert result["global_batch_size"] == expected
     assert result["dynamic_global_batch_size"] == expected
     assert len(flat(result, "batch_position")) == expected
@@ -132,11 +133,20 @@ def test_dynamic_global_batch_size_refused_without_trimming(flag: str) -> None:
 
 
 def test_trim_keeps_whole_batches() -> None:
-    result = reference_build([sample(i) for i in range(11)], {"global_batch_size": 4})
+    rows = [sample(i, group_index=i) for i in range(11)]
+    result = reference_build(rows, {"global_batch_size": 4})
     assert flat(result, "sample_indices") == list(range(8))
     assert result["trimmed"] == 3
     assert not result["is_compact"]
     assert flat(result, "train_step") == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_trim_cutting_a_reward_group_is_refused() -> None:
+    with pytest.raises(ValueError, match="trim_cuts_reward_group"):
+        reference_build([sample(i) for i in range(11)], {"global_batch_size": 4})
+    rows = [sample(i, group_index=i // 3) for i in range(6)]
+    with pytest.raises(ValueError, match="trim_cuts_reward_group"):
+        reference_build(rows, {"global_batch_size": 4})
 
 
 def test_trim_disabled_keeps_every_row() -> None:

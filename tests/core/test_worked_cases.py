@@ -27,15 +27,17 @@ def rule_of(excinfo: pytest.ExceptionInfo[StepError]) -> list[str]:
 # Dynamic global batch size ---------------------------------------------------------
 
 
+# The trim cases give each row a prompt group of its own (`group_index`): a trim that cuts a
+# reward group, the whole batch when no row has one, is refused (SEMANTICS 5.4).
 @pytest.mark.parametrize(("rows", "expected"), [(13, 12), (16, 16), (7, 4)])
 def test_dynamic_global_batch_size(rows_dir: Path, rows: int, expected: int) -> None:
-    write_step(rows_dir, [sample(i) for i in range(rows)])
+    write_step(rows_dir, [sample(i, group_index=i) for i in range(rows)])
     batch = plan(rows_dir, global_batch_size=4, dp_size=4, use_dynamic_global_batch_size=True)
     assert batch.meta.dynamic_global_batch_size == expected
 
 
 def test_dynamic_batch_of_13_rows_on_4_ranks_keeps_12(rows_dir: Path) -> None:
-    write_step(rows_dir, [sample(i) for i in range(13)])
+    write_step(rows_dir, [sample(i, group_index=i) for i in range(13)])
     batch = plan(rows_dir, global_batch_size=4, dp_size=4, use_dynamic_global_batch_size=True)
     assert batch.meta.dynamic_global_batch_size == 12
     assert batch.meta.counts.written == 12
@@ -63,7 +65,7 @@ def test_dynamic_batch_refused_on_compact_batch(rows_dir: Path) -> None:
 
 
 def test_trim_11_rows_to_batches_of_4_keeps_first_8(rows_dir: Path) -> None:
-    write_step(rows_dir, [sample(i) for i in range(11)])
+    write_step(rows_dir, [sample(i, group_index=i) for i in range(11)])
     batch = plan(rows_dir, global_batch_size=4)
     assert batch_column(rows_dir, c.SAMPLE_INDICES, global_batch_size=4) == list(range(8))
     assert batch.meta.counts.to_dict() == {
@@ -302,7 +304,7 @@ def test_raw_reward_column_overrides_written_raw_reward(rows_dir: Path) -> None:
 
 
 def test_strided_split(rows_dir: Path, tmp_path: Path) -> None:
-    write_step(rows_dir, [sample(i, response_length=1 + i) for i in range(10)])
+    write_step(rows_dir, [sample(i, response_length=1 + i, group_index=i) for i in range(10)])
     build(rows_dir, tmp_path / "out", global_batch_size=3, dp_size=3)
     got = [r.get_column(c.BATCH_POSITION).to_list() for r in ranks(tmp_path / "out")]
     assert got == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]

@@ -151,6 +151,53 @@ CASES.update(
         for name, shape in _SHAPES.items()
     }
 )
+# The four shapes of issue 46 (rank membership and order differed from miles' there):
+# every model flag a real run gives, the rest as Megatron's parser leaves it.
+_ISSUE_MODEL = {**_SHAPE, "num_layers": 8}
+_ISSUE_SHAPES: dict[str, dict[str, Any]] = {
+    "moe_pattern_shared_expert": {
+        **_BY_FLOPS,
+        **_ISSUE_MODEL,
+        "num_experts": 4,
+        "moe_ffn_hidden_size": 16,
+        "moe_router_topk": 2,
+        "moe_layer_freq": [0, 1, 1, 1, 0, 1, 1, 1],
+        "moe_shared_expert_intermediate_size": 1024,
+    },
+    "moe_every_2nd_layer_dp8_cp2": {
+        **_BY_FLOPS,
+        **_ISSUE_MODEL,
+        "global_batch_size": 8,
+        "dp_size": 8,
+        "cp_size": 2,
+        "max_tokens_per_gpu": 30,
+        "num_experts": 4,
+        "moe_ffn_hidden_size": 16,
+        "moe_router_topk": 2,
+        "moe_layer_freq": 2,
+    },
+    "dense_vpp_microbatch_groups": {
+        **_BY_FLOPS,
+        **_ISSUE_MODEL,
+        "global_batch_size": 8,
+        "dp_size": 4,
+        "vpp_size": 2,
+        "microbatch_group_size_per_vp_stage": 2,
+    },
+    "dynamic_global_batch_moe": {
+        **_BY_FLOPS,
+        **_ISSUE_MODEL,
+        "dp_size": 4,
+        "use_dynamic_global_batch_size": True,
+        "num_experts": 128,
+        "moe_router_topk": 8,
+        "moe_ffn_hidden_size": 64,
+        "moe_layer_freq": 1,
+    },
+}
+# prompt groups of two rows, which the trims to global batches of 8 keep whole
+_PROMPT_ROWS = [dict(row, group_index=row["index"] // 2) for row in _uneven_rows()]
+CASES.update({f"by_flops_{name}": (_PROMPT_ROWS, chosen) for name, chosen in _ISSUE_SHAPES.items()})
 CASES["delayed_split_with_cp_size"] = (
     _uneven_rows(),
     {**_BY_FLOPS, **_SHAPE, "balance_data": True, "delay_split_train_data_by_dp": True},

@@ -59,11 +59,15 @@ def _rows_with_extras(n: int) -> list[dict[str, Any]]:
 
 
 WORKED = {
+    # trimmed steps: rows in prompt groups of two the trims keep whole (SEMANTICS 5.4)
     "dynamic_13_rows_dp4": (
-        [sample(i, reward=float(i)) for i in range(13)],
+        [sample(i, group_index=i // 2, reward=float(i)) for i in range(13)],
         {"global_batch_size": 4, "dp_size": 4, "use_dynamic_global_batch_size": True},
     ),
-    "trim_11_to_8": ([sample(i, reward=float(i)) for i in range(11)], {"global_batch_size": 4}),
+    "trim_11_to_8": (
+        [sample(i, group_index=i // 2, reward=float(i)) for i in range(11)],
+        {"global_batch_size": 4},
+    ),
     "trim_disabled_11_untrained": (
         [sample(i) for i in range(11)],
         {"global_batch_size": 4, "disable_rollout_trim_samples": True},

@@ -405,8 +405,10 @@ def test_quarantine_succeeds_with_a_warning_check(
     warning = checks["no_rows_quarantined"]
     assert not warning.passed
     assert warning.severity == dg.AssetCheckSeverity.WARN
-    assert warning.metadata["quarantined"].value == 2
+    # the two broken rows and the rest of their prompt groups (SEMANTICS 5.4)
+    assert warning.metadata["quarantined"].value == 8
     assert "response_within_tokens" in warning.metadata["reasons"].value
+    assert "reward_group_kept_whole" in warning.metadata["reasons"].value
     assert all(checks[name].passed for name in BLOCKING_CHECKS)
 
 

@@ -30,6 +30,7 @@ from pipeline.trainers.miles.settings import REQUIRED_SHAPE, USER_CODE
 from pipeline.trainers.miles.split import plain_layout
 from pipeline.trainers.miles.staleness import set_aside_metrics, stale_rows
 from pipeline.transforms.layout import Layout, rank_sizes, rows_within_ranks
+from pipeline.transforms.reward_groups import RewardGroups, group_key, trim_cuts_group
 from pipeline.transforms.shard_columns import light_shard_columns, raw_reward
 from pipeline.transforms.trim import is_compact
 
@@ -90,27 +91,46 @@ def _fits(n_rows: int, settings: Settings) -> str:
     )
 
 
-def prompt_groups(light: pl.LazyFrame, n_rows: int, settings: Settings) -> pl.Expr:
-    """Group id per row: group_index when every row has one, else fixed fan-out, else one."""
-    all_grouped = light.select(pl.col(c.GROUP_INDEX).is_not_null().all()).collect().item()
-    if all_grouped:
-        return pl.col(c.GROUP_INDEX)
-    n, rbs = settings.n_samples_per_prompt, settings.rollout_batch_size
-    if n is not None and rbs is not None and n_rows == n * rbs:
-        return pl.col(c.POSITION) // n
-    return pl.lit(0, dtype=pl.Int64)
-
-
-def with_rewards(light: pl.LazyFrame, n_rows: int, settings: Settings) -> tuple[pl.LazyFrame, int]:
-    """`rewards` (float64 of the float32 result) per row, and the count of equal-reward groups."""
+def reward_groups(settings: Settings, ingested: int, grouped: bool) -> RewardGroups:
+    """miles' prompt groups (SEMANTICS 5.3) as the step was ingested: group_index when every
+    row has one, else runs of n_samples_per_prompt when the batch is rollout_batch_size x
+    n_samples_per_prompt rows, else one group of the whole batch."""
     if not settings.normalizes_rewards:
+        return RewardGroups("none", "rewards not normalized")
+    if grouped:
+        return RewardGroups("group_index", "the rows sharing its group_index")
+    n, rbs = settings.n_samples_per_prompt, settings.rollout_batch_size
+    if n is not None and rbs is not None and ingested == n * rbs:
+        return RewardGroups(
+            "positional",
+            f"without group_index, runs of n_samples_per_prompt={n} rows of a batch of "
+            f"rollout_batch_size x n_samples_per_prompt = {ingested} rows",
+            width=n,
+        )
+    return RewardGroups(
+        "whole",
+        f"without group_index, a batch of {ingested} rows that is not rollout_batch_size x "
+        "n_samples_per_prompt rows",
+    )
+
+
+def all_grouped(light: pl.LazyFrame) -> bool:
+    """Whether every row has a group_index."""
+    return bool(light.select(pl.col(c.GROUP_INDEX).is_not_null().all()).collect().item())
+
+
+def with_rewards(
+    light: pl.LazyFrame, groups: RewardGroups, settings: Settings
+) -> tuple[pl.LazyFrame, int]:
+    """`rewards` (float64 of the float32 result) per row, and the count of equal-reward groups."""
+    if groups.kind == "none":
         return light.with_columns(pl.col(c.REWARD_VALUE).alias(c.REWARDS)), 0
     use_std = (
         settings.advantage_estimator in ("grpo", "gspo")
         and settings.grpo_std_normalization
         and settings.n_samples_per_prompt != 1
     )
-    return group_normalized(light, prompt_groups(light, n_rows, settings), use_std)
+    return group_normalized(light, group_key(groups), use_std)
 
 
 def batch_layout(light: pl.DataFrame, settings: Settings) -> Layout:
@@ -334,13 +354,26 @@ class Miles:
 
         return forward_flops(lengths, miles_model_shape(settings))
 
+    def reward_groups(self, settings: Settings, ingested: int, grouped: bool) -> RewardGroups:
+        return reward_groups(settings, ingested, grouped)
+
     def plan(
-        self, light: pl.LazyFrame, schema: pl.Schema, height: int, settings: Settings, step: int
+        self,
+        light: pl.LazyFrame,
+        schema: pl.Schema,
+        height: int,
+        settings: Settings,
+        step: int,
+        groups: RewardGroups | None = None,
     ) -> BatchPlan:
         compact = is_compact(light)
         trim = plan_trim(height, settings, compact, step)
+        if groups is None:
+            groups = reward_groups(settings, height, all_grouped(light))
+        if trim.trimmed:
+            trim_cuts_group(light.head(trim.kept), light.slice(trim.kept), groups, step)
         kept = light_shard_columns(light.head(trim.kept)).with_columns(raw_reward(schema))
-        kept, equal_groups = with_rewards(kept, trim.kept, settings)
+        kept, equal_groups = with_rewards(kept, groups, settings)
         frame = kept.collect()
         effective = settings.replace(global_batch_size=trim.global_batch_size)
         layout = batch_layout(frame, effective)

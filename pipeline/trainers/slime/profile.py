@@ -35,6 +35,7 @@ from pipeline.trainers.slime.schedule import SlimeLayout, slime_layout
 from pipeline.transforms.flops import slime_model_shape
 from pipeline.transforms.layout import rank_sizes
 from pipeline.transforms.repair import filled_rollout_ids
+from pipeline.transforms.reward_groups import RewardGroups
 from pipeline.transforms.shard_columns import light_shard_columns, raw_reward
 from pipeline.transforms.torch_float import torch_dim_std, torch_sums
 from pipeline.transforms.trim import is_compact
@@ -82,15 +83,42 @@ SLIME_SETTINGS = frozenset(
 )
 
 
-def positional_rewards(raw: pl.Series, settings: Settings) -> tuple[pl.Series, int]:
-    """`rewards` (float64 of the float32 result) and the count of positional groups whose
-    raw rewards are all equal (their normalized values are rounding noise over 1e-6)."""
-    normalizes = settings.advantage_estimator in NORMALIZING and settings.rewards_normalization
-    if not normalizes or not len(raw):
-        return raw, 0
+def reward_groups(settings: Settings, ingested: int) -> RewardGroups:
+    """slime's positional groups as the step was ingested: runs of n_samples_per_prompt
+    rows when the batch is rollout_batch_size x n_samples_per_prompt rows, else one group
+    of the whole batch (`group_index` plays no part)."""
+    if not (settings.advantage_estimator in NORMALIZING and settings.rewards_normalization):
+        return RewardGroups("none", "rewards not normalized")
     n = settings.n_samples_per_prompt or 1
     rbs = settings.rollout_batch_size or 0
-    width = n if len(raw) == n * rbs else len(raw)
+    if ingested == n * rbs:
+        return RewardGroups(
+            "positional",
+            f"runs of n_samples_per_prompt={n} rows of a batch of rollout_batch_size x "
+            f"n_samples_per_prompt = {ingested} rows",
+            width=n,
+        )
+    return RewardGroups(
+        "whole",
+        f"a batch of {ingested} rows that is not rollout_batch_size x n_samples_per_prompt "
+        "rows, which slime normalizes by position",
+    )
+
+
+def positional_rewards(
+    raw: pl.Series, settings: Settings, given: RewardGroups | None = None
+) -> tuple[pl.Series, int]:
+    """`rewards` (float64 of the float32 result) and the count of positional groups whose
+    raw rewards are all equal (their normalized values are rounding noise over 1e-6).
+    `given`: the groups as the step was ingested (quarantine sets positional groups aside
+    whole, so the rows left are still runs of n_samples_per_prompt); None: decided on these
+    rows."""
+    if given is None:
+        given = reward_groups(settings, len(raw))
+    if given.kind == "none" or not len(raw):
+        return raw, 0
+    n = settings.n_samples_per_prompt or 1
+    width = given.width if given.kind == "positional" else len(raw)
     groups = len(raw) // width
     group = pl.int_range(len(raw), dtype=pl.Int64, eager=True) // width
     x = raw.cast(pl.Float32)
@@ -173,8 +201,17 @@ class Slime:
 
         return forward_flops(lengths, slime_model_shape(settings))
 
+    def reward_groups(self, settings: Settings, ingested: int, grouped: bool) -> RewardGroups:
+        return reward_groups(settings, ingested)
+
     def plan(
-        self, light: pl.LazyFrame, schema: pl.Schema, height: int, settings: Settings, step: int
+        self,
+        light: pl.LazyFrame,
+        schema: pl.Schema,
+        height: int,
+        settings: Settings,
+        step: int,
+        groups: RewardGroups | None = None,
     ) -> BatchPlan:
         rows = light.collect()
         ids = filled_rollout_ids(rows.get_column(c.ROLLOUT_ID))
@@ -183,7 +220,9 @@ class Slime:
             .with_columns(raw_reward(schema), source_names())
             .collect()
         )
-        rewards, equal_groups = positional_rewards(frame.get_column(c.REWARD_VALUE), settings)
+        rewards, equal_groups = positional_rewards(
+            frame.get_column(c.REWARD_VALUE), settings, groups
+        )
         frame = frame.with_columns(rewards.alias(c.REWARDS))
         layout = slime_layout(
             frame.get_column(c.ROLLOUT_IDS).to_numpy(),

@@ -35,6 +35,7 @@ from pipeline.schemas.rules import ROWS, Model
 from pipeline.settings import Settings, trainer_settings
 from pipeline.trainers import BatchPlan
 from pipeline.transforms.layout import Layout
+from pipeline.transforms.reward_groups import RewardGroups
 from pipeline.transforms.shard_columns import light_shard_columns
 from pipeline.transforms.torch_float import torch_mean_std
 from pipeline.transforms.trim import is_compact
@@ -264,8 +265,18 @@ class Verl:
     def row_flops(self, lengths: np.ndarray, settings: Any) -> np.ndarray | None:
         return None  # verl balances by tokens; it has no FLOPs estimate of its own
 
+    def reward_groups(self, settings: Settings, ingested: int, grouped: bool) -> RewardGroups:
+        """GRPO by uid: verl normalizes each row against the rows sharing its group_index."""
+        return RewardGroups("group_index", "the rows sharing its group_index (verl's uid)")
+
     def plan(
-        self, light: pl.LazyFrame, schema: pl.Schema, height: int, settings: Settings, step: int
+        self,
+        light: pl.LazyFrame,
+        schema: pl.Schema,
+        height: int,
+        settings: Settings,
+        step: int,
+        groups: RewardGroups | None = None,
     ) -> BatchPlan:
         assert settings.rollout_n is not None, "checked with the settings"
         frame = (

@@ -292,6 +292,16 @@ MASK_LENGTH = "loss_mask_length: loss_mask length must equal response_length"
 FINITE = "reward_finite: reward must be a finite number on every row"
 
 
+def kept_whole(index: int, leaf: int, rules: str) -> str:
+    """The reason of a row set aside with its reward group (SEMANTICS 5.4): the rows of one
+    `group_index` (four here) are normalized together, so they go together."""
+    return (
+        "reward_group_kept_whole: its reward group (the rows sharing its group_index) lost "
+        f"row (index {index}, leaf {leaf}) to {rules}, so it is set aside whole (its rewards "
+        "would be normalized without that row)"
+    )
+
+
 def column_cases() -> list[Case]:
     """Each contract column with a value of the wrong type or an impossible value."""
     nan, inf = math.nan, math.inf
@@ -1009,45 +1019,67 @@ def quarantine_cases() -> list[Case]:
             "quarantine_a_whole_trajectory",
             "a short mask on one leaf of a v2 trajectory",
             {f"step={STEP}.parquet": parquet(short_mask)},
-            counts(9, 2, 3, 4),
-            [(2, 0, SIBLING + MASK_LENGTH), (2, 1, MASK_LENGTH)],
+            counts(9, 5, 0, 4),
+            [
+                (0, 0, kept_whole(2, 1, "loss_mask_length")),
+                (1, 0, kept_whole(2, 1, "loss_mask_length")),
+                (2, 0, SIBLING + MASK_LENGTH),
+                (2, 1, MASK_LENGTH),
+                (3, 0, kept_whole(2, 1, "loss_mask_length")),
+            ],
         ),
         quarantined(
             "quarantine_a_value_of_the_wrong_type",
             'a reward of "good" on row 5',
             {f"step={STEP}.jsonl": jsonl(base(row5={"reward": "good"}))},
-            counts(8, 1, 3, 4),
-            [(5, 0, "column_type: column reward must be Float64")],
+            counts(8, 4, 0, 4),
+            [
+                (4, 0, kept_whole(5, 0, "column_type")),
+                (5, 0, "column_type: column reward must be Float64"),
+                (6, 0, kept_whole(5, 0, "column_type")),
+                (7, 0, kept_whole(5, 0, "column_type")),
+            ],
         ),
         quarantined(
             "quarantine_nan_and_step_mismatch",
-            "a NaN reward on row 1, step 8 on row 6",
-            {f"step={STEP}.parquet": parquet(base(row1={"reward": math.nan}, row6={"step": 8}))},
-            counts(8, 2, 2, 4),
+            "a NaN reward on row 1, step 8 on row 3 (one prompt group)",
+            {f"step={STEP}.parquet": parquet(base(row1={"reward": math.nan}, row3={"step": 8}))},
+            counts(8, 4, 0, 4),
             [
+                (0, 0, kept_whole(1, 0, "reward_finite")),
                 (1, 0, FINITE),
-                (6, 0, "step_matches_path: step column disagrees with the step in the file path"),
+                (2, 0, kept_whole(1, 0, "reward_finite")),
+                (3, 0, "step_matches_path: step column disagrees with the step in the file path"),
             ],
         ),
         quarantined(
             "quarantine_duplicates",
             "row 3 written twice",
             {f"step={STEP}.parquet": parquet([*base()[:4], sample(3), *base()[4:]])},
-            counts(9, 2, 3, 4),
-            [(3, 0, "unique_leaf: (step, index, leaf) must be unique")] * 2,
+            counts(9, 5, 0, 4),
+            [
+                (0, 0, kept_whole(3, 0, "unique_leaf")),
+                (1, 0, kept_whole(3, 0, "unique_leaf")),
+                (2, 0, kept_whole(3, 0, "unique_leaf")),
+                (3, 0, "unique_leaf: (step, index, leaf) must be unique"),
+                (3, 0, "unique_leaf: (step, index, leaf) must be unique"),
+            ],
         ),
         quarantined(
             "quarantine_the_odd_rows_out",
             "log probs on one row of eight",
             {f"step={STEP}.parquet": parquet(base(row3={"rollout_log_probs": [-0.5, -0.5]}))},
-            counts(8, 1, 3, 4),
+            counts(8, 4, 0, 4),
             [
+                (0, 0, kept_whole(3, 0, "rollout_log_probs_all_or_none")),
+                (1, 0, kept_whole(3, 0, "rollout_log_probs_all_or_none")),
+                (2, 0, kept_whole(3, 0, "rollout_log_probs_all_or_none")),
                 (
                     3,
                     0,
                     "rollout_log_probs_all_or_none: "
                     "rollout_log_probs is null on some rows and set on others",
-                )
+                ),
             ],
         ),
         Case(
@@ -1063,7 +1095,7 @@ def quarantine_cases() -> list[Case]:
         ),
         Case(
             "quarantine_leaves_too_few",
-            "every row but two is invalid",
+            "every row but two is invalid (and so their prompt group)",
             {
                 f"step={STEP}.parquet": parquet(
                     base(**{f"row{i}": {"status": "done"} for i in range(2, 8)})
@@ -1075,7 +1107,7 @@ def quarantine_cases() -> list[Case]:
                     "not_enough_samples",
                     [],
                     [],
-                    "not enough samples 2 for global_batch_size 4 (left after quarantining 6 rows",
+                    "not enough samples 0 for global_batch_size 4 (left after quarantining 8 rows",
                 )
             ],
             QUARANTINE,
@@ -1231,15 +1263,25 @@ def round_two_cases() -> list[Case]:
             "quarantine_a_json_true",
             "a JSON true as reward, quarantined",
             {json_file: jsonl(base(row5={"reward": True}))},
-            counts(8, 1, 3, 4),
-            [(5, 0, "column_type: column reward must be Float64")],
+            counts(8, 4, 0, 4),
+            [
+                (4, 0, kept_whole(5, 0, "column_type")),
+                (5, 0, "column_type: column reward must be Float64"),
+                (6, 0, kept_whole(5, 0, "column_type")),
+                (7, 0, kept_whole(5, 0, "column_type")),
+            ],
         ),
         quarantined(
             "quarantine_a_duplicate_key",
             "a key given twice, quarantined",
             {json_file: json_lines(base(), {6: dup_key})},
-            counts(8, 1, 3, 4),
-            [(6, 0, "duplicate_key: key index must appear once in each JSON object")],
+            counts(8, 4, 0, 4),
+            [
+                (4, 0, kept_whole(6, 0, "duplicate_key")),
+                (5, 0, kept_whole(6, 0, "duplicate_key")),
+                (6, 0, "duplicate_key: key index must appear once in each JSON object"),
+                (7, 0, kept_whole(6, 0, "duplicate_key")),
+            ],
         ),
         invalid(
             "raw_reward_nan",
@@ -1729,10 +1771,13 @@ def round_three_cases() -> list[Case]:
                     {"rollout_id": pl.String()},
                 )
             },
-            counts(9, 2, 3, 4),
+            counts(9, 5, 0, 4),
             [
+                (0, 0, kept_whole(2, 0, "column_type")),
+                (1, 0, kept_whole(2, 0, "column_type")),
                 (2, 0, "column_type: column rollout_id must be Int64"),
                 (2, 1, "column_type: column rollout_id must be Int64"),
+                (3, 0, kept_whole(2, 0, "column_type")),
             ],
         ),
         json_invalid(
