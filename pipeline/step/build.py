@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from pipeline.errors import StepError
 from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
 from pipeline.manifest import Manifest
 from pipeline.settings import RowSettings, Settings
 from pipeline.speed import EarlyDigests
-from pipeline.errors import StepError
 from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, TRAINING_SHARDS, bounded, refused
 from pipeline.step.freshness import current_manifest
 from pipeline.step.ingest import load_samples
