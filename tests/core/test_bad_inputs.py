@@ -172,9 +172,10 @@ def prepare(folder: Path, steps: list[dict[str, Any]]) -> None:
 
 
 # Left aside when a refused case is compared with its folder before the command: the step
-# locks, and the output root's dataset card (it names no step; a build whose step folder
-# cannot be replaced has written it already).
-NOT_THE_STEPS = ("out/.locks", "out/README.md")
+# locks, the output root's dataset card (it names no step; a build whose step folder
+# cannot be replaced has written it already), and the records of refused steps
+# (tests/core/test_refused.py checks them).
+NOT_THE_STEPS = ("out/.locks", "out/README.md", "out/_refused")
 
 
 def snapshot(folder: Path) -> dict[str, tuple[str, str]]:
