@@ -186,9 +186,9 @@ def snapshot(folder: Path) -> dict[str, tuple[str, str]]:
         for name in [*dirs, *files]:
             path = Path(parent) / name
             key = str(path.relative_to(folder))
-            if key.startswith(NOT_THE_STEPS):
-                continue
             mode = path.lstat().st_mode
+            if key.startswith(NOT_THE_STEPS) or (key == "out" and stat.S_ISDIR(mode)):
+                continue  # the root itself: what it holds is compared
             if stat.S_ISLNK(mode):
                 found[key] = ("link", os.readlink(path))
             elif stat.S_ISREG(mode):
