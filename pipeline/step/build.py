@@ -9,7 +9,7 @@ handed in (`route`, from `orchestration/ray_route.py`), so the core never import
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -152,10 +152,12 @@ def run_step(
         yield from _run_step(job, first, last, given, reporter)
     except StepError as error:
         if job.out_root is not None:
-            refused.write_record(job.out_root, job.step, error, job.sources, job.settings)
+            with suppress(OSError):  # the refusal is the error to report, not the record's
+                refused.write_record(job.out_root, job.step, error, job.sources, job.settings)
         raise
     if job.out_root is not None and last == TRAINING_SHARDS:
-        refused.clear_record(job.out_root, job.step)
+        with suppress(OSError):  # a record left is harmless: the committed step is read first
+            refused.clear_record(job.out_root, job.step)
 
 
 def _run_step(
