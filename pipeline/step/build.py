@@ -218,7 +218,8 @@ def build_step(
     report = reporter or _Silent()
     with writer.step_lock(out_root, step):
         if not force and (manifest := current_manifest(step, sources, settings, out_root)):
-            refused.clear_record(out_root, step)  # those inputs are back: it stands
+            with suppress(OSError):  # those inputs are back: the step stands
+                refused.clear_record(out_root, step)
             report.up_to_date(step, writer.step_folder(out_root, step))
             return manifest
         job = StepJob(step, sources, settings, out_root, skipped, early)
