@@ -274,7 +274,8 @@ def run_validate(args: argparse.Namespace) -> int:
     _inputs_exist(args.inputs)
     if all(refused.is_output_root(Path(raw)) for raw in args.inputs):
         # an output root: its refused steps (the records builds left), whole
-        return 0 if all([refused.report_root("validate", Path(r)) for r in args.inputs]) else 1
+        shown = [refused.report_root("validate", Path(raw)) for raw in args.inputs]  # each
+        return 0 if all(shown) else 1
     values = _setting_values(args)
     settings: Settings | RowSettings
     # miles' batch is checked once its global batch size is given; another trainer's

@@ -74,6 +74,17 @@ def build(root: Path, out: Path, **settings: Any) -> dict[str, Any]:
     return build_step(step, sources, load_settings(**settings), out).to_dict()
 
 
+def only_refused(out: Path, *steps: int) -> bool:
+    """Whether a build wrote nothing under `out` but the records of the steps it refused
+    (`_refused/step=<N>.json`; its step locks aside)."""
+    if not out.exists():
+        return not steps
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if ".locks" not in p.parts)
+    return left == (
+        ["_refused", *(f"_refused/step={s}.json" for s in sorted(steps))] if steps else []
+    )
+
+
 def ranks(out: Path, step: int = 1) -> list[pl.DataFrame]:
     folder = out / f"step={step}"
     return [pl.read_parquet(p) for p in sorted(folder.glob("rank=*.parquet"))]

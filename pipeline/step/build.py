@@ -10,7 +10,7 @@ imports Ray.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -126,10 +126,12 @@ def run_step(
         yield from _run_step(job, first, last, given, reporter)
     except StepError as error:
         if job.out_root is not None:
-            refused.write_record(job.out_root, job.step, error, job.sources, job.settings)
+            with suppress(OSError):  # the refusal is the error to report, not the record's
+                refused.write_record(job.out_root, job.step, error, job.sources, job.settings)
         raise
     if job.out_root is not None and last == TRAINING_SHARDS:
-        refused.clear_record(job.out_root, job.step)
+        with suppress(OSError):  # a record left is harmless: the committed step is read first
+            refused.clear_record(job.out_root, job.step)
 
 
 def _run_step(
@@ -190,7 +192,8 @@ def build_step(
     report = reporter or _Silent()
     with writer.step_lock(out_root, step):
         if not force and (manifest := current_manifest(step, sources, settings, out_root)):
-            refused.clear_record(out_root, step)  # those inputs are back: it stands
+            with suppress(OSError):  # those inputs are back: the step stands
+                refused.clear_record(out_root, step)
             report.up_to_date(step, writer.step_folder(out_root, step))
             return manifest
         job = StepJob(step, sources, settings, out_root, skipped, early)

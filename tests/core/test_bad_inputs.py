@@ -172,9 +172,10 @@ def prepare(folder: Path, steps: list[dict[str, Any]]) -> None:
 
 
 # Left aside when a refused case is compared with its folder before the command: the step
-# locks, and the output root's dataset card (it names no step; a build whose step folder
-# cannot be replaced has written it already).
-NOT_THE_STEPS = ("out/.locks", "out/README.md")
+# locks, the output root's dataset card (it names no step; a build whose step folder
+# cannot be replaced has written it already), and the records of refused steps
+# (tests/core/test_refused.py checks them).
+NOT_THE_STEPS = ("out/.locks", "out/README.md", "out/_refused")
 
 
 def snapshot(folder: Path) -> dict[str, tuple[str, str]]:
@@ -185,9 +186,9 @@ def snapshot(folder: Path) -> dict[str, tuple[str, str]]:
         for name in [*dirs, *files]:
             path = Path(parent) / name
             key = str(path.relative_to(folder))
-            if key.startswith(NOT_THE_STEPS):
-                continue
             mode = path.lstat().st_mode
+            if key.startswith(NOT_THE_STEPS) or (key == "out" and stat.S_ISDIR(mode)):
+                continue  # the root itself: what it holds is compared
             if stat.S_ISLNK(mode):
                 found[key] = ("link", os.readlink(path))
             elif stat.S_ISREG(mode):

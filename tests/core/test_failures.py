@@ -20,7 +20,7 @@ from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
 from pipeline.step import write
 from pipeline.step.freshness import current_manifest
-from tests.conftest import sample, write_step
+from tests.conftest import only_refused, sample, write_step
 
 GBS = ["--global-batch-size", "2"]
 
@@ -111,18 +111,25 @@ def test_a_failing_blocking_check_leaves_the_previous_folder(
     assert err.startswith("rollout-shards: build: step 1: rule shards_verified: ")
     assert "rank=0.parquet: rows differ" in err
     assert contents(out / "step=1") == before
-    assert sorted(p.name for p in out.iterdir() if p.name != ".locks") == ["README.md", "step=1"]
+    assert sorted(p.name for p in out.iterdir() if p.name != ".locks") == [
+        "README.md",
+        "_refused",  # the refusal a trainer waiting on the step is told of
+        "step=1",
+    ]
 
 
-def _refused_on_two_ranks(capsys: pytest.CaptureFixture[str], step_input: Path, out: Path) -> str:
+def _refused_on_two_ranks(
+    capsys: pytest.CaptureFixture[str], step_input: Path, out: Path, recorded: bool = True
+) -> str:
     """Build the step on two ranks; it must fail with one line on stderr and publish nothing
-    (not even the root's dataset card: the root this build made is gone). Returns that line."""
+    (not even the root's dataset card) but the refusal's record, when it is `recorded` (a
+    failure of the machine is none). Returns that line."""
     code, _, err = build(
         capsys, step_input, "--out", out, "--dp-size", "2", "--global-batch-size", "2"
     )
     assert code == 1
     assert err.count("\n") == 1
-    assert not out.exists()
+    assert only_refused(out, 1) if recorded else not out.exists()
     return err
 
 
@@ -159,7 +166,7 @@ def test_a_rank_file_that_cannot_be_made_durable_publishes_nothing(
         return original(path)
 
     monkeypatch.setattr(writer, "seal", failing)
-    err = _refused_on_two_ranks(capsys, step_input, tmp_path / "shards")
+    err = _refused_on_two_ranks(capsys, step_input, tmp_path / "shards", recorded=False)
 
     assert err.startswith("rollout-shards: build: step 1: rule os_error: Input/output error on ")
     assert err.rstrip().endswith("rank=1.parquet")
@@ -235,7 +242,7 @@ def test_one_file_given_twice_is_refused(
         f"rollout-shards: build: step 1: {path}: rule identical_input_files: "
         f"{path} is given twice: its rows would be read twice\n"
     )
-    assert not out.exists() or [p for p in out.iterdir() if p.name != ".locks"] == []
+    assert only_refused(out, 1)
 
 
 def _with_bad_step_2(root: Path, bad: Callable[[Path], None]) -> Path:

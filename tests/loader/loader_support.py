@@ -115,3 +115,19 @@ def numpy_as_python(data: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def refuse_step(tmp_path: Path, out: Path, step: int = 2) -> Path:
+    """Build step `step` of rows one of which has a NaN reward into `out`: refused, so the
+    root holds `_refused/step=<step>.json`; returns the step folder that never comes."""
+    import pytest
+
+    from pipeline.errors import StepError
+    from tests.conftest import build, sample, write_step
+
+    rows = [sample(i, reward=float("nan") if i == 1 else 1.0) for i in range(4)]
+    write_step(tmp_path / f"bad-{step}", rows, step=step)
+    with pytest.raises(StepError):
+        build(tmp_path / f"bad-{step}", out, global_batch_size=2, dp_size=2)
+    assert (out / "_refused" / f"step={step}.json").is_file()
+    return out / f"step={step}"

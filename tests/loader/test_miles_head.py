@@ -406,6 +406,24 @@ def test_train_on_a_step_never_built_fails_naming_the_build(
     assert seen == []
 
 
+def test_train_on_a_refused_step_fails_at_once_quoting_the_rule(miles: Any, tmp_path: Path) -> None:
+    """The build refused step 3: `train(3)` fails within a second, not after its 600 s
+    wait, with the rule and the command that shows the whole refusal."""
+    from rollout_shards_loader import StepRefusedError
+
+    from tests.loader.loader_support import refuse_step
+
+    actor, refs, seen = _trainer_on_a_step(miles, tmp_path)
+    refuse_step(tmp_path, tmp_path / "out", step=3)
+    hook.install(tmp_path / "out", wait_s=600)
+    started = time.monotonic()
+    with pytest.raises(StepRefusedError, match="rule reward_finite") as failure:
+        actor.train(3, refs)
+    assert time.monotonic() - started < 1
+    assert f"`rollout-shards validate {tmp_path / 'out'}` shows it all" in str(failure.value)
+    assert seen == []
+
+
 def test_the_wait_is_a_number_of_seconds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert hook.runtime_env(tmp_path, wait_s=30)["env_vars"][hook.WAIT_ENV] == "30.0"
     for bad in ("soon", "-1", "inf", "nan"):

@@ -83,3 +83,24 @@ def test_runtime_env_names_slimes_setup_hook(tmp_path: Path) -> None:
     env = hook.runtime_env(tmp_path)
     assert env["worker_process_setup_hook"] == "rollout_shards_loader.slime.setup_hook"
     assert env["env_vars"]["ROLLOUT_SHARDS_ROOT"] == str(tmp_path)
+
+
+def test_train_on_a_refused_step_fails_at_once_quoting_the_rule(slime: Any, tmp_path: Path) -> None:
+    """The build refused step 2: slime's `train(2)` fails within a second with the rule,
+    not after the wait."""
+    import time
+
+    from rollout_shards_loader import StepRefusedError
+
+    from tests.loader.loader_support import refuse_step
+
+    _rows, settings = CASES["dp1"]
+    refuse_step(tmp_path, tmp_path / "out", step=2)
+    hook.install(tmp_path / "out")
+    actor, seen = _trainer(slime, settings)
+    _set_rank(slime, 0, 1)
+    started = time.monotonic()
+    with pytest.raises(StepRefusedError, match="rule reward_finite"):
+        actor.train(2, None)
+    assert time.monotonic() - started < 1
+    assert seen == []

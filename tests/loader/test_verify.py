@@ -25,6 +25,7 @@ import rollout_shards_loader._verify as verifier
 from rollout_shards_loader import (
     ShardVerificationError,
     StepNotBuiltError,
+    StepRefusedError,
     read_manifest,
     read_rank,
     wait_for_step,
@@ -32,7 +33,7 @@ from rollout_shards_loader import (
 
 from pipeline.io import writer
 from tests.conftest import REPO, build, sample, write_step
-from tests.loader.loader_support import bits, rewrite_manifest
+from tests.loader.loader_support import bits, refuse_step, rewrite_manifest
 
 
 def _step(tmp_path: Path, name: str = "out", reward: float = 1.0, n: int = 8) -> Path:
@@ -431,3 +432,25 @@ def test_wait_for_step_returns_for_a_built_step_and_names_the_build_otherwise(
     assert time.monotonic() - started < 5
     with pytest.raises(StepNotBuiltError, match=r"step=2: the step is not built .* waiting 0 s"):
         wait_for_step(folder.with_name("step=2"), 0)
+
+
+def test_waiting_on_a_refused_step_fails_at_once_quoting_the_rule(tmp_path: Path) -> None:
+    """A refused step will not come: `wait_for_step` fails within a second (not after its
+    wait) with the refusal's first line and the command that shows it all, and
+    `read_rank` of it says the same; once a build commits the step, both read it."""
+    folder = refuse_step(tmp_path, tmp_path / "out")
+    started = time.monotonic()
+    with pytest.raises(StepRefusedError) as refused:
+        wait_for_step(folder, 600)
+    assert time.monotonic() - started < 1
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "rule reward_finite: reward must be a finite number on every row" in message
+    assert f"`rollout-shards validate {tmp_path / 'out'}` shows it all" in message
+    with pytest.raises(StepRefusedError, match="rule reward_finite"):
+        read_rank(folder, 0)
+    rows = [sample(i, reward=1.0) for i in range(4)]
+    write_step(tmp_path / "bad-2", rows, step=2)
+    build(tmp_path / "bad-2", tmp_path / "out", global_batch_size=2, dp_size=2)
+    wait_for_step(folder, 0)
+    assert read_rank(folder, 0)["sample_indices"] == [0, 2]

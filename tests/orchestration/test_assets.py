@@ -31,7 +31,7 @@ from pipeline.orchestration import stage_reports as stages
 from pipeline.orchestration.partitions import rollout_steps, step_of
 from pipeline.orchestration.reporting import FAILURE_TAG
 from pipeline.step.readers import spill
-from tests.conftest import dead_pid
+from tests.conftest import dead_pid, only_refused
 
 BLOCKING_CHECKS = {
     "manifest_counts_add_up",
@@ -270,7 +270,6 @@ def test_invalid_partition_fails_at_rollout_samples_and_writes_nothing(
     assert not result.success
     step_key, failure = step_failure(result)
     assert step_key == "rollout_samples"
-    assert not roots.output.exists()
     assert "rule response_within_tokens" in failure.description
     per_rule = failure.metadata["invalid_rows_per_rule"].value
     assert per_rule["response_within_tokens"] == 2
@@ -279,6 +278,10 @@ def test_invalid_partition_fails_at_rollout_samples_and_writes_nothing(
     assert f"| response_within_tokens | {roots.input / 'step=1.parquet'} | 2 | 0 |" in rows
     assert "response_within_tokens" in instance.get_run_by_id(result.run_id).tags[FAILURE_TAG]
     assert materialized(result) == []
+    # nothing but the refusal's record, which the failure points to
+    assert only_refused(roots.output, 1)
+    record = str(roots.output / "_refused" / "step=1.json")
+    assert failure.metadata["refused_record"].value == record
 
 
 def test_a_refused_step_says_why_on_each_asset_partition(

@@ -21,6 +21,7 @@ from dagster_support import Roots, break_step_1, materialize, metadata_of
 from kube_stand_in import KubeStandIn, Pod, kube_stand_in
 
 from pipeline.orchestration.compute import Compute, K8sCompute, StepCompute
+from tests.conftest import only_refused
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Function `PipesMessageReader.expected_writer_count`"),
@@ -140,7 +141,7 @@ def test_an_invalid_step_fails_in_its_pod_and_writes_nothing(
     failure = failed.step_failure_data.user_failure_data
     assert failure.description == expected.step_failure_data.user_failure_data.description
     assert "rule response_within_tokens" in failure.description
-    assert not roots.output.exists()
+    assert only_refused(roots.output, 1)
     (pod,) = cluster.pods.values()
     assert pod.deleted
 
