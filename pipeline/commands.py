@@ -28,11 +28,12 @@ from pipeline.settings import (
     RowSettings,
     Settings,
     data_settings_files,
+    given_settings,
     make_row_settings,
     make_settings,
     setting_types,
-    setting_values,
 )
+from pipeline.settings_files import Given
 from pipeline.step import ROLLOUT_SAMPLES, TRAIN_BATCH
 from pipeline.step.build import (
     STAGE_NAMES,
@@ -57,14 +58,18 @@ ROWS_ONLY = (
 )
 
 
-def _setting_values(args: argparse.Namespace) -> dict[str, Any]:
+def _given(args: argparse.Namespace) -> Given:
+    """The settings the command line gives: its files (`--config`, each input root's own)
+    less what `--unset` drops, then its flags; each with where it came from."""
     names = set(setting_types())
     overrides = {k: v for k, v in vars(args).items() if k in names}
-    return setting_values(args.config, data_settings_files(args.inputs), **overrides)
+    unset = [name.replace("-", "_") for name in getattr(args, "unset", [])]
+    return given_settings(args.config, data_settings_files(args.inputs), unset, **overrides)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    return make_settings(_setting_values(args))
+    given = _given(args)
+    return make_settings(given.values, given.sources)
 
 
 def _inputs_exist(inputs: Sequence[str]) -> None:
@@ -243,26 +248,15 @@ def run_build(args: argparse.Namespace) -> int:
     return 0 if all(built) else 1
 
 
-def _all_but_the_batch_size(values: dict[str, Any]) -> None:
-    """Check the settings given as `build` does but for the missing global batch size (a
-    stand-in of dp_size keeps it from being the problem): `validate` that checks the rows
-    alone still refuses every setting `build` would refuse beside it."""
-    dp_size = values.get("dp_size", 1)
-    stand_in = dp_size if type(dp_size) is int and dp_size >= 1 else 1
-    make_settings({**values, "global_batch_size": stand_in})
-
-
 def run_validate(args: argparse.Namespace) -> int:
     _inputs_exist(args.inputs)
-    values = _setting_values(args)
-    settings: Settings | RowSettings
-    # miles' batch is checked once its global batch size is given; another trainer's
-    # settings are checked whole (its profile names any missing)
-    if "global_batch_size" in values or values.get("trainer", "miles") != "miles":
-        settings = make_settings(values)
+    given = _given(args)
+    # the trainer checks its batch once the settings it needs are given (miles: a global
+    # batch size); without them the rows alone, every other setting checked as `build` would
+    settings: Settings | RowSettings | None = make_row_settings(given.values, given.sources)
+    if settings is None:
+        settings = make_settings(given.values, given.sources)
     else:
-        _all_but_the_batch_size(values)
-        settings = make_row_settings(values)
         print(f"{PROG}: note: {ROWS_ONLY}", file=sys.stderr)
     report: list[dict[str, Any]] = []
     steps = _steps(args.inputs, settings, args.session_version)

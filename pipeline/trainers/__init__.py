@@ -11,6 +11,7 @@ setting, and never imports a trainer's module.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,13 +23,8 @@ if TYPE_CHECKING:
     from pipeline.schemas.rules import Model
     from pipeline.transforms.layout import Layout
 
-# The profiles by the name the `trainer` setting takes.
-_MODULES = {
-    "miles": "pipeline.trainers.miles.profile",
-    "slime": "pipeline.trainers.slime.profile",
-    "verl": "pipeline.trainers.verl.profile",
-}
-NAMES = tuple(_MODULES)
+# The trainers by the name the `trainer` setting takes: each a package of this one.
+NAMES = ("miles", "slime", "verl")
 
 
 @dataclass(frozen=True)
@@ -63,8 +59,8 @@ class Profile(Protocol):
 
     @property
     def settings(self) -> frozenset[str]:
-        """The settings this trainer reads besides the common ones
-        (`pipeline.settings.COMMON_SETTINGS`); any other given is refused."""
+        """The settings this trainer reads besides the common ones: its settings model's
+        fields (`settings_model`); any other given is refused."""
 
     @property
     def rank_columns(self) -> tuple[str, ...]:
@@ -93,6 +89,31 @@ class Profile(Protocol):
 
 def profile(name: str) -> Profile:
     """The profile of the trainer `name` (one of `NAMES`)."""
-    module = importlib.import_module(_MODULES[name])
+    module = importlib.import_module(f"{__name__}.{_known(name)}.profile")
     found: Profile = module.PROFILE
     return found
+
+
+def settings_model(name: str) -> Any:
+    """The settings model of the trainer `name` (its package's `settings.MODEL`): a frozen
+    dataclass of what it reads besides the common settings, with `normalizes_rewards`,
+    `derived(values)` (settings it derives from the others) and `batch_stand_in(values)`
+    (what lets `validate` check the rows alone, or None). Loads no Polars."""
+    module = importlib.import_module(f"{__name__}.{_known(name)}.settings")
+    model = module.MODEL
+    return model
+
+
+def flag_readers() -> dict[str, Callable[[str], Any]]:
+    """The command-line readers of every trainer's settings whose value is not one scalar
+    type (each package's `flags.FLAG_READERS`), by setting name. Loads no Polars."""
+    readers: dict[str, Callable[[str], Any]] = {}
+    for name in NAMES:
+        readers |= importlib.import_module(f"{__name__}.{name}.flags").FLAG_READERS
+    return readers
+
+
+def _known(name: str) -> str:
+    if name not in NAMES:
+        raise KeyError(name)
+    return name

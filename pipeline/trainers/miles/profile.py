@@ -22,10 +22,10 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
 from pipeline.schemas.rules import ROWS, Model
-from pipeline.settings import Settings, shared_settings
+from pipeline.settings import Settings
 from pipeline.trainers import BatchPlan
 from pipeline.trainers.miles.rewards import group_normalized
-from pipeline.trainers.miles.settings import REQUIRED_SHAPE, USER_CODE
+from pipeline.trainers.miles.settings import MODEL, REQUIRED_SHAPE, USER_CODE
 from pipeline.trainers.miles.split import plain_layout
 from pipeline.trainers.miles.staleness import set_aside_metrics, stale_rows
 from pipeline.transforms.layout import Layout, rank_sizes, rows_within_ranks
@@ -83,7 +83,8 @@ def prompt_groups(light: pl.LazyFrame, n_rows: int, settings: Settings) -> pl.Ex
     all_grouped = light.select(pl.col(c.GROUP_INDEX).is_not_null().all()).collect().item()
     if all_grouped:
         return pl.col(c.GROUP_INDEX)
-    n, rbs = settings.n_samples_per_prompt, settings.rollout_batch_size
+    n: int | None = settings.n_samples_per_prompt
+    rbs: int | None = settings.rollout_batch_size
     if n is not None and rbs is not None and n_rows == n * rbs:
         return pl.col(c.POSITION) // n
     return pl.lit(0, dtype=pl.Int64)
@@ -291,7 +292,7 @@ class Miles:
     sibling_rewards: bool = True
     # every setting of the model that no other trainer owns is miles' (the model was made
     # for it)
-    settings: frozenset[str] = dataclasses.field(default_factory=shared_settings)
+    settings: frozenset[str] = frozenset(f.name for f in dataclasses.fields(MODEL))
     rank_columns: tuple[str, ...] = c.DATASET_COLUMNS
 
     def set_aside(self, rows: pl.DataFrame, settings: Any, step: int) -> pl.DataFrame | None:

@@ -31,6 +31,7 @@ from pipeline.trainers import BatchPlan
 from pipeline.trainers.miles.settings import REQUIRED_SHAPE
 from pipeline.trainers.slime.rules import ROW_RULES
 from pipeline.trainers.slime.schedule import SlimeLayout, slime_layout
+from pipeline.trainers.slime.settings import MODEL
 from pipeline.transforms.flops import slime_model_shape
 from pipeline.transforms.layout import rank_sizes
 from pipeline.transforms.repair import filled_rollout_ids
@@ -44,41 +45,6 @@ EPS = 1e-6
 # slime's estimators that normalize, and those that divide by the std
 NORMALIZING = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 STD = ("grpo", "gspo", "cispo")
-
-# The settings slime reads, named as its flags (and Megatron's for the model's shape).
-SLIME_SETTINGS = frozenset(
-    (
-        "global_batch_size",
-        "rollout_batch_size",
-        "n_samples_per_prompt",
-        "num_steps_per_rollout",
-        "dp_size",
-        "cp_size",
-        "vpp_size",
-        "microbatch_group_size_per_vp_stage",
-        "micro_batch_size",
-        "use_dynamic_batch_size",
-        "max_tokens_per_gpu",
-        "balance_data",
-        "balance_by_flops",
-        "advantage_estimator",
-        "rewards_normalization",
-        "grpo_std_normalization",
-        "reward_key",
-        "num_layers",
-        "hidden_size",
-        "ffn_hidden_size",
-        "num_attention_heads",
-        "num_query_groups",
-        "kv_channels",
-        "vocab_size",
-        "num_experts",
-        "moe_ffn_hidden_size",
-        "moe_router_topk",
-        "moe_layer_freq",
-        "moe_shared_expert_intermediate_size",
-    )
-)
 
 
 def positional_rewards(raw: pl.Series, settings: Settings) -> tuple[pl.Series, int]:
@@ -147,7 +113,7 @@ class Slime:
     row_rules: Model = ROW_RULES
     # slime normalizes by position: rows of one rollout may hold different rewards
     sibling_rewards: bool = False
-    settings: frozenset[str] = SLIME_SETTINGS
+    settings: frozenset[str] = frozenset(f.name for f in dataclasses.fields(MODEL))
     # slime's dict carries `source_names`: after the optional columns, before step and rank
     rank_columns: tuple[str, ...] = (
         *c.SHARD_COLUMNS,

@@ -27,8 +27,9 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
 from pipeline.schemas.rules import ROWS, Model
-from pipeline.settings import Settings, trainer_settings
+from pipeline.settings import Settings
 from pipeline.trainers import BatchPlan
+from pipeline.trainers.verl.settings import MODEL
 from pipeline.transforms.layout import Layout
 from pipeline.transforms.shard_columns import light_shard_columns
 from pipeline.transforms.torch_float import torch_mean_std
@@ -199,9 +200,7 @@ class Verl:
     # uid), so the rows of one rollout need not share a reward
     row_rules: Model = ROWS
     sibling_rewards: bool = False
-    settings: frozenset[str] = dataclasses.field(
-        default_factory=lambda: trainer_settings("verl") | {"dp_size"}
-    )
+    settings: frozenset[str] = frozenset(f.name for f in dataclasses.fields(MODEL))
     rank_columns: tuple[str, ...] = (*c.DATASET_COLUMNS, c.GROUP_INDEX)
 
     def set_aside(self, rows: pl.DataFrame, settings: Any, step: int) -> pl.DataFrame | None:
