@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import json
 import operator
-import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -369,25 +368,7 @@ def make_settings(values: Mapping[str, Any], sources: Mapping[str, str] = {}) ->
     try:
         return Settings(**values)
     except SettingsError as exc:
-        raise UsageError(f"invalid settings: {_sourced(str(exc), sources)}") from None
-
-
-# The settings a problem names: those it starts with (`a, b: ...`), and any `name=value`.
-_LEADING = re.compile(r"^\s*([A-Za-z_]\w*(?:, [A-Za-z_]\w*)*): ")
-_VALUED = re.compile(r"\b([A-Za-z_]\w*)=")
-
-
-def _sourced(problems: str, sources: Mapping[str, str]) -> str:
-    """`problems` (`name: what`; ...) with where each named setting was given."""
-    if not sources:
-        return problems
-    worded = []
-    for problem in problems.split("; "):
-        leading = _LEADING.match(problem)
-        names = [*(leading.group(1).split(", ") if leading else []), *_VALUED.findall(problem)]
-        given = [sources[name] for name in dict.fromkeys(names) if name in sources]
-        worded.append(f"{problem} (given in {' and '.join(given)})" if given else problem)
-    return "; ".join(worded)
+        raise UsageError(f"invalid settings: {files.sourced(str(exc), sources)}") from None
 
 
 def _sections() -> dict[str, list[str]]:

@@ -5,6 +5,7 @@ they stack up (`stacked`). `pipeline.settings` checks what they give."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,3 +150,21 @@ def stacked(
             values[name] = value
             sources[name] = source.format(name=name, dashed=name.replace("_", "-"))
     return Given(values, sources)
+
+
+# The settings a problem names: those it starts with (`a, b: ...`), and any `name=value`.
+_LEADING = re.compile(r"^\s*([A-Za-z_]\w*(?:, [A-Za-z_]\w*)*): ")
+_VALUED = re.compile(r"\b([A-Za-z_]\w*)=")
+
+
+def sourced(problems: str, sources: Mapping[str, str]) -> str:
+    """`problems` (`name: what`; ...) with where each named setting was given."""
+    if not sources:
+        return problems
+    worded = []
+    for problem in problems.split("; "):
+        leading = _LEADING.match(problem)
+        names = [*(leading.group(1).split(", ") if leading else []), *_VALUED.findall(problem)]
+        given = [sources[name] for name in dict.fromkeys(names) if name in sources]
+        worded.append(f"{problem} (given in {' and '.join(given)})" if given else problem)
+    return "; ".join(worded)

@@ -29,11 +29,17 @@ SUCCESS_MARKER = "_SUCCESS"
 INT64_MAX = 2**63 - 1
 
 
+# The kinds of a source file besides a table: the dump formats, named by their format.
+TORCH_DUMP = "torch_dump"
+DATAPROTO_DUMP = "dataproto_dump"
+
+
 @dataclass(frozen=True)
 class SourceFile:
     path: Path
     step: int | None  # from the path; None when only the `step` column tells
-    kind: str = "table"  # or "miles": a miles `--dump-details` .pt file; "verl": a DataProto
+    # or `TORCH_DUMP`: a miles `--dump-details` .pt file; `DATAPROTO_DUMP`: a verl DataProto
+    kind: str = "table"
     session_version: str | None = None  # overrides a miles dump's inferred session version
 
 
@@ -165,13 +171,15 @@ def find_sources(
             dumps, dump_notes = find_miles_dumps(path)
             if notes is not None:
                 notes.extend(dump_notes)
-            found.extend(SourceFile(p, step, "miles", session_version) for step, p in dumps.items())
+            found.extend(
+                SourceFile(p, step, TORCH_DUMP, session_version) for step, p in dumps.items()
+            )
             continue
         if is_verl_dump(path):
             dumps, dump_notes = find_verl_dumps(path)
             if notes is not None:
                 notes.extend(dump_notes)
-            found.extend(SourceFile(p, step, "verl") for step, p in dumps.items())
+            found.extend(SourceFile(p, step, DATAPROTO_DUMP) for step, p in dumps.items())
             continue
         step = _step_of(path)
         if _named_like_a_step(path):

@@ -19,7 +19,7 @@ from pipeline import columns as c
 from pipeline.errors import StepError, Violation, first_line
 from pipeline.io.arrow_types import panics_kept_off_stderr, unsupported_in
 from pipeline.io.conform import cast_column, index_leaf_pairs, value_text
-from pipeline.io.discovery import TABLE_SUFFIXES, SourceFile
+from pipeline.io.discovery import DATAPROTO_DUMP, TABLE_SUFFIXES, TORCH_DUMP, SourceFile
 from pipeline.io.ipc import read_ipc
 from pipeline.io.jsonl import JsonLinesError, read_jsonl
 from pipeline.io.miles_dump import read_miles_dump
@@ -183,7 +183,7 @@ def _read_dump(source: SourceFile, step: int | None) -> ReadFile:
     """A miles dump, hashed before it is parsed; a dump that changed in between (another
     inode, size, or modification) fails the step rather than vouch for other bytes."""
     data, before = _read_bytes(source.path, step)
-    if source.kind == "verl":
+    if source.kind == DATAPROTO_DUMP:
         from pipeline.io.verl_dump import read_verl_dump  # numpy: only for verl's dumps
 
         assert source.step is not None, "a verl dump's step comes from its path"
@@ -197,7 +197,7 @@ def _read_dump(source: SourceFile, step: int | None) -> ReadFile:
 def read_source(
     source: SourceFile, step: int | None = None, early: EarlyDigest | None = None
 ) -> ReadFile:
-    if source.kind in ("miles", "verl"):
+    if source.kind in (TORCH_DUMP, DATAPROTO_DUMP):
         return _read_dump(source, step)
     return read_file(source.path, step, early)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from pipeline import trainers
 from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
 from pipeline.manifest import Manifest
@@ -25,7 +26,6 @@ from pipeline.step.ingest import load_samples
 from pipeline.step.plan import plan_batch, untrained_warning
 from pipeline.step.tables import SampleTable, TrainBatch
 from pipeline.step.write import write_shards
-from pipeline.trainers.miles.staleness import STALE_GROUPS, STALE_ROWS
 from pipeline.transforms import metrics
 
 # A step is worth a look when more than half of its prompt groups have one reward (GRPO
@@ -227,11 +227,10 @@ def summary_line(manifest: Manifest, folder: Path) -> str:
 
 
 def _stale(manifest: Manifest) -> str:
-    """With max_weight_staleness, the groups and rows of `quarantined` it set aside."""
-    if STALE_GROUPS not in manifest.stats:
-        return ""
-    groups, rows = int(manifest.stats[STALE_GROUPS]), int(manifest.stats[STALE_ROWS])
-    return f" ({_count(groups, 'stale group')}, {_count(rows, 'row')})"
+    """What of `quarantined` the trainer's own filter set aside, in its words (miles'
+    weight-staleness budget: its groups and rows), or nothing."""
+    trainer = manifest.settings.get("trainer", trainers.NAMES[0])
+    return trainers.profile(trainer).set_aside_words(manifest.stats)
 
 
 def _count(number: int, thing: str) -> str:

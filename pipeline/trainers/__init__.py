@@ -23,6 +23,11 @@ if TYPE_CHECKING:
     from pipeline.schemas.rules import Model
     from pipeline.transforms.layout import Layout
 
+# The settings a profile is handed (`pipeline.settings.Settings`: the common settings and,
+# by name, the trainer's own): named here, loosely typed, so that no trainer's package
+# imports the settings core, which reaches the trainers through this package.
+Settings = Any
+
 # The trainers by the name the `trainer` setting takes: each a package of this one.
 NAMES = ("miles", "slime", "verl")
 
@@ -76,6 +81,10 @@ class Profile(Protocol):
 
     def set_aside_stats(self, quarantine: pl.DataFrame | None, settings: Any) -> dict[str, float]:
         """The rollout metrics of what `set_aside` set aside (empty when it sets none)."""
+
+    def set_aside_words(self, stats: dict[str, float]) -> str:
+        """What `set_aside` set aside, from a manifest's `stats`, for the build's summary
+        line (` (2 stale groups, 8 rows)`), or an empty text."""
 
     def check(self, settings: Any) -> str | None:
         """What this trainer refuses of well-typed settings (a usage error), or None."""

@@ -17,7 +17,7 @@ import pytest
 from pipeline.errors import StepError
 from pipeline.io import load
 from pipeline.io.checksums import input_digest, sha256_of
-from pipeline.io.discovery import SourceFile
+from pipeline.io.discovery import TORCH_DUMP, SourceFile
 from tests.conftest import REPO, sample, table
 
 
@@ -85,7 +85,7 @@ def test_a_dump_that_changes_while_it_is_read_fails_its_step(
 
     monkeypatch.setattr(load, "read_miles_dump", read_then_changed)
     with pytest.raises(StepError) as error:
-        load.load_step(1, [SourceFile(path, 1, "miles")])
+        load.load_step(1, [SourceFile(path, 1, TORCH_DUMP)])
     (violation,) = error.value.violations
     assert violation.rule == "unreadable_file"
     assert violation.message == "the file changed while it was read: build again"

@@ -26,8 +26,7 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import step_error
 from pipeline.schemas.rules import Model
-from pipeline.settings import Settings
-from pipeline.trainers import BatchPlan
+from pipeline.trainers import BatchPlan, Settings
 from pipeline.trainers.miles.settings import REQUIRED_SHAPE
 from pipeline.trainers.slime.rules import ROW_RULES
 from pipeline.trainers.slime.schedule import SlimeLayout, slime_layout
@@ -124,6 +123,9 @@ class Slime:
 
     def set_aside(self, rows: pl.DataFrame, settings: Any, step: int) -> pl.DataFrame | None:
         return None  # no filter of its own before the batch
+
+    def set_aside_words(self, stats: dict[str, float]) -> str:
+        return ""
 
     def set_aside_stats(self, quarantine: pl.DataFrame | None, settings: Any) -> dict[str, float]:
         return {}

@@ -27,8 +27,7 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
 from pipeline.schemas.rules import ROWS, Model
-from pipeline.settings import Settings
-from pipeline.trainers import BatchPlan
+from pipeline.trainers import BatchPlan, Settings
 from pipeline.trainers.verl.settings import MODEL
 from pipeline.transforms.layout import Layout
 from pipeline.transforms.shard_columns import light_shard_columns
@@ -205,6 +204,9 @@ class Verl:
 
     def set_aside(self, rows: pl.DataFrame, settings: Any, step: int) -> pl.DataFrame | None:
         return None  # no filter of its own before the batch
+
+    def set_aside_words(self, stats: dict[str, float]) -> str:
+        return ""
 
     def set_aside_stats(self, quarantine: pl.DataFrame | None, settings: Any) -> dict[str, float]:
         return {}
