@@ -162,3 +162,10 @@ def test_a_section_holds_only_what_its_trainer_reads(tmp_path: Path) -> None:
     path.write_text("slime:\n  - 1\n")
     with pytest.raises(Exception, match="slime: a mapping of the slime trainer's settings"):
         load_settings(path)
+
+
+def test_a_run_config_value_is_named_as_run_config() -> None:
+    """Dagster's run config hands its settings as `load_settings` overrides, worded as
+    run config keys (`orchestration/resources.py`)."""
+    with pytest.raises(Exception, match=r"dp_size: .* \(given in run config key dp_size\)$"):
+        load_settings(source="run config key {name}", global_batch_size=8, dp_size=0)
