@@ -28,7 +28,7 @@ from pipeline.streams import (
     kept_streams,
     program_streams_and_signals,
 )
-from pipeline.trainers.miles.flags import FLAG_READERS
+from pipeline.trainers import flag_readers
 
 PROG = "rollout-shards"
 
@@ -120,7 +120,16 @@ SHORT_FLAGS = {"ray_address": ("--ray",)}
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("settings (override the config file; named as miles' flags)")
+    group.add_argument(
+        "--unset",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="drop the value a settings file gives the setting NAME (back to its default); "
+        "repeatable",
+    )
     valued = valued_booleans()
+    readers = flag_readers()
     for name, annotation, help_text in setting_fields():
         if name in DISABLE_FLAGS:
             group.add_argument(
@@ -141,7 +150,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
                 default=argparse.SUPPRESS,
                 help=help_text,
             )
-        elif name in FLAG_READERS or typing.get_origin(base) is list:
+        elif name in readers or typing.get_origin(base) is list:
             _add_shaped_flag(group, name, base, help_text)
         elif base is bool:
             group.add_argument(
@@ -174,11 +183,12 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
 def _add_shaped_flag(group: argparse._ArgumentGroup, name: str, base: Any, help_text: str) -> None:
     """A setting whose value is not one scalar: a list (`--ft-components rollout train`,
     miles' nargs) or a value read by its own reader (`--moe-layer-freq ([0]+[1]*3)`)."""
-    if name in FLAG_READERS:
+    readers = flag_readers()
+    if name in readers:
 
         def reader(text: str) -> Any:
             try:
-                return FLAG_READERS[name](text)
+                return readers[name](text)
             except ValueError as exc:
                 raise argparse.ArgumentTypeError(str(exc)) from None
 

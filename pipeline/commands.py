@@ -28,11 +28,12 @@ from pipeline.settings import (
     RowSettings,
     Settings,
     data_settings_files,
+    given_settings,
     make_row_settings,
     make_settings,
     setting_types,
-    setting_values,
 )
+from pipeline.settings_files import Given
 from pipeline.step import ROLLOUT_SAMPLES, TRAIN_BATCH, refused
 from pipeline.step.build import (
     STAGE_NAMES,
@@ -60,14 +61,18 @@ ROWS_ONLY = (
 )
 
 
-def _setting_values(args: argparse.Namespace) -> dict[str, Any]:
+def _given(args: argparse.Namespace) -> Given:
+    """The settings the command line gives: its files (`--config`, each input root's own)
+    less what `--unset` drops, then its flags; each with where it came from."""
     names = set(setting_types())
     overrides = {k: v for k, v in vars(args).items() if k in names}
-    return setting_values(args.config, data_settings_files(args.inputs), **overrides)
+    unset = [name.replace("-", "_") for name in getattr(args, "unset", [])]
+    return given_settings(args.config, data_settings_files(args.inputs), unset, **overrides)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    return make_settings(_setting_values(args))
+    given = _given(args)
+    return make_settings(given.values, given.sources)
 
 
 def _inputs_exist(inputs: Sequence[str]) -> None:
@@ -248,9 +253,9 @@ def run_build(args: argparse.Namespace) -> int:
         raise UsageError(mixed)  # the root read whole is one dataset
     clean_stale(args.out)
     skipped: list[Path] = []
-    refused: list[Violation] = []
-    steps = _steps(args.inputs, settings, args.session_version, skipped, refused)
-    print_violations("build", refused)
+    by_name: list[Violation] = []
+    steps = _steps(args.inputs, settings, args.session_version, skipped, by_name)
+    print_violations("build", by_name)
     progress = Progress(len(steps), STAGE_NAMES, quiet=args.quiet)
     # --ray ADDRESS: the steps above ray_above are built by tasks on that cluster
     with ray_route(settings) as route:
@@ -258,16 +263,7 @@ def run_build(args: argparse.Namespace) -> int:
             _build_one(step, files, settings, args, progress, skipped_files(skipped, step), route)
             for step, files in steps.items()
         ]
-    return 0 if all(built) and not refused else 1
-
-
-def _all_but_the_batch_size(values: dict[str, Any]) -> None:
-    """Check the settings given as `build` does but for the missing global batch size (a
-    stand-in of dp_size keeps it from being the problem): `validate` that checks the rows
-    alone still refuses every setting `build` would refuse beside it."""
-    dp_size = values.get("dp_size", 1)
-    stand_in = dp_size if type(dp_size) is int and dp_size >= 1 else 1
-    make_settings({**values, "global_batch_size": stand_in})
+    return 0 if all(built) and not by_name else 1
 
 
 def run_validate(args: argparse.Namespace) -> int:
@@ -276,20 +272,18 @@ def run_validate(args: argparse.Namespace) -> int:
         # an output root: its refused steps (the records builds left), whole
         shown = [refused.report_root("validate", Path(raw)) for raw in args.inputs]  # each
         return 0 if all(shown) else 1
-    values = _setting_values(args)
-    settings: Settings | RowSettings
-    # miles' batch is checked once its global batch size is given; another trainer's
-    # settings are checked whole (its profile names any missing)
-    if "global_batch_size" in values or values.get("trainer", "miles") != "miles":
-        settings = make_settings(values)
+    given = _given(args)
+    # the trainer checks its batch once the settings it needs are given (miles: a global
+    # batch size); without them the rows alone, every other setting checked as `build` would
+    settings: Settings | RowSettings | None = make_row_settings(given.values, given.sources)
+    if settings is None:
+        settings = make_settings(given.values, given.sources)
     else:
-        _all_but_the_batch_size(values)
-        settings = make_row_settings(values)
         print(f"{PROG}: note: {ROWS_ONLY}", file=sys.stderr)
-    refused: list[Violation] = []
-    steps = _steps(args.inputs, settings, args.session_version, refused=refused)
+    by_name: list[Violation] = []
+    steps = _steps(args.inputs, settings, args.session_version, refused=by_name)
     report: list[dict[str, Any]] = [
-        {"step": violation.step, "valid": False, "violations": [violation]} for violation in refused
+        {"step": violation.step, "valid": False, "violations": [violation]} for violation in by_name
     ]
     stages = STAGE_NAMES[:2] if isinstance(settings, Settings) else STAGE_NAMES[:1]
     progress = Progress(len(steps), stages, quiet=args.quiet)
@@ -343,11 +337,11 @@ def run_plan(args: argparse.Namespace) -> int:
         for given in args.layouts
     ]
     first = layouts[0][0]
-    refused: list[Violation] = []
-    steps = _steps(args.inputs, first, args.session_version, refused=refused)
-    print_violations("plan", refused)
+    by_name: list[Violation] = []
+    steps = _steps(args.inputs, first, args.session_version, refused=by_name)
+    print_violations("plan", by_name)
     plans: list[planner.LayoutPlan] = []
-    failed = bool(refused)
+    failed = bool(by_name)
     progress = Progress(len(steps), STAGE_NAMES[:2], quiet=args.quiet)
     for step, sources in steps.items():
         # the layout settings are not the check's: one read and check serves every layout

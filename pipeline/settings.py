@@ -1,11 +1,17 @@
-"""The settings model: every setting of CONTRACT.md section 3, named as miles' flags.
+"""The settings: those every trainer reads, and the chosen trainer's own.
 
-`Settings` is a frozen dataclass. A value that already has its field's exact type (as
+`Settings` holds the common settings (`CommonSettings`: which trainer, how rows are read
+and checked, the run options) and, as `own`, the chosen trainer's settings: an instance of
+its settings model (`pipeline.trainers.settings_model(trainer)`, declared in its package's
+`settings.py`). A trainer's setting reads as `settings.<name>` as a common one does; the
+flat spelling (every setting by its one name) is how settings come in and go out: flags,
+settings files, Dagster's run config, `values()`, the manifest. A setting of another
+trainer given at its default is passed over; at any other value it is refused.
+
+Every model is a frozen dataclass. A value that already has its field's exact type (as
 argparse, YAML and Dagster's run config give them) is taken as it is; any other value goes
 to pydantic, imported only then, which reads it in its lax mode ("yes" is true) or words
-what is wrong with it. So a build with well-typed settings does not load pydantic, and a
-mistyped, missing or unknown setting is worded by pydantic; settings that cannot go
-together are worded here (`_inconsistency`).
+what is wrong with it. So a build with well-typed settings does not load pydantic.
 """
 
 from __future__ import annotations
@@ -21,44 +27,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pipeline import settings_files as files
+from pipeline import trainers
 from pipeline.errors import UsageError
+from pipeline.setting_marks import Count, NonNegative, setting
 from pipeline.settings_files import DATA_SETTINGS as DATA_SETTINGS
 from pipeline.settings_files import DISABLE_FLAGS as DISABLE_FLAGS
 from pipeline.settings_files import data_settings_files as data_settings_files
-from pipeline.trainers.miles.settings import FIELDS as MILES_FIELDS
-from pipeline.trainers.miles.settings import MilesFlags, NonNegative, derived_global_batch_size
-from pipeline.trainers.verl.settings import FIELDS as VERL_FIELDS
-from pipeline.trainers.verl.settings import VerlSettings
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
     from pydantic_core import ErrorDetails
-
-Estimator = Literal[
-    "grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
-]
-NORMALIZING_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
-
-
-class _Count:
-    """The mark of a count: an integer of at least 1, never a bool, a float or a text."""
-
-
-COUNT = _Count()
-Count = Annotated[int, COUNT]
-
-
-def _setting(
-    description: str,
-    default: Any = dataclasses.MISSING,
-    recorded: bool = True,
-    trainer: str | None = None,
-) -> Any:
-    """A field of the settings; `recorded=False`: a run option that does not change what is
-    built (not in the manifest, not in the rerun digests); `trainer`: a setting of that
-    trainer alone, named after its own configuration key."""
-    metadata = {"description": description, "recorded": recorded, "trainer": trainer}
-    return dataclasses.field(default=default, metadata=metadata)
 
 
 class SettingsError(ValueError):
@@ -67,158 +45,188 @@ class SettingsError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Settings(MilesFlags, VerlSettings):
-    """Effective settings of one build; shared by the CLI, the Dagster run config and tests.
+class CommonSettings:
+    """The settings every trainer reads."""
 
-    Checked when made: each value against its field's type (integers strictly, booleans
-    and texts in pydantic's lax mode: "yes" is true), then the settings against each other
-    (SettingsError). `make_settings` words every problem as one usage line."""
-
-    trainer: str = _setting(
+    trainer: str = setting(
         "The trainer the shards are for: its profile (pipeline/trainers/) decides reward "
         "normalization, trimming, the DP split and the rank files.",
-        "miles",
+        trainers.NAMES[0],
     )
-    global_batch_size: Count | None = _setting(
-        "Samples per optimizer step (rollouts per step for compact batches).", None
-    )
-    dp_size: Count = _setting("Data-parallel ranks, one shard file each.", 1)
-    use_dynamic_global_batch_size: bool = _setting("One optimizer step per rollout step.", False)
-    disable_rollout_trim_samples: bool = _setting("Keep every sample.", False)
-    advantage_estimator: Estimator = _setting("Advantage estimator.", "grpo")
-    rewards_normalization: bool = _setting(
-        "Normalize rewards per prompt group (--disable-rewards-normalization).", True
-    )
-    grpo_std_normalization: bool = _setting(
-        "Divide by the group std (--disable-grpo-std-normalization).", True
-    )
-    reward_key: str | None = _setting("Field of a struct `reward`.", None)
-    n_samples_per_prompt: Count | None = _setting(
-        "Fixed-fanout reward groups when `group_index` is missing.", None
-    )
-    rollout_batch_size: Count | None = _setting(
-        "Prompts per rollout step, with n_samples_per_prompt.", None
-    )
-    balance_data: bool = _setting("Balance tokens across ranks.", False)
-    micro_batch_size: Count | None = _setting("Fixed micro-batch size.", None)
-    use_dynamic_batch_size: bool = _setting("Token-budget micro-batches.", False)
-    max_tokens_per_gpu: Count | None = _setting("Token budget per micro-batch and GPU.", None)
-    cp_size: Count | None = _setting(
-        "Context parallel size; setting it turns on the rollout-side schedule.", None
-    )
-    vpp_size: Count | None = _setting("Virtual pipeline stages (null means 1).", None)
-    microbatch_group_size_per_vp_stage: Count | None = _setting(
-        "Micro-batch group per virtual pipeline stage.", None
-    )
-    allow_partial_train_step: bool = _setting(
-        "One smaller final train step instead of dropping trailing rollouts.", False
-    )
-    on_invalid: Literal["fail", "quarantine"] = _setting(
+    dp_size: Count = setting("Data-parallel ranks, one shard file each.", 1)
+    reward_key: str | None = setting("Field of a struct `reward`.", None)
+    on_invalid: Literal["fail", "quarantine"] = setting(
         "`fail`: write nothing for an invalid step; `quarantine`: set invalid trajectories aside.",
         "fail",
     )
-    rollout_id_policy: Literal["strict", "repair"] = _setting(
+    rollout_id_policy: Literal["strict", "repair"] = setting(
         "`repair` fixes legacy rollout ids (before miles PR #2536) and counts them.", "strict"
     )
-    require_success_marker: bool = _setting(
+    require_success_marker: bool = setting(
         "Read a step folder only once its producer wrote step=<N>/_SUCCESS.", False
     )
-    stream_above: NonNegative | None = _setting(
+    stream_above: NonNegative | None = setting(
         "MiB of input files on disk above which a step holds its per-token lists one part "
         "or one rank at a time (0: every step; null: never).",
         256,
         recorded=False,
     )
-    ray_address: str | None = _setting("Ray cluster's GCS, or auto.", None, recorded=False)
-    ray_above: NonNegative = _setting("MiB above which a step goes to Ray.", 256, recorded=False)
-
-    def __post_init__(self) -> None:
-        _take(self, _checked(type(self), self.values()))
-        if (problem := _inconsistency(self)) is not None:
-            raise SettingsError(problem)
-
-    @property
-    def normalizes_rewards(self) -> bool:
-        return normalizes(self.advantage_estimator, self.rewards_normalization)
-
-    @property
-    def uses_schedule(self) -> bool:
-        return self.cp_size is not None
+    ray_address: str | None = setting("Ray cluster's GCS, or auto.", None, recorded=False)
+    ray_above: NonNegative = setting("MiB above which a step goes to Ray.", 256, recorded=False)
 
     @property
     def stream_above_bytes(self) -> int | None:
         return None if self.stream_above is None else self.stream_above << 20
 
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RowSettings:
+    """What reading and checking rows needs of the settings: a projection of `Settings`
+    (`Settings.rows()`), which `validate` without a batch runs on."""
+
+    trainer: str = trainers.NAMES[0]
+    reward_key: str | None = None
+    on_invalid: str = "fail"
+    rollout_id_policy: str = "strict"
+    require_success_marker: bool = False
+    normalizes_rewards: bool = True  # the trainer's reading of its own settings
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class Settings(CommonSettings):
+    """Effective settings of one build; shared by the CLI, the Dagster run config and tests.
+
+    Made from flat values (`Settings(global_batch_size=8, dp_size=2)`) and checked when
+    made: each value against its field's type (integers strictly, booleans and texts in
+    pydantic's lax mode), then the trainer's profile on the whole (SettingsError).
+    `make_settings` words every problem as one usage line."""
+
+    own: Any = None  # the trainer's settings model, filled from the flat values
+
+    def __init__(self, **values: Any) -> None:
+        common, own = _built(values)
+        for name, value in common.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "own", own)
+        if (problem := trainers.profile(self.trainer).check(self)) is not None:
+            raise SettingsError(problem)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for a name that is not a common setting: the trainer's own
+        if name.startswith("__") or "own" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["own"], name)
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with `changes`, checked as the settings are when made."""
-        return Settings(**_checked(Settings, {**self.values(), **changes}))
+        return Settings(**{**self.values(), **changes})
 
     def values(self) -> dict[str, Any]:
-        """Every setting by name, run options included (what a worker is handed)."""
-        return {f.name: getattr(self, f.name) for f in _fields()}
+        """Every setting of this trainer by name, run options included (what a worker is
+        handed), the common ones first."""
+        common = {f.name: getattr(self, f.name) for f in dataclasses.fields(CommonSettings)}
+        return common | {f.name: getattr(self.own, f.name) for f in dataclasses.fields(self.own)}
 
     def to_dict(self) -> dict[str, Any]:
         """Every recorded setting of this trainer by name, as JSON values (the manifest's
-        `settings`): the run options, which change no output byte, and the settings of
-        other trainers are left out."""
-        from pipeline import trainers
-
-        read = trainers.profile(self.trainer).settings
-        return {
-            f.name: getattr(self, f.name)
-            for f in _fields()
-            if f.metadata.get("recorded", True) and (f.name in COMMON_SETTINGS or f.name in read)
-        }
+        `settings`): the run options, which change no output byte, are left out."""
+        fields = [*dataclasses.fields(CommonSettings), *dataclasses.fields(self.own)]
+        return {f.name: getattr(self, f.name) for f in fields if f.metadata.get("recorded", True)}
 
     def to_json(self) -> str:
         """The settings as compact JSON, as the rerun digests hash them."""
         return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
 
-
-def normalizes(estimator: str, rewards_normalization: bool) -> bool:
-    """Whether rewards are normalized per prompt group (miles' estimators that do)."""
-    return rewards_normalization and estimator in NORMALIZING_ESTIMATORS
-
-
-def _as_in_settings(name: str) -> Any:
-    """A field of `Settings` (its default and description), for a model sharing it."""
-    (same,) = [f for f in dataclasses.fields(Settings) if f.name == name]
-    return dataclasses.field(default=same.default, metadata=same.metadata)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RowSettings:
-    """The settings of `Settings` that reading and validating rows needs (`validate` without
-    a global batch size checks the rows alone); the fields are `Settings`' own."""
-
-    trainer: str = _as_in_settings("trainer")
-    advantage_estimator: Estimator = _as_in_settings("advantage_estimator")
-    rewards_normalization: bool = _as_in_settings("rewards_normalization")
-    reward_key: str | None = _as_in_settings("reward_key")
-    on_invalid: Literal["fail", "quarantine"] = _as_in_settings("on_invalid")
-    rollout_id_policy: Literal["strict", "repair"] = _as_in_settings("rollout_id_policy")
-    require_success_marker: bool = _as_in_settings("require_success_marker")
-
-    def __post_init__(self) -> None:
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        _take(self, _checked(type(self), values))
-
-    @property
-    def normalizes_rewards(self) -> bool:
-        return normalizes(self.advantage_estimator, self.rewards_normalization)
+    def rows(self) -> RowSettings:
+        """What reading and checking rows needs of these settings."""
+        return RowSettings(
+            trainer=self.trainer,
+            reward_key=self.reward_key,
+            on_invalid=self.on_invalid,
+            rollout_id_policy=self.rollout_id_policy,
+            require_success_marker=self.require_success_marker,
+            normalizes_rewards=self.own.normalizes_rewards,
+        )
 
 
-# Settings or RowSettings (a plain `type`, which the caches below can key on).
+# CommonSettings or a trainer's settings model (a plain `type`, which the caches key on).
 Model = type
+COMMON_SETTINGS = frozenset(f.name for f in dataclasses.fields(CommonSettings))
+
+
+def _built(values: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+    """The checked common settings among `values` and the trainer's own settings model
+    made of the rest; SettingsError naming every unknown, missing or mistyped one, else
+    every setting of another trainer given at another value than its default."""
+    known = _every_field()
+    problems: list[str] = []
+    common: dict[str, Any] = {}
+    try:
+        common = _checked(CommonSettings, _among(CommonSettings, values))
+    except SettingsError as exc:
+        problems.append(str(exc))
+    trainer = common.get("trainer", values.get("trainer", CommonSettings.trainer))
+    own: dict[str, Any] = {}
+    if not isinstance(trainer, str) or trainer not in trainers.NAMES:
+        if "trainer" in common:  # else mistyped, and told above
+            one_of = ", ".join(trainers.NAMES)
+            problems.append(f"trainer: {trainer!r} is not a trainer; one of {one_of}")
+    else:
+        model = trainers.settings_model(trainer)
+        try:
+            own = _checked(model, _among(model, values))
+        except SettingsError as exc:
+            problems.append(str(exc))
+    unknown = [name for name in values if name not in known]
+    if unknown:  # worded as pydantic words them, after the fields (as it does)
+        from pipeline.yaml_config import setting_name
+
+        problems += [f"{setting_name(name)}: Extra inputs are not permitted" for name in unknown]
+    if problems:
+        raise SettingsError("; ".join(problems))
+    read = {f.name for f in dataclasses.fields(model)}
+    foreign = [
+        name
+        for name, value in values.items()
+        if name not in COMMON_SETTINGS and name not in read and value != known[name].default
+    ]
+    if foreign:
+        raise SettingsError(
+            f"{', '.join(foreign)}: not a setting of the {trainer} trainer "
+            f"(its settings: {', '.join(sorted(read))})"
+        )
+    return {**_defaults(CommonSettings), **common}, model(**own)
+
+
+def _among(model: Model, values: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(model)}
+    return {name: value for name, value in values.items() if name in names}
 
 
 @functools.cache
-def _fields() -> tuple[dataclasses.Field[Any], ...]:
-    """The fields of `Settings` in the contract's order: its own, then miles' data-path
-    flags (`pipeline.trainers.miles.settings`), then verl's
-    (`pipeline.trainers.verl.settings`): base classes, whose fields dataclasses list first."""
-    fields = dataclasses.fields(Settings)
-    return tuple(sorted(fields, key=lambda f: (f.name in VERL_FIELDS, f.name in MILES_FIELDS)))
+def _defaults(model: Model) -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(model)}
+
+
+@functools.cache
+def _every_field() -> dict[str, dataclasses.Field[Any]]:
+    """Every setting's field by name, in the contract's order: the common settings, then
+    each trainer's own (`trainers.NAMES` order) that no trainer before it declared."""
+    fields = {f.name: f for f in dataclasses.fields(CommonSettings)}
+    for name in trainers.NAMES:
+        for f in dataclasses.fields(trainers.settings_model(name)):
+            fields.setdefault(f.name, f)
+    return fields
+
+
+@functools.cache
+def _every_kind() -> dict[str, Any]:
+    """Every setting's type as annotated, by name (a count keeps its mark)."""
+    kinds = dict(_hints(CommonSettings))
+    for name in trainers.NAMES:
+        for field, kind in _hints(trainers.settings_model(name)).items():
+            kinds.setdefault(field, kind)
+    return {name: kinds[name] for name in _every_field()}
 
 
 def _minimum(kind: Any) -> int:
@@ -231,13 +239,6 @@ def _minimum(kind: Any) -> int:
 def _hints(model: Model) -> dict[str, Any]:
     """Each field's type as annotated (a count keeps its mark)."""
     return typing.get_type_hints(model, include_extras=True)
-
-
-def _take(settings: Settings | RowSettings, values: Mapping[str, Any]) -> None:
-    """Put the checked `values` (a lax "yes" read as true) in the frozen `settings`."""
-    for name, value in values.items():
-        if value is not getattr(settings, name):
-            object.__setattr__(settings, name, value)
 
 
 def _exact(kind: Any, value: Any) -> bool:
@@ -257,20 +258,18 @@ def _exact(kind: Any, value: Any) -> bool:
 
 
 def _checked(model: Model, values: Mapping[str, Any]) -> dict[str, Any]:
-    """`model`'s fields among `values`, checked; SettingsError naming every missing,
-    unknown (for `Settings`) or mistyped one, worded by pydantic."""
+    """`values` (each a field of `model`) checked; SettingsError naming every mistyped
+    one, worded by pydantic."""
     kinds = _hints(model)
     if beyond := [f"{name}: the integer {v} is beyond int64" for name, v in _ints(values)]:
         raise SettingsError("; ".join(beyond))  # wherever it came from (a file refuses it too)
-    known = all(name in kinds for name in values) or model is RowSettings
-    fields = {f.name: f for f in dataclasses.fields(model)}
-    given = all(name in values for name, f in fields.items() if f.default is dataclasses.MISSING)
-    if known and given and all(_exact(kinds[k], v) for k, v in values.items() if k in kinds):
-        return {name: values[name] for name in kinds if name in values}
+    if all(_exact(kinds[k], v) for k, v in values.items()):
+        return dict(values)
     from pydantic import ValidationError
 
     try:
-        return dict(_pydantic_model(model).model_validate(values))
+        checked = _pydantic_model(model).model_validate(values)
+        return {name: getattr(checked, name) for name in values}
     except ValidationError as exc:
         raise SettingsError("; ".join(_problem(error) for error in exc.errors())) from None
 
@@ -288,7 +287,7 @@ def _ints(values: Mapping[str, Any]) -> list[tuple[str, int]]:
 @functools.cache
 def _pydantic_model(model: Model) -> type[BaseModel]:
     """A pydantic model of `model`'s fields: a count strict and at least 1, booleans and
-    texts lax; unknown fields refused by `Settings` and ignored by `RowSettings`."""
+    texts lax (what is not its field was told apart before)."""
     from pydantic import ConfigDict, Field, create_model
 
     def typed(kind: Any) -> Any:
@@ -305,8 +304,7 @@ def _pydantic_model(model: Model) -> type[BaseModel]:
         f.name: (typed(kinds[f.name]), ... if f.default is dataclasses.MISSING else f.default)
         for f in dataclasses.fields(model)
     }
-    extra: Literal["forbid", "ignore"] = "forbid" if model is Settings else "ignore"
-    return create_model(model.__name__, __config__=ConfigDict(extra=extra), **fields)
+    return create_model(model.__name__, __config__=ConfigDict(extra="ignore"), **fields)
 
 
 def _problem(error: ErrorDetails) -> str:
@@ -319,31 +317,14 @@ def _problem(error: ErrorDetails) -> str:
     return f"{name}: {error['msg']}"
 
 
-# The settings the row and file rules read; the rest shape the batch (trim, layout, ranks).
-ROW_SETTINGS = tuple(f.name for f in dataclasses.fields(RowSettings))
-# Settings of every trainer: which trainer, how rows are read and checked, run options.
-COMMON_SETTINGS = frozenset(
-    ("trainer", "stream_above", "ray_address", "ray_above", "on_invalid", "rollout_id_policy")
-) | {"require_success_marker", "reward_key"}
-
-
-def trainer_settings(trainer: str) -> frozenset[str]:
-    """The settings marked as `trainer`'s alone (named after its configuration keys)."""
-    return frozenset(f.name for f in _fields() if f.metadata.get("trainer") == trainer)
-
-
 def valued_booleans() -> frozenset[str]:
-    """Booleans named after verl's keys, given a value as there (`--balance-batch false`)."""
+    """Booleans named after a trainer's configuration keys, given a value as there
+    (`--balance-batch false`)."""
     kinds = setting_types()
-    return frozenset(name for name in trainer_settings("verl") if kinds[name] is bool)
-
-
-def shared_settings() -> frozenset[str]:
-    """The settings of no one trainer and not common: miles' flags, which slime shares."""
     return frozenset(
-        f.name
-        for f in _fields()
-        if f.metadata.get("trainer") is None and f.name not in COMMON_SETTINGS
+        name
+        for name, f in _every_field().items()
+        if f.metadata.get("valued") and kinds[name] is bool
     )
 
 
@@ -359,18 +340,29 @@ def _plain(kind: Any) -> Any:
 
 def setting_types() -> dict[str, Any]:
     """Each setting's type (`int | None` for an optional count)."""
-    return {name: _plain(kind) for name, kind in _hints(Settings).items()}
+    return {name: _plain(kind) for name, kind in _every_kind().items()}
 
 
 def setting_fields() -> list[tuple[str, Any, str]]:
     """(name, type, description) of every setting, in the contract's order."""
     kinds = setting_types()
-    return [(f.name, kinds[f.name], f.metadata["description"]) for f in _fields()]
+    return [(name, kinds[name], f.metadata["description"]) for name, f in _every_field().items()]
 
 
 def setting_defaults() -> dict[str, Any]:
     """Each setting's default; the required ones are left out."""
-    return {f.name: f.default for f in _fields() if f.default is not dataclasses.MISSING}
+    return {
+        name: f.default
+        for name, f in _every_field().items()
+        if f.default is not dataclasses.MISSING
+    }
+
+
+def readers_of(name: str) -> list[str]:
+    """The trainers that read the setting `name` (every trainer reads a common one)."""
+    if name in COMMON_SETTINGS:
+        return list(trainers.NAMES)
+    return [t for t in trainers.NAMES if name in _defaults(trainers.settings_model(t))]
 
 
 def non_null(kind: Any) -> Any:
@@ -381,62 +373,83 @@ def non_null(kind: Any) -> Any:
     return args[0] if len(args) == 1 else kind
 
 
-def _inconsistency(s: Settings) -> str | None:
-    """What makes a set of well-typed settings impossible, or None: the trainer's profile
-    (`pipeline.trainers`) words what its trainer refuses."""
-    from pipeline import trainers
-
-    if s.trainer not in trainers.NAMES:
-        return f"trainer: {s.trainer!r} is not a trainer; one of {', '.join(trainers.NAMES)}"
-    profile = trainers.profile(s.trainer)
-    foreign = [
-        f.name
-        for f in dataclasses.fields(s)
-        if f.name not in COMMON_SETTINGS
-        and f.name not in profile.settings
-        and getattr(s, f.name) != f.default
-    ]
-    if foreign:
-        return (
-            f"{', '.join(foreign)}: not a setting of the {s.trainer} trainer "
-            f"(its settings: {', '.join(sorted(profile.settings))})"
-        )
-    return profile.check(s)
-
-
-def make_settings(values: Mapping[str, Any]) -> Settings:
+def make_settings(values: Mapping[str, Any], sources: Mapping[str, str] = {}) -> Settings:
     """Settings from plain values (files, flags, run config); a usage error names every
-    problem: missing, unknown or mistyped settings first, else the first inconsistency."""
-    if values.get("global_batch_size") is None and (derived := derived_global_batch_size(values)):
-        values = {**values, "global_batch_size": derived}  # from num_steps_per_rollout
+    problem: missing, unknown or mistyped settings first, else the first inconsistency;
+    each setting it names is followed by where it was given (`sources`)."""
+    trainer = values.get("trainer", CommonSettings.trainer)
+    if trainer in trainers.NAMES:  # settings the trainer derives from the others given
+        values = {**values, **trainers.settings_model(trainer).derived(values)}
     try:
-        return Settings(**_checked(Settings, values))
+        return Settings(**values)
     except SettingsError as exc:
-        raise UsageError(f"invalid settings: {exc}") from None
+        raise UsageError(f"invalid settings: {files.sourced(str(exc), sources)}") from None
+
+
+def _sections() -> dict[str, list[str]]:
+    """Each trainer's section of a settings file: its name and the settings it holds
+    (the common ones and the trainer's own)."""
+    common = list(COMMON_SETTINGS - {"trainer"})
+    return {name: [*common, *_defaults(trainers.settings_model(name))] for name in trainers.NAMES}
 
 
 def read_config(path: str | Path | None) -> dict[str, Any]:
-    """A settings file's values (`settings_files.read_config`: every setting name known)."""
-    return files.read_config(path, list(setting_types()))
+    """A settings file's values (`settings_files.read_config`: every setting name known,
+    and a section per trainer)."""
+    return files.read_config(path, list(setting_types()), _sections())
+
+
+def given_settings(
+    config: str | Path | None = None,
+    data_configs: Sequence[Path] = (),
+    unset: Sequence[str] = (),
+    source: str = "flag --{dashed}",
+    **overrides: Any,
+) -> files.Given:
+    """The settings given and where each came from, files then overrides, less those
+    `unset` (`settings_files.stacked`)."""
+    return files.stacked(
+        config,
+        data_configs,
+        list(setting_types()),
+        _sections(),
+        unset,
+        source,
+        CommonSettings.trainer,
+        **overrides,
+    )
 
 
 def setting_values(
     config: str | Path | None = None, data_configs: Sequence[Path] = (), **overrides: Any
 ) -> dict[str, Any]:
-    """The settings given, files then overrides (`settings_files.stacked`)."""
-    return files.stacked(config, data_configs, list(setting_types()), **overrides)
+    """The settings given, files then overrides (`given_settings`)."""
+    return given_settings(config, data_configs, **overrides).values
 
 
 def load_settings(
-    config: str | Path | None = None, data_configs: Sequence[Path] = (), **overrides: Any
+    config: str | Path | None = None,
+    data_configs: Sequence[Path] = (),
+    unset: Sequence[str] = (),
+    source: str = "flag --{dashed}",
+    **overrides: Any,
 ) -> Settings:
-    """Defaults below the settings given (`setting_values`), checked."""
-    return make_settings(setting_values(config, data_configs, **overrides))
+    """Defaults below the settings given (`given_settings`), checked."""
+    given = given_settings(config, data_configs, unset, source, **overrides)
+    return make_settings(given.values, given.sources)
 
 
-def make_row_settings(values: Mapping[str, Any]) -> RowSettings:
-    """The row settings among `values` (the others are not checked here)."""
-    try:
-        return RowSettings(**_checked(RowSettings, values))
-    except SettingsError as exc:
-        raise UsageError(f"invalid settings: {exc}") from None
+def make_row_settings(
+    values: Mapping[str, Any], sources: Mapping[str, str] = {}
+) -> RowSettings | None:
+    """The row settings of `values` when the trainer cannot check its batch with them
+    (`validate` then checks the rows alone: miles without a global batch size), after
+    checking every other setting as `build` would, with the trainer's stand-in for what is
+    missing; None when the batch can be checked (`make_settings`)."""
+    trainer = values.get("trainer", CommonSettings.trainer)
+    if trainer not in trainers.NAMES:
+        make_settings(values, sources)  # words the trainer's name
+    stand_in = trainers.settings_model(trainer).batch_stand_in(values)
+    if stand_in is None:
+        return None
+    return make_settings({**values, **stand_in}, sources).rows()

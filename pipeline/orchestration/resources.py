@@ -111,7 +111,12 @@ class RolloutStorage(dg.ConfigurableResource):
     def settings(self, overrides: dict[str, Any] | None = None) -> Settings:
         """Defaults, the input root's `rollout-shards.yaml`, the settings file, then run config."""
         data_configs = data_settings_files([self.input_path])
-        return load_settings(self.settings_path, data_configs, **(overrides or {}))
+        return load_settings(
+            self.settings_path,
+            data_configs,
+            source="run config key {name}",
+            **(overrides or {}),
+        )
 
     def roots(self) -> StepRoots:
         """The checked roots as plain paths, for the stages in process or in a Pipes worker."""

@@ -18,7 +18,10 @@ from pydantic import Field, create_model
 
 from pipeline.errors import UsageError
 from pipeline.settings import non_null, setting_fields
-from pipeline.trainers.miles.flags import FLAG_READERS
+from pipeline.trainers import flag_readers
+
+# every trainer's readers of a setting given as text (`moe_layer_freq`)
+FLAG_READERS = flag_readers()
 
 
 def _optional(name: str, annotation: Any) -> Any:

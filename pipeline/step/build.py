@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from pipeline import trainers
 from pipeline.errors import StepError
 from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
@@ -30,7 +31,6 @@ from pipeline.step.readers.memory import MemoryReader
 from pipeline.step.readers.spill import Spill, SpillReader, input_bytes
 from pipeline.step.tables import SampleTable, TrainBatch
 from pipeline.step.write import write_shards
-from pipeline.trainers.miles.staleness import STALE_GROUPS, STALE_ROWS
 from pipeline.transforms import metrics
 from pipeline.transforms.reward_groups import GROUP_RULE
 
@@ -225,11 +225,10 @@ def summary_line(manifest: Manifest, folder: Path) -> str:
 
 
 def _stale(manifest: Manifest) -> str:
-    """With max_weight_staleness, the groups and rows of `quarantined` it set aside."""
-    if STALE_GROUPS not in manifest.stats:
-        return ""
-    groups, rows = int(manifest.stats[STALE_GROUPS]), int(manifest.stats[STALE_ROWS])
-    return f" ({_count(groups, 'stale group')}, {_count(rows, 'row')})"
+    """What of `quarantined` the trainer's own filter set aside, in its words (miles'
+    weight-staleness budget: its groups and rows), or nothing."""
+    trainer = manifest.settings.get("trainer", trainers.NAMES[0])
+    return trainers.profile(trainer).set_aside_words(manifest.stats)
 
 
 def _kept_whole(manifest: Manifest) -> str:

@@ -11,6 +11,7 @@ setting, and never imports a trainer's module.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,13 +25,13 @@ if TYPE_CHECKING:
     from pipeline.transforms.layout import Layout
     from pipeline.transforms.reward_groups import RewardGroups
 
-# The profiles by the name the `trainer` setting takes.
-_MODULES = {
-    "miles": "pipeline.trainers.miles.profile",
-    "slime": "pipeline.trainers.slime.profile",
-    "verl": "pipeline.trainers.verl.profile",
-}
-NAMES = tuple(_MODULES)
+# The settings a profile is handed (`pipeline.settings.Settings`: the common settings and,
+# by name, the trainer's own): named here, loosely typed, so that no trainer's package
+# imports the settings core, which reaches the trainers through this package.
+Settings = Any
+
+# The trainers by the name the `trainer` setting takes: each a package of this one.
+NAMES = ("miles", "slime", "verl")
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,8 @@ class Profile(Protocol):
 
     @property
     def settings(self) -> frozenset[str]:
-        """The settings this trainer reads besides the common ones
-        (`pipeline.settings.COMMON_SETTINGS`); any other given is refused."""
+        """The settings this trainer reads besides the common ones: its settings model's
+        fields (`settings_model`); any other given is refused."""
 
     @property
     def rank_columns(self) -> tuple[str, ...]:
@@ -82,6 +83,10 @@ class Profile(Protocol):
 
     def set_aside_stats(self, quarantine: pl.DataFrame | None, settings: Any) -> dict[str, float]:
         """The rollout metrics of what `set_aside` set aside (empty when it sets none)."""
+
+    def set_aside_words(self, stats: dict[str, float]) -> str:
+        """What `set_aside` set aside, from a manifest's `stats`, for the build's summary
+        line (` (2 stale groups, 8 rows)`), or an empty text."""
 
     def check(self, settings: Any) -> str | None:
         """What this trainer refuses of well-typed settings (a usage error), or None."""
@@ -111,6 +116,31 @@ class Profile(Protocol):
 
 def profile(name: str) -> Profile:
     """The profile of the trainer `name` (one of `NAMES`)."""
-    module = importlib.import_module(_MODULES[name])
+    module = importlib.import_module(f"{__name__}.{_known(name)}.profile")
     found: Profile = module.PROFILE
     return found
+
+
+def settings_model(name: str) -> Any:
+    """The settings model of the trainer `name` (its package's `settings.MODEL`): a frozen
+    dataclass of what it reads besides the common settings, with `normalizes_rewards`,
+    `derived(values)` (settings it derives from the others) and `batch_stand_in(values)`
+    (what lets `validate` check the rows alone, or None). Loads no Polars."""
+    module = importlib.import_module(f"{__name__}.{_known(name)}.settings")
+    model = module.MODEL
+    return model
+
+
+def flag_readers() -> dict[str, Callable[[str], Any]]:
+    """The command-line readers of every trainer's settings whose value is not one scalar
+    type (each package's `flags.FLAG_READERS`), by setting name. Loads no Polars."""
+    readers: dict[str, Callable[[str], Any]] = {}
+    for name in NAMES:
+        readers |= importlib.import_module(f"{__name__}.{name}.flags").FLAG_READERS
+    return readers
+
+
+def _known(name: str) -> str:
+    if name not in NAMES:
+        raise KeyError(name)
+    return name

@@ -80,7 +80,7 @@ def miles_model_shape(settings: Any) -> ModelShape:
     its (Megatron's) flags: a flag not given takes the value Megatron's parser gives it."""
 
     def given(name: str) -> Any:
-        value = getattr(settings, name)
+        value = getattr(settings, name, None)  # a flag a trainer does not read: not given
         return MEGATRON_DEFAULTS.get(name) if value is None else value
 
     hidden, heads, layers = settings.hidden_size, settings.num_attention_heads, settings.num_layers
@@ -108,7 +108,7 @@ def miles_model_shape(settings: Any) -> ModelShape:
         moe_ffn=moe_ffn,
         dense_layers=dense_layers,
         moe_layers=moe_layers,
-        q_lora_rank=settings.q_lora_rank,
+        q_lora_rank=given("q_lora_rank"),
         kv_lora_rank=given("kv_lora_rank"),
         q_head_dim=kv_channels,
         qk_head_dim=qk,

@@ -286,16 +286,91 @@ def test_a_trainer_module_is_reached_only_through_the_registry() -> None:
     `trainers.profile(name)`."""
     trainer_module = re.compile(
         r"(from\s+pipeline\.trainers\.\w+(\.profile)?\s+import|import\s+pipeline\.trainers\.\w+(\.profile)?\b(?!\.)"
-        r"|from\s+pipeline\.trainers\s+import\s+(?!BatchPlan|Profile|NAMES|profile)\w+)"
+        r"|from\s+pipeline\.trainers\s+import\s+"
+        r"(?!BatchPlan|Profile|NAMES|profile|settings_model|flag_readers)\w+)"
     )
     offenders = [
         str(path.relative_to(REPO))
         for folder in ("pipeline", "tests", "bench", "loader")
         for path in sorted((REPO / folder).rglob("*.py"))
         if (REPO / "pipeline" / "trainers") not in path.parents
+        and path != Path(__file__).resolve()
         and trainer_module.search(path.read_text())
     ]
     assert offenders == []
+
+
+# The core, which names no trainer: a trainer is reached by the registry alone
+# (`trainers.profile(name)`, `trainers.settings_model(name)`), keyed by the `trainer`
+# setting. The dump formats of `io/` read a trainer's own files, and are not core.
+CORE = ("step", "schemas", "transforms", "io", "settings.py", "settings_files.py")
+CORE_FILES = ("setting_marks.py", "cli.py", "commands.py", "streams.py", "manifest.py")
+DUMP_FORMATS = (
+    "miles_dump.py",
+    "verl_dump.py",
+    "dump_files.py",
+    "dump_pickle.py",
+    "dump_values.py",
+)
+
+
+def _names_a_trainer(source: str) -> list[str]:
+    """Where `source` names a trainer: a trainer's name as a value (the text "verl"), or
+    an import of a trainer's package or any module of it."""
+    import ast
+
+    from pipeline import trainers
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and node.value in trainers.NAMES:
+            found.append(f"line {node.lineno}: {node.value!r}")
+        modules: list[str] = []
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        for module in modules:
+            parts = module.split(".")
+            if (
+                parts[:2] == ["pipeline", "trainers"]
+                and len(parts) > 2
+                and parts[2] in trainers.NAMES
+            ):
+                found.append(f"line {node.lineno}: imports {module}")
+                break
+    return found
+
+
+def test_the_core_names_no_trainer() -> None:
+    """A trainer's name or module in the core fails this test (a fourth trainer, or a
+    trainer's next change, adds a package under pipeline/trainers/ and nothing here)."""
+    files = [
+        path
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (relative := path.relative_to(PACKAGE)).parts[0] in (*CORE, *CORE_FILES)
+        and relative.name not in DUMP_FORMATS
+    ]
+    assert len(files) > 40
+    named = {
+        str(path.relative_to(REPO)): found
+        for path in files
+        if (found := _names_a_trainer(path.read_text()))
+    }
+    assert named == {}
+
+
+def test_the_trainer_check_finds_a_name_and_a_module() -> None:
+    assert _names_a_trainer('trainer = "verl"\n') == ["line 1: 'verl'"]
+    assert _names_a_trainer("if s.trainer == 'miles':\n    pass\n") == ["line 1: 'miles'"]
+    assert _names_a_trainer("from pipeline.trainers.slime.schedule import x\n") == [
+        "line 1: imports pipeline.trainers.slime.schedule"
+    ]
+    assert _names_a_trainer("from pipeline.trainers import miles\n") == [
+        "line 1: imports pipeline.trainers.miles"
+    ]
+    allowed = "from pipeline import trainers\nx = trainers.profile(name)\ns = 'miles PR'\n"
+    assert _names_a_trainer(allowed) == []
 
 
 def test_no_module_is_over_450_lines() -> None:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.errors import UsageError
 from pipeline.settings import (
+    CommonSettings,
     RowSettings,
     Settings,
     SettingsError,
@@ -28,7 +29,6 @@ from pipeline.settings import (
     setting_defaults,
     setting_fields,
     setting_types,
-    trainer_settings,
 )
 from pipeline.yaml_config import MAX_DEPTH, ConfigError, load_mapping
 
@@ -112,14 +112,16 @@ def test_settings_are_frozen_and_checked_when_replaced() -> None:
     assert settings.replace(global_batch_size=4).global_batch_size == 4
     with pytest.raises(ValueError, match="must be divisible"):
         settings.replace(global_batch_size=3)
-    assert settings.to_json().startswith('{"trainer":"miles","global_batch_size":8,"dp_size":2,')
+    assert settings.to_json().startswith('{"trainer":"miles","dp_size":2,"reward_key":null,')
     # run options (stream_above, ray_address, ray_above) change no output byte: not
-    # recorded; nor are the settings of another trainer
-    verl = trainer_settings("verl")
+    # recorded; nor are the settings of another trainer: the common settings, then miles'
+    common = [f.name for f in dataclasses.fields(CommonSettings)]
+    miles = [f.name for f in dataclasses.fields(settings.own)]
     options = ("stream_above", "ray_address", "ray_above")
-    recorded = [n for n, _, _ in setting_fields() if n not in options and n not in verl]
-    assert list(settings.to_dict()) == recorded
-    assert list(settings.values()) == [name for name, _, _ in setting_fields()]
+    assert list(settings.to_dict()) == [n for n in common if n not in options] + miles
+    assert list(settings.values()) == common + miles
+    assert "rollout_n" in [name for name, _, _ in setting_fields()]  # verl's, not miles'
+    assert "rollout_n" not in settings.values()
 
 
 def test_setting_fields_give_what_the_flags_and_run_config_need() -> None:
@@ -279,15 +281,16 @@ class _Reference(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    global_batch_size: int | None = Field(None, strict=True, ge=1)
+    # the common settings first, then miles' (the contract's order)
     dp_size: int = Field(1, strict=True, ge=1)
-    balance_data: bool = False
+    reward_key: str | None = None
+    on_invalid: Literal["fail", "quarantine"] = "fail"
+    global_batch_size: int | None = Field(None, strict=True, ge=1)
     advantage_estimator: Literal[
         "grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
     ] = "grpo"
-    reward_key: str | None = None
+    balance_data: bool = False
     micro_batch_size: int | None = Field(None, strict=True, ge=1)
-    on_invalid: Literal["fail", "quarantine"] = "fail"
 
 
 CANDIDATES: dict[str, list[Any]] = {
@@ -338,11 +341,20 @@ def test_beyond_int64_is_refused_wherever_it_comes_from() -> None:
         make_settings({"global_batch_size": 8, "moe_layer_freq": [0, -(2**63) - 1]})
 
 
-def test_the_row_settings_check_their_own_fields_and_ignore_the_rest() -> None:
-    row = make_row_settings({"on_invalid": "quarantine", "global_batch_size": "x", "z": 1})
+def test_the_row_settings_are_a_projection_of_the_settings() -> None:
+    """Without what its batch needs (miles: a global batch size) the trainer checks the
+    rows alone: every other setting is checked as `build` checks it, and the row settings
+    are the settings' projection; with it, there are none (the batch is checked)."""
+    row = make_row_settings({"on_invalid": "quarantine", "dp_size": 2})
     assert row == RowSettings(on_invalid="quarantine")
-    with pytest.raises(UsageError, match="^invalid settings: on_invalid: Input should be 'fail'"):
-        make_row_settings({"on_invalid": "drop"})
+    assert row == Settings(global_batch_size=2, dp_size=2, on_invalid="quarantine").rows()
+    for wrong in ({"dp_size": "x"}, {"z": 1}, {"on_invalid": "drop"}, {"balance_data": "x"}):
+        with pytest.raises(UsageError, match="^invalid settings: "):
+            make_row_settings(wrong)
+    assert make_row_settings({"global_batch_size": 8}) is None
+    assert make_row_settings({"trainer": "slime"}) is None  # slime's profile names what is missing
+    no_std = Settings(global_batch_size=2, advantage_estimator="ppo").rows()
+    assert no_std.normalizes_rewards is False
     assert setting_defaults()["on_invalid"] == RowSettings().on_invalid == "fail"
     assert setting_defaults()["global_batch_size"] is None  # the trainer's profile asks for it
 

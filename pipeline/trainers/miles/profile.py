@@ -23,12 +23,16 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
 from pipeline.schemas.rules import ROWS, Model
-from pipeline.settings import Settings, shared_settings
-from pipeline.trainers import BatchPlan
+from pipeline.trainers import BatchPlan, Settings
 from pipeline.trainers.miles.rewards import group_normalized
-from pipeline.trainers.miles.settings import REQUIRED_SHAPE, USER_CODE
+from pipeline.trainers.miles.settings import MODEL, REQUIRED_SHAPE, USER_CODE
 from pipeline.trainers.miles.split import plain_layout
-from pipeline.trainers.miles.staleness import set_aside_metrics, stale_rows
+from pipeline.trainers.miles.staleness import (
+    STALE_GROUPS,
+    STALE_ROWS,
+    set_aside_metrics,
+    stale_rows,
+)
 from pipeline.transforms.layout import Layout, rank_sizes, rows_within_ranks
 from pipeline.transforms.reward_groups import RewardGroups, group_key, trim_cuts_group
 from pipeline.transforms.shard_columns import light_shard_columns, raw_reward
@@ -327,13 +331,20 @@ class Miles:
     sibling_rewards: bool = True
     # every setting of the model that no other trainer owns is miles' (the model was made
     # for it)
-    settings: frozenset[str] = dataclasses.field(default_factory=shared_settings)
+    settings: frozenset[str] = frozenset(f.name for f in dataclasses.fields(MODEL))
     rank_columns: tuple[str, ...] = c.DATASET_COLUMNS
 
     def set_aside(self, rows: pl.DataFrame, settings: Any, step: int) -> pl.DataFrame | None:
         """miles' weight-staleness budget: the groups its buffer filter drops."""
         budget = getattr(settings, "max_weight_staleness", None)
         return None if budget is None else stale_rows(rows, step, budget)
+
+    def set_aside_words(self, stats: dict[str, float]) -> str:
+        """With max_weight_staleness, the groups and rows of `quarantined` it set aside."""
+        if STALE_GROUPS not in stats:
+            return ""
+        groups, rows = int(stats[STALE_GROUPS]), int(stats[STALE_ROWS])
+        return f" ({_count(groups, 'stale group')}, {_count(rows, 'row')})"
 
     def set_aside_stats(self, quarantine: pl.DataFrame | None, settings: Any) -> dict[str, float]:
         if settings.max_weight_staleness is None:
@@ -393,3 +404,7 @@ class Miles:
 
 
 PROFILE = Miles()
+
+
+def _count(number: int, thing: str) -> str:
+    return f"{number} {thing}" + ("" if number == 1 else "s")

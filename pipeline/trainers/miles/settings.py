@@ -1,5 +1,8 @@
-"""The settings of miles' data path beyond the common ones, mixed into `Settings`.
+"""miles' settings model: what the miles trainer reads besides the common settings
+(`pipeline.settings.CommonSettings`), the `own` part of `Settings` when `trainer: miles`.
 
+The batch settings (`MilesBatch`: global batch size, trimming, the reward normalization,
+the DP split and micro-batches), then the data-path flags (`MilesFlags`):
 `--balance-by-flops` with the model's shape under Megatron's own flag names, the
 fully-async weight-staleness budget, the flags that move miles' DP split to the trainer
 (`--delay-split-train-data-by-dp`, fault tolerance of the trainer), `--num-steps-per-rollout`,
@@ -13,23 +16,72 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
+from pipeline.setting_marks import Count, NonNegative, Positive, setting
 
-class Minimum:
-    """The mark of a strict integer of at least `value` (never a bool, a float or a text)."""
-
-    def __init__(self, value: int) -> None:
-        self.value = value
-
-
-Positive = Annotated[int, Minimum(1)]
-NonNegative = Annotated[int, Minimum(0)]
 FtComponent = Literal["rollout", "train"]
 
 
+Estimator = Literal[
+    "grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"
+]
+NORMALIZING_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
+
+
+def normalizes(estimator: str, rewards_normalization: bool) -> bool:
+    """Whether rewards are normalized per prompt group (miles' estimators that do)."""
+    return rewards_normalization and estimator in NORMALIZING_ESTIMATORS
+
+
 def _flag(description: str, default: Any = None) -> Any:
-    return dataclasses.field(default=default, metadata={"description": description})
+    return setting(description, default)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MilesBatch:
+    """How miles makes optimizer batches of a step's rows (CONTRACT section 3)."""
+
+    global_batch_size: Count | None = setting(
+        "Samples per optimizer step (rollouts per step for compact batches).", None
+    )
+    use_dynamic_global_batch_size: bool = setting("One optimizer step per rollout step.", False)
+    disable_rollout_trim_samples: bool = setting("Keep every sample.", False)
+    advantage_estimator: Estimator = setting("Advantage estimator.", "grpo")
+    rewards_normalization: bool = setting(
+        "Normalize rewards per prompt group (--disable-rewards-normalization).", True
+    )
+    grpo_std_normalization: bool = setting(
+        "Divide by the group std (--disable-grpo-std-normalization).", True
+    )
+    n_samples_per_prompt: Count | None = setting(
+        "Fixed-fanout reward groups when `group_index` is missing.", None
+    )
+    rollout_batch_size: Count | None = setting(
+        "Prompts per rollout step, with n_samples_per_prompt.", None
+    )
+    balance_data: bool = setting("Balance tokens across ranks.", False)
+    micro_batch_size: Count | None = setting("Fixed micro-batch size.", None)
+    use_dynamic_batch_size: bool = setting("Token-budget micro-batches.", False)
+    max_tokens_per_gpu: Count | None = setting("Token budget per micro-batch and GPU.", None)
+    cp_size: Count | None = setting(
+        "Context parallel size; setting it turns on the rollout-side schedule.", None
+    )
+    vpp_size: Count | None = setting("Virtual pipeline stages (null means 1).", None)
+    microbatch_group_size_per_vp_stage: Count | None = setting(
+        "Micro-batch group per virtual pipeline stage.", None
+    )
+    allow_partial_train_step: bool = setting(
+        "One smaller final train step instead of dropping trailing rollouts.", False
+    )
+
+    @property
+    def normalizes_rewards(self) -> bool:
+        return normalizes(self.advantage_estimator, self.rewards_normalization)
+
+    @property
+    def uses_schedule(self) -> bool:
+        return self.cp_size is not None
 
 
 # The model-shape flags `--balance-by-flops` reads, as miles' FLOPs model reads them.
@@ -118,6 +170,30 @@ class MilesFlags:
         return self.delay_split_train_data_by_dp or train_ft
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MilesSettings(MilesFlags, MilesBatch):
+    """Everything the miles trainer reads besides the common settings: its batch settings,
+    then its data-path flags (base classes' fields come first)."""
+
+    @staticmethod
+    def derived(values: Mapping[str, Any]) -> dict[str, Any]:
+        """Settings miles derives from the others given (`derived_global_batch_size`)."""
+        if values.get("global_batch_size") is None and (size := derived_global_batch_size(values)):
+            return {"global_batch_size": size}
+        return {}
+
+    @staticmethod
+    def batch_stand_in(values: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Without a global batch size (given or derived) `validate` checks the rows alone:
+        the stand-in that lets every other setting be checked as `build` checks it (a
+        global batch of dp_size rows), or None when the batch can be checked."""
+        if values.get("global_batch_size") is not None or derived_global_batch_size(values):
+            return None
+        dp_size = values.get("dp_size", 1)
+        return {"global_batch_size": dp_size if type(dp_size) is int and dp_size >= 1 else 1}
+
+
+MODEL = MilesSettings
 FIELDS = tuple(f.name for f in dataclasses.fields(MilesFlags))
 USER_CODE = ("custom_reward_post_process_path", "custom_convert_samples_to_train_data_path")
 

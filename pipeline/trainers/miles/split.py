@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.settings import Settings
+from pipeline.trainers import Settings
 from pipeline.transforms.layout import UNTRAINED, Layout, rank_sizes, rows_within_ranks
 
 

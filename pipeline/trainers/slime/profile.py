@@ -27,11 +27,11 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import step_error
 from pipeline.schemas.rules import Model
-from pipeline.settings import Settings
-from pipeline.trainers import BatchPlan
+from pipeline.trainers import BatchPlan, Settings
 from pipeline.trainers.miles.settings import REQUIRED_SHAPE
 from pipeline.trainers.slime.rules import ROW_RULES
 from pipeline.trainers.slime.schedule import SlimeLayout, slime_layout
+from pipeline.trainers.slime.settings import MODEL
 from pipeline.transforms.flops import slime_model_shape
 from pipeline.transforms.layout import rank_sizes
 from pipeline.transforms.repair import filled_rollout_ids
@@ -46,41 +46,6 @@ EPS = 1e-6
 # slime's estimators that normalize, and those that divide by the std
 NORMALIZING = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 STD = ("grpo", "gspo", "cispo")
-
-# The settings slime reads, named as its flags (and Megatron's for the model's shape).
-SLIME_SETTINGS = frozenset(
-    (
-        "global_batch_size",
-        "rollout_batch_size",
-        "n_samples_per_prompt",
-        "num_steps_per_rollout",
-        "dp_size",
-        "cp_size",
-        "vpp_size",
-        "microbatch_group_size_per_vp_stage",
-        "micro_batch_size",
-        "use_dynamic_batch_size",
-        "max_tokens_per_gpu",
-        "balance_data",
-        "balance_by_flops",
-        "advantage_estimator",
-        "rewards_normalization",
-        "grpo_std_normalization",
-        "reward_key",
-        "num_layers",
-        "hidden_size",
-        "ffn_hidden_size",
-        "num_attention_heads",
-        "num_query_groups",
-        "kv_channels",
-        "vocab_size",
-        "num_experts",
-        "moe_ffn_hidden_size",
-        "moe_router_topk",
-        "moe_layer_freq",
-        "moe_shared_expert_intermediate_size",
-    )
-)
 
 
 def reward_groups(settings: Settings, ingested: int) -> RewardGroups:
@@ -176,7 +141,7 @@ class Slime:
     row_rules: Model = ROW_RULES
     # slime normalizes by position: rows of one rollout may hold different rewards
     sibling_rewards: bool = False
-    settings: frozenset[str] = SLIME_SETTINGS
+    settings: frozenset[str] = frozenset(f.name for f in dataclasses.fields(MODEL))
     # slime's dict carries `source_names`: after the optional columns, before step and rank
     rank_columns: tuple[str, ...] = (
         *c.SHARD_COLUMNS,
@@ -187,6 +152,9 @@ class Slime:
 
     def set_aside(self, rows: pl.DataFrame, settings: Any, step: int) -> pl.DataFrame | None:
         return None  # no filter of its own before the batch
+
+    def set_aside_words(self, stats: dict[str, float]) -> str:
+        return ""
 
     def set_aside_stats(self, quarantine: pl.DataFrame | None, settings: Any) -> dict[str, float]:
         return {}

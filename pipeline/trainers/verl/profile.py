@@ -32,8 +32,8 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
 from pipeline.schemas.rules import ROWS, Model
-from pipeline.settings import Settings, trainer_settings
-from pipeline.trainers import BatchPlan
+from pipeline.trainers import BatchPlan, Settings
+from pipeline.trainers.verl.settings import MODEL
 from pipeline.transforms.layout import Layout
 from pipeline.transforms.reward_groups import RewardGroups
 from pipeline.transforms.shard_columns import light_shard_columns
@@ -223,13 +223,14 @@ class Verl:
     # uid), so the rows of one rollout need not share a reward
     row_rules: Model = ROWS
     sibling_rewards: bool = False
-    settings: frozenset[str] = dataclasses.field(
-        default_factory=lambda: trainer_settings("verl") | {"dp_size"}
-    )
+    settings: frozenset[str] = frozenset(f.name for f in dataclasses.fields(MODEL))
     rank_columns: tuple[str, ...] = (*c.DATASET_COLUMNS, c.GROUP_INDEX)
 
     def set_aside(self, rows: pl.DataFrame, settings: Any, step: int) -> pl.DataFrame | None:
         return None  # no filter of its own before the batch
+
+    def set_aside_words(self, stats: dict[str, float]) -> str:
+        return ""
 
     def set_aside_stats(self, quarantine: pl.DataFrame | None, settings: Any) -> dict[str, float]:
         return {}

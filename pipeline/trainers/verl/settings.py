@@ -1,21 +1,19 @@
-"""verl's settings, named after its configuration keys, mixed into `Settings` (the verl
-profile, `pipeline/trainers/verl/profile.py`, reads them; docs/verl.md maps each to its key)."""
+"""verl's settings model, named after its configuration keys: what the verl trainer reads
+besides the common settings (`pipeline.settings.CommonSettings`), the `own` part of
+`Settings` when `trainer: verl` (the profile, `profile.py`, reads them; docs/verl.md maps
+each to its key). Its booleans take a value on the command line, as verl's keys do."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
-from pipeline.trainers.miles.settings import NonNegative, Positive
-
-# The fields below, by name (`Settings` lists them after its own and miles').
-FIELDS: tuple[str, ...]
+from pipeline.setting_marks import NonNegative, Positive, setting
 
 
 def _verl(description: str, default: Any) -> Any:
-    return dataclasses.field(
-        default=default, metadata={"description": description, "trainer": "verl"}
-    )
+    return setting(description, default, valued=True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,5 +51,25 @@ class VerlSettings:
         "legacy",
     )
 
+    @property
+    def advantage_estimator(self) -> str:
+        """The estimator as the rollout metrics name it (verl's adv_estimator)."""
+        return self.adv_estimator
 
-FIELDS = tuple(f.name for f in dataclasses.fields(VerlSettings))
+    @property
+    def normalizes_rewards(self) -> bool:
+        return True  # grpo, the one estimator built, always normalizes
+
+    # verl's groups are its prompt groups (`group_index`): no fixed fan-out to the metrics
+    n_samples_per_prompt: ClassVar[None] = None
+
+    @staticmethod
+    def derived(values: Mapping[str, Any]) -> dict[str, Any]:
+        return {}
+
+    @staticmethod
+    def batch_stand_in(values: Mapping[str, Any]) -> dict[str, Any] | None:
+        return None  # every batch setting it needs is checked by its profile
+
+
+MODEL = VerlSettings
