@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import math
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +33,7 @@ from tests.loader.verl_support import case_rows, verl_modules
 
 HOOK = "rollout_shards_loader.verl_v1.StepAgentLoopManager"
 EOS = 151645
-START_ATTEMPTS = 3
+RAYLET_WAIT_S = 300.0
 CASES = [
     # dp, n, groups, ppo_mini_batch_size: the batch padded to lcm(dp, mini * n) when short
     {"dp": 2, "n": 4, "groups": 3, "mini": 2, "std": True},  # 12 rows + 4 pad rows
@@ -62,20 +63,29 @@ def tq() -> Iterator[Any]:
 
     verl_modules()
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    for attempt in range(START_ATTEMPTS):
-        try:
-            ray.init(
-                _node_ip_address="127.0.0.1",
-                include_dashboard=False,
-                num_cpus=4,
-                logging_level="ERROR",
-                log_to_driver=False,
-            )
-            break
-        except Exception as error:  # Ray gives its raylet 30 s, too few on a loaded machine
-            ray.shutdown()
-            if "timed out during startup" not in str(error) or attempt == START_ATTEMPTS - 1:
-                raise
+    # Ray gives a local raylet 30 s to register, too few on a loaded 2-core machine: its
+    # look-up of the node waits longer here (the start itself is Ray's own)
+    lookup = ray._private.services.get_node
+
+    def patient_lookup(*args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + RAYLET_WAIT_S
+        while True:
+            try:
+                return lookup(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ray._private.services, "get_node", patient_lookup)
+        ray.init(
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            num_cpus=4,
+            logging_level="ERROR",
+            log_to_driver=False,
+        )
     try:
         transfer_queue.init()
         try:
