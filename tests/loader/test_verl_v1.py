@@ -43,13 +43,13 @@ CASES = [
 ]
 
 
-def _listening() -> set[tuple[str, int]]:
+def _listening() -> set[tuple[str, int, str]]:
     """The TCP ports this process and its descendants (Ray's and TransferQueue's) listen on."""
     import psutil
 
     ours = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
     return {
-        (c.laddr.ip, c.laddr.port)
+        (c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name())
         for c in psutil.net_connections(kind="tcp")
         if c.status == psutil.CONN_LISTEN and c.pid in ours
     }
@@ -62,7 +62,6 @@ def tq() -> Iterator[Any]:
     import transfer_queue
 
     verl_modules()
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     # Ray gives a local raylet 30 s to register, too few on a loaded 2-core machine: its
     # look-up of the node waits longer here (the start itself is Ray's own)
     lookup = ray._private.services.get_node
@@ -79,6 +78,11 @@ def tq() -> Iterator[Any]:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ray._private.services, "get_node", patient_lookup)
+        # one machine: Ray keeps its processes, and the actors' TransferQueue sockets, on
+        # 127.0.0.1 (the driver read the variable when Ray was imported; its processes
+        # read it from the environment they start with)
+        patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        patch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
         ray.init(
             _node_ip_address="127.0.0.1",
             include_dashboard=False,
@@ -90,7 +94,7 @@ def tq() -> Iterator[Any]:
         transfer_queue.init()
         try:
             opened = _listening()
-            assert opened and {ip for ip, _ in opened} == {"127.0.0.1"}, opened
+            assert opened and {ip for ip, _, _ in opened} == {"127.0.0.1"}, sorted(opened)
             yield transfer_queue
         finally:
             transfer_queue.close()
