@@ -11,7 +11,7 @@ order at every run: deterministic, which V1 with live rollouts (completion order
 
 The trainer's config names the step folders (docs/verl.md):
 
-    actor_rollout_ref.rollout.agent.agent_loop_manager_class=rollout_shards_loader.verl_v1.StepAgentLoopManager
+    +actor_rollout_ref.rollout.agent.agent_loop_manager_class=rollout_shards_loader.verl_v1.StepAgentLoopManager
     +rollout_shards.root=SHARDS          # the build's --out: step=<N> folders
     +rollout_shards.first_step=N         # the step global step 1 trains on (default: the lowest)
     trainer.val_before_train=False trainer.test_freq=-1

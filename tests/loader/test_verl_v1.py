@@ -16,6 +16,7 @@ inference engine): the actor's dispatch info and the tokenizer's eos id.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import itertools
 import math
 import os
@@ -53,6 +54,13 @@ def _listening() -> set[tuple[str, int, str]]:
         for c in psutil.net_connections(kind="tcp")
         if c.status == psutil.CONN_LISTEN and c.pid in ours
     }
+
+
+def _loopback(ip: str) -> bool:
+    """127.0.0.1, also as an IPv6 socket's IPv4-mapped address (::ffff:127.0.0.1)."""
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address) == "127.0.0.1"
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +102,7 @@ def tq() -> Iterator[Any]:
         transfer_queue.init()
         try:
             opened = _listening()
-            assert opened and {ip for ip, _, _ in opened} == {"127.0.0.1"}, sorted(opened)
+            assert opened and all(_loopback(ip) for ip, _, _ in opened), sorted(opened)
             yield transfer_queue
         finally:
             transfer_queue.close()
@@ -118,7 +126,7 @@ def verl_config(root: Path, case: dict[str, Any]) -> Any:
                 "algorithm.adv_estimator=grpo",
                 f"algorithm.norm_adv_by_std_in_grpo={case['std']}",
                 "algorithm.rollout_correction.bypass_mode=True",
-                f"actor_rollout_ref.rollout.agent.agent_loop_manager_class={HOOK}",
+                f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={HOOK}",
                 "trainer.val_before_train=False",
                 f"+rollout_shards.root={root}",
             ],
