@@ -233,11 +233,18 @@ def v1_ranks(m: Any, tq: Any, config: Any, case: dict[str, Any]) -> tuple[list[s
     batch = trainer._balance_batch(batch, metrics={})
     batch = trainer._compute_old_log_prob(batch, metrics={})
     batch = trainer._compute_advantage(batch, metrics={})
+    # the dispatch: KVBatchMeta -> BatchMeta, chunked by rank; each worker's tqbridge reads
+    # its chunk's fields from TransferQueue
     (chunks,), _ = m.dispatch._split_args_kwargs_data_proto(case["dp"], batch)
     bridge = m.tq_bridge
-    ranks = [bridge._meta_to_realdata(bridge.kv_batch_meta2batch_meta(c)) for c in chunks]
+    tags = dict(zip(batch.keys, batch.tags, strict=True))
+    ranks = []
+    for chunk in chunks:
+        keys = bridge.batch_meta2kv_batch_meta(chunk).keys
+        ranks.append((keys, [tags[k] for k in keys], bridge._meta_to_realdata(chunk)))
+    assert [k for keys, _, _ in ranks for k in keys] == list(batch.keys)
     tq.kv_clear(keys=batch.keys, partition_id="train")
-    return sampled, [(c.keys, c.tags, r) for c, r in zip(chunks, ranks, strict=True)]
+    return sampled, ranks
 
 
 def assert_same_rank(got: Any, want: Any) -> None:
@@ -259,8 +266,10 @@ def assert_same_rank(got: Any, want: Any) -> None:
             assert a.numpy().tobytes() == b.numpy().tobytes(), key  # -0.0 and NaN bits too
         elif isinstance(b, NonTensorStack):
             assert a.tolist() == b.tolist(), key
-        else:
-            assert isinstance(b, NonTensorData) and a.data == b.data, key
+        elif isinstance(b, NonTensorData):
+            assert a.data == b.data, key
+        else:  # what TransferQueue gives a non-tensor field back as (a list)
+            assert list(a) == list(b), key
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"dp{c['dp']}-n{c['n']}-g{c['groups']}")
