@@ -11,7 +11,7 @@ order at every run: deterministic, which V1 with live rollouts (completion order
 
 The trainer's config names the step folders (docs/verl.md):
 
-    actor_rollout_ref.rollout.agent.agent_loop_manager_class=rollout_shards_loader.verl_v1.StepAgentLoopManager
+    +actor_rollout_ref.rollout.agent.agent_loop_manager_class=rollout_shards_loader.verl_v1.StepAgentLoopManager
     +rollout_shards.root=SHARDS          # the build's --out: step=<N> folders
     +rollout_shards.first_step=N         # the step global step 1 trains on (default: the lowest)
     trainer.val_before_train=False trainer.test_freq=-1
@@ -48,7 +48,7 @@ COLUMNS = (
 # batch keys the agent loop worker consumes before the kwargs reach the post-processing
 CONSUMED = ("validate", "agent_name", "__rollout_n__", "__do_sample__")
 # what the single-turn agent loop and the reward loop leave in `extra_fields`
-EXTRA_FIELDS = {"turn_scores": [], "tool_rewards": [], "reward_extra_info": {}}
+EXTRA_FIELDS: dict[str, Any] = {"turn_scores": [], "tool_rewards": [], "reward_extra_info": {}}
 NUM_TURNS = 2  # the single-turn loop's user and assistant turns
 
 
@@ -116,8 +116,8 @@ def trajectory_fields(
 
     tokens = _flat(table.column("tokens"))
     masks = _flat(table.column("loss_masks"))
-    log_probs = (
-        _flat(table.column("rollout_log_probs"))
+    log_probs: list[np.ndarray | None] = (
+        list(_flat(table.column("rollout_log_probs")))
         if "rollout_log_probs" in table.column_names
         else [None] * table.num_rows
     )
@@ -131,7 +131,7 @@ def trajectory_fields(
             prompt_ids=tokens[row][:cut].tolist(),
             response_ids=tokens[row][cut:].tolist(),
             response_mask=masks[row].tolist(),
-            response_logprobs=None if log_probs[row] is None else log_probs[row].tolist(),
+            response_logprobs=None if (lp := log_probs[row]) is None else lp.tolist(),
             reward_score=float(reward[row]),
             num_turns=NUM_TURNS,
             metrics=AgentLoopMetrics(),

@@ -195,6 +195,8 @@ def test_a_dump_with_every_field_has_the_column_table_s_input_columns(tmp_path: 
         loss_mask=[1, 1],
         rollout_log_probs=[-0.5, -0.25],
         teacher_log_probs=[-0.5, -0.25],
+        rollout_sampling_mask_ids=[5, 6, 7],
+        rollout_sampling_mask_offsets=[0, 1, 3],
         weight_versions=["1"],
         metadata={"raw_reward": 1.0, "round_number": 0, "leaf": 0},
         train_metadata={"a": 1},

@@ -16,9 +16,11 @@ inference engine): the actor's dispatch info and the tokenizer's eos id.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import itertools
 import math
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +34,7 @@ from tests.loader.verl_support import case_rows, verl_modules
 
 HOOK = "rollout_shards_loader.verl_v1.StepAgentLoopManager"
 EOS = 151645
-START_ATTEMPTS = 3
+RAYLET_WAIT_S = 300.0
 CASES = [
     # dp, n, groups, ppo_mini_batch_size: the batch padded to lcm(dp, mini * n) when short
     {"dp": 2, "n": 4, "groups": 3, "mini": 2, "std": True},  # 12 rows + 4 pad rows
@@ -42,16 +44,23 @@ CASES = [
 ]
 
 
-def _listening() -> set[tuple[str, int]]:
+def _listening() -> set[tuple[str, int, str]]:
     """The TCP ports this process and its descendants (Ray's and TransferQueue's) listen on."""
     import psutil
 
     ours = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
     return {
-        (c.laddr.ip, c.laddr.port)
+        (c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name())
         for c in psutil.net_connections(kind="tcp")
         if c.status == psutil.CONN_LISTEN and c.pid in ours
     }
+
+
+def _loopback(ip: str) -> bool:
+    """127.0.0.1, also as an IPv6 socket's IPv4-mapped address (::ffff:127.0.0.1)."""
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address) == "127.0.0.1"
 
 
 @pytest.fixture(scope="module")
@@ -61,26 +70,39 @@ def tq() -> Iterator[Any]:
     import transfer_queue
 
     verl_modules()
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    for attempt in range(START_ATTEMPTS):
-        try:
-            ray.init(
-                _node_ip_address="127.0.0.1",
-                include_dashboard=False,
-                num_cpus=4,
-                logging_level="ERROR",
-                log_to_driver=False,
-            )
-            break
-        except Exception as error:  # Ray gives its raylet 30 s, too few on a loaded machine
-            ray.shutdown()
-            if "timed out during startup" not in str(error) or attempt == START_ATTEMPTS - 1:
-                raise
+    # Ray gives a local raylet 30 s to register, too few on a loaded 2-core machine: its
+    # look-up of the node waits longer here (the start itself is Ray's own)
+    lookup = ray._private.services.get_node
+
+    def patient_lookup(*args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + RAYLET_WAIT_S
+        while True:
+            try:
+                return lookup(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ray._private.services, "get_node", patient_lookup)
+        # one machine: Ray keeps its processes, and the actors' TransferQueue sockets, on
+        # 127.0.0.1 (the driver read the variable when Ray was imported; its processes
+        # read it from the environment they start with)
+        patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        patch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
+        ray.init(
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            num_cpus=4,
+            logging_level="ERROR",
+            log_to_driver=False,
+        )
     try:
         transfer_queue.init()
         try:
             opened = _listening()
-            assert opened and {ip for ip, _ in opened} == {"127.0.0.1"}, opened
+            assert opened and all(_loopback(ip) for ip, _, _ in opened), sorted(opened)
             yield transfer_queue
         finally:
             transfer_queue.close()
@@ -104,7 +126,7 @@ def verl_config(root: Path, case: dict[str, Any]) -> Any:
                 "algorithm.adv_estimator=grpo",
                 f"algorithm.norm_adv_by_std_in_grpo={case['std']}",
                 "algorithm.rollout_correction.bypass_mode=True",
-                f"actor_rollout_ref.rollout.agent.agent_loop_manager_class={HOOK}",
+                f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={HOOK}",
                 "trainer.val_before_train=False",
                 f"+rollout_shards.root={root}",
             ],
@@ -211,11 +233,18 @@ def v1_ranks(m: Any, tq: Any, config: Any, case: dict[str, Any]) -> tuple[list[s
     batch = trainer._balance_batch(batch, metrics={})
     batch = trainer._compute_old_log_prob(batch, metrics={})
     batch = trainer._compute_advantage(batch, metrics={})
+    # the dispatch: KVBatchMeta -> BatchMeta, chunked by rank; each worker's tqbridge reads
+    # its chunk's fields from TransferQueue
     (chunks,), _ = m.dispatch._split_args_kwargs_data_proto(case["dp"], batch)
     bridge = m.tq_bridge
-    ranks = [bridge._meta_to_realdata(bridge.kv_batch_meta2batch_meta(c)) for c in chunks]
+    tags = dict(zip(batch.keys, batch.tags, strict=True))
+    ranks = []
+    for chunk in chunks:
+        keys = bridge.batch_meta2kv_batch_meta(chunk).keys
+        ranks.append((keys, [tags[k] for k in keys], bridge._meta_to_realdata(chunk)))
+    assert [k for keys, _, _ in ranks for k in keys] == list(batch.keys)
     tq.kv_clear(keys=batch.keys, partition_id="train")
-    return sampled, [(c.keys, c.tags, r) for c, r in zip(chunks, ranks, strict=True)]
+    return sampled, ranks
 
 
 def assert_same_rank(got: Any, want: Any) -> None:
@@ -237,8 +266,10 @@ def assert_same_rank(got: Any, want: Any) -> None:
             assert a.numpy().tobytes() == b.numpy().tobytes(), key  # -0.0 and NaN bits too
         elif isinstance(b, NonTensorStack):
             assert a.tolist() == b.tolist(), key
-        else:
-            assert isinstance(b, NonTensorData) and a.data == b.data, key
+        elif isinstance(b, NonTensorData):
+            assert a.data == b.data, key
+        else:  # what TransferQueue gives a non-tensor field back as (a list)
+            assert list(a) == list(b), key
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"dp{c['dp']}-n{c['n']}-g{c['groups']}")

@@ -272,6 +272,8 @@ def _samples_frame(
         c.REMOVE_SAMPLE: [_flag(s.get(c.REMOVE_SAMPLE), plain) for s in samples],
         c.ROLLOUT_LOG_PROBS: _field(samples, c.ROLLOUT_LOG_PROBS, plain),
         c.TEACHER_LOG_PROBS: _field(samples, c.TEACHER_LOG_PROBS, plain),
+        c.SAMPLING_MASK_IDS: _field(samples, c.SAMPLING_MASK_IDS, plain),
+        c.SAMPLING_MASK_OFFSETS: _field(samples, c.SAMPLING_MASK_OFFSETS, plain),
         c.WEIGHT_VERSIONS: weight_versions if any(weight_versions) else [None] * len(samples),
         c.RAW_REWARD: [plain(m.get(c.RAW_REWARD)) for m in metadata],
         c.ROUND_NUMBER: [plain(m.get(c.ROUND_NUMBER)) for m in metadata],

@@ -255,7 +255,8 @@ class Verl:
             )
         assert settings.train_batch_size is not None and settings.rollout_n is not None
         rows = settings.train_batch_size * settings.rollout_n
-        if rows % settings.dp_size:
+        # V1 pads its batch to a multiple of the ranks itself (`_balance_batch`)
+        if rows % settings.dp_size and settings.verl_target == "legacy":
             return (
                 f"train_batch_size={settings.train_batch_size} * rollout_n={settings.rollout_n}"
                 f" = {rows} rows do not split into dp_size={settings.dp_size} equal parts "
@@ -298,10 +299,11 @@ class Verl:
         advantages = grpo_advantages(frame[order], settings.rollout_n, norm_by_std)
         rewards = pl.repeat(0.0, height, dtype=pl.Float32, eager=True).scatter(order, advantages)
         frame = frame.with_columns(rewards.cast(pl.Float64).alias(c.REWARDS))
-        per_rank = height // dp
+        # contiguous runs in the rows' order: equal for legacy (checked), within one row of
+        # each other for V1, whose files are read back whole in rank order
         layout = Layout(
             order=order,
-            rank=(pl.int_range(height, dtype=pl.Int64, eager=True) // per_rank).cast(pl.Int32),
+            rank=(pl.int_range(height, dtype=pl.Int64, eager=True) * dp // height).cast(pl.Int32),
             train_step=pl.repeat(0, height, dtype=pl.Int32, eager=True),
             micro_batch=None,
             dropped=pl.Series("dropped", [], dtype=pl.Int64),
