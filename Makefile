@@ -65,8 +65,10 @@ $(POLARS1_VENV)/.installed: Makefile | $(VENV)/.installed
 	echo "import site; site.addsitedir('$$shared')" > "$$own/zz_project_venv.pth"
 	touch $@
 
+# No telemetry, and no new-user prompt (`nux`: Dagster's community sign-up modal, which
+# would cover the first page of `make ui`).
 $(DAGSTER_HOME)/dagster.yaml:
-	mkdir -p $(DAGSTER_HOME) && printf 'telemetry:\n  enabled: false\n' > $@
+	mkdir -p $(DAGSTER_HOME) && printf 'telemetry:\n  enabled: false\nnux:\n  enabled: false\n' > $@
 
 # Every step through Dagster, in process, on the instance that `make ui` shows.
 run: install $(DAGSTER_HOME)/dagster.yaml

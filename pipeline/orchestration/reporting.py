@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +14,11 @@ from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
 from pipeline.errors import StepError, UsageError, Violation, error_lines, os_violation
 from pipeline.orchestration.partitions import step_of
 from pipeline.orchestration.stage_reports import Metadata
-from pipeline.step import refused
+from pipeline.step import ROLLOUT_SAMPLES, refused
 
 ROWS_SHOWN = 20
 FAILURE_TAG = "rollout_shards/invalid"
+ROLLOUT_SAMPLES_KEY = dg.AssetKey(ROLLOUT_SAMPLES)
 
 
 def _md_cell(value: object) -> str:
@@ -80,36 +80,11 @@ def forget_unrun_checks(context: dg.AssetExecutionContext) -> int:
     return removed.rowcount or 0
 
 
-def refusal_observed(
-    context: dg.AssetExecutionContext,
-    lines: Sequence[str],
-    violations: Sequence[Violation],
-    extra: dict[str, Any] | None = None,
-) -> None:
-    """Put why a step was refused where its partition's red dot leads: an observation of
-    each of the step's assets on the partition, holding the lines the command line prints
-    (rule, file, first rows) and the offending rows. A failed run materializes nothing, so
-    without it the partition page would say only that the run failed."""
-    if not context.has_partition_key:
-        return
-    metadata: dict[str, Any] = {
-        "refused": dg.MetadataValue.md("\n".join(f"- `{_md_cell(line)}`" for line in lines)),
-        "run": dg.MetadataValue.text(context.run.run_id),
-    }
-    if violations:
-        metadata |= violation_metadata(violations)
-        files = sorted({file for v in violations for file in v.files})
-        metadata["files"] = dg.MetadataValue.json(files)
-    metadata |= extra or {}
-    for key in context.assets_def.keys:
-        context.log_event(
-            dg.AssetObservation(
-                asset_key=key,
-                partition=context.partition_key,
-                description=lines[0] if lines else None,
-                metadata=metadata,
-            )
-        )
+STEP_KEEPS_EVERY_RULE = "step_keeps_every_rule"
+"""The check the step itself runs on `rollout_samples`: the step keeps every rule of the
+contract (its rows', and the settings its data must satisfy). It passes when the step is
+published and fails, red on the partition, with the command line's lines and the offending
+rows, when the step is refused."""
 
 
 def refusal_record(context: dg.AssetExecutionContext, out_root: Path | None) -> dict[str, Any]:
@@ -121,39 +96,88 @@ def refusal_record(context: dg.AssetExecutionContext, out_root: Path | None) -> 
     return {"refused_record": dg.MetadataValue.path(str(record))} if record.is_file() else {}
 
 
-@contextmanager
+def refusal_check(
+    context: dg.AssetExecutionContext,
+    lines: Sequence[str],
+    violations: Sequence[Violation],
+    extra: dict[str, Any] | None = None,
+) -> dg.AssetCheckResult | None:
+    """The failed evaluation of `step_keeps_every_rule` on the refused partition, holding the
+    lines the command line prints (rule, file, first rows) and the offending rows; None when
+    the run did not select the check."""
+    key = dg.AssetCheckKey(ROLLOUT_SAMPLES_KEY, STEP_KEEPS_EVERY_RULE)
+    if key not in context.selected_asset_check_keys:
+        return None
+    metadata: dict[str, Any] = {
+        "refused": dg.MetadataValue.md("\n".join(f"- `{_md_cell(line)}`" for line in lines)),
+    }
+    if violations:
+        metadata |= violation_metadata(violations)
+        metadata["files"] = dg.MetadataValue.json(sorted({f for v in violations for f in v.files}))
+    metadata |= extra or {}
+    return dg.AssetCheckResult(
+        asset_key=ROLLOUT_SAMPLES_KEY,
+        check_name=STEP_KEEPS_EVERY_RULE,
+        passed=False,
+        severity=dg.AssetCheckSeverity.ERROR,
+        description="\n".join(lines) or None,
+        metadata=metadata,
+    )
+
+
+def rules_followed(context: dg.AssetExecutionContext) -> Iterator[dg.AssetCheckResult]:
+    """The passed evaluation of `step_keeps_every_rule`, when the run selected it."""
+    key = dg.AssetCheckKey(ROLLOUT_SAMPLES_KEY, STEP_KEEPS_EVERY_RULE)
+    if key in context.selected_asset_check_keys:
+        yield dg.AssetCheckResult(
+            asset_key=ROLLOUT_SAMPLES_KEY, check_name=STEP_KEEPS_EVERY_RULE, passed=True
+        )
+
+
+def _refused(
+    context: dg.AssetExecutionContext,
+    lines: list[str],
+    violations: Sequence[Violation],
+    extra: dict[str, Any] | None = None,
+) -> Iterator[dg.AssetCheckResult]:
+    forget_unrun_checks(context)
+    check = refusal_check(context, lines, violations, extra)
+    if check is not None:
+        yield check
+
+
 def failures_reported(
-    context: dg.AssetExecutionContext, out_root: Path | None = None
-) -> Iterator[None]:
-    """Turn the core's errors into a run failure that carries its summary, not a traceback:
-    the description is the lines the command line prints, so the UI shows them first. Each
-    of them fails the step before anything is published, so the checks the run planned on
-    the partition are dropped (`forget_unrun_checks`): the run and the partition show the
-    failure, the checks do not."""
+    context: dg.AssetExecutionContext, events: Iterator[Any], out_root: Path | None = None
+) -> Iterator[Any]:
+    """`events` (the step's results), with the core's errors turned into a failed
+    `step_keeps_every_rule` on the partition and a run failure that carries the summary, not
+    a traceback: the description is the lines the command line prints, so the run's log
+    shows them first. Each of them fails the step before anything is published, so the
+    other checks the run planned on the partition are dropped (`forget_unrun_checks`)."""
     try:
-        yield
+        yield from events
     except StepError as exc:
         rules = sorted({v.rule for v in exc.violations})
         context.instance.add_run_tags(context.run.run_id, {FAILURE_TAG: ", ".join(rules)})
-        forget_unrun_checks(context)
+        lines = error_lines("build", exc)
         record = refusal_record(context, out_root)
-        refusal_observed(context, error_lines("build", exc), exc.violations, record)
+        yield from _refused(context, lines, exc.violations, record)
         # from None: the user's data broke a rule, and the core's traceback says nothing more
         raise dg.Failure(
-            description="\n".join(error_lines("build", exc)),
+            description="\n".join(lines),
             metadata=violation_metadata(exc.violations) | record,
             allow_retries=False,
         ) from None
     except UsageError as exc:
-        forget_unrun_checks(context)
-        refusal_observed(context, error_lines("build", exc), [])
-        raise dg.Failure(description=error_lines("build", exc)[0], allow_retries=False) from None
+        lines = error_lines("build", exc)
+        yield from _refused(context, lines, [])
+        raise dg.Failure(description=lines[0], allow_retries=False) from None
     except OSError as exc:  # the machine's fault (disk full, permissions): one line too
         step = step_of(context.partition_key) if context.has_partition_key else None
         error = StepError([os_violation(exc, "the output root", step)])
-        forget_unrun_checks(context)
-        refusal_observed(context, error_lines("build", error), error.violations)
-        raise dg.Failure(description=error_lines("build", error)[0]) from exc
+        lines = error_lines("build", error)
+        yield from _refused(context, lines, error.violations)
+        raise dg.Failure(description=lines[0]) from exc
 
 
 def _table_schema(columns: list[dict[str, str]]) -> dg.TableSchema:

@@ -88,10 +88,13 @@ def _failure(result: dg.ExecuteInProcessResult) -> list[str]:
     return [f"{PROG}: build: failed"]
 
 
-def _where(instance: dg.DagsterInstance, run_id: str) -> str:
+def _where(instance: dg.DagsterInstance, run_id: str, storage: RolloutStorage) -> str:
+    """Where the failed run's logs are, and the `make ui` that shows them: the UI of one
+    pair of roots serves their Dagster home (Makefile), so it names the run's roots."""
     home = os.environ.get("DAGSTER_HOME")
     if home and not instance.is_ephemeral:
-        return f"run {run_id} in {home} (`make ui`, Runs)"
+        ui = f"make ui INPUT={storage.input_path} OUTPUT={storage.output_path}"
+        return f"run {run_id} in {home} (`{ui}`, Runs)"
     return f"run {run_id} (an ephemeral instance: set DAGSTER_HOME to keep the logs)"
 
 
@@ -128,7 +131,10 @@ def _materialize_all(
             failed += 1
             for line in _failure(result):
                 print(line, file=sys.stderr)
-            print(f"{PROG}: step {step}: logs: {_where(instance, result.run_id)}", file=sys.stderr)
+            print(
+                f"{PROG}: step {step}: logs: {_where(instance, result.run_id, storage)}",
+                file=sys.stderr,
+            )
     return failed
 
 

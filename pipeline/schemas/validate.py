@@ -31,9 +31,7 @@ REPAIR_HINT = (
     "index"
 )
 # A step whose every broken rule names rows builds the rest when those are set aside.
-QUARANTINE_HINT = (
-    "--on-invalid quarantine would set these trajectories aside and build the rest"
-)
+QUARANTINE_HINT = "--on-invalid quarantine would set these trajectories aside and build the rest"
 # The values a row rule reads, named on the first failing row: (light column, name shown).
 RULE_VALUES: dict[str, tuple[tuple[str, str], ...]] = {
     "reward_finite": ((c.REWARD_VALUE, "reward"),),
@@ -346,8 +344,10 @@ def validate_step(
             break
     else:
         settled = False
-    if settled and not until_valid and all(v.rows for v in violations):
-        for violation in violations:
+    # the rules' lines (the reader's type lines stay as the reader words them)
+    ruled = violations[len(type_violations) :]
+    if settled and not until_valid and ruled and all(v.rows for v in violations):
+        for violation in ruled:
             violation.message += f"; {QUARANTINE_HINT}"
     return Verdict(
         valid=valid,

@@ -41,7 +41,7 @@ from pipeline.orchestration.partitions import partition_key, rollout_steps
 from pipeline.orchestration.reporting import FAILURE_TAG
 from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV
 from pipeline.transforms import metrics
-from tests.orchestration.dagster_support import DATA, Roots, break_step_1
+from tests.orchestration.dagster_support import DATA, Roots, break_step_1, makefile_instance
 
 REPO = Path(__file__).resolve().parents[2]
 LOCATION = "rollout_shards"
@@ -84,13 +84,6 @@ POLL_S = 0.5
 PAGE_TIMEOUT_MS = 60_000
 LOG_TAIL_LINES = 60
 
-INSTANCE_YAML = """\
-telemetry:
-  enabled: false
-# No "join the community" dialog over the pages the browser test looks at.
-nux:
-  enabled: false
-"""
 # `dagster dev` maps SIGTERM onto its SIGINT handler. A shell's background job starts with
 # SIGINT ignored, and then dagster dev ignores SIGTERM too: restore the default before exec.
 EXEC_WITH_DEFAULT_SIGINT = (
@@ -155,9 +148,8 @@ def _start(tmp: Path) -> DagsterDev:
     roots = Roots(input=tmp / "rollouts", output=tmp / "shards")
     shutil.copytree(DATA, roots.input)
     break_step_1(roots)
-    home = tmp / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(INSTANCE_YAML)
+    # the instance `make ui` serves: the Makefile's dagster.yaml (no sign-up modal)
+    home = makefile_instance(tmp / "dagster_home")
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),
@@ -638,6 +630,37 @@ def test_the_refused_step_fails_its_run_and_its_partition(
         assert partition_key(RUN_STEP) in statuses["materializedPartitions"], asset
 
 
+RULE_CHECK_EXECUTIONS = """
+query RuleCheck($partition: String!) {
+  assetCheckExecutions(
+    assetKey: {path: ["rollout_samples"]}, checkName: "step_keeps_every_rule",
+    partition: $partition, limit: 5
+  ) {
+    runId
+    status
+    evaluation { success severity description metadataEntries { label } }
+  }
+}
+"""
+
+
+def test_the_refused_step_fails_its_rule_check(
+    server: DagsterDev, launched: Launched, finished_run: dict[str, Any]
+) -> None:
+    """Red, not an observation: the refused partition's `step_keeps_every_rule` failed with
+    the command line's lines and the offending rows as metadata."""
+    (execution,) = server.graphql(
+        RULE_CHECK_EXECUTIONS, {"partition": partition_key(INVALID_STEP)}
+    )["assetCheckExecutions"]
+    assert (execution["runId"], execution["status"]) == (launched.invalid_run_id, "FAILED")
+    evaluation = execution["evaluation"]
+    assert (evaluation["success"], evaluation["severity"]) == (False, "ERROR")
+    assert evaluation["description"].startswith(f"rollout-shards: build: step {INVALID_STEP}: ")
+    assert f"rule {INVALID_RULE}" in evaluation["description"]
+    labels = {entry["label"] for entry in evaluation["metadataEntries"]}
+    assert labels >= {"refused", "rules", "first_offending_rows", "files"}
+
+
 def test_the_refused_step_leaves_no_check_execution(
     server: DagsterDev, launched: Launched, finished_run: dict[str, Any]
 ) -> None:
@@ -723,6 +746,10 @@ def test_browser_shows_the_partition_and_its_check_results(
             # `expect` has a timeout of its own (5 s), too short for a loaded CI machine.
             expect.set_options(timeout=PAGE_TIMEOUT_MS)
 
+            page.goto(f"{server.url}/assets")
+            _shows_no_onboarding_prompt(page)
+            page.screenshot(path=tmp_path / "first_page.png", full_page=True)
+
             page.goto(f"{server.url}/assets/{ASSET}?view=partitions&partition={key}")
             _shows_partition(page, key, written)
             page.screenshot(path=tmp_path / "partition.png", full_page=True)
@@ -733,7 +760,7 @@ def test_browser_shows_the_partition_and_its_check_results(
             page.goto(f"{server.url}/assets/{ASSET}?view=partitions&partition={invalid}")
             _shows_failed_partition(page, invalid)
             page.screenshot(path=tmp_path / "failed_partition.png", full_page=True)
-            page.goto(f"{server.url}/assets/{ASSET}?view=events&partition={invalid}")
+            page.goto(f"{server.url}/assets/rollout_samples?view=checks")
             _shows_why_the_partition_failed(page, invalid, server.roots)
             page.screenshot(path=tmp_path / "failed_partition_reason.png", full_page=True)
 
@@ -756,6 +783,7 @@ def test_browser_shows_the_partition_and_its_check_results(
         finally:
             browser.close()
     shots = [
+        "first_page",
         "partition",
         "partition_tables",
         "failed_partition",
@@ -786,30 +814,33 @@ def _shows_partition(page: Page, key: str, written: int) -> None:
 
 
 def _shows_failed_partition(page: Page, key: str) -> None:
-    """The refused step's partition: failed by its run, with nothing materialized, and one
-    event recorded on it: the observation saying why (listed by its history)."""
+    """The refused step's partition: failed by its run, with nothing materialized and no
+    observation (nothing green about it)."""
     expect(page.get_by_text(key, exact=True).first).to_be_visible()
     expect(page.get_by_text("failed, and did not materialize this asset.").first).to_be_visible()
     expect(page.get_by_text("Materialized", exact=True)).to_have_count(0)
-    page.get_by_text("View all historical events (1)", exact=True).click()
-    expect(page.get_by_text(f"Historical events for {key}", exact=True)).to_be_visible()
-    expect(page.get_by_text("Observation", exact=True).first).to_be_visible()
-    page.get_by_role("button", name="OK").click()
+    expect(page.get_by_text("Observation", exact=True)).to_have_count(0)
+
+
+def _shows_no_onboarding_prompt(page: Page) -> None:
+    """`make ui`'s instance opens on the project: no Dagster community sign-up dialog."""
+    expect(page.get_by_text(ASSET, exact=True).first).to_be_visible()
+    expect(page.get_by_role("dialog")).to_have_count(0)
+    expect(page.get_by_text(re.compile("community", re.IGNORECASE))).to_have_count(0)
 
 
 def _shows_why_the_partition_failed(page: Page, key: str, roots: Roots) -> None:
-    """The partition's events: the observation the refused run recorded holds the line the
-    command line prints (rule, file, rows) and the first offending rows as a table."""
-    expect(page.get_by_text(f"Partition {key} observed in run").first).to_be_visible()
-    line = re.compile(
-        rf"^rollout-shards: build: step {INVALID_STEP}: {re.escape(str(roots.input))}/"
-        rf"step={INVALID_STEP}\.parquet: rule {INVALID_RULE}: .*; rows \(index, leaf\): \(2, 0\)"
-    )
-    expect(page.get_by_text(line).first).to_be_visible()
-    for label in ("refused", "rules", "first_offending_rows", "files"):
-        expect(page.get_by_text(label, exact=True).first).to_be_visible()
-    offending = page.get_by_role("row").filter(has=page.get_by_text(INVALID_RULE, exact=True))
-    expect(offending.filter(has_text=f"step={INVALID_STEP}.parquet").first).to_be_visible()
+    """`rollout_samples`' checks: `step_keeps_every_rule` is failed (red), and its execution
+    history lists the refused partition as failed, by the refused run's lines (their
+    metadata, the rules and the first offending rows, are checked through GraphQL by
+    `test_the_refused_step_fails_its_rule_check`)."""
+    check = page.get_by_text("step_keeps_every_rule", exact=True).first
+    expect(check).to_be_visible()
+    expect(page.get_by_text("Failed", exact=True).first).to_be_visible()  # the list's status
+    check.click()
+    page.get_by_role("tab", name="Execution history").click()
+    expect(page.get_by_text(key, exact=True).first).to_be_visible()
+    expect(page.get_by_text("Failed", exact=True).first).to_be_visible()
 
 
 def _shows_checks(page: Page) -> None:

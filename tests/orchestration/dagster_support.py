@@ -33,6 +33,19 @@ class Roots:
     output: Path
 
 
+def makefile_instance(home: Path) -> Path:
+    """The Dagster instance `make run` and `make ui` use: `home` holding the dagster.yaml
+    the Makefile's `$(DAGSTER_HOME)/dagster.yaml` rule writes."""
+    home.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["make", "-s", f"DAGSTER_HOME={home}", str(home / "dagster.yaml")],
+        cwd=Path(__file__).resolve().parents[2],
+        check=True,
+        capture_output=True,
+    )
+    return home
+
+
 def configured_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
     """A copy of data/rollouts as ROLLOUT_SHARDS_INPUT and an empty ROLLOUT_SHARDS_OUTPUT."""
     roots = Roots(input=tmp_path / "rollouts", output=tmp_path / "shards")

@@ -29,11 +29,12 @@ from pipeline import columns as c
 from pipeline.io import writer
 from pipeline.orchestration import stage_reports as stages
 from pipeline.orchestration.partitions import rollout_steps, step_of
-from pipeline.orchestration.reporting import FAILURE_TAG
+from pipeline.orchestration.reporting import FAILURE_TAG, STEP_KEEPS_EVERY_RULE
 from pipeline.step.readers import spill
 from tests.conftest import dead_pid, only_refused
 
 BLOCKING_CHECKS = {
+    STEP_KEEPS_EVERY_RULE,
     "manifest_counts_add_up",
     "rank_files_match_manifest",
     "rollouts_stay_in_one_train_step",
@@ -284,30 +285,36 @@ def test_invalid_partition_fails_at_rollout_samples_and_writes_nothing(
     assert failure.metadata["refused_record"].value == record
 
 
-def test_a_refused_step_says_why_on_each_asset_partition(
+def test_a_refused_step_fails_its_rule_check_with_the_lines(
     instance: dg.DagsterInstance, roots: Roots
 ) -> None:
-    """Where the partition's red dot leads: an observation of each of the step's assets on
-    the partition, with the line the command line prints (rule, file, first rows)."""
+    """Where the partition's red dot leads: the failed `step_keeps_every_rule` check on the
+    partition (red, not an observation), with the line the command line prints (rule,
+    file, first rows) and the offending rows as metadata; a published step passes it."""
     break_step_1(roots)
     result = materialize(instance, "00000001")
     assert not result.success
-    for asset in ("rollout_samples", "train_batch", "training_shards"):
-        (record,) = instance.fetch_observations(
-            dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=["00000001"]),
-            limit=5,
-        ).records
-        observation = record.asset_observation
-        assert observation is not None and record.run_id == result.run_id
-        assert observation.description is not None
-        assert "rule response_within_tokens" in observation.description
-        assert str(roots.input / "step=1.parquet") in observation.description
-        metadata = observation.metadata
-        assert "rule response_within_tokens" in metadata["refused"].value
-        assert metadata["files"].value == [str(roots.input / "step=1.parquet")]
-        assert f"| response_within_tokens | {roots.input / 'step=1.parquet'} | 2 | 0 |" in (
-            metadata["first_offending_rows"].value
-        )
+    assert instance.fetch_observations(dg.AssetKey("rollout_samples"), limit=5).records == []
+    (evaluation,) = _checks(result).values()
+    assert evaluation.check_name == STEP_KEEPS_EVERY_RULE
+    assert evaluation.asset_key == dg.AssetKey("rollout_samples")
+    assert not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.ERROR
+    assert evaluation.partition == "00000001"
+    assert evaluation.description is not None
+    assert evaluation.description.startswith("rollout-shards: build: step 1: ")
+    assert "rule response_within_tokens" in evaluation.description
+    metadata = evaluation.metadata
+    assert "rule response_within_tokens" in metadata["refused"].value
+    assert metadata["files"].value == [str(roots.input / "step=1.parquet")]
+    assert f"| response_within_tokens | {roots.input / 'step=1.parquet'} | 2 | 0 |" in (
+        metadata["first_offending_rows"].value
+    )
+    # the run's failure puts the cause first: the same lines, no exception's name
+    _, failure = step_failure(result)
+    assert failure.description == evaluation.description
+    built = materialize(instance, "00000002")
+    (passed,) = [e for e in _checks(built).values() if e.check_name == STEP_KEEPS_EVERY_RULE]
+    assert passed.passed and passed.partition == "00000002"
 
 
 def _check_records(instance: dg.DagsterInstance) -> dict[str, list[tuple[str, str, str]]]:
@@ -338,7 +345,11 @@ def test_a_refused_step_fails_its_run_and_partition_not_the_checks(
     assert instance.get_run_by_id(refused.run_id).status == dg.DagsterRunStatus.FAILURE
     assert _check_records(instance) == {
         name: [("00000002", built.run_id, "SUCCEEDED")]
-        for name in (*BLOCKING_CHECKS, "every_row_is_trained", "no_rows_quarantined")
+        for name in (
+            *BLOCKING_CHECKS - {STEP_KEEPS_EVERY_RULE},
+            "every_row_is_trained",
+            "no_rows_quarantined",
+        )
     }
     with partition_loading_context(dynamic_partitions_store=instance):
         for checks_def in CHECKS:

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster_support import EMBEDDED_KEYS, Roots, break_step_1, configured_roots
+from dagster_support import (
+    EMBEDDED_KEYS,
+    Roots,
+    break_step_1,
+    configured_roots,
+    makefile_instance,
+)
 
 from pipeline.orchestration import run_all
 from pipeline.orchestration.partitions import rollout_steps
@@ -14,10 +20,8 @@ from pipeline.orchestration.partitions import rollout_steps
 
 @pytest.fixture
 def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
-    (tmp_path / "dagster_home").mkdir()
-    # As `make run` has it (Makefile): without it Dagster greets on stderr.
-    (tmp_path / "dagster_home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    # As `make run` has it (the Makefile's dagster.yaml): else Dagster greets on stderr.
+    monkeypatch.setenv("DAGSTER_HOME", str(makefile_instance(tmp_path / "dagster_home")))
     return configured_roots(tmp_path, monkeypatch)
 
 
@@ -47,6 +51,8 @@ def test_run_all_reports_an_invalid_step_and_builds_the_rest(
     assert all(line.startswith("rollout-shards: build: step 1: ") for line in rules)
     assert any("rule response_within_tokens" in line for line in rules)
     assert logs.startswith("rollout-shards: step 1: logs: run ")
+    # the `make ui` that serves this run's Dagster home: the same two roots
+    assert logs.endswith(f"(`make ui INPUT={roots.input} OUTPUT={roots.output}`, Runs)")
     assert "shards of 3 of 4 steps" in captured.out
     assert not (roots.output / "step=1").exists()
 
@@ -62,7 +68,9 @@ def test_run_all_without_settings_starts_with_the_cause(
 
     captured = capsys.readouterr()
     assert captured.err == (
-        "rollout-shards: usage error: invalid settings: global_batch_size: Field required\n"
+        "rollout-shards: usage error: invalid settings: global_batch_size: required by the "
+        "miles trainer (miles' --global-batch-size): give --global-batch-size, or "
+        "global_batch_size in --config or in the input root's rollout-shards.yaml\n"
     )
     assert "shards of" not in captured.out
     assert not roots.output.exists() or not list(roots.output.glob("step=*"))
@@ -86,6 +94,14 @@ def test_a_second_run_skips_current_steps_and_force_rebuilds_them(
     out = capsys.readouterr().out.splitlines()
     assert all(" rows in, " in line for line in out[:4])
     assert manifest.stat().st_mtime_ns != written
+
+
+def test_the_makefile_instance_shows_no_onboarding_prompt(roots: Roots) -> None:
+    """`make ui` opens on the project, not on Dagster's community sign-up modal (`nux`)."""
+    instance = dg.DagsterInstance.get()
+    assert not instance.is_ephemeral
+    assert instance.nux_enabled is False
+    assert instance.get_settings("telemetry") == {"enabled": False}
 
 
 def test_runs_are_tagged_with_their_roots(roots: Roots) -> None:

@@ -732,7 +732,7 @@ def rule_cases() -> list[Case]:
             base(row4={"session_version": "v1", "rollout_id": 4}),
             "rollout_id_only_on_v2_multi_leaf",
             [(4, 0)],
-            "miles PR #2536",
+            "file row 5 has rollout_id 4, session_version v1, leaves 1",
         ),
         invalid(
             "rollout_id_on_v2_singleton",
@@ -2481,7 +2481,9 @@ def three_steps() -> dict[str, bytes]:
 
 STEP_9_LINE = (
     "step 9: {input}/step=9.parquet: rule response_within_tokens: response_length must be "
-    "within 0..len(tokens); rows (index, leaf): (3, 0)"
+    "within 0..len(tokens); file row 4 has response_length 9, tokens 6; --on-invalid "
+    "quarantine would set these trajectories aside and build the rest; rows (index, leaf): "
+    "(3, 0)"
 )
 
 
