@@ -87,6 +87,8 @@ def plan_trim(n_rows: int, settings: Settings, compact: bool, step: int) -> Trim
 def _fits(n_rows: int, settings: Settings) -> str:
     """The largest global batch size this step fills (a multiple of dp_size), as advice."""
     largest = n_rows // settings.dp_size * settings.dp_size
+    if n_rows == 0:
+        return ""  # nothing to fill: what emptied the step is said beside
     if largest == 0:
         return f"; the step has fewer rows than dp_size {settings.dp_size}"
     return (
