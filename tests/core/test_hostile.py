@@ -17,13 +17,14 @@ import numpy as np
 import polars as pl
 import pyarrow.dataset as ds
 import pytest
-from pipeline.miles_flags import MODEL_SHAPE, parse_layer_pattern
 
 from pipeline.errors import StepError
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
 from pipeline.step.build import build_step
+from pipeline.trainers.miles.flags import parse_layer_pattern
+from pipeline.trainers.miles.settings import MODEL_SHAPE
 from pipeline.transforms.flops import forward_flops, miles_model_shape
 from tests.conftest import REPO, generated_step, sample, write_step
 
