@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from pipeline.step.ingest import load_samples
+from pipeline.step.readers.memory import load_samples
 
 from pipeline import columns as c
 from pipeline import trainers
