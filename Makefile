@@ -6,7 +6,7 @@ INPUT ?= data/rollouts
 OUTPUT ?= data/shards
 # torch only writes the tests' miles .pt fixtures (reading dumps needs no torch); this pin is the CPU build this machine carries.
 TORCH ?= torch==2.13.0
-# The verl release the verl tests run (tests/loader/verl_support.py), installed without its
+# The verl release the verl tests run (tests/support/verl.py), installed without its
 # requirements: they would bring transformers (which asks for an older huggingface-hub
 # than the one installed), peft, accelerate, wandb and more that the tests never import; the
 # few its trainer-side modules import come with the `verl` extra.

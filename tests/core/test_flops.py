@@ -1,4 +1,4 @@
-"""balance_by_flops against miles' own code on CPU (tests/loader/miles_support.py): each
+"""balance_by_flops against miles' own code on CPU (tests/support/miles.py): each
 row's FLOPs against `calculate_fwd_flops([length], args)` bit for bit, and the rollout-side
 schedule against `build_dp_schedule` (row order, train step and micro-batch of every row
 of every rank, the micro-batch and rollout counts) over dense, GQA, MoE and MLA models,
@@ -20,7 +20,7 @@ from pipeline.settings import load_settings
 from pipeline.trainers.miles.schedule import rollout_schedule
 from pipeline.transforms.flops import forward_flops, miles_model_shape
 from tests import reference
-from tests.loader import miles_support as ms
+from tests.support import miles as ms
 
 # What Megatron's parser leaves in miles' args for a model flag not given
 # (megatron/training/arguments.py: `_add_mla_args`, the MoE group, TransformerConfig's

@@ -1,5 +1,5 @@
 """balance_by_flops over every model shape miles' FLOPs read, against miles' own code on
-CPU (tests/loader/miles_support.py): the rows miles' rollout side keeps
+CPU (tests/support/miles.py): the rows miles' rollout side keeps
 (`postprocess_rollout_data`: trimming, the dynamic global batch size) and its
 `build_dp_schedule` on them, against the miles profile's plan and the rank files a build
 writes (each rank's rows in order, their train step and micro-batch; the rollout and
@@ -17,7 +17,6 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from pipeline.step.readers.memory import load_samples
 
 from pipeline import columns as c
 from pipeline import trainers
@@ -25,10 +24,11 @@ from pipeline.errors import StepError
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
+from pipeline.step.readers.memory import load_samples
 from pipeline.transforms.samples import light_frame
 from tests.conftest import build, sample, write_step
 from tests.core.test_flops import MEGATRON_PARSER, megatron_args
-from tests.loader import miles_support as ms
+from tests.support import miles as ms
 
 SHAPE_FLAGS = (*MEGATRON_PARSER, "num_layers", "hidden_size", "ffn_hidden_size")
 SHAPE_FLAGS += ("num_attention_heads", "vocab_size")

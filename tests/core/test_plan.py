@@ -17,7 +17,7 @@ from pipeline.cli import GRID_SETTINGS, grid_argvs, main, parser
 from pipeline.transforms.flops import forward_flops, miles_model_shape
 from pipeline.transforms.metrics import RANK_TOKENS_MAX_OVER_MEAN
 from tests.conftest import generated_step, write_step
-from tests.loader.verl_support import case_rows
+from tests.support.verl import case_rows
 
 SHAPE = {
     "num_layers": 4,

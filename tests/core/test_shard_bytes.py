@@ -18,7 +18,7 @@ from pipeline.io.load import group_steps
 from pipeline.settings import Settings
 from pipeline.step.build import build_step
 from tests.conftest import generated_step, sample, write_step
-from tests.core.parquet_pages import decoded_digest
+from tests.support.parquet_pages import decoded_digest
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = {

@@ -1,4 +1,4 @@
-"""max_weight_staleness against miles' own data buffer on CPU (tests/loader/miles_support.py):
+"""max_weight_staleness against miles' own data buffer on CPU (tests/support/miles.py):
 its `DefaultDataBuffer` takes the step's prompt groups and hands back the ones it keeps for
 engine version N (the step); the groups the build sets aside are exactly the ones it drops,
 they land in the quarantine with a reason naming both versions, they count as quarantined
@@ -21,7 +21,7 @@ from pipeline.settings import load_settings
 from pipeline.step.build import summary_line
 from tests import reference
 from tests.conftest import build, sample, write_step
-from tests.loader import miles_support as ms
+from tests.support import miles as ms
 
 STEP = 9
 

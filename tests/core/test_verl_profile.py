@@ -14,7 +14,7 @@ from pipeline.errors import StepError, UsageError
 from pipeline.settings import load_settings
 from tests.conftest import build, write_step
 from tests.core.test_cli import cli
-from tests.loader.verl_support import case_rows
+from tests.support.verl import case_rows
 
 SETTINGS: dict[str, Any] = {
     "trainer": "verl",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.orchestration import run_all
-from tests.orchestration.dagster_support import Roots, configured_roots
+from tests.support.dagster_roots import Roots, configured_roots
 
 REPO = Path(__file__).resolve().parents[2]
 

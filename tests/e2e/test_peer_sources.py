@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from tests.conftest import REPO
-from tests.loader import miles_support, slime_support
+from tests.support import miles as miles_support
+from tests.support import slime as slime_support
 
 SCRIPT = REPO / "tests" / "peer_sources.py"
 

@@ -17,7 +17,7 @@ if str(LOADER) not in sys.path:
 
 @pytest.fixture(scope="module")
 def slime() -> Iterator[Any]:
-    from tests.loader import slime_support as ss
+    from tests.support import slime as ss
 
     try:
         source = ss.slime_source()

@@ -13,7 +13,7 @@ import venv
 from pathlib import Path
 
 from tests.conftest import REPO, build, sample, write_step
-from tests.loader.loader_support import bits, expected_rank_dicts
+from tests.support.loader import bits, expected_rank_dicts
 
 MILES_PINS = ["polars==1.42.1", "numpy", "pyarrow"]
 

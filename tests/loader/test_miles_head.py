@@ -1,4 +1,4 @@
-"""rollout_shards_loader.miles against miles' own code (tests/loader/miles_support.py):
+"""rollout_shards_loader.miles against miles' own code (tests/support/miles.py):
 miles HEAD's rollout side turns the rows into per-rank refs, its `MegatronTrainRayActor.train()`
 (with `--debug-rollout-only`) takes them, and the same `train()` with the hook installed
 reads the built step folder instead. The dicts `train()` holds, and everything the trainer
@@ -22,8 +22,8 @@ from rollout_shards_loader import miles as hook
 
 from pipeline.settings import load_settings
 from tests.conftest import REPO, build, sample, write_step
-from tests.loader import miles_support as ms
 from tests.loader.test_read_rank import WORKED, _read_rows, _rows_with_extras
+from tests.support import miles as ms
 
 
 @pytest.fixture(scope="module")
@@ -411,7 +411,7 @@ def test_train_on_a_refused_step_fails_at_once_quoting_the_rule(miles: Any, tmp_
     wait, with the rule and the command that shows the whole refusal."""
     from rollout_shards_loader import StepRefusedError
 
-    from tests.loader.loader_support import refuse_step
+    from tests.support.loader import refuse_step
 
     actor, refs, seen = _trainer_on_a_step(miles, tmp_path)
     refuse_step(tmp_path, tmp_path / "out", step=3)

@@ -13,7 +13,7 @@ import pytest
 from rollout_shards_loader import miles as hook
 
 from tests.conftest import build, sample, write_step
-from tests.loader import miles_support as ms
+from tests.support import miles as ms
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
 """rollout_shards_loader.miles against the miles release on PyPI (miles-rl 0.0.2, before
-miles #591): its own trainer modules on CPU (tests/loader/miles_support.py), in a module of
+miles #591): its own trainer modules on CPU (tests/support/miles.py), in a module of
 its own so that miles HEAD's modules are not loaded beside it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from rollout_shards_loader import read_rank
 
 from pipeline.settings import load_settings
 from tests.conftest import build, sample, write_step
-from tests.loader import miles_support as ms
+from tests.support import miles as ms
 
 
 @pytest.fixture(autouse=True)

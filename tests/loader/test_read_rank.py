@@ -21,7 +21,7 @@ from rollout_shards_loader import read_manifest, read_rank
 from pipeline.errors import StepError
 from tests.conftest import REPO, build, sample, write_step
 from tests.core.test_differential import build_settings, trajectories
-from tests.loader.loader_support import (
+from tests.support.loader import (
     assert_same_dict,
     expected_rank_dicts,
     numpy_as_python,

@@ -15,8 +15,8 @@ import pytest
 from rollout_shards_loader import slime as slime_loader
 
 from tests.conftest import REPO, sample, write_step
-from tests.loader import slime_support as ss
-from tests.loader.slime_cases import CASES
+from tests.support import slime as ss
+from tests.support.slime_cases import CASES
 
 
 def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -17,8 +17,8 @@ from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
 from pipeline.step.build import build_step
-from tests.loader import slime_support as ss
-from tests.loader.slime_cases import CASES
+from tests.support import slime as ss
+from tests.support.slime_cases import CASES
 
 
 @pytest.mark.parametrize(

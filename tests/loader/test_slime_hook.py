@@ -1,5 +1,5 @@
 """rollout_shards_loader.slime.install against slime's real Megatron actor code on CPU
-(tests/loader/slime_support.py): `MegatronTrainRayActor.train()` takes, through its own
+(tests/support/slime.py): `MegatronTrainRayActor.train()` takes, through its own
 `_get_rollout_data`, the refs slime's rollout side made of the rows; with the hook
 installed the same `train()` reads the built step folder instead. What `train()` hands
 `train_actor` must be the same both ways, tensors and floats bit for bit."""
@@ -17,8 +17,8 @@ from rollout_shards_loader import miles as miles_hook
 from rollout_shards_loader import slime as hook
 
 from tests.conftest import build, write_step
-from tests.loader import slime_support as ss
-from tests.loader.slime_cases import CASES
+from tests.support import slime as ss
+from tests.support.slime_cases import CASES
 
 
 @pytest.fixture(autouse=True)
@@ -92,7 +92,7 @@ def test_train_on_a_refused_step_fails_at_once_quoting_the_rule(slime: Any, tmp_
 
     from rollout_shards_loader import StepRefusedError
 
-    from tests.loader.loader_support import refuse_step
+    from tests.support.loader import refuse_step
 
     _rows, settings = CASES["dp1"]
     refuse_step(tmp_path, tmp_path / "out", step=2)

@@ -1,8 +1,8 @@
 """rollout_shards_loader.slime.read_rank against slime's own code at the pinned commit
-(tests/loader/slime_support.py): each rank of a `--trainer slime` build read back equals the
+(tests/support/slime.py): each rank of a `--trainer slime` build read back equals the
 dict slime's `process_rollout_data` returns for that rank after slime's conversion of the
 same rows (keys and their order, Python and tensor types, dtypes, floats bit for bit), over
-the issue's cases (tests/loader/slime_cases.py)."""
+the issue's cases (tests/support/slime_cases.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from rollout_shards_loader import slime as slime_loader
 
 from tests.conftest import build, write_step
-from tests.loader import slime_support as ss
-from tests.loader.slime_cases import CASES
+from tests.support import slime as ss
+from tests.support.slime_cases import CASES
 
 
 @pytest.mark.parametrize("name", CASES)

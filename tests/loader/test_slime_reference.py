@@ -1,6 +1,6 @@
 """tests/reference.py's slime reference against slime's own code at the pinned commit
-(tests/loader/slime_support.py): each rank's dict after `process_rollout_data`, tensors by
-dtype and values, floats bit for bit, over the issue's cases (tests/loader/slime_cases.py)."""
+(tests/support/slime.py): each rank's dict after `process_rollout_data`, tensors by
+dtype and values, floats bit for bit, over the issue's cases (tests/support/slime_cases.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from tests import reference
-from tests.loader import slime_support as ss
-from tests.loader.slime_cases import CASES
+from tests.support import slime as ss
+from tests.support.slime_cases import CASES
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -69,7 +69,7 @@ def _random_case(seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     import random
 
     from tests.conftest import sample
-    from tests.loader.slime_cases import DENSE
+    from tests.support.slime_cases import DENSE
 
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []

@@ -20,8 +20,8 @@ from pipeline.io.discovery import find_sources
 from pipeline.io.formats.verl import read_verl_dump
 from tests.conftest import build
 from tests.loader.test_verl_read_rank import assert_same
-from tests.loader.verl_support import DUMP_SETTINGS as SETTINGS
-from tests.loader.verl_support import dump_rows, trainer_ranks, write_dump
+from tests.support.verl import DUMP_SETTINGS as SETTINGS
+from tests.support.verl import dump_rows, trainer_ranks, write_dump
 
 
 @pytest.mark.parametrize(("uid", "log_probs"), [(True, True), (False, False)])

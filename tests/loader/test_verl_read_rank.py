@@ -1,5 +1,5 @@
 """rollout_shards_loader.verl.read_rank against verl 0.9.1's own trainer path on CPU
-(tests/loader/verl_support.py): the same rows built with `--trainer verl` and read back give,
+(tests/support/verl.py): the same rows built with `--trainer verl` and read back give,
 on every rank, the DataProto `DataProto.chunk` hands that rank: every batch tensor equal by
 torch.equal with the same dtype and shape (and the same bits), `non_tensor_batch` exactly
 {"uid": ...} of str in the same order, `meta_info["global_token_num"]` equal."""
@@ -15,7 +15,7 @@ import torch
 from rollout_shards_loader.verl import read_rank
 
 from tests.conftest import build, write_step
-from tests.loader.verl_support import case_rows, trainer_ranks, verl_modules
+from tests.support.verl import case_rows, trainer_ranks, verl_modules
 
 # every dp x n pair; balance, std normalization, full-length rows, log probs and the pad id
 # take both values across them, and the last pair runs all four balance x std combinations

@@ -1,5 +1,5 @@
 """The per-sample verl reference (tests/reference.py) against verl 0.9.1's own trainer
-path on CPU (tests/loader/verl_support.py): every batch tensor equal by value, dtype and
+path on CPU (tests/support/verl.py): every batch tensor equal by value, dtype and
 shape, uid and global_token_num equal, on every rank, across the issue's cases."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.loader.verl_support import case_rows, trainer_ranks
 from tests.reference import verl_reference
+from tests.support.verl import case_rows, trainer_ranks
 
 CASES = [
     # (dp, n, groups, balance, std, extra)

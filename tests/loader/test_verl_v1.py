@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import build, write_step
-from tests.loader.verl_support import case_rows, verl_modules
+from tests.support.verl import case_rows, verl_modules
 
 HOOK = "rollout_shards_loader.verl_v1.StepAgentLoopManager"
 EOS = 151645

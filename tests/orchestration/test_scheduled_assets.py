@@ -136,7 +136,8 @@ def test_schedule_through_a_dagster_materialization(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import dagster as dg
-    from dagster_support import configured_roots, materialize
+
+    from tests.support.dagster_roots import configured_roots, materialize
 
     roots = configured_roots(tmp_path, monkeypatch)
     settings = {"cp_size": 1, "use_dynamic_batch_size": True, "max_tokens_per_gpu": 40}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -21,7 +22,8 @@ from pipeline.orchestration.compute import StepCompute
 from pipeline.orchestration.partitions import rollout_steps
 from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV, RolloutStorage
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "rollouts"
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "data" / "rollouts"
 ASSETS = list(defs.assets or [])
 CHECKS = list(defs.asset_checks or [])
 EMBEDDED_KEYS = ["00000001", "00000002", "00000003", "00000004"]
@@ -39,7 +41,7 @@ def makefile_instance(home: Path) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         ["make", "-s", f"DAGSTER_HOME={home}", str(home / "dagster.yaml")],
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=REPO,
         check=True,
         capture_output=True,
     )
@@ -149,7 +151,8 @@ def failed_in_one_line(result: dg.ExecuteInProcessResult, pattern: str, output: 
     assert not output.exists()
 
 
-STAND_IN = Path(__file__).with_name("stand_in_worker.py")
+ORCHESTRATION = Path(__file__).resolve().parents[1] / "orchestration"
+STAND_IN = ORCHESTRATION / "stand_in_worker.py"
 
 
 def stand_in_run(
@@ -169,12 +172,13 @@ def stand_in_run(
 
 
 def interrupted_run(code: str, args: list[str], pid_file: Path) -> tuple[str, int]:
-    """Run `code` in a child interpreter (`sys.argv[1]` is this folder, then `args`): a
+    """Run `code` in a child interpreter (`sys.argv[1]` is the search path of the tests:
+    tests/orchestration and the repository, joined by os.pathsep; then `args`): a
     materialization whose stand-in worker writes its pid to `pid_file`. Once the worker
     runs, interrupt the child as Ctrl-C would; returns the child's stderr and the worker's
     pid."""
     runner = subprocess.Popen(
-        [sys.executable, "-c", code, str(Path(__file__).parent), *args],
+        [sys.executable, "-c", code, os.pathsep.join([str(ORCHESTRATION), str(REPO)]), *args],
         stderr=subprocess.PIPE,
         text=True,
     )

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.loader.miles_support import (
+from tests.support.miles import (
     Args,
     SourceMissing,
     _git,
@@ -42,7 +42,7 @@ from tests.loader.miles_support import (
     _StubModule,
     cache_root,
 )
-from tests.loader.miles_support import samples as miles_samples
+from tests.support.miles import samples as miles_samples
 
 URL = "https://github.com/THUDM/slime"
 PIN = "624b824a898ab0ec1fcb4d373004c7f3852bf515"

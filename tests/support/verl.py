@@ -5,7 +5,7 @@ rank for a list of rollout rows.
 verl comes from the package registry (`pip install --no-deps verl==0.9.1`, the project's
 `verl` extra; see docs/verl.md). Its modules are imported as they are; the third-party
 packages they import that are not installed (transformers, Megatron, flash-attn,
-...) resolve to permissive stand-ins, as tests/loader/miles_support.py does for miles.
+...) resolve to permissive stand-ins, as tests/support/miles.py does for miles.
 torch, numpy, tensordict, Ray, omegaconf, hydra, pydantic and TransferQueue are the real ones.
 
 The one stand-in the data path touches is the tokenizer: the agent loop pads with
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.loader.miles_support import _StubLoader, _StubModule
+from tests.support.miles import _StubLoader, _StubModule
 
 VERSION = "0.9.1"
 INSTALL = f"pip install --no-deps verl=={VERSION} (the project's `verl` extra; docs/verl.md)"
