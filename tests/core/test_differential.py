@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from pipeline import columns as c
 from pipeline.errors import StepError
-from tests.conftest import plan, write_step
 from tests.reference import reference_build
+from tests.support.samples import plan, write_step
 
 KINDS = ("plain", "v1", "v2_multi", "v2_single")
 

@@ -25,7 +25,7 @@ from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
 from pipeline.step.build import build_step
 from pipeline.transforms.flops import forward_flops, miles_model_shape
-from tests.conftest import REPO, generated_step, sample, write_step
+from tests.support.samples import REPO, generated_step, sample, write_step
 
 PROG = "rollout-shards"
 INT64_MAX = (1 << 63) - 1

@@ -17,7 +17,7 @@ import pytest
 from pipeline import columns as c
 from pipeline.cli import main
 from pipeline.parity.compare import compare_frames
-from tests.conftest import REPO, build, sample, write_step
+from tests.support.samples import REPO, build, sample, write_step
 
 SETTINGS = {"global_batch_size": 4, "dp_size": 2, "rewards_normalization": False}
 

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from pipeline.errors import StepError
-from tests.conftest import plan, sample, write_step
+from tests.support.samples import plan, sample, write_step
 
 V2 = {"session_version": "v2"}
 

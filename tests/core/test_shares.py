@@ -22,7 +22,7 @@ from pipeline.settings import Settings
 from pipeline.step.build import StepJob, build_step
 from pipeline.step.check import check
 from pipeline.step.readers import shares
-from tests.conftest import generated_step
+from tests.support.samples import generated_step
 
 
 class CountingTasks(shares.LocalTasks):

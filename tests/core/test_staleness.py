@@ -20,8 +20,8 @@ from pipeline.manifest import Manifest
 from pipeline.settings import load_settings
 from pipeline.step.build import summary_line
 from tests import reference
-from tests.conftest import build, sample, write_step
 from tests.support import miles as ms
+from tests.support.samples import build, sample, write_step
 
 STEP = 9
 

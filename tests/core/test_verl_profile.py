@@ -12,8 +12,8 @@ import pytest
 
 from pipeline.errors import StepError, UsageError
 from pipeline.settings import load_settings
-from tests.conftest import build, write_step
-from tests.core.test_cli import cli
+from tests.support.cli import cli
+from tests.support.samples import build, write_step
 from tests.support.verl import case_rows
 
 SETTINGS: dict[str, Any] = {

@@ -12,8 +12,8 @@ import sys
 import venv
 from pathlib import Path
 
-from tests.conftest import REPO, build, sample, write_step
 from tests.support.loader import bits, expected_rank_dicts
+from tests.support.samples import REPO, build, sample, write_step
 
 MILES_PINS = ["polars==1.42.1", "numpy", "pyarrow"]
 

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import build, sample, write_step
 from tests.support.loader import rewrite_manifest
+from tests.support.samples import build, sample, write_step
 from tests.support.verl import verl_modules
 
 # Fields every reader depends on, then each trainer's own.

@@ -21,9 +21,9 @@ from rollout_shards_loader import _hook as hook_internals
 from rollout_shards_loader import miles as hook
 
 from pipeline.settings import load_settings
-from tests.conftest import REPO, build, sample, write_step
 from tests.loader.test_read_rank import WORKED, _read_rows, _rows_with_extras
 from tests.support import miles as ms
+from tests.support.samples import REPO, build, sample, write_step
 
 
 @pytest.fixture(scope="module")

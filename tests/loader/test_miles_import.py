@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from rollout_shards_loader import miles as hook
 
-from tests.conftest import build, sample, write_step
 from tests.support import miles as ms
+from tests.support.samples import build, sample, write_step
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,7 @@ import ray
 from rollout_shards_loader import read_rank
 from rollout_shards_loader.miles import runtime_env
 
-from tests.conftest import REPO, build, sample, write_step
+from tests.support.samples import REPO, build, sample, write_step
 
 STAND_IN = {
     "miles/__init__.py": "",

@@ -11,8 +11,8 @@ from rollout_shards_loader import miles as hook
 from rollout_shards_loader import read_rank
 
 from pipeline.settings import load_settings
-from tests.conftest import build, sample, write_step
 from tests.support import miles as ms
+from tests.support.samples import build, sample, write_step
 
 
 @pytest.fixture(autouse=True)

@@ -17,9 +17,9 @@ import pytest
 
 from pipeline.errors import StepError
 from pipeline.settings import load_settings
-from tests.conftest import build, sample, write_step
 from tests.loader.test_miles_head import _both_paths, _NoAllReduce
 from tests.support import miles as ms
+from tests.support.samples import build, sample, write_step
 
 SETTINGS = {"global_batch_size": 4, "dp_size": 2}
 

@@ -19,7 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from rollout_shards_loader import read_manifest, read_rank
 
 from pipeline.errors import StepError
-from tests.conftest import REPO, build, sample, write_step
 from tests.core.test_differential import build_settings, trajectories
 from tests.support.loader import (
     assert_same_dict,
@@ -27,6 +26,7 @@ from tests.support.loader import (
     numpy_as_python,
     rewrite_manifest,
 )
+from tests.support.samples import REPO, build, sample, write_step
 
 
 def _check(rows: list[dict[str, Any]], out: Path, **chosen: Any) -> list[dict[str, Any]]:

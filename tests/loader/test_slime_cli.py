@@ -6,27 +6,16 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rollout_shards_loader import slime as slime_loader
 
-from tests.conftest import REPO, sample, write_step
 from tests.support import slime as ss
+from tests.support.cli import cli
+from tests.support.samples import sample, write_step
 from tests.support.slime_cases import CASES
-
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
 
 
 def flags(settings: dict[str, Any]) -> list[str]:

@@ -16,8 +16,8 @@ import pytest
 from rollout_shards_loader import miles as miles_hook
 from rollout_shards_loader import slime as hook
 
-from tests.conftest import build, write_step
 from tests.support import slime as ss
+from tests.support.samples import build, write_step
 from tests.support.slime_cases import CASES
 
 

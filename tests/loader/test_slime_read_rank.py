@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from rollout_shards_loader import slime as slime_loader
 
-from tests.conftest import build, write_step
 from tests.support import slime as ss
+from tests.support.samples import build, write_step
 from tests.support.slime_cases import CASES
 
 
@@ -124,7 +124,7 @@ def test_read_rank_is_slimes_dict_on_random_cases(slime: Any, tmp_path: Path, se
 def test_a_rank_shipped_alone_keeps_slimes_columns(tmp_path: Path) -> None:
     """What one rank's writer is shipped (`RankRows.for_rank`, the Ray rank writers) writes
     the same rows and columns as the whole batch, `source_names` included."""
-    from tests.conftest import plan
+    from tests.support.samples import plan
 
     rows, settings = CASES["extras_round_raw_source"]
     write_step(tmp_path / "in", copy.deepcopy(rows))

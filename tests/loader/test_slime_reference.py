@@ -68,7 +68,7 @@ def _random_case(seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     small ids, repeated rewards, and a random layout (some that slime refuses)."""
     import random
 
-    from tests.conftest import sample
+    from tests.support.samples import sample
     from tests.support.slime_cases import DENSE
 
     rng = random.Random(seed)

@@ -18,8 +18,8 @@ from rollout_shards_loader.verl import read_rank
 from pipeline.errors import StepError
 from pipeline.io.discovery import find_sources
 from pipeline.io.formats.verl import read_verl_dump
-from tests.conftest import build
 from tests.loader.test_verl_read_rank import assert_same
+from tests.support.samples import build
 from tests.support.verl import DUMP_SETTINGS as SETTINGS
 from tests.support.verl import dump_rows, trainer_ranks, write_dump
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from rollout_shards_loader.verl import read_rank
 
-from tests.conftest import build, write_step
+from tests.support.samples import build, write_step
 from tests.support.verl import case_rows, trainer_ranks, verl_modules
 
 # every dp x n pair; balance, std normalization, full-length rows, log probs and the pad id

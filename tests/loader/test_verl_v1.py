@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import build, write_step
+from tests.support.samples import build, write_step
 from tests.support.verl import case_rows, verl_modules
 
 HOOK = "rollout_shards_loader.verl_v1.StepAgentLoopManager"

@@ -20,7 +20,6 @@ from pipeline.orchestration import stage_reports as stages
 from pipeline.orchestration.partitions import rollout_steps, step_of
 from pipeline.orchestration.reporting import FAILURE_TAG, STEP_KEEPS_EVERY_RULE
 from pipeline.step.readers import spill
-from tests.conftest import dead_pid, only_refused
 from tests.support.dagster_roots import (
     CHECKS,
     EMBEDDED_KEYS,
@@ -32,6 +31,7 @@ from tests.support.dagster_roots import (
     run_checks,
     step_failure,
 )
+from tests.support.samples import dead_pid, only_refused
 
 BLOCKING_CHECKS = {
     STEP_KEEPS_EVERY_RULE,

@@ -31,7 +31,6 @@ from pipeline.orchestration.compute import (
 from pipeline.orchestration.pipes_worker import WORKER_FILE, failure_message, reported_failure
 from pipeline.orchestration.ray_jobs import dashboard_url
 from pipeline.orchestration.reporting import FAILURE_TAG
-from tests.conftest import only_refused
 from tests.support.dagster_roots import (
     STAND_IN,
     Roots,
@@ -44,6 +43,7 @@ from tests.support.dagster_roots import (
     stand_in_run,
     step_failure,
 )
+from tests.support.samples import only_refused
 
 # pipeline.orchestration.compute silences these two warnings of Dagster's own Pipes code, but pytest
 # drops the filters a module sets while it is collected.

@@ -25,8 +25,8 @@ from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.settings import Settings
 from pipeline.step.build import StepJob, build_step
-from tests.conftest import generated_step
 from tests.support.ray_head import start_timeout
+from tests.support.samples import generated_step
 
 HERE = Path(__file__).resolve().parent
 # balance_data: each rank's rows lie in every share, out of batch order

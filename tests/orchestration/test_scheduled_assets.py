@@ -8,8 +8,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.conftest import sample, write_step
-from tests.core.test_cli import cli
+from tests.support.cli import cli
+from tests.support.samples import sample, write_step
 
 
 def shards(out: Path, step: int = 1) -> tuple[list[pl.DataFrame], dict]:

@@ -123,7 +123,7 @@ def refuse_step(tmp_path: Path, out: Path, step: int = 2) -> Path:
     import pytest
 
     from pipeline.errors import StepError
-    from tests.conftest import build, sample, write_step
+    from tests.support.samples import build, sample, write_step
 
     rows = [sample(i, reward=float("nan") if i == 1 else 1.0) for i in range(4)]
     write_step(tmp_path / f"bad-{step}", rows, step=step)

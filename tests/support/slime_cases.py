@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.conftest import sample
+from tests.support.samples import sample
 
 Rows = list[dict[str, Any]]
 
