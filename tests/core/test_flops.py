@@ -21,24 +21,7 @@ from pipeline.trainers.miles.schedule import rollout_schedule
 from pipeline.transforms.flops import forward_flops, miles_model_shape
 from tests import reference
 from tests.support import miles as ms
-
-# What Megatron's parser leaves in miles' args for a model flag not given
-# (megatron/training/arguments.py: `_add_mla_args`, the MoE group, TransformerConfig's
-# argparse defaults), and what its `validate_args` derives.
-MEGATRON_PARSER: dict[str, Any] = {
-    "num_query_groups": 1,
-    "kv_channels": None,
-    "num_experts": None,
-    "moe_router_topk": 2,
-    "moe_ffn_hidden_size": None,
-    "moe_layer_freq": 1,
-    "moe_shared_expert_intermediate_size": None,
-    "q_lora_rank": None,
-    "kv_lora_rank": 32,
-    "qk_head_dim": 128,
-    "qk_pos_emb_head_dim": 64,
-    "v_head_dim": 128,
-}
+from tests.support.miles import MEGATRON_PARSER, megatron_args
 
 DENSE = {
     "num_layers": 4,
@@ -74,16 +57,6 @@ MODELS: dict[str, dict[str, Any]] = {
     },
     "no_rope_dims": {**DENSE, "qk_pos_emb_head_dim": 0, "v_head_dim": 0},
 }
-
-
-def megatron_args(model: dict[str, Any], **other: Any) -> ms.Args:
-    """miles' args for these model flags, as Megatron's parser and `validate_args` fill them."""
-    values = {**MEGATRON_PARSER, **model}
-    if values["kv_channels"] is None:
-        values["kv_channels"] = values["hidden_size"] // values["num_attention_heads"]
-    if values["num_experts"] is not None and values["moe_ffn_hidden_size"] is None:
-        values["moe_ffn_hidden_size"] = values["ffn_hidden_size"]
-    return ms.Args(**{**values, **other})
 
 
 @pytest.fixture(scope="module")

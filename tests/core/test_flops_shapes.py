@@ -26,8 +26,8 @@ from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
 from pipeline.step.readers.memory import load_samples
 from pipeline.transforms.samples import light_frame
-from tests.core.test_flops import MEGATRON_PARSER, megatron_args
 from tests.support import miles as ms
+from tests.support.miles import MEGATRON_PARSER, megatron_args
 from tests.support.samples import build, sample, write_step
 
 SHAPE_FLAGS = (*MEGATRON_PARSER, "num_layers", "hidden_size", "ffn_hidden_size")

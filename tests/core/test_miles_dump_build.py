@@ -7,8 +7,8 @@ from pathlib import Path
 
 import polars as pl
 
-from tests.core.test_miles_dump import leaf_descriptor, sample_dict, write_dump
 from tests.support.cli import cli
+from tests.support.miles_dump import leaf_descriptor, sample_dict, write_dump
 
 
 def v2_dump(root: Path) -> Path:

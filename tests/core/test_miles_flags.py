@@ -13,7 +13,7 @@ from pipeline.errors import StepError, UsageError
 from pipeline.io.formats.miles import read_miles_dump
 from pipeline.settings import load_settings
 from pipeline.trainers.miles.flags import parse_layer_pattern
-from tests.core.test_miles_dump import sample_dict, write_dump
+from tests.support.miles_dump import sample_dict, write_dump
 from tests.support.samples import build, sample, write_step
 
 SCHEDULED = {

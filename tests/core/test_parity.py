@@ -237,7 +237,7 @@ def test_identical_inputs_in_other_formats(
 
 
 def test_miles_dumps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.core.test_miles_dump import sample_dict, write_dump
+    from tests.support.miles_dump import sample_dict, write_dump
 
     samples = [sample_dict(index=i, reward=float(i)) for i in range(3)]
     write_dump(tmp_path / "a" / "rollout_data" / "2.pt", 2, samples)
