@@ -21,8 +21,9 @@ from rollout_shards_loader import _hook as hook_internals
 from rollout_shards_loader import miles as hook
 
 from pipeline.settings import load_settings
-from tests.loader.test_read_rank import WORKED, _read_rows, _rows_with_extras
 from tests.support import miles as ms
+from tests.support.loader import WORKED, read_rows, rows_with_extras
+from tests.support.miles_hook import NoAllReduce, both_paths
 from tests.support.samples import REPO, build, sample, write_step
 
 
@@ -91,7 +92,7 @@ CASES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
         },
     ),
     "two_steps_per_rank_extras": (
-        _rows_with_extras(16),
+        rows_with_extras(16),
         {"global_batch_size": 4, "dp_size": 2, "micro_batch_size": 2},
     ),
 }
@@ -217,64 +218,15 @@ def _embedded_cases() -> dict[str, tuple[Path, dict[str, Any]]]:
     }
 
 
-def _delayed_refs(miles: Any, args: Any, rows: list[dict[str, Any]], config: dict) -> Any:
-    """miles' rollout manager under `--delay-split-train-data-by-dp`: the converted batch
-    goes whole into the store; each rank's `process_rollout_data` splits it."""
-    miles.object_store._INSTANCE = ms.memory_store(miles)
-    data, metadata = miles.postprocess.postprocess_rollout_data(
-        args, ms.samples(miles, rows), config
-    )
-    train_data = miles.conversion.convert_samples_to_train_data(
-        args,
-        data,
-        metadata=metadata,
-        custom_convert_samples_to_train_data_func=None,
-        custom_reward_post_process_func=None,
-    )
-    return miles.object_store._INSTANCE.put(train_data)
-
-
-def _both_paths(
-    miles: Any, rows: list[dict[str, Any]], chosen: dict[str, Any], out: Path, rollout_id: int
-) -> None:
-    settings = load_settings(**chosen).to_dict()
-    args = ms.miles_args(settings)
-    config = ms.train_parallel_config(settings)
-    if settings["delay_split_train_data_by_dp"]:
-        refs = _delayed_refs(miles, args, rows, config)
-    else:
-        refs = ms.rollout_side(miles, args, rows, config)
-    actor, seen = ms.trainer(miles, args)
-    dp = settings["dp_size"]
-    for rank in range(dp):  # miles' own path: train() on the rollout side's refs
-        ms.set_rank(miles, rank, settings)
-        actor.train(rollout_id, refs)
-    hook.install(out)
-    for rank in range(dp):  # the hook: the same train() reads the step folder
-        ms.set_rank(miles, rank, settings)
-        actor.train(rollout_id, refs)
-    assert len(seen) == 2 * dp
-    for rank in range(dp):
-        own, shards = seen[rank], seen[dp + rank]
-        assert list(shards) == list(own)
-        for key in own:
-            assert ms.comparable(shards[key]) == ms.comparable(own[key]), (rank, key)
-        ms.set_rank(miles, rank, settings)
-        own_batches = ms.micro_batches(miles, args, own)
-        shard_batches = ms.micro_batches(miles, args, shards)
-        assert len(own_batches) > 1  # at least one micro-batch trained
-        assert ms.comparable(shard_batches) == ms.comparable(own_batches), rank
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_hook_feeds_train_what_miles_own_conversion_does(
     miles: Any, case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rows, chosen = CASES[case]
-    monkeypatch.setattr(miles.data, "GeneralPGUtil", _NoAllReduce)
+    monkeypatch.setattr(miles.data, "GeneralPGUtil", NoAllReduce)
     write_step(tmp_path / "in", rows, step=3)
     build(tmp_path / "in", tmp_path / "out", **chosen)
-    _both_paths(miles, rows, chosen, tmp_path / "out", rollout_id=3)
+    both_paths(miles, rows, chosen, tmp_path / "out", rollout_id=3)
 
 
 @pytest.mark.parametrize("name", sorted(_embedded_cases()))
@@ -284,19 +236,7 @@ def test_embedded_data_steps(miles: Any, name: str, tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     (shutil.copytree if source.is_dir() else shutil.copy)(source, tmp_path / "in" / source.name)
     build(tmp_path / "in", tmp_path / "out", **chosen)
-    _both_paths(miles, _read_rows(source), chosen, tmp_path / "out", rollout_id=step)
-
-
-class _NoAllReduce:
-    """One process plays every rank, so the DP-wide max of the micro-batch counts is each
-    rank's own (the same on both paths)."""
-
-    @staticmethod
-    def create(group: Any) -> Any:
-        return _NoAllReduce()
-
-    def all_reduce(self, tensor: Any, group: Any, op: Any = None) -> None:
-        return None
+    both_paths(miles, read_rows(source), chosen, tmp_path / "out", rollout_id=step)
 
 
 def test_head_gets_the_pair_and_enters_its_handle(miles: Any, tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ import pytest
 
 from pipeline.errors import StepError
 from pipeline.settings import load_settings
-from tests.loader.test_miles_head import _both_paths, _NoAllReduce
 from tests.support import miles as ms
+from tests.support.miles_hook import NoAllReduce, both_paths
 from tests.support.samples import build, sample, write_step
 
 SETTINGS = {"global_batch_size": 4, "dp_size": 2}
@@ -52,14 +52,14 @@ def masked(i: int, response: int, **fields: Any) -> dict[str, Any]:
 def test_sampling_masks_reach_train_as_from_miles(
     miles: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(miles.data, "GeneralPGUtil", _NoAllReduce)
+    monkeypatch.setattr(miles.data, "GeneralPGUtil", NoAllReduce)
     rows = [masked(i, response=1 + i % 4) for i in range(8)]
     write_step(tmp_path / "in", rows, step=2)
     manifest = build(tmp_path / "in", tmp_path / "out", **SETTINGS)
     assert {"rollout_sampling_mask_ids", "rollout_sampling_mask_offsets"} <= set(
         manifest["present_columns"]
     )
-    _both_paths(miles, rows, SETTINGS, tmp_path / "out", rollout_id=2)
+    both_paths(miles, rows, SETTINGS, tmp_path / "out", rollout_id=2)
 
 
 def _miles_refuses(miles: Any, rows: list[dict[str, Any]]) -> None:

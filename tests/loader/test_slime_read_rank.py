@@ -15,7 +15,7 @@ from rollout_shards_loader import slime as slime_loader
 
 from tests.support import slime as ss
 from tests.support.samples import build, write_step
-from tests.support.slime_cases import CASES
+from tests.support.slime_cases import CASES, random_case
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -105,9 +105,8 @@ def test_read_rank_is_slimes_dict_on_random_cases(slime: Any, tmp_path: Path, se
     """Drawn cases (tests/loader/test_slime_reference.py): where slime's code builds the
     dicts, each rank read back equals them; where it asserts, the build refuses the step."""
     from pipeline.errors import StepError
-    from tests.loader.test_slime_reference import _random_case
 
-    rows, settings = _random_case(seed)
+    rows, settings = random_case(seed)
     write_step(tmp_path / "in", copy.deepcopy(rows))
     try:
         theirs = ss.rank_dicts(slime, settings, copy.deepcopy(rows))

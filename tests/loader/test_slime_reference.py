@@ -11,7 +11,7 @@ import pytest
 
 from tests import reference
 from tests.support import slime as ss
-from tests.support.slime_cases import CASES
+from tests.support.slime_cases import CASES, random_case
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -63,59 +63,9 @@ def test_flops_are_slimes(slime: Any, shape: dict[str, Any]) -> None:
     assert max(theirs) > 2**53
 
 
-def _random_case(seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Rows and settings drawn from a seed: groups of varied sizes, multi-leaf calls with
-    small ids, repeated rewards, and a random layout (some that slime refuses)."""
-    import random
-
-    from tests.support.samples import sample
-    from tests.support.slime_cases import DENSE
-
-    rng = random.Random(seed)
-    rows: list[dict[str, Any]] = []
-    index = 0
-    for group in range(rng.randint(2, 6)):
-        for _ in range(rng.randint(1, 4)):
-            leaves = rng.choice([1, 1, 1, 2, 3])
-            rollout_id = rng.choice([0, 1, 2, 5]) + 10 * index if leaves > 1 else None
-            reward = rng.choice([0.0, 0.5, 1.0, 0.9, 0.1])
-            for leaf in range(leaves):
-                rows.append(
-                    sample(
-                        index,
-                        leaf,
-                        group_index=group,
-                        rollout_id=rollout_id,
-                        session_version="v2" if leaves > 1 else None,
-                        reward=reward if leaf == 0 or rng.random() < 0.7 else 0.25,
-                        response_length=rng.randint(0, 9),
-                    )
-                )
-            index += 1
-    dp = rng.choice([1, 2, 4])
-    settings: dict[str, Any] = {
-        "dp_size": dp,
-        "global_batch_size": dp * rng.randint(1, 3),
-        "rollout_batch_size": rng.randint(1, 6),
-        "n_samples_per_prompt": rng.choice([1, 2, 3]),
-        "advantage_estimator": rng.choice(["grpo", "gspo", "ppo", "reinforce_plus_plus_baseline"]),
-        "micro_batch_size": rng.choice([1, 2]),
-        **DENSE,
-    }
-    if rng.random() < 0.5:
-        settings |= {"use_dynamic_batch_size": True, "max_tokens_per_gpu": rng.randint(4, 30)}
-        settings["balance_by_flops"] = rng.random() < 0.3
-    settings["balance_data"] = rng.random() < 0.4
-    if rng.random() < 0.3:
-        settings |= {"vpp_size": 2, "microbatch_group_size_per_vp_stage": 2}
-    if rng.random() < 0.3:
-        settings["cp_size"] = 2
-    return rows, settings
-
-
 @pytest.mark.parametrize("seed", range(40))
 def test_reference_is_slime_on_random_cases(slime: Any, seed: int) -> None:
-    rows, settings = _random_case(seed)
+    rows, settings = random_case(seed)
     try:
         theirs = [ss.canonical(d) for d in ss.rank_dicts(slime, settings, copy.deepcopy(rows))]
     except AssertionError:

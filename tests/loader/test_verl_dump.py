@@ -18,10 +18,9 @@ from rollout_shards_loader.verl import read_rank
 from pipeline.errors import StepError
 from pipeline.io.discovery import find_sources
 from pipeline.io.formats.verl import read_verl_dump
-from tests.loader.test_verl_read_rank import assert_same
 from tests.support.samples import build
 from tests.support.verl import DUMP_SETTINGS as SETTINGS
-from tests.support.verl import dump_rows, trainer_ranks, write_dump
+from tests.support.verl import assert_same, dump_rows, trainer_ranks, write_dump
 
 
 @pytest.mark.parametrize(("uid", "log_probs"), [(True, True), (False, False)])

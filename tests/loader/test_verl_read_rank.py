@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from rollout_shards_loader.verl import read_rank
 
 from tests.support.samples import build, write_step
-from tests.support.verl import case_rows, trainer_ranks, verl_modules
+from tests.support.verl import assert_same, case_rows, trainer_ranks, verl_modules
 
 # every dp x n pair; balance, std normalization, full-length rows, log probs and the pad id
 # take both values across them, and the last pair runs all four balance x std combinations
@@ -62,20 +61,6 @@ def verl_settings(case: dict[str, Any], groups: int) -> dict[str, Any]:
         "balance_batch": case["balance"],
         "norm_adv_by_std_in_grpo": case["std"],
     }
-
-
-def assert_same(got: Any, want: Any) -> None:
-    assert list(got.batch.keys()) == list(want.batch.keys())
-    for key in want.batch.keys():
-        a, b = got.batch[key], want.batch[key]
-        assert a.dtype == b.dtype and a.shape == b.shape, key
-        assert torch.equal(a, b), key
-        assert a.numpy().tobytes() == b.contiguous().numpy().tobytes(), key  # -0.0 too
-    assert list(got.non_tensor_batch) == ["uid"]
-    uid = got.non_tensor_batch["uid"]
-    assert uid.dtype == object and all(type(u) is str for u in uid)
-    assert uid.tolist() == want.non_tensor_batch["uid"].tolist()
-    assert got.meta_info == {"global_token_num": want.meta_info["global_token_num"]}
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)

@@ -140,7 +140,7 @@ def test_every_task_runs_on_a_worker_node(
 def test_every_trainer_profile_across_the_cluster(
     cluster: ray_cluster.RayCluster, tmp_path: Path, trainer: str
 ) -> None:
-    from tests.core.test_shares import TRAINERS
+    from tests.support.samples import TRAINERS
 
     inputs = generated_step(tmp_path / "in", non_compact=True)
     settings = TRAINERS[trainer]

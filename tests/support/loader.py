@@ -6,9 +6,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
 from tests.reference import micro_batch_runs, miles_rank_dict, reference_build
+from tests.support.samples import sample
+
+# The packages of a miles environment the loader is installed into (test_install and
+# test_light_install).
+MILES_PINS = ["polars==1.42.1", "numpy", "pyarrow"]
 
 
 def rewrite_manifest(folder: Path, manifest: dict[str, Any], seal: bool = True) -> None:
@@ -131,3 +137,80 @@ def refuse_step(tmp_path: Path, out: Path, step: int = 2) -> Path:
         build(tmp_path / f"bad-{step}", out, global_batch_size=2, dp_size=2)
     assert (out / "_refused" / f"step={step}.json").is_file()
     return out / f"step={step}"
+
+
+def rows_with_extras(n: int) -> list[dict[str, Any]]:
+    return [
+        sample(
+            i,
+            reward=float(i % 3) * 0.7,
+            group_index=i // 4,
+            response_length=1 + i % 3,
+            rollout_log_probs=[-0.1 * (k + 1) for k in range(1 + i % 3)],
+            round_number=i // 5,
+            weight_versions=["v1"] if i % 2 else None,
+            train_metadata=json.dumps({"i": i}),
+            status="truncated" if i % 4 == 3 else "completed",
+        )
+        for i in range(n)
+    ]
+
+
+WORKED = {
+    # trimmed steps: rows in prompt groups of two the trims keep whole (SEMANTICS 5.4)
+    "dynamic_13_rows_dp4": (
+        [sample(i, group_index=i // 2, reward=float(i)) for i in range(13)],
+        {"global_batch_size": 4, "dp_size": 4, "use_dynamic_global_batch_size": True},
+    ),
+    "trim_11_to_8": (
+        [sample(i, group_index=i // 2, reward=float(i)) for i in range(11)],
+        {"global_batch_size": 4},
+    ),
+    "trim_disabled_11_untrained": (
+        [sample(i) for i in range(11)],
+        {"global_batch_size": 4, "disable_rollout_trim_samples": True},
+    ),
+    "masks": (
+        [
+            sample(0, response_length=5),
+            sample(1, response_length=3, remove_sample=True),
+            sample(2, response_length=4, loss_mask=[1, 0, 1, 0]),
+        ],
+        {"global_batch_size": 1},
+    ),
+    "rewards_groups_std": (
+        [
+            sample(i, reward=r, group_index=g)
+            for i, (r, g) in enumerate([(0, 0), (0, 1), (2, 0), (4, 1)])
+        ],
+        {"global_batch_size": 2, "dp_size": 2},
+    ),
+    "compact_mask_sums": (
+        [
+            sample(0, 0, session_version="v2", rollout_id=0, response_length=2),
+            sample(0, 1, session_version="v2", rollout_id=0, response_length=3),
+            sample(1, session_version="v2", response_length=4),
+            sample(2, session_version="v2"),
+        ],
+        {"global_batch_size": 2, "dp_size": 2},
+    ),
+    "optional_columns": (rows_with_extras(12), {"global_batch_size": 4, "dp_size": 2}),
+    "ppo": (
+        [sample(i, reward=0.25 * i) for i in range(4)],
+        {"global_batch_size": 2, "advantage_estimator": "ppo"},
+    ),
+}
+
+
+def read_rows(source: Path) -> list[dict[str, Any]]:
+    """Input rows read the plain way, independent of the pipeline's readers."""
+    files = sorted(source.iterdir()) if source.is_dir() else [source]
+    rows: list[dict[str, Any]] = []
+    for path in files:
+        if path.suffix == ".jsonl":
+            rows += [json.loads(line) for line in path.read_text().splitlines() if line]
+        elif path.suffix == ".parquet":
+            rows += pq.read_table(path).to_pylist()
+        else:
+            rows += feather.read_table(path).to_pylist()
+    return rows

@@ -118,3 +118,25 @@ def generated_step(folder: Path, samples: int = 3000, non_compact: bool = False)
     folder.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, folder / "step=0.parquet")
     return folder
+
+
+# Each trainer's profile on a step without rollout ids (verl's groups are whole prompts).
+TRAINERS: dict[str, dict[str, Any]] = {
+    "miles": {"global_batch_size": 64, "dp_size": 4},
+    "slime": {
+        "trainer": "slime",
+        "global_batch_size": 64,
+        "dp_size": 4,
+        "rollout_batch_size": 8,
+        "n_samples_per_prompt": 8,
+    },
+    "verl": {
+        "trainer": "verl",
+        "dp_size": 2,
+        "rollout_n": 8,
+        "train_batch_size": 375,
+        "max_prompt_length": 4096,
+        "max_response_length": 8192,
+        "pad_token_id": 0,
+    },
+}

@@ -5,6 +5,7 @@ settings, named as slime's flags."""
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 from tests.support.samples import sample
@@ -281,3 +282,48 @@ CASES: dict[str, tuple[Rows, dict[str, Any]]] = {
         {**BASE, "global_batch_size": 8, "dp_size": 2},
     ),
 }
+
+
+def random_case(seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows and settings drawn from a seed: groups of varied sizes, multi-leaf calls with
+    small ids, repeated rewards, and a random layout (some that slime refuses)."""
+    rng = random.Random(seed)
+    rows: list[dict[str, Any]] = []
+    index = 0
+    for group in range(rng.randint(2, 6)):
+        for _ in range(rng.randint(1, 4)):
+            leaves = rng.choice([1, 1, 1, 2, 3])
+            rollout_id = rng.choice([0, 1, 2, 5]) + 10 * index if leaves > 1 else None
+            reward = rng.choice([0.0, 0.5, 1.0, 0.9, 0.1])
+            for leaf in range(leaves):
+                rows.append(
+                    sample(
+                        index,
+                        leaf,
+                        group_index=group,
+                        rollout_id=rollout_id,
+                        session_version="v2" if leaves > 1 else None,
+                        reward=reward if leaf == 0 or rng.random() < 0.7 else 0.25,
+                        response_length=rng.randint(0, 9),
+                    )
+                )
+            index += 1
+    dp = rng.choice([1, 2, 4])
+    settings: dict[str, Any] = {
+        "dp_size": dp,
+        "global_batch_size": dp * rng.randint(1, 3),
+        "rollout_batch_size": rng.randint(1, 6),
+        "n_samples_per_prompt": rng.choice([1, 2, 3]),
+        "advantage_estimator": rng.choice(["grpo", "gspo", "ppo", "reinforce_plus_plus_baseline"]),
+        "micro_batch_size": rng.choice([1, 2]),
+        **DENSE,
+    }
+    if rng.random() < 0.5:
+        settings |= {"use_dynamic_batch_size": True, "max_tokens_per_gpu": rng.randint(4, 30)}
+        settings["balance_by_flops"] = rng.random() < 0.3
+    settings["balance_data"] = rng.random() < 0.4
+    if rng.random() < 0.3:
+        settings |= {"vpp_size": 2, "microbatch_group_size_per_vp_stage": 2}
+    if rng.random() < 0.3:
+        settings["cp_size"] = 2
+    return rows, settings

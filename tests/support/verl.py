@@ -334,3 +334,20 @@ def write_dump(
     gen.save_to_disk(step_dir / "gen_batch.dp")
     (step_dir / "meta.json").write_text(json.dumps({"global_steps": step}))
     return folder / "GBS3_N4_in6_out7"
+
+
+def assert_same(got: Any, want: Any) -> None:
+    """Two verl DataProtos alike: every batch tensor by dtype, shape and bytes; the uids."""
+    import torch
+
+    assert list(got.batch.keys()) == list(want.batch.keys())
+    for key in want.batch.keys():
+        a, b = got.batch[key], want.batch[key]
+        assert a.dtype == b.dtype and a.shape == b.shape, key
+        assert torch.equal(a, b), key
+        assert a.numpy().tobytes() == b.contiguous().numpy().tobytes(), key  # -0.0 too
+    assert list(got.non_tensor_batch) == ["uid"]
+    uid = got.non_tensor_batch["uid"]
+    assert uid.dtype == object and all(type(u) is str for u in uid)
+    assert uid.tolist() == want.non_tensor_batch["uid"].tolist()
+    assert got.meta_info == {"global_token_num": want.meta_info["global_token_num"]}
