@@ -6,7 +6,7 @@ methods, raises at the first `train()`.
 
 The actor here is a stand-in with miles' module path, class name and call shape
 (written by the test, no miles code): what is under test is Ray's loading, which miles'
-own code does not take part in (tests/loader/test_miles_head.py runs miles' code)."""
+own code does not take part in (tests/trainers/miles/test_miles_head.py runs miles' code)."""
 
 from __future__ import annotations
 

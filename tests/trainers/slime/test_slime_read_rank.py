@@ -86,7 +86,7 @@ def test_read_rank_without_torch_is_one_line(tmp_path: Path) -> None:
         "except ImportError as error:\n"
         "    print(repr(error))\n"
     )
-    loader = str(Path(__file__).resolve().parents[2] / "loader")
+    loader = str(Path(__file__).resolve().parents[3] / "loader")
     run = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "no-step")],
         capture_output=True,
@@ -102,7 +102,7 @@ def test_read_rank_without_torch_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_read_rank_is_slimes_dict_on_random_cases(slime: Any, tmp_path: Path, seed: int) -> None:
-    """Drawn cases (tests/loader/test_slime_reference.py): where slime's code builds the
+    """Drawn cases (tests/trainers/slime/test_slime_reference.py): where slime's code builds the
     dicts, each rank read back equals them; where it asserts, the build refuses the step."""
     from pipeline.errors import StepError
 
