@@ -25,15 +25,9 @@ import dataclasses
 import importlib
 import importlib.abc
 import importlib.machinery
-import inspect
-import io
 import json
-import os
-import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 import types
 import zipfile
 from argparse import Namespace
@@ -42,6 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.peer_source import (
+    SourceMissing,
+    StubFinder,
+    no_compile,
+    source,
+)
 
 URL = "https://github.com/radixark/miles"
 PIN = "31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
@@ -52,34 +53,6 @@ SAMPLING_MASK_PIN = "301be963391856ede8e93a3222395be9be89e70b"
 SOURCE_ENV = "MILES_SOURCE"
 RELEASE = "miles-rl==0.0.2"
 REAL = {"miles", "torch", "numpy", "typing_extensions", "pyarrow", "rollout_shards_loader"}
-
-
-class SourceMissing(RuntimeError):
-    """Neither MILES_SOURCE nor a clone of miles' public repository is available."""
-
-
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rollout-shards"
-
-
-def _git(*args: str) -> bytes:
-    done = subprocess.run(["git", *args], capture_output=True, check=False)
-    if done.returncode:
-        message = done.stderr.decode(errors="replace").strip().splitlines()
-        raise SourceMissing(message[-1] if message else f"git {args[0]} failed")
-    return done.stdout
-
-
-def _published(partial: Path, out: Path) -> Path:
-    """`partial` renamed to `out`, unless another process published `out` first."""
-    try:
-        partial.rename(out)
-    except OSError:
-        if not (out / "miles" / "__init__.py").is_file():
-            raise
-        shutil.rmtree(partial, ignore_errors=True)
-    return out
 
 
 def head_source(cache: Path | None = None, commit: str = PIN) -> Path:
@@ -96,54 +69,7 @@ def head_source(cache: Path | None = None, commit: str = PIN) -> Path:
 def miles_source(commit: str = PIN) -> Path:
     """A folder holding the `miles/` package of miles at `commit` (40 hex digits);
     SourceMissing without one."""
-    given = os.environ.get(SOURCE_ENV)
-    if given:
-        origin = Path(given)
-        is_git = (origin / "HEAD").is_file() or (origin / ".git").exists()
-        if not is_git and (origin / "miles" / "__init__.py").is_file():
-            if commit != PIN:
-                raise SourceMissing(
-                    f"{SOURCE_ENV}={given} is a folder without git history, and this test "
-                    f"needs miles at {commit}: point {SOURCE_ENV} at a git checkout of {URL}"
-                )
-            return origin
-        if not is_git:
-            raise SourceMissing(
-                f"{SOURCE_ENV}={given} is neither a checkout of {URL} nor its git directory"
-            )
-        git_dir = origin / ".git" if (origin / ".git").is_dir() else origin
-        out = cache_root() / f"miles-src-{commit}"
-        if (out / "miles" / "__init__.py").is_file():
-            return out
-        try:
-            archive = _git(f"--git-dir={git_dir}", "archive", commit, "miles")
-        except SourceMissing as exc:
-            raise SourceMissing(
-                f"{SOURCE_ENV}={given} has no miles commit {commit}: {exc}"
-            ) from None
-        partial = Path(tempfile.mkdtemp(prefix=out.name, dir=_made(out.parent)))
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(partial, filter="data")
-        return _published(partial, out)
-    out = cache_root() / f"miles-{commit}"
-    if (out / "miles" / "__init__.py").is_file():
-        return out
-    partial = Path(tempfile.mkdtemp(prefix=out.name, dir=_made(out.parent)))
-    try:
-        _git("clone", "-q", "--no-checkout", URL, str(partial))
-        _git("-C", str(partial), "checkout", "-q", commit)
-    except SourceMissing as exc:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise SourceMissing(
-            f"no miles source: set {SOURCE_ENV} to a checkout of {URL} at {commit} "
-            f"(git clone {URL} failed: {exc})"
-        ) from None
-    return _published(partial, out)
-
-
-def _made(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    return source("miles", URL, PIN, SOURCE_ENV, commit)
 
 
 def release_source(cache: Path) -> Path:
@@ -163,122 +89,6 @@ def release_source(cache: Path) -> Path:
     return out
 
 
-# --- stand-ins for third-party packages ------------------------------------------------
-
-
-def _decorated(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    return (
-        len(args) == 1 and not kwargs and (inspect.isfunction(args[0]) or inspect.isclass(args[0]))
-    )
-
-
-class _StubMeta(type):
-    def __getattr__(cls, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return stub_class(f"{cls.__name__}.{name}")
-
-    def __getitem__(cls, item: Any) -> Any:
-        return cls
-
-    def __iter__(cls) -> Iterator[Any]:
-        return iter(())
-
-    def __or__(cls, other: Any) -> Any:
-        return cls
-
-    def __ror__(cls, other: Any) -> Any:
-        return cls
-
-
-class _Stub(metaclass=_StubMeta):
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        # a decorator (`@ray.remote`, `@torch_memory_saver.x`): hand back what it decorates
-        if _decorated(args, kwargs):
-            return args[0]
-        return super().__new__(cls)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return stub_class(f"{type(self).__name__}.{name}")()
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _decorated(args, kwargs):
-            return args[0]
-        return type(self)()
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(())
-
-
-def stub_class(name: str) -> type:
-    return _StubMeta(name, (_Stub,), {})
-
-
-class _StubModule(types.ModuleType):
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        value = stub_class(f"{self.__name__}.{name}")
-        setattr(self, name, value)
-        return value
-
-
-class _StubLoader(importlib.abc.Loader):
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        module = _StubModule(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        pass
-
-
-def _imported_by_miles() -> bool:
-    frame = sys._getframe(2)
-    while frame is not None:
-        name = frame.f_globals.get("__name__", "")
-        if not name.startswith(("importlib", "_frozen_importlib")) and name != __name__:
-            return (
-                name == "miles"
-                or name.startswith("miles.")
-                or isinstance(sys.modules.get(name), _StubModule)
-            )
-        frame = frame.f_back
-    return False
-
-
-class _StubFinder(importlib.abc.MetaPathFinder):
-    """Stands in for every non-standard package that miles' modules import."""
-
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
-        top = fullname.partition(".")[0]
-        if top in REAL or top in sys.stdlib_module_names:
-            return None
-        parent = sys.modules.get(fullname.rpartition(".")[0])
-        if not (isinstance(parent, _StubModule) or _imported_by_miles()):
-            return None
-        self.names.add(fullname)
-        return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
-
-
-def _no_compile(model: Any = None, **options: Any) -> Any:
-    return model if model is not None else (lambda function: function)
-
-
 @contextlib.contextmanager
 def miles_modules(source: Path) -> Iterator[types.SimpleNamespace]:
     """miles' trainer-side modules from `source`, imported with stand-ins; everything
@@ -286,12 +96,12 @@ def miles_modules(source: Path) -> Iterator[types.SimpleNamespace]:
     import torch
 
     before = set(sys.modules)
-    finder = _StubFinder()
+    finder = StubFinder("miles", REAL, __name__)
     sys.meta_path.insert(0, finder)
     sys.path.insert(0, str(source))
     saved = (torch.cuda.current_device, torch.Tensor.cuda, torch.cuda.synchronize, torch.compile)
     # miles compiles a few kernels when imported; compiling is no part of the data path
-    torch.compile = _no_compile  # type: ignore[assignment]
+    torch.compile = no_compile  # type: ignore[assignment]
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]

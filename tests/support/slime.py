@@ -23,26 +23,16 @@ import copy
 import importlib
 import importlib.abc
 import importlib.machinery
-import io
-import os
-import shutil
 import sys
-import tarfile
 import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.support.miles import (
-    Args,
-    SourceMissing,
-    _git,
-    _no_compile,
-    _StubLoader,
-    _StubModule,
-    cache_root,
-)
+from tests.support.miles import Args
 from tests.support.miles import samples as miles_samples
+from tests.support.peer_source import SourceMissing as SourceMissing
+from tests.support.peer_source import StubFinder, no_compile, source
 
 URL = "https://github.com/THUDM/slime"
 PIN = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
@@ -53,91 +43,12 @@ REAL = {"slime", "torch", "numpy", "typing_extensions", "pyarrow", "rollout_shar
 SET_ASIDE = {"ray", "sglang", "megatron", "transformers", "wandb", "verl", "tensordict"}
 
 
-def _from_git_dir(git_dir: Path, out: Path) -> Path:
-    if not (out / "slime" / "__init__.py").is_file():
-        archive = _git(f"--git-dir={git_dir}", "archive", PIN, "slime")
-        partial = out.with_name(f"{out.name}.partial-{os.getpid()}")
-        partial.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(partial, filter="data")
-        try:
-            partial.rename(out)
-        except OSError:
-            shutil.rmtree(partial)  # another process extracted it first
-    return out
-
-
 def slime_source() -> Path:
-    """A folder holding slime's `slime/` package at PIN."""
-    given = os.environ.get(SOURCE_ENV)
-    if given:
-        origin = Path(given)
-        if (origin / "slime" / "__init__.py").is_file():
-            return origin
-        if (origin / "HEAD").is_file() or (origin / ".git").exists():
-            git_dir = origin / ".git" if (origin / ".git").is_dir() else origin
-            try:
-                return _from_git_dir(git_dir, cache_root() / f"slime-src-{PIN}")
-            except SourceMissing as exc:
-                raise SourceMissing(
-                    f"{SOURCE_ENV}={given} has no slime commit {PIN}: {exc}"
-                ) from None
-        raise SourceMissing(
-            f"{SOURCE_ENV}={given} is neither a checkout of THUDM/slime nor its git directory"
-        )
-    out = cache_root() / f"slime-{PIN}"
-    if (out / "slime" / "__init__.py").is_file():
-        return out
-    # a clone of its own per process (test workers may clone at once), renamed into place
-    partial = out.with_name(f"{out.name}.partial-{os.getpid()}")
-    try:
-        if partial.exists():
-            shutil.rmtree(partial)
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        _git("clone", "-q", "--no-checkout", URL, str(partial))
-        _git("-C", str(partial), "checkout", "-q", PIN)
-        try:
-            partial.rename(out)
-        except OSError:
-            if not (out / "slime" / "__init__.py").is_file():
-                raise
-            shutil.rmtree(partial)  # another process put its clone there first
-    except (SourceMissing, OSError) as exc:
-        raise SourceMissing(
-            f"no slime source: set {SOURCE_ENV} to a checkout of {URL} at {PIN} "
-            f"(git clone {URL} failed: {exc})"
-        ) from None
-    return out
+    """A folder holding slime's `slime/` package at PIN; SourceMissing without one."""
+    return source("slime", URL, PIN, SOURCE_ENV, PIN)
 
 
 # --- slime's modules with stand-ins -----------------------------------------------------
-
-
-def _imported_by_slime() -> bool:
-    frame = sys._getframe(2)
-    while frame is not None:
-        name = frame.f_globals.get("__name__", "")
-        if not name.startswith(("importlib", "_frozen_importlib")) and name != __name__:
-            return (
-                name == "slime"
-                or name.startswith("slime.")
-                or isinstance(sys.modules.get(name), _StubModule)
-            )
-        frame = frame.f_back
-    return False
-
-
-class _StubFinder(importlib.abc.MetaPathFinder):
-    """Stands in for every non-standard package that slime's modules import."""
-
-    def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
-        top = fullname.partition(".")[0]
-        if top in REAL or top in sys.stdlib_module_names:
-            return None
-        parent = sys.modules.get(fullname.rpartition(".")[0])
-        if not (isinstance(parent, _StubModule) or _imported_by_slime()):
-            return None
-        return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
 
 
 MODULES = {
@@ -167,11 +78,11 @@ def slime_modules(source: Path) -> Iterator[types.SimpleNamespace]:
         if name.partition(".")[0] in SET_ASIDE
     }
     before = set(sys.modules)
-    finder = _StubFinder()
+    finder = StubFinder("slime", REAL, __name__)
     sys.meta_path.insert(0, finder)
     sys.path.insert(0, str(source))
     saved = (torch.cuda.current_device, torch.Tensor.cuda, torch.cuda.synchronize, torch.compile)
-    torch.compile = _no_compile  # type: ignore[assignment]
+    torch.compile = no_compile  # type: ignore[assignment]
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.support.miles import _StubLoader, _StubModule
+from tests.support.peer_source import StubLoader, StubModule
 
 VERSION = "0.9.1"
 INSTALL = f"pip install --no-deps verl=={VERSION} (the project's `verl` extra; docs/verl.md)"
@@ -56,12 +56,12 @@ MODULES = {
 }
 
 
-class _VersionedStub(_StubModule):
+class _VersionedStub(StubModule):
     # verl compares some packages' versions at import (megatron.core)
     __version__ = "0.0.0"
 
 
-class _Loader(_StubLoader):
+class _Loader(StubLoader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         module = _VersionedStub(spec.name)
         module.__path__ = []
