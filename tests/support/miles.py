@@ -39,9 +39,8 @@ import pytest
 
 from tests.support.peer_source import (
     SourceMissing,
-    StubFinder,
-    no_compile,
     source,
+    stand_ins,
 )
 
 URL = "https://github.com/radixark/miles"
@@ -93,19 +92,7 @@ def release_source(cache: Path) -> Path:
 def miles_modules(source: Path) -> Iterator[types.SimpleNamespace]:
     """miles' trainer-side modules from `source`, imported with stand-ins; everything
     imported (and CUDA pointed at the CPU) is undone on exit."""
-    import torch
-
-    before = set(sys.modules)
-    finder = StubFinder("miles", REAL, __name__)
-    sys.meta_path.insert(0, finder)
-    sys.path.insert(0, str(source))
-    saved = (torch.cuda.current_device, torch.Tensor.cuda, torch.cuda.synchronize, torch.compile)
-    # miles compiles a few kernels when imported; compiling is no part of the data path
-    torch.compile = no_compile  # type: ignore[assignment]
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
-    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
-    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
-    try:
+    with stand_ins("miles", REAL, __name__, source):
         names = {
             "actor": "miles.backends.megatron_utils.actor",
             "data": "miles.backends.training_utils.data",
@@ -123,12 +110,6 @@ def miles_modules(source: Path) -> Iterator[types.SimpleNamespace]:
             if (source / Path(*name.split("."))).with_suffix(".py").is_file():
                 loaded[key] = importlib.import_module(name)
         yield types.SimpleNamespace(**loaded)
-    finally:
-        torch.cuda.current_device, torch.Tensor.cuda, torch.cuda.synchronize, torch.compile = saved
-        sys.meta_path.remove(finder)
-        sys.path.remove(str(source))
-        for name in set(sys.modules) - before:
-            del sys.modules[name]
 
 
 # --- miles' own path: rows -> Samples -> the rollout side's shards -> the trainer -------

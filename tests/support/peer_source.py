@@ -5,6 +5,7 @@ SOURCE_ENV (tests/peer_sources.py reads them there) and what its modules are."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -230,3 +231,29 @@ class StubFinder(importlib.abc.MetaPathFinder):
 
 def no_compile(model: Any = None, **options: Any) -> Any:
     return model if model is not None else (lambda function: function)
+
+
+@contextlib.contextmanager
+def stand_ins(package: str, real: set[str], owner: str, source: Path) -> Iterator[None]:
+    """`package` importable from `source`, every other package it imports (but `real`)
+    a stand-in, CUDA pointed at the CPU and torch.compile a no-op (compiling is no part of
+    the data path); everything imported meanwhile is forgotten on exit."""
+    import torch
+
+    before = set(sys.modules)
+    finder = StubFinder(package, real, owner)
+    sys.meta_path.insert(0, finder)
+    sys.path.insert(0, str(source))
+    saved = (torch.cuda.current_device, torch.Tensor.cuda, torch.cuda.synchronize, torch.compile)
+    torch.compile = no_compile  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
+    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.cuda.current_device, torch.Tensor.cuda, torch.cuda.synchronize, torch.compile = saved
+        sys.meta_path.remove(finder)
+        sys.path.remove(str(source))
+        for name in set(sys.modules) - before:
+            del sys.modules[name]

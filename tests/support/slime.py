@@ -32,7 +32,7 @@ from typing import Any
 from tests.support.miles import Args
 from tests.support.miles import samples as miles_samples
 from tests.support.peer_source import SourceMissing as SourceMissing
-from tests.support.peer_source import StubFinder, no_compile, source
+from tests.support.peer_source import source, stand_ins
 
 URL = "https://github.com/THUDM/slime"
 PIN = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
@@ -68,8 +68,6 @@ MODULES = {
 def slime_modules(source: Path) -> Iterator[types.SimpleNamespace]:
     """slime's rollout and trainer modules from `source`, imported with stand-ins; all of
     it (and CUDA pointed at the CPU) undone on exit."""
-    import torch
-
     # Packages another test of this process imported for real (Ray, by the verl and the
     # Ray tests) would be taken instead of stand-ins: set aside while slime's modules load.
     real = {
@@ -77,24 +75,11 @@ def slime_modules(source: Path) -> Iterator[types.SimpleNamespace]:
         for name in list(sys.modules)
         if name.partition(".")[0] in SET_ASIDE
     }
-    before = set(sys.modules)
-    finder = StubFinder("slime", REAL, __name__)
-    sys.meta_path.insert(0, finder)
-    sys.path.insert(0, str(source))
-    saved = (torch.cuda.current_device, torch.Tensor.cuda, torch.cuda.synchronize, torch.compile)
-    torch.compile = no_compile  # type: ignore[assignment]
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
-    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
-    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
     try:
-        loaded = {key: importlib.import_module(name) for key, name in MODULES.items()}
-        yield types.SimpleNamespace(**loaded)
+        with stand_ins("slime", REAL, __name__, source):
+            loaded = {key: importlib.import_module(name) for key, name in MODULES.items()}
+            yield types.SimpleNamespace(**loaded)
     finally:
-        torch.cuda.current_device, torch.Tensor.cuda, torch.cuda.synchronize, torch.compile = saved
-        sys.meta_path.remove(finder)
-        sys.path.remove(str(source))
-        for name in set(sys.modules) - before:
-            del sys.modules[name]
         sys.modules.update(real)
 
 
