@@ -21,7 +21,7 @@ from pipeline.trainers.miles.schedule import rollout_schedule
 from pipeline.transforms.flops import forward_flops, miles_model_shape
 from tests import reference
 from tests.support import miles as ms
-from tests.support.miles import MEGATRON_PARSER, megatron_args
+from tests.support.miles import MEGATRON_PARSER, megatron_args, miles_layout
 
 DENSE = {
     "num_layers": 4,
@@ -102,23 +102,6 @@ def test_plain_projections_without_lora(miles: Any, name: str) -> None:
     args = megatron_args(model, kv_lora_rank=None, q_lora_rank=None)
     expected = [flops_utils.calculate_fwd_flops([n], args) for n in LENGTHS]
     assert _bits(forward_flops(np.array(LENGTHS), plain)) == _bits(expected)
-
-
-def miles_layout(result: tuple[Any, ...], dp: int) -> dict[str, Any]:
-    """build_dp_schedule's result per rank: rows in order, each row's train step and
-    micro-batch within it."""
-    partitions, micro_batch_indices, num_microbatches, num_rollouts = result
-    ranks = []
-    for rank in range(dp):
-        steps, micro = [], []
-        batches = iter(micro_batch_indices[rank])
-        for step, count in enumerate(num_microbatches):
-            for m in range(count):
-                for _ in next(batches):
-                    steps.append(step)
-                    micro.append(m)
-        ranks.append((list(partitions[rank]), steps, micro))
-    return {"ranks": ranks, "num_rollouts": num_rollouts, "num_microbatches": num_microbatches}
 
 
 def our_layout(keys: list[int], lengths: list[int], values: dict[str, Any]) -> dict[str, Any]:

@@ -405,3 +405,20 @@ def megatron_args(model: dict[str, Any], **other: Any) -> Args:
     if values["num_experts"] is not None and values["moe_ffn_hidden_size"] is None:
         values["moe_ffn_hidden_size"] = values["ffn_hidden_size"]
     return Args(**{**values, **other})
+
+
+def miles_layout(result: tuple[Any, ...], dp: int) -> dict[str, Any]:
+    """build_dp_schedule's result per rank: rows in order, each row's train step and
+    micro-batch within it."""
+    partitions, micro_batch_indices, num_microbatches, num_rollouts = result
+    ranks = []
+    for rank in range(dp):
+        steps, micro = [], []
+        batches = iter(micro_batch_indices[rank])
+        for step, count in enumerate(num_microbatches):
+            for m in range(count):
+                for _ in next(batches):
+                    steps.append(step)
+                    micro.append(m)
+        ranks.append((list(partitions[rank]), steps, micro))
+    return {"ranks": ranks, "num_rollouts": num_rollouts, "num_microbatches": num_microbatches}

@@ -101,18 +101,7 @@ def miles_schedule(miles: Any, rows: list[dict[str, Any]], values: dict[str, Any
         )
     except (AssertionError, ValueError):
         return "refused"
-    partitions, micro_batch_indices, num_microbatches, num_rollouts = result
-    ranks = []
-    for rank in range(values["dp_size"]):
-        steps, micro = [], []
-        batches = iter(micro_batch_indices[rank])
-        for step, count in enumerate(num_microbatches):
-            for m in range(count):
-                for _ in next(batches):
-                    steps.append(step)
-                    micro.append(m)
-        ranks.append((list(partitions[rank]), steps, micro))
-    return {"ranks": ranks, "num_rollouts": num_rollouts, "num_microbatches": num_microbatches}
+    return ms.miles_layout(result, values["dp_size"])
 
 
 def our_schedule(rows: list[dict[str, Any]], values: dict[str, Any], root: Path) -> Any:
