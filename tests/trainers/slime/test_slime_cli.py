@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,22 @@ def test_cli_build_is_slimes_dict(slime: Any, tmp_path: Path, name: str) -> None
     assert [ss.canonical(d) for d in ours] == [ss.canonical(d) for d in theirs]
 
 
+def _build_four_rows(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`build --trainer slime --global-batch-size 2 EXTRA` of a step of four rows."""
+    write_step(tmp_path / "in", [sample(i) for i in range(4)])
+    return cli(
+        "build",
+        tmp_path / "in",
+        "--out",
+        tmp_path / "out",
+        "--trainer",
+        "slime",
+        "--global-batch-size",
+        "2",
+        *extra,
+    )
+
+
 @pytest.mark.parametrize(
     ("extra", "named"),
     [
@@ -61,37 +78,14 @@ def test_cli_build_is_slimes_dict(slime: Any, tmp_path: Path, name: str) -> None
 def test_settings_slime_does_not_take_are_usage_errors(
     tmp_path: Path, extra: list[str], named: str
 ) -> None:
-    write_step(tmp_path / "in", [sample(i) for i in range(4)])
-    done = cli(
-        "build",
-        tmp_path / "in",
-        "--out",
-        tmp_path / "out",
-        "--trainer",
-        "slime",
-        "--global-batch-size",
-        "2",
-        "--rollout-batch-size",
-        "4",
-        *extra,
-    )
+    done = _build_four_rows(tmp_path, "--rollout-batch-size", "4", *extra)
     assert done.returncode == 2, done.stderr
     assert named in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_slime_needs_its_rollout_batch_size(tmp_path: Path) -> None:
-    write_step(tmp_path / "in", [sample(i) for i in range(4)])
-    done = cli(
-        "build",
-        tmp_path / "in",
-        "--out",
-        tmp_path / "out",
-        "--trainer",
-        "slime",
-        "--global-batch-size",
-        "2",
-    )
+    done = _build_four_rows(tmp_path)
     assert done.returncode == 2
     assert "rollout_batch_size" in done.stderr
 
