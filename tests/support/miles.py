@@ -359,12 +359,15 @@ def micro_batches(
     return out
 
 
-def comparable(value: Any) -> Any:
-    """A value with tensors as (dtype, shape, values), floats by their bits, types kept."""
+def comparable(value: Any, inner: Any = None) -> Any:
+    """A value with tensors as (dtype, shape, values), floats by their bits, types kept;
+    what it holds made comparable by `inner` (this function unless given)."""
     import torch
 
+    inner = inner or comparable
+
     if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.dtype), tuple(value.shape), comparable(value.tolist()))
+        return ("tensor", str(value.dtype), tuple(value.shape), inner(value.tolist()))
     if isinstance(value, bool):
         return ("bool", value)
     if isinstance(value, float):
@@ -372,9 +375,9 @@ def comparable(value: Any) -> Any:
     if isinstance(value, int):
         return ("int", value)
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, [comparable(v) for v in value])
+        return (type(value).__name__, [inner(v) for v in value])
     if isinstance(value, dict):
-        return ("dict", [(k, comparable(v)) for k, v in value.items()])
+        return ("dict", [(k, inner(v)) for k, v in value.items()])
     return (type(value).__name__, repr(value))
 
 

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.support.miles import Args
+from tests.support.miles import Args, comparable
 from tests.support.miles import samples as miles_samples
 from tests.support.peer_source import SourceMissing as SourceMissing
 from tests.support.peer_source import source, stand_ins
@@ -222,26 +222,12 @@ def rank_dicts(
 def canonical(value: Any) -> Any:
     """A value with its types kept and floats by their bits; a torch tensor and the
     reference's `SlimeTensor` both as ("tensor", dtype, values)."""
-    import torch
-
     from tests.reference import SlimeTensor
 
-    if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.dtype), tuple(value.shape), canonical(value.tolist()))
     if isinstance(value, SlimeTensor):
         dtype, values = value
         return ("tensor", dtype, (len(values),), canonical(values))
-    if isinstance(value, bool):
-        return ("bool", value)
-    if isinstance(value, float):
-        return ("float", value.hex())
-    if isinstance(value, int):
-        return ("int", value)
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, [canonical(v) for v in value])
-    if isinstance(value, dict):
-        return ("dict", [(k, canonical(v)) for k, v in value.items()])
-    return (type(value).__name__, repr(value))
+    return comparable(value, canonical)
 
 
 def save_dump(m: types.SimpleNamespace, rows: list[dict[str, Any]], path: Path, step: int) -> None:
