@@ -6,7 +6,7 @@ INPUT ?= data/rollouts
 OUTPUT ?= data/shards
 # torch only writes the tests' miles .pt fixtures (reading dumps needs no torch); this pin is the CPU build this machine carries.
 TORCH ?= torch==2.13.0
-# The verl release the verl tests run (tests/loader/verl_support.py), installed without its
+# The verl release the verl tests run (tests/support/verl.py), installed without its
 # requirements: they would bring transformers (which asks for an older huggingface-hub
 # than the one installed), peft, accelerate, wandb and more that the tests never import; the
 # few its trainer-side modules import come with the `verl` extra.
@@ -25,6 +25,10 @@ UI_PORT ?= 3000
 # of $(VENV) through a .pth file.
 POLARS1 ?= polars==1.42.1
 POLARS1_VENV := .venv-polars1
+# What that pass runs: the core, and the trainer tests of code that reads tables with Polars.
+POLARS1_TESTS := tests/core tests/trainers/miles/test_miles_dump.py \
+	tests/trainers/miles/test_miles_dump_build.py tests/trainers/miles/test_miles_flags.py \
+	tests/trainers/miles/test_staleness.py
 # pytest workers; each takes whole test files, so a module's fixtures (a Ray head, dagster dev) start once.
 TEST_WORKERS ?= 2
 FORCE ?=
@@ -152,8 +156,8 @@ test: peers install lint browser $(DAGSTER_HOME)/dagster.yaml $(POLARS1_VENV)/.i
 	echo "ROLLOUT_SHARDS_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15"; \
 	ROLLOUT_SHARDS_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 || main=$$?; \
 	version=$$($(POLARS1_VENV)/bin/python -c 'import polars; print("Polars", polars.__version__)'); \
-	echo "make: tests/core again on $$version"; \
-	$(POLARS1_VENV)/bin/python -m pytest tests/core -n $(TEST_WORKERS) --dist loadfile || polars1=$$?; \
+	echo "make: tests/core and the miles dump tests again on $$version"; \
+	$(POLARS1_VENV)/bin/python -m pytest $(POLARS1_TESTS) -n $(TEST_WORKERS) --dist loadfile || polars1=$$?; \
 	if [ $$main -ne 0 ] || [ $$polars1 -ne 0 ]; then \
 		echo "make: test failed: the tests $$([ $$main -eq 0 ] && echo passed || echo "failed (pytest status $$main)"), tests/core on $$version $$([ $$polars1 -eq 0 ] && echo passed || echo "failed (pytest status $$polars1)")" >&2; \
 		exit 1; \

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def miles_sample(index: int, rng: random.Random, mean_response: int) -> dict[str, Any]:
     """A `Sample.to_dict()` of miles (the tests' `sample_dict`) with plausible sizes."""
-    from tests.core.test_miles_dump import sample_dict
+    from tests.support.miles_dump import sample_dict
 
     prompt = rng.randint(200, 800)
     response = max(1, int(rng.expovariate(1 / mean_response)))

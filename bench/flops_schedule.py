@@ -80,7 +80,7 @@ def _miles_schedule(keys: np.ndarray, lengths: np.ndarray, s: BenchSettings, mod
     import importlib
     import tempfile
 
-    from tests.loader import miles_support as ms
+    from tests.support import miles as ms
 
     cache = Path(tempfile.gettempdir()) / "rollout-shards-bench-miles"
     with ms.miles_modules(ms.head_source(cache)):

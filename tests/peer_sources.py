@@ -1,7 +1,7 @@
 """Can the tests get miles' and slime's source? `make test` asks first, in about a second.
 
-The trainer tests run miles' and slime's own code at pinned commits (tests/loader/
-miles_support.py, slime_support.py): from MILES_SOURCE / SLIME_SOURCE, else from a clone
+The trainer tests run miles' and slime's own code at pinned commits (tests/support/
+miles.py, slime.py): from MILES_SOURCE / SLIME_SOURCE, else from a clone
 already in the user's cache, else by cloning the public repositories. Without any of these
 every such test would fail on the same missing clone, after minutes of the rest; this script
 says so in one line before anything is installed or run. Standard library only (it runs
@@ -23,8 +23,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SUPPORT = {
-    "miles": HERE / "loader" / "miles_support.py",
-    "slime": HERE / "loader" / "slime_support.py",
+    "miles": HERE / "support" / "miles.py",
+    "slime": HERE / "support" / "slime.py",
 }
 # git ls-remote of a reachable repository answers in well under a second; an address that
 # drops packets would otherwise hold make for git's own minutes-long timeouts

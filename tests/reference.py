@@ -12,7 +12,7 @@ rollout-side schedule (SEMANTICS 7), the rollout-id schema rule, quarantine.
 
 The last section is slime's conversion (docs/slime.md), whole: positional rewards,
 the rollout-id fill, slime's schedule with its FLOPs estimate, and each rank's dict
-(`slime_rank_dicts`), which tests/loader/test_slime_reference.py compares with slime's own
+(`slime_rank_dicts`), which tests/trainers/slime/test_slime_reference.py compares with slime's own
 code.
 """
 

@@ -34,8 +34,8 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.errors import printable
-from tests.conftest import REPO
 from tests.core.bad_inputs.generate import ARGS, HOST, STEP, cases, generate
+from tests.support.samples import REPO
 
 GENERATOR = Path(__file__).with_name("bad_inputs") / "generate.py"
 NAMES = [case.name for case in cases()]

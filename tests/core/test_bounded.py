@@ -23,7 +23,7 @@ from pipeline.settings import Settings
 from pipeline.step.build import build_step
 from pipeline.step.readers import spill
 from pipeline.step.readers.memory import MemoryReader
-from tests.conftest import generated_step
+from tests.support.samples import generated_step
 
 # A few KiB per part: every generated step comes in many parts.
 SMALL_PARTS = 64 << 10

@@ -11,7 +11,7 @@ from pipeline import commands
 from pipeline.cli import main
 from pipeline.progress import Progress
 from pipeline.step import build
-from tests.conftest import only_refused, sample, write_step
+from tests.support.samples import only_refused, sample, write_step
 
 ARGS = ["--global-batch-size", "2"]
 

@@ -18,7 +18,7 @@ from pipeline.errors import StepError
 from pipeline.io import load
 from pipeline.io.checksums import input_digest, sha256_of
 from pipeline.io.discovery import SourceFile
-from tests.conftest import REPO, sample, table
+from tests.support.samples import REPO, sample, table
 
 
 def _digest(data: bytes) -> str:

@@ -2,36 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, only_refused, sample, write_step
+from tests.support.cli import cli, digests
+from tests.support.samples import REPO, only_refused, sample, write_step
 
 DATA = REPO / "data" / "rollouts"
-
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
-
-
-def digests(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.parent.name != ".locks"
-    }
 
 
 def test_build_embedded_data_writes_every_step(tmp_path: Path) -> None:
@@ -209,7 +189,7 @@ def test_step_folder_of_several_files_keeps_file_then_row_order(tmp_path: Path) 
 
 
 def test_untrained_rows_warn_once_per_step_from_build_and_validate(tmp_path: Path) -> None:
-    from tests.conftest import sample, write_step
+    from tests.support.samples import sample, write_step
 
     write_step(tmp_path / "in", [sample(i, reward=float(i % 2)) for i in range(10)])
     flags = ["--global-batch-size", "4", "--dp-size", "2", "--disable-rollout-trim-samples"]
@@ -233,7 +213,7 @@ def test_untrained_rows_warn_once_per_step_from_build_and_validate(tmp_path: Pat
 
 
 def test_a_step_the_trainer_would_not_train_at_all_is_refused(tmp_path: Path) -> None:
-    from tests.conftest import sample, write_step
+    from tests.support.samples import sample, write_step
 
     write_step(tmp_path / "in", [sample(i, reward=float(i % 2)) for i in range(3)])
     flags = ["--global-batch-size", "8", "--dp-size", "2", "--disable-rollout-trim-samples"]
@@ -252,7 +232,7 @@ def test_a_step_the_trainer_would_not_train_at_all_is_refused(tmp_path: Path) ->
 def test_warnings_go_to_stderr_with_the_prefix_and_the_summary_counts_in_singular(
     tmp_path: Path,
 ) -> None:
-    from tests.conftest import sample, write_step
+    from tests.support.samples import sample, write_step
 
     write_step(tmp_path / "in", [sample(i, reward=1.0) for i in range(2)])
     run = cli("build", tmp_path / "in", "--out", tmp_path / "out", "--global-batch-size", "2")
@@ -281,7 +261,7 @@ def test_global_batch_size_not_divisible_by_dp_size_exits_2(tmp_path: Path) -> N
 def test_validate_checks_rows_without_settings_and_names_what_would_check_the_rest(
     tmp_path: Path,
 ) -> None:
-    from tests.conftest import sample, write_step
+    from tests.support.samples import sample, write_step
 
     write_step(tmp_path / "in", [sample(i) for i in range(3)] + [sample(0)])  # a repeated row
     run = cli("validate", tmp_path / "in")

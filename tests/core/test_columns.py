@@ -15,7 +15,7 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.schemas.rules import ROWS, TABLE
-from tests.conftest import REPO
+from tests.support.samples import REPO
 
 LOADER = REPO / "loader" / "rollout_shards_loader" / "miles.py"
 CONTRACT = REPO / "docs" / "contract.md"
@@ -183,7 +183,7 @@ from pipeline.io.load import group_steps
 from pipeline.settings import Settings
 from pipeline.step.build import build_step
 from pipeline.step.write import dataset_card
-from tests.conftest import sample, write_step
+from tests.support.samples import sample, write_step
 
 out = Path(sys.argv[1])
 rows = [sample(i, reward=float(i % 2), reasoning_tokens=i) for i in range(8)]

@@ -20,7 +20,7 @@ from pipeline.step import stages
 from pipeline.step.build import build_step
 from pipeline.step.readers.memory import MemoryReader
 from pipeline.step.roots import StepRoots
-from tests.conftest import sample, write_step
+from tests.support.samples import sample, write_step
 
 SETTINGS = Settings(global_batch_size=2)
 

@@ -28,7 +28,7 @@ import pytest
 from pipeline.io import writer
 from pipeline.manifest import MANIFEST
 from pipeline.step.write import BUILD_ID, DATASET_CARD, dataset_card
-from tests.conftest import REPO, dead_pid
+from tests.support.samples import REPO, dead_pid
 
 ROWS = 80_000  # about one second of build on a laptop core, most of it after start-up
 SETTINGS = ["--global-batch-size", "64", "--dp-size", "4"]

@@ -15,7 +15,7 @@ import yaml
 
 from pipeline import columns as c
 from pipeline.step.write import BUILD_ID, DATASET_CARD, dataset_card
-from tests.conftest import build, sample, write_step
+from tests.support.samples import build, sample, write_step
 
 
 def _two_steps(tmp_path: Path) -> tuple[Path, dict[int, dict]]:

@@ -19,8 +19,9 @@ import torch
 from pipeline.errors import StepError
 from pipeline.io.formats.miles import read_miles_dump
 from pipeline.io.formats.unpickle import read_torch_save as _load_payload
-from tests.core.test_cli import REPO, digests
-from tests.core.test_miles_dump import sample_dict, write_dump
+from tests.support.cli import digests
+from tests.support.miles_dump import sample_dict, write_dump
+from tests.support.samples import REPO
 
 DTYPES = [torch.int64, torch.int32, torch.float32, torch.bool, torch.float64, torch.int8]
 

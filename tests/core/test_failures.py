@@ -20,7 +20,7 @@ from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
 from pipeline.step import write
 from pipeline.step.freshness import current_manifest
-from tests.conftest import only_refused, sample, write_step
+from tests.support.samples import only_refused, sample, write_step
 
 GBS = ["--global-batch-size", "2"]
 

@@ -1,4 +1,4 @@
-"""balance_by_flops against miles' own code on CPU (tests/loader/miles_support.py): each
+"""balance_by_flops against miles' own code on CPU (tests/support/miles.py): each
 row's FLOPs against `calculate_fwd_flops([length], args)` bit for bit, and the rollout-side
 schedule against `build_dp_schedule` (row order, train step and micro-batch of every row
 of every rank, the micro-batch and rollout counts) over dense, GQA, MoE and MLA models,
@@ -20,25 +20,8 @@ from pipeline.settings import load_settings
 from pipeline.trainers.miles.schedule import rollout_schedule
 from pipeline.transforms.flops import forward_flops, miles_model_shape
 from tests import reference
-from tests.loader import miles_support as ms
-
-# What Megatron's parser leaves in miles' args for a model flag not given
-# (megatron/training/arguments.py: `_add_mla_args`, the MoE group, TransformerConfig's
-# argparse defaults), and what its `validate_args` derives.
-MEGATRON_PARSER: dict[str, Any] = {
-    "num_query_groups": 1,
-    "kv_channels": None,
-    "num_experts": None,
-    "moe_router_topk": 2,
-    "moe_ffn_hidden_size": None,
-    "moe_layer_freq": 1,
-    "moe_shared_expert_intermediate_size": None,
-    "q_lora_rank": None,
-    "kv_lora_rank": 32,
-    "qk_head_dim": 128,
-    "qk_pos_emb_head_dim": 64,
-    "v_head_dim": 128,
-}
+from tests.support import miles as ms
+from tests.support.miles import MEGATRON_PARSER, megatron_args, miles_layout
 
 DENSE = {
     "num_layers": 4,
@@ -74,16 +57,6 @@ MODELS: dict[str, dict[str, Any]] = {
     },
     "no_rope_dims": {**DENSE, "qk_pos_emb_head_dim": 0, "v_head_dim": 0},
 }
-
-
-def megatron_args(model: dict[str, Any], **other: Any) -> ms.Args:
-    """miles' args for these model flags, as Megatron's parser and `validate_args` fill them."""
-    values = {**MEGATRON_PARSER, **model}
-    if values["kv_channels"] is None:
-        values["kv_channels"] = values["hidden_size"] // values["num_attention_heads"]
-    if values["num_experts"] is not None and values["moe_ffn_hidden_size"] is None:
-        values["moe_ffn_hidden_size"] = values["ffn_hidden_size"]
-    return ms.Args(**{**values, **other})
 
 
 @pytest.fixture(scope="module")
@@ -129,23 +102,6 @@ def test_plain_projections_without_lora(miles: Any, name: str) -> None:
     args = megatron_args(model, kv_lora_rank=None, q_lora_rank=None)
     expected = [flops_utils.calculate_fwd_flops([n], args) for n in LENGTHS]
     assert _bits(forward_flops(np.array(LENGTHS), plain)) == _bits(expected)
-
-
-def miles_layout(result: tuple[Any, ...], dp: int) -> dict[str, Any]:
-    """build_dp_schedule's result per rank: rows in order, each row's train step and
-    micro-batch within it."""
-    partitions, micro_batch_indices, num_microbatches, num_rollouts = result
-    ranks = []
-    for rank in range(dp):
-        steps, micro = [], []
-        batches = iter(micro_batch_indices[rank])
-        for step, count in enumerate(num_microbatches):
-            for m in range(count):
-                for _ in next(batches):
-                    steps.append(step)
-                    micro.append(m)
-        ranks.append((list(partitions[rank]), steps, micro))
-    return {"ranks": ranks, "num_rollouts": num_rollouts, "num_microbatches": num_microbatches}
 
 
 def our_layout(keys: list[int], lengths: list[int], values: dict[str, Any]) -> dict[str, Any]:

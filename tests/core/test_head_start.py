@@ -15,7 +15,7 @@ from pipeline.cli import main
 from pipeline.io import discovery
 from pipeline.io.load import read_file
 from pipeline.speed import TABLE_SUFFIXES, HeadStart, Identity
-from tests.conftest import sample, write_step
+from tests.support.samples import sample, write_step
 
 
 def _sha256(path: Path) -> str:

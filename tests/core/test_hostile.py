@@ -26,7 +26,7 @@ from pipeline.step.build import build_step
 from pipeline.trainers.miles.flags import parse_layer_pattern
 from pipeline.trainers.miles.settings import MODEL_SHAPE
 from pipeline.transforms.flops import forward_flops, miles_model_shape
-from tests.conftest import REPO, generated_step, sample, write_step
+from tests.support.samples import REPO, generated_step, sample, write_step
 
 PROG = "rollout-shards"
 INT64_MAX = (1 << 63) - 1

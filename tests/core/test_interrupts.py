@@ -20,7 +20,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, generated_step
+from tests.support.samples import REPO, generated_step
 
 # The program, with `module.function`'s `call`-th call sending SIGINT to the process first;
 # parts of 64 KiB; the shares reader routed in for every step as `--ray` would route it.

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from pipeline.sample_data import write_sample_data
-from tests.conftest import sample, write_step
+from tests.support.samples import sample, write_step
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "pipeline"

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.schemas.validate import QUARANTINE_HINT
-from tests.conftest import sample, write_step
+from tests.support.samples import sample, write_step
 
 
 def _stderr(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, list[str]]:

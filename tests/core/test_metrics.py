@@ -20,7 +20,6 @@ from pipeline.errors import StepError
 from pipeline.manifest import Manifest
 from pipeline.step.build import alarm_lines
 from pipeline.transforms.metrics import rollout_metrics
-from tests.conftest import build, plan, sample, write_step
 from tests.reference import (
     compute_statistics,
     effective_response_length,
@@ -28,6 +27,7 @@ from tests.reference import (
     get_reward_value,
     reference_metrics,
 )
+from tests.support.samples import build, plan, sample, write_step
 
 REWARDS = [0.0, 1.0, 0.5, 0.25, 0.35, -0.35, 0.7, 1e-9]
 VERSIONS = [[], ["3"], ["4"], ["3", "4"], ["w3"], ["w3", "w4"], ["12", "9"]]

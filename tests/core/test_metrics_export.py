@@ -17,7 +17,7 @@ from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
 
 from pipeline import metrics_export as export
-from tests.conftest import REPO, build, sample, write_step
+from tests.support.samples import REPO, build, sample, write_step
 
 ROLLOUT_STEP = "rollout/step"
 

@@ -17,7 +17,7 @@ import pytest
 from pipeline import columns as c
 from pipeline.cli import main
 from pipeline.parity.compare import compare_frames
-from tests.conftest import REPO, build, sample, write_step
+from tests.support.samples import REPO, build, sample, write_step
 
 SETTINGS = {"global_batch_size": 4, "dp_size": 2, "rewards_normalization": False}
 
@@ -237,7 +237,7 @@ def test_identical_inputs_in_other_formats(
 
 
 def test_miles_dumps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.core.test_miles_dump import sample_dict, write_dump
+    from tests.support.miles_dump import sample_dict, write_dump
 
     samples = [sample_dict(index=i, reward=float(i)) for i in range(3)]
     write_dump(tmp_path / "a" / "rollout_data" / "2.pt", 2, samples)

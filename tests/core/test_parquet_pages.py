@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.io.writer import PARQUET_OPTIONS
-from tests.core.parquet_pages import decoded, decoded_digest
+from tests.support.parquet_pages import decoded, decoded_digest
 
 LISTS = [[1, 2, 3], [], [4], None, [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]] * 300
 

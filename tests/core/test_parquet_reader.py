@@ -11,7 +11,7 @@ import pytest
 from pipeline.errors import StepError
 from pipeline.io import parquet
 from pipeline.io.load import read_table
-from tests.conftest import generated_step
+from tests.support.samples import generated_step
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from pipeline import planner
 from pipeline.cli import GRID_SETTINGS, grid_argvs, main, parser
 from pipeline.transforms.flops import forward_flops, miles_model_shape
 from pipeline.transforms.metrics import RANK_TOKENS_MAX_OVER_MEAN
-from tests.conftest import generated_step, write_step
-from tests.loader.verl_support import case_rows
+from tests.support.samples import generated_step, write_step
+from tests.support.verl import case_rows
 
 SHAPE = {
     "num_layers": 4,
@@ -221,7 +221,7 @@ def test_the_table_marks_the_best_layout_and_names_refused_ones(
 def test_a_bad_step_is_one_line_and_status_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.conftest import sample
+    from tests.support.samples import sample
 
     rows = [sample(i, reward=float("nan") if i == 2 else 0.0) for i in range(4)]
     write_step(tmp_path / "in", rows)

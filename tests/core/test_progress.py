@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.progress import Progress
-from tests.conftest import REPO
+from tests.support.samples import REPO
 
 
 class Terminal(io.StringIO):

@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 
 from pipeline.errors import StepError
-from tests.conftest import build, only_refused, plan, write_step
-from tests.conftest import sample as one_row
+from tests.support.samples import build, only_refused, plan, write_step
+from tests.support.samples import sample as one_row
 
 V2 = {"session_version": "v2"}
 Q = {"on_invalid": "quarantine", "global_batch_size": 2}

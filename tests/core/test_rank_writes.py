@@ -24,7 +24,7 @@ from pipeline.step.plan import plan_batch
 from pipeline.step.readers.memory import load_samples
 from pipeline.step.roots import StepRoots
 from pipeline.step.write import write_shards
-from tests.conftest import generated_step
+from tests.support.samples import generated_step
 
 REPO = Path(__file__).resolve().parents[2]
 

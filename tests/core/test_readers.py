@@ -12,7 +12,7 @@ from pipeline.errors import StepError
 from pipeline.io import jsonl
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps, load_step
-from tests.conftest import sample, table, write_step
+from tests.support.samples import sample, table, write_step
 
 
 def test_steps_from_file_names_folders_and_the_step_column(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
@@ -18,7 +17,8 @@ import pytest
 
 from pipeline.errors import StepError
 from pipeline.step.refused import record_path
-from tests.conftest import REPO, build, sample, write_step
+from tests.support.cli import cli
+from tests.support.samples import REPO, build, sample, write_step
 
 RULE_LINE = "rule reward_finite: reward must be a finite number on every row; rows (index, leaf)"
 
@@ -94,14 +94,7 @@ def test_the_root_read_as_a_dataset_ignores_refused_records(tmp_path: Path) -> N
 
 
 def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    return cli(*args, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
 
 
 def test_validate_and_metrics_of_the_output_root_show_refused_steps(tmp_path: Path) -> None:

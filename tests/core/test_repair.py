@@ -15,7 +15,7 @@ from pipeline import columns as c
 from pipeline.errors import StepError
 from pipeline.schemas.validate import QUARANTINE_HINT, REPAIR_HINT
 from pipeline.transforms.repair import CLEARED, STAMPED, repair_rollout_ids
-from tests.conftest import build, only_refused, ranks, sample, table, write_step
+from tests.support.samples import build, only_refused, ranks, sample, table, write_step
 
 V1 = {"session_version": "v1"}
 V2 = {"session_version": "v2"}

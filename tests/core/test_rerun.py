@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,19 +15,14 @@ from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
 from pipeline.step.build import build_step
 from pipeline.step.freshness import current_manifest
-from tests.conftest import REPO, sample, write_step
+from tests.support.cli import cli
+from tests.support.samples import REPO, sample, write_step
 
 GBS = ["--global-batch-size", "2"]
 
 
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "build", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
+def build_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return cli("build", *args)
 
 
 def identity(folder: Path) -> dict[str, tuple[int, int]]:
@@ -44,7 +38,7 @@ def contents(folder: Path) -> dict[str, bytes]:
 def built(rows_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
     write_step(rows_dir, [sample(i, reward=float(i % 2)) for i in range(4)])
     out = tmp_path / "shards"
-    first = cli(rows_dir, "--out", out, *GBS)
+    first = build_cli(rows_dir, "--out", out, *GBS)
     assert first.returncode == 0, first.stderr
     return rows_dir, out
 
@@ -52,7 +46,7 @@ def built(rows_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
 def test_a_current_step_is_skipped_and_says_so(built: tuple[Path, Path]) -> None:
     rows_dir, out = built
     before = identity(out / "step=1")
-    again = cli(rows_dir, "--out", out, *GBS)
+    again = build_cli(rows_dir, "--out", out, *GBS)
     assert again.returncode == 0, again.stderr
     assert again.stdout == (
         f"step 1: up to date, skipped: {out / 'step=1'} was built from the same inputs "
@@ -64,7 +58,7 @@ def test_a_current_step_is_skipped_and_says_so(built: tuple[Path, Path]) -> None
 def test_force_rebuilds_a_current_step_with_the_same_bytes(built: tuple[Path, Path]) -> None:
     rows_dir, out = built
     before, old = identity(out / "step=1"), contents(out / "step=1")
-    again = cli(rows_dir, "--out", out, *GBS, "--force")
+    again = build_cli(rows_dir, "--out", out, *GBS, "--force")
     assert again.returncode == 0, again.stderr
     assert "4 rows in" in again.stdout
     assert identity(out / "step=1") != before
@@ -73,7 +67,7 @@ def test_force_rebuilds_a_current_step_with_the_same_bytes(built: tuple[Path, Pa
 
 def test_other_settings_replace_the_step(built: tuple[Path, Path]) -> None:
     rows_dir, out = built
-    again = cli(rows_dir, "--out", out, *GBS, "--dp-size", "2")
+    again = build_cli(rows_dir, "--out", out, *GBS, "--dp-size", "2")
     assert again.returncode == 0, again.stderr
     assert "written to 2 ranks" in again.stdout
     assert sorted(p.name for p in (out / "step=1").iterdir()) == [
@@ -90,7 +84,7 @@ def test_other_settings_replace_the_step(built: tuple[Path, Path]) -> None:
 def test_changed_inputs_replace_the_step(built: tuple[Path, Path]) -> None:
     rows_dir, out = built
     write_step(rows_dir, [sample(i, reward=float(i % 2)) for i in range(6)])
-    again = cli(rows_dir, "--out", out, *GBS)
+    again = build_cli(rows_dir, "--out", out, *GBS)
     assert again.returncode == 0, again.stderr
     manifest = json.loads((out / "step=1" / "manifest.json").read_text())
     assert manifest["counts"]["ingested"] == 6
@@ -100,10 +94,10 @@ def test_a_tampered_or_incomplete_folder_is_rebuilt(built: tuple[Path, Path]) ->
     rows_dir, out = built
     old = contents(out / "step=1")
     (out / "step=1" / "rank=0.parquet").write_bytes(b"not what the manifest says")
-    assert "4 rows in" in cli(rows_dir, "--out", out, *GBS).stdout
+    assert "4 rows in" in build_cli(rows_dir, "--out", out, *GBS).stdout
     assert contents(out / "step=1") == old
     (out / "step=1" / "manifest.json").unlink()
-    assert "4 rows in" in cli(rows_dir, "--out", out, *GBS).stdout
+    assert "4 rows in" in build_cli(rows_dir, "--out", out, *GBS).stdout
     assert contents(out / "step=1") == old
 
 
@@ -111,7 +105,7 @@ def test_an_invalid_rerun_leaves_the_last_good_step_alone(built: tuple[Path, Pat
     rows_dir, out = built
     before = identity(out / "step=1")
     write_step(rows_dir, [sample(i, status="done") for i in range(4)])
-    again = cli(rows_dir, "--out", out, *GBS)
+    again = build_cli(rows_dir, "--out", out, *GBS)
     assert again.returncode == 1
     assert "rule status_isin" in again.stderr
     assert identity(out / "step=1") == before
@@ -147,14 +141,7 @@ def test_a_moved_input_is_not_current(rows_dir: Path, tmp_path: Path) -> None:
 def _build_from(cwd: Path, *args: str | Path) -> subprocess.CompletedProcess[str]:
     """`rollout-shards build` run from the folder `cwd`, paths as typed there."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "loader")])}
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "build", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        check=False,
-    )
+    return cli("build", *args, cwd=cwd, env=env)
 
 
 def test_a_current_step_is_skipped_whatever_the_working_folder(tmp_path: Path) -> None:

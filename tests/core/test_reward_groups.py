@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from pipeline.errors import StepError
 from tests import reference
-from tests.conftest import build, ranks, sample, write_step
-from tests.core.test_cli import cli
+from tests.support.cli import cli
+from tests.support.samples import build, ranks, sample, write_step
 
 QUARANTINE = {"on_invalid": "quarantine"}
 CENTRED = {"grpo_std_normalization": False}  # miles' values centred only, as in SEMANTICS 8

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,8 @@ import yaml
 
 from pipeline import trainers
 from pipeline.settings import CommonSettings, load_settings
-from tests.conftest import REPO, sample, write_step
+from tests.support.cli import cli
+from tests.support.samples import REPO, sample, write_step
 
 EXAMPLE = REPO / "docs" / "settings.example.yaml"
 # What each trainer requires, set in the example for a step of 8 rows in groups of 4.
@@ -57,16 +56,6 @@ def test_the_example_lists_every_setting_of_every_trainer() -> None:
             _described(section, f.name, f.metadata["description"], "  ")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
-
-
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     """A step of 8 rows in prompt groups of 4, with the example as its root's settings,
@@ -80,14 +69,14 @@ def root(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("trainer", trainers.NAMES)
 def test_the_example_builds_for_every_trainer_as_it_is(root: Path, trainer: str) -> None:
     out = root.parent / "out"
-    done = _cli("build", str(root), "--out", str(out), "--trainer", trainer)
+    done = cli("build", str(root), "--out", str(out), "--trainer", trainer)
     assert done.returncode == 0, done.stderr
     manifest = yaml.safe_load((out / "step=1" / "manifest.json").read_text())
     assert manifest["settings"]["trainer"] == trainer
     for name, value in REQUIRED[trainer].items():
         assert manifest["settings"][name] == value
     assert manifest["counts"]["written"] == 8
-    validated = _cli("validate", str(root), "--trainer", trainer)
+    validated = cli("validate", str(root), "--trainer", trainer)
     assert validated.returncode == 0, validated.stderr
     assert "step 1: valid, 8 rows, 8 would be written" in validated.stdout
 
@@ -101,14 +90,14 @@ def test_an_error_names_where_the_value_came_from(root: Path) -> None:
             "dp_size: 1\n", "dp_size: 1\nuse_dynamic_global_batch_size: true\n", 1
         )
     )
-    done = _cli("build", str(root), "--out", str(root.parent / "out"), "--trainer", "verl")
+    done = cli("build", str(root), "--out", str(root.parent / "out"), "--trainer", "verl")
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1
     assert (
         "use_dynamic_global_batch_size: not a setting of the verl trainer" in done.stderr
         and f"(given in {settings}, key use_dynamic_global_batch_size)" in done.stderr
     ), done.stderr
-    section = _cli(
+    section = cli(
         "validate",
         str(root),
         "--trainer",
@@ -123,7 +112,7 @@ def test_an_error_names_where_the_value_came_from(root: Path) -> None:
     assert " and flag --dp-size)" in section.stderr, section.stderr
     text = settings.read_text().replace("  rollout_n: 4\n", "  rollout_n: 0\n")
     settings.write_text(text)
-    wrong = _cli(
+    wrong = cli(
         "validate", str(root), "--trainer", "verl", "--unset", "use_dynamic_global_batch_size"
     )
     assert wrong.returncode == 2
@@ -137,18 +126,18 @@ def test_unset_drops_a_value_from_a_file(root: Path) -> None:
     settings = root / "rollout-shards.yaml"
     settings.write_text(settings.read_text() + "global_batch_size: 4\n")
     # the top-level miles value is foreign to verl: unset, the build goes on
-    refused = _cli("validate", str(root), "--trainer", "verl")
+    refused = cli("validate", str(root), "--trainer", "verl")
     assert refused.returncode == 2 and "key global_batch_size)" in refused.stderr
-    done = _cli("validate", str(root), "--trainer", "verl", "--unset", "global_batch_size")
+    done = cli("validate", str(root), "--trainer", "verl", "--unset", "global_batch_size")
     assert done.returncode == 0, done.stderr
     # miles' own section ranks above the key beside it: 8, not 4; unset drops both
     assert load_settings(data_configs=[settings]).global_batch_size == 8
-    rows_only = _cli("validate", str(root), "--unset", "global_batch_size")
+    rows_only = cli("validate", str(root), "--unset", "global_batch_size")
     assert rows_only.returncode == 0, rows_only.stderr
     assert "rows valid, 8 rows (batch not checked)" in rows_only.stdout
-    both = _cli("validate", str(root), "--unset", "dp_size", "--dp-size", "2")
+    both = cli("validate", str(root), "--unset", "dp_size", "--dp-size", "2")
     assert both.returncode == 2 and "--unset dp_size and a value" in both.stderr
-    unknown = _cli("validate", str(root), "--unset", "dp_sise")
+    unknown = cli("validate", str(root), "--unset", "dp_sise")
     assert unknown.returncode == 2 and "did you mean dp_size" in unknown.stderr
 
 

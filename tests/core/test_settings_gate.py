@@ -7,25 +7,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support.cli import cli
+from tests.support.samples import REPO
 
 DATA = REPO / "data" / "rollouts"
 USAGE = "rollout-shards: usage error: "
-
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
 
 
 def usage_line(result: subprocess.CompletedProcess[str]) -> str:

@@ -17,8 +17,8 @@ from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.settings import Settings
 from pipeline.step.build import build_step
-from tests.conftest import generated_step, sample, write_step
-from tests.core.parquet_pages import decoded_digest
+from tests.support.parquet_pages import decoded_digest
+from tests.support.samples import generated_step, sample, write_step
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = {

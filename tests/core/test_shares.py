@@ -22,7 +22,7 @@ from pipeline.settings import Settings
 from pipeline.step.build import StepJob, build_step
 from pipeline.step.check import check
 from pipeline.step.readers import shares
-from tests.conftest import generated_step
+from tests.support.samples import TRAINERS, generated_step
 
 
 class CountingTasks(shares.LocalTasks):
@@ -162,28 +162,6 @@ def test_non_compact_step_is_trimmed_alike(tmp_path: Path) -> None:
     assert memory == by_tasks
     assert json.loads(memory["step=0/manifest.json"])["counts"]["trimmed"] > 0
     assert json.loads(memory["step=0/manifest.json"])["is_compact"] is False
-
-
-# Each trainer's profile on a step without rollout ids (verl's groups are whole prompts).
-TRAINERS: dict[str, dict[str, Any]] = {
-    "miles": {"global_batch_size": 64, "dp_size": 4},
-    "slime": {
-        "trainer": "slime",
-        "global_batch_size": 64,
-        "dp_size": 4,
-        "rollout_batch_size": 8,
-        "n_samples_per_prompt": 8,
-    },
-    "verl": {
-        "trainer": "verl",
-        "dp_size": 2,
-        "rollout_n": 8,
-        "train_batch_size": 375,
-        "max_prompt_length": 4096,
-        "max_response_length": 8192,
-        "pad_token_id": 0,
-    },
-}
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import speed
-from tests.conftest import REPO, generated_step
+from tests.support.samples import REPO, generated_step
 
 
 def _build(inputs: Path, out: Path, off: str | None) -> dict[str, bytes]:

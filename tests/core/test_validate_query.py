@@ -15,8 +15,8 @@ from pipeline.errors import StepError
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.schemas import validate
-from tests.conftest import plan, sample, write_step
-from tests.core.test_schema_rules import CASES
+from tests.support.rule_cases import CASES
+from tests.support.samples import plan, sample, write_step
 
 
 def _valid_steps() -> list[tuple[list[dict[str, Any]], dict[str, Any]]]:

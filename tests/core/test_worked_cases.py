@@ -12,7 +12,7 @@ from pipeline import columns as c
 from pipeline.errors import StepError, UsageError
 from pipeline.settings import make_settings
 from pipeline.step.plan import untrained_warning
-from tests.conftest import build, plan, ranks, sample, write_step
+from tests.support.samples import build, plan, ranks, sample, write_step
 
 
 def batch_column(root: Path, column: str, **settings) -> list:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.orchestration import run_all
-from tests.orchestration.dagster_support import Roots, configured_roots
+from tests.support.dagster_roots import Roots, configured_roots
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,7 +82,7 @@ def test_the_light_cli_builds_what_the_dagster_path_builds(
 def test_the_cli_installs_beside_miles_pins_and_validates_there(tmp_path: Path) -> None:
     """Where trainers live (miles pins polars==1.42.1): `pip install .` keeps the pinned
     Polars, and `rollout-shards validate` runs there, on a root and on one step file."""
-    from tests.loader.test_install import MILES_PINS
+    from tests.support.loader import MILES_PINS
 
     folder = tmp_path / "venv"
     venv.create(folder, with_pip=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support.samples import REPO
 
 RECORDER = """#!/bin/sh
 echo "$(basename "$0") $*" >> "{log}"

@@ -9,8 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import REPO
-from tests.loader import miles_support, slime_support
+from tests.support import miles as miles_support
+from tests.support import slime as slime_support
+from tests.support.samples import REPO
 
 SCRIPT = REPO / "tests" / "peer_sources.py"
 

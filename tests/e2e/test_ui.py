@@ -41,7 +41,7 @@ from pipeline.orchestration.partitions import partition_key, rollout_steps
 from pipeline.orchestration.reporting import FAILURE_TAG
 from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV
 from pipeline.transforms import metrics
-from tests.orchestration.dagster_support import DATA, Roots, break_step_1, makefile_instance
+from tests.support.dagster_roots import DATA, Roots, break_step_1, makefile_instance
 
 REPO = Path(__file__).resolve().parents[2]
 LOCATION = "rollout_shards"

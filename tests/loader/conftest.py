@@ -1,27 +1,10 @@
-"""The loader is its own distribution (loader/); in-process tests import it from source.
-`slime`: slime's own modules on CPU (`slime_support`), once per test module."""
+"""The loader is its own distribution (loader/); in-process tests import it from source."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 LOADER = Path(__file__).resolve().parents[2] / "loader"
 if str(LOADER) not in sys.path:
     sys.path.insert(0, str(LOADER))
-
-
-@pytest.fixture(scope="module")
-def slime() -> Iterator[Any]:
-    from tests.loader import slime_support as ss
-
-    try:
-        source = ss.slime_source()
-    except ss.SourceMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-    with ss.slime_modules(source) as modules:
-        yield modules

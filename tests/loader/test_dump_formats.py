@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from pipeline.cli import main
-from tests.loader.verl_support import DUMP_SETTINGS, dump_rows
-from tests.loader.verl_support import write_dump as write_verl_dump
+from tests.support.verl import DUMP_SETTINGS, dump_rows
+from tests.support.verl import write_dump as write_verl_dump
 
 HUGE = "99999999999999999999"  # beyond int64 (9223372036854775807)
 

@@ -12,10 +12,8 @@ import sys
 import venv
 from pathlib import Path
 
-from tests.conftest import REPO, build, sample, write_step
-from tests.loader.loader_support import bits, expected_rank_dicts
-
-MILES_PINS = ["polars==1.42.1", "numpy", "pyarrow"]
+from tests.support.loader import MILES_PINS, bits, expected_rank_dicts
+from tests.support.samples import REPO, build, sample, write_step
 
 # The venv has the loader but not the tests: the comparison function goes in as source.
 READ_IN_VENV = f"""

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import build, sample, write_step
-from tests.loader.loader_support import rewrite_manifest
-from tests.loader.verl_support import verl_modules
+from tests.support.loader import rewrite_manifest
+from tests.support.samples import build, sample, write_step
+from tests.support.verl import verl_modules
 
 # Fields every reader depends on, then each trainer's own.
 COMMON = [

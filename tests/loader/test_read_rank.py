@@ -12,21 +12,23 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from rollout_shards_loader import read_manifest, read_rank
 
 from pipeline.errors import StepError
-from tests.conftest import REPO, build, sample, write_step
-from tests.core.test_differential import build_settings, trajectories
-from tests.loader.loader_support import (
+from tests.support.loader import (
+    WORKED,
     assert_same_dict,
     expected_rank_dicts,
     numpy_as_python,
+    read_rows,
     rewrite_manifest,
+    rows_with_extras,
 )
+from tests.support.samples import REPO, build, sample, write_step
+from tests.support.strategies import build_settings, trajectories
 
 
 def _check(rows: list[dict[str, Any]], out: Path, **chosen: Any) -> list[dict[str, Any]]:
@@ -39,69 +41,6 @@ def _check(rows: list[dict[str, Any]], out: Path, **chosen: Any) -> list[dict[st
     for rank, want_rank in enumerate(want):  # the numpy form holds the same values
         assert_same_dict(numpy_as_python(read_rank(folder, rank, as_numpy=True)), want_rank)
     return got
-
-
-def _rows_with_extras(n: int) -> list[dict[str, Any]]:
-    return [
-        sample(
-            i,
-            reward=float(i % 3) * 0.7,
-            group_index=i // 4,
-            response_length=1 + i % 3,
-            rollout_log_probs=[-0.1 * (k + 1) for k in range(1 + i % 3)],
-            round_number=i // 5,
-            weight_versions=["v1"] if i % 2 else None,
-            train_metadata=json.dumps({"i": i}),
-            status="truncated" if i % 4 == 3 else "completed",
-        )
-        for i in range(n)
-    ]
-
-
-WORKED = {
-    # trimmed steps: rows in prompt groups of two the trims keep whole (SEMANTICS 5.4)
-    "dynamic_13_rows_dp4": (
-        [sample(i, group_index=i // 2, reward=float(i)) for i in range(13)],
-        {"global_batch_size": 4, "dp_size": 4, "use_dynamic_global_batch_size": True},
-    ),
-    "trim_11_to_8": (
-        [sample(i, group_index=i // 2, reward=float(i)) for i in range(11)],
-        {"global_batch_size": 4},
-    ),
-    "trim_disabled_11_untrained": (
-        [sample(i) for i in range(11)],
-        {"global_batch_size": 4, "disable_rollout_trim_samples": True},
-    ),
-    "masks": (
-        [
-            sample(0, response_length=5),
-            sample(1, response_length=3, remove_sample=True),
-            sample(2, response_length=4, loss_mask=[1, 0, 1, 0]),
-        ],
-        {"global_batch_size": 1},
-    ),
-    "rewards_groups_std": (
-        [
-            sample(i, reward=r, group_index=g)
-            for i, (r, g) in enumerate([(0, 0), (0, 1), (2, 0), (4, 1)])
-        ],
-        {"global_batch_size": 2, "dp_size": 2},
-    ),
-    "compact_mask_sums": (
-        [
-            sample(0, 0, session_version="v2", rollout_id=0, response_length=2),
-            sample(0, 1, session_version="v2", rollout_id=0, response_length=3),
-            sample(1, session_version="v2", response_length=4),
-            sample(2, session_version="v2"),
-        ],
-        {"global_batch_size": 2, "dp_size": 2},
-    ),
-    "optional_columns": (_rows_with_extras(12), {"global_batch_size": 4, "dp_size": 2}),
-    "ppo": (
-        [sample(i, reward=0.25 * i) for i in range(4)],
-        {"global_batch_size": 2, "advantage_estimator": "ppo"},
-    ),
-}
 
 
 @pytest.mark.parametrize("case", sorted(WORKED))
@@ -120,7 +59,7 @@ def test_weight_versions_as_empty_lists_on_a_rank_without_them(tmp_path: Path) -
 
 
 def test_dict_holds_miles_keys_only(tmp_path: Path) -> None:
-    rows = _rows_with_extras(8)
+    rows = rows_with_extras(8)
     write_step(tmp_path / "in", rows)
     got = _check(rows, tmp_path / "out", global_batch_size=4, dp_size=2)[1]
     for absent in ("metadata", "partition", "batch_position", "train_step", "micro_batch"):
@@ -198,26 +137,12 @@ def test_embedded_data(tmp_path: Path) -> None:
     chosen = {"global_batch_size": 8, "dp_size": 2, "reward_key": "score"}
     for source in sorted(p for p in data.iterdir() if p.name.startswith("step=")):
         step = int(source.name.split("=")[1].split(".")[0])
-        rows = _read_rows(source)
+        rows = read_rows(source)
         step_in = tmp_path / f"one-{step}" / "in"
         step_in.mkdir(parents=True)
         target = step_in / source.name.replace(f"step={step}", "step=1")
         (shutil.copytree if source.is_dir() else shutil.copy)(source, target)
         _check(rows, step_in.parent / "out", **chosen)
-
-
-def _read_rows(source: Path) -> list[dict[str, Any]]:
-    """Input rows read the plain way, independent of the pipeline's readers."""
-    files = sorted(source.iterdir()) if source.is_dir() else [source]
-    rows: list[dict[str, Any]] = []
-    for path in files:
-        if path.suffix == ".jsonl":
-            rows += [json.loads(line) for line in path.read_text().splitlines() if line]
-        elif path.suffix == ".parquet":
-            rows += pq.read_table(path).to_pylist()
-        else:
-            rows += feather.read_table(path).to_pylist()
-    return rows
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -250,7 +175,7 @@ def test_mismatched_settings_and_missing_manifest(tmp_path: Path) -> None:
 def test_steps_with_one_column_set_and_present_columns(tmp_path: Path) -> None:
     """Rank files carrying `step` and `rank` and null optional columns the batch lacks,
     listed in the manifest's `present_columns`, read the same."""
-    rows = _rows_with_extras(8)
+    rows = rows_with_extras(8)
     write_step(tmp_path / "in", rows)
     build(tmp_path / "in", tmp_path / "out", global_batch_size=4, dp_size=2)
     folder = tmp_path / "out" / "step=1"

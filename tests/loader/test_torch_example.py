@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from tests.conftest import REPO, build, sample, write_step
+from tests.support.samples import REPO, build, sample, write_step
 
 spec = importlib.util.spec_from_file_location(
     "torch_dataset", REPO / "docs" / "examples" / "torch_dataset.py"

@@ -32,8 +32,8 @@ from rollout_shards_loader import (
 )
 
 from pipeline.io import writer
-from tests.conftest import REPO, build, sample, write_step
-from tests.loader.loader_support import bits, refuse_step, rewrite_manifest
+from tests.support.loader import bits, refuse_step, rewrite_manifest
+from tests.support.samples import REPO, build, sample, write_step
 
 
 def _step(tmp_path: Path, name: str = "out", reward: float = 1.0, n: int = 8) -> Path:

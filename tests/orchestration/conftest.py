@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 import pytest
-from dagster_support import Roots, configured_roots
+
+from tests.support.dagster_roots import Roots, configured_roots
 
 if TYPE_CHECKING:
-    from ray_head import RayHead
+    from tests.support.ray_head import RayHead
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
     tens of seconds to start, minutes on a busy machine). It asks for Ray's token
     (`RAY_AUTH_MODE=token`), so every Ray test goes through the jobs client's token."""
     # Imported here: Ray is a second of imports that only the Ray tests need.
-    from ray_head import shared_head
+    from tests.support.ray_head import shared_head
 
     base = tmp_path_factory.getbasetemp()
     # Under xdist each worker has its own base temp; their parent is the session's.

@@ -12,7 +12,15 @@ import polars as pl
 import pytest
 from dagster._core.definitions.partitions.context import partition_loading_context
 from dagster._core.loader import LoadingContextForTest
-from dagster_support import (
+
+from pipeline import cli
+from pipeline import columns as c
+from pipeline.io import writer
+from pipeline.orchestration import stage_reports as stages
+from pipeline.orchestration.partitions import rollout_steps, step_of
+from pipeline.orchestration.reporting import FAILURE_TAG, STEP_KEEPS_EVERY_RULE
+from pipeline.step.readers import spill
+from tests.support.dagster_roots import (
     CHECKS,
     EMBEDDED_KEYS,
     Roots,
@@ -23,15 +31,7 @@ from dagster_support import (
     run_checks,
     step_failure,
 )
-
-from pipeline import cli
-from pipeline import columns as c
-from pipeline.io import writer
-from pipeline.orchestration import stage_reports as stages
-from pipeline.orchestration.partitions import rollout_steps, step_of
-from pipeline.orchestration.reporting import FAILURE_TAG, STEP_KEEPS_EVERY_RULE
-from pipeline.step.readers import spill
-from tests.conftest import dead_pid, only_refused
+from tests.support.samples import dead_pid, only_refused
 
 BLOCKING_CHECKS = {
     STEP_KEEPS_EVERY_RULE,

@@ -20,7 +20,6 @@ from typing import Any
 import dagster as dg
 import pytest
 import yaml
-from dagster_support import EMBEDDED_KEYS, Roots, most_at_once
 from kube_stand_in import kube_stand_in
 
 from pipeline.orchestration.compute import COMPUTE_ENV
@@ -28,6 +27,7 @@ from pipeline.orchestration.partitions import rollout_steps, step_of
 from pipeline.orchestration.resources import RolloutStorage
 from pipeline.orchestration.step_pool import STEP_POOL
 from pipeline.step.freshness import current_manifest
+from tests.support.dagster_roots import EMBEDDED_KEYS, Roots, most_at_once
 
 DAGSTER = Path(sys.executable).with_name("dagster")
 # Four run processes share two cores (and whatever else runs).

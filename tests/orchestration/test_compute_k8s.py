@@ -17,11 +17,11 @@ import dagster as dg
 import pytest
 from dagster_k8s import PipesK8sClient
 from dagster_pipes import decode_param
-from dagster_support import Roots, break_step_1, materialize, metadata_of
 from kube_stand_in import KubeStandIn, Pod, kube_stand_in
 
 from pipeline.orchestration.compute import Compute, K8sCompute, StepCompute
-from tests.conftest import only_refused
+from tests.support.dagster_roots import Roots, break_step_1, materialize, metadata_of
+from tests.support.samples import only_refused
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Function `PipesMessageReader.expected_writer_count`"),

@@ -17,7 +17,15 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster_support import (
+from ray.job_submission import JobSubmissionClient
+from test_backfill import _backfill
+
+from pipeline.orchestration.compute import RAY_ENTRYPOINT, Compute, RayCompute, StepCompute
+from pipeline.orchestration.partitions import rollout_steps
+from pipeline.orchestration.pipes_worker import WORKER_FILE
+from pipeline.orchestration.ray_jobs import RayJobs, RayJobsError
+from pipeline.orchestration.step_pool import STEP_POOL
+from tests.support.dagster_roots import (
     STAND_IN,
     Roots,
     configured_roots,
@@ -30,15 +38,7 @@ from dagster_support import (
     stand_in_run,
     step_failure,
 )
-from ray.job_submission import JobSubmissionClient
-from ray_head import RayHead
-from test_backfill import _backfill
-
-from pipeline.orchestration.compute import RAY_ENTRYPOINT, Compute, RayCompute, StepCompute
-from pipeline.orchestration.partitions import rollout_steps
-from pipeline.orchestration.pipes_worker import WORKER_FILE
-from pipeline.orchestration.ray_jobs import RayJobs, RayJobsError
-from pipeline.orchestration.step_pool import STEP_POOL
+from tests.support.ray_head import RayHead
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Function `PipesMessageReader.expected_writer_count`"),
@@ -173,8 +173,8 @@ def test_an_interrupted_run_stops_its_ray_job(
 ) -> None:
     pid_file = tmp_path / "worker.pid"
     run = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import dagster as dg; "
-        "from dagster_support import materialize; "
+        "import os, sys; sys.path[:0] = sys.argv[1].split(os.pathsep); import dagster as dg; "
+        "from tests.support.dagster_roots import materialize; "
         "from test_compute_ray import _ray_compute\n"
         "with dg.instance_for_test() as instance:\n"
         "    materialize(instance, '00000001', compute=_ray_compute(sys.argv[2], sys.argv[3]))"

@@ -17,18 +17,6 @@ import dagster as dg
 import pytest
 import yaml
 from dagster_k8s import PipesK8sClient
-from dagster_support import (
-    STAND_IN,
-    Roots,
-    break_step_1,
-    failed_in_one_line,
-    interrupted_run,
-    materialize,
-    materialized,
-    metadata_of,
-    stand_in_run,
-    step_failure,
-)
 
 from pipeline.definitions import defs
 from pipeline.errors import StepError, UsageError, Violation
@@ -43,7 +31,19 @@ from pipeline.orchestration.compute import (
 from pipeline.orchestration.pipes_worker import WORKER_FILE, failure_message, reported_failure
 from pipeline.orchestration.ray_jobs import dashboard_url
 from pipeline.orchestration.reporting import FAILURE_TAG
-from tests.conftest import only_refused
+from tests.support.dagster_roots import (
+    STAND_IN,
+    Roots,
+    break_step_1,
+    failed_in_one_line,
+    interrupted_run,
+    materialize,
+    materialized,
+    metadata_of,
+    stand_in_run,
+    step_failure,
+)
+from tests.support.samples import only_refused
 
 # pipeline.orchestration.compute silences these two warnings of Dagster's own Pipes code, but pytest
 # drops the filters a module sets while it is collected.
@@ -247,8 +247,8 @@ def test_an_interrupted_run_stops_its_worker(roots: Roots, tmp_path: Path) -> No
     pid_file = tmp_path / "worker.pid"
     _worker_script(tmp_path, f"exec {sys.executable} {STAND_IN} hang {pid_file}")
     run = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import dagster as dg; "
-        "from dagster_support import materialize; "
+        "import os, sys; sys.path[:0] = sys.argv[1].split(os.pathsep); import dagster as dg; "
+        "from tests.support.dagster_roots import materialize; "
         "from pipeline.orchestration.compute import Compute, StepCompute\n"
         "with dg.instance_for_test() as instance:\n"
         "    materialize(instance, '00000001', compute=StepCompute(compute=Compute.subprocess, "

@@ -20,13 +20,13 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 import ray_cluster
-from ray_head import start_timeout
 
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.settings import Settings
 from pipeline.step.build import StepJob, build_step
-from tests.conftest import generated_step
+from tests.support.ray_head import start_timeout
+from tests.support.samples import generated_step
 
 HERE = Path(__file__).resolve().parent
 # balance_data: each rank's rows lie in every share, out of batch order
@@ -140,7 +140,7 @@ def test_every_task_runs_on_a_worker_node(
 def test_every_trainer_profile_across_the_cluster(
     cluster: ray_cluster.RayCluster, tmp_path: Path, trainer: str
 ) -> None:
-    from tests.core.test_shares import TRAINERS
+    from tests.support.samples import TRAINERS
 
     inputs = generated_step(tmp_path / "in", non_compact=True)
     settings = TRAINERS[trainer]
@@ -168,7 +168,7 @@ def test_a_worker_dying_mid_step_publishes_nothing_and_a_rerun_the_same_bytes(
 DAGSTER_DRIVER = """
 import json, sys
 import dagster as dg
-from dagster_support import materialize
+from tests.support.dagster_roots import materialize
 config = {"ops": {"rollout_samples": {"config": json.loads(sys.argv[1])}}}
 with dg.instance_for_test() as instance:
     print(json.dumps(materialize(instance, "00000001", config).success))
@@ -178,7 +178,7 @@ with dg.instance_for_test() as instance:
 def test_a_dagster_materialization_builds_its_step_across_the_cluster(
     cluster: ray_cluster.RayCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dagster_support import configured_roots
+    from tests.support.dagster_roots import configured_roots
 
     roots = configured_roots(tmp_path / "ray", monkeypatch)  # the driver inherits the roots
     address = cluster.address

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster_support import (
+
+from pipeline.orchestration import run_all
+from pipeline.orchestration.partitions import rollout_steps
+from tests.support.dagster_roots import (
     EMBEDDED_KEYS,
     Roots,
     break_step_1,
     configured_roots,
     makefile_instance,
 )
-
-from pipeline.orchestration import run_all
-from pipeline.orchestration.partitions import rollout_steps
 
 
 @pytest.fixture

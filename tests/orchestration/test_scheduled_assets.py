@@ -8,8 +8,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.conftest import sample, write_step
-from tests.core.test_cli import cli
+from tests.support.cli import cli
+from tests.support.samples import sample, write_step
 
 
 def shards(out: Path, step: int = 1) -> tuple[list[pl.DataFrame], dict]:
@@ -136,7 +136,8 @@ def test_schedule_through_a_dagster_materialization(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import dagster as dg
-    from dagster_support import configured_roots, materialize
+
+    from tests.support.dagster_roots import configured_roots, materialize
 
     roots = configured_roots(tmp_path, monkeypatch)
     settings = {"cp_size": 1, "use_dynamic_batch_size": True, "max_tokens_per_gpu": 40}

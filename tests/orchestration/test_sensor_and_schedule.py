@@ -9,13 +9,13 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 import pytest
-from dagster_support import EMBEDDED_KEYS, Roots, materialize
 
 from pipeline.orchestration import sensors
 from pipeline.orchestration.partitions import rollout_steps
 from pipeline.orchestration.resources import CONFIG_ENV, RolloutStorage
 from pipeline.orchestration.schedules import REASON_TAG, stale_shards_schedule
 from pipeline.orchestration.sensors import rollout_steps_sensor
+from tests.support.dagster_roots import EMBEDDED_KEYS, Roots, materialize
 
 
 def _tick(instance: dg.DagsterInstance, cursor: str | None = None) -> dg.SensorResult:

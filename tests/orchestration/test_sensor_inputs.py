@@ -4,8 +4,9 @@ dangling symlink named like a step, and step folders waiting for their `_SUCCESS
 from __future__ import annotations
 
 import dagster as dg
-from dagster_support import EMBEDDED_KEYS, Roots
 from test_sensor_and_schedule import _requested, _schedule, _tick
+
+from tests.support.dagster_roots import EMBEDDED_KEYS, Roots
 
 
 def test_a_dangling_symlink_is_its_step_s_unreadable_file_not_a_stalled_sensor(

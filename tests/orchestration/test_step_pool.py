@@ -14,10 +14,10 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster_support import Roots, materialize, most_at_once
 
 from pipeline.errors import UsageError
 from pipeline.orchestration.step_pool import STEP_POOL, held_slot, lock_folder
+from tests.support.dagster_roots import Roots, materialize, most_at_once
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -31,13 +31,13 @@ import dagster as dg
 import psutil
 import pytest
 import yaml
-from dagster_support import DATA, most_at_once
 
 from pipeline.manifest import MANIFEST
 from pipeline.orchestration.partitions import partition_key
 from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV
 from pipeline.orchestration.schedules import CRON_ENV, REASON_TAG
 from pipeline.step.freshness import MISSING
+from tests.support.dagster_roots import DATA, most_at_once
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

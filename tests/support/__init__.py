@@ -1,0 +1,1 @@
+"""What the tests share: sample tables and builds, the CLI, trainer sources, Dagster roots."""

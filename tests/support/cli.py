@@ -1,0 +1,39 @@
+"""The command line as a user runs it: `python -m pipeline.cli` in a subprocess."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from tests.support.samples import REPO
+
+
+def cli(
+    *args: str | Path,
+    cwd: Path = REPO,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`rollout-shards ARGS` run from `cwd` (the repository unless told), its output as text;
+    `env` replaces the environment when given."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=None if env is None else dict(env),
+        timeout=timeout,
+        check=False,
+    )
+
+
+def digests(root: Path) -> dict[str, str]:
+    """Every file under root (step locks aside) by its path there: its sha256."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.parent.name != ".locks"
+    }
