@@ -60,12 +60,24 @@ def check_layout(manifest: dict[str, Any], path: Path, trainer: str) -> None:
 
 
 def _verl_layout(manifest: dict[str, Any], path: Path, ranks: list[dict[str, Any]]) -> None:
-    """verl trains `train_batch_size` prompts of `rollout_n` rows, in equal chunks per rank
-    (`DataProto.chunk`)."""
+    """verl trains `train_batch_size` prompts of `rollout_n` rows: in equal chunks per rank
+    for the legacy trainer (`DataProto.chunk`); for V1 (which pads to the ranks itself) in
+    the build's runs, rank r holding rows [ceil(r * rows / dp), ceil((r + 1) * rows / dp))."""
     settings = manifest["settings"]
     rows = settings["train_batch_size"] * settings["rollout_n"]
-    chunk = rows // settings["dp_size"]
+    dp = settings["dp_size"]
     per_rank = [o["rows"] for o in ranks]
+    if settings.get("verl_target", "legacy") == "v1":
+        runs = [-(-(r + 1) * rows // dp) + (-r * rows // dp) for r in range(dp)]
+        if manifest["global_batch_size"] != rows or per_rank != runs:
+            raise _refuse(
+                path,
+                f"train_batch_size x rollout_n = {rows} rows in V1 runs over dp_size={dp} "
+                f"are {runs}, but `global_batch_size` is {manifest['global_batch_size']} and "
+                f"the rank files hold {per_rank}",
+            )
+        return
+    chunk = rows // dp
     if manifest["global_batch_size"] != rows:
         raise _refuse(
             path,

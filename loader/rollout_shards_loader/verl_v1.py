@@ -64,7 +64,15 @@ def step_table(step_folder: str | Path, verify: bool = True) -> tuple[dict[str, 
         return read.manifest, pa.concat_tables(parts)
 
     manifest, table = read_rank_files(
-        step_folder, 0, None, None, verify, whole, trainer="verl", other_columns=COLUMNS
+        step_folder,
+        0,
+        None,
+        None,
+        verify,
+        whole,
+        trainer="verl",
+        # `batch_position` too: the shared check sees every rank's rows cover the step once
+        other_columns=("batch_position", *COLUMNS),
     )
     target = manifest["settings"].get("verl_target", "legacy")
     if target != "v1":

@@ -69,4 +69,5 @@ def rollout_step(
             yield from step_compute.materialize(context, rollout_storage.roots(), settings)
         yield from rules_followed(context)
 
-    yield from failures_reported(context, stages(), rollout_storage.output_path)
+    # the output root lazily: an output_root outside the roots fails in `stages` as one line
+    yield from failures_reported(context, stages(), lambda: rollout_storage.output_path)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,20 +147,24 @@ def _refused(
 
 
 def failures_reported(
-    context: dg.AssetExecutionContext, events: Iterator[Any], out_root: Path | None = None
+    context: dg.AssetExecutionContext,
+    events: Iterator[Any],
+    out_root: Callable[[], Path] | None = None,
 ) -> Iterator[Any]:
     """`events` (the step's results), with the core's errors turned into a failed
     `step_keeps_every_rule` on the partition and a run failure that carries the summary, not
     a traceback: the description is the lines the command line prints, so the run's log
     shows them first. Each of them fails the step before anything is published, so the
-    other checks the run planned on the partition are dropped (`forget_unrun_checks`)."""
+    other checks the run planned on the partition are dropped (`forget_unrun_checks`).
+    `out_root` is asked for only once the step was refused: resolving it checks the run
+    config's paths, and a bad path must fail inside `events` as the user's one line."""
     try:
         yield from events
     except StepError as exc:
         rules = sorted({v.rule for v in exc.violations})
         context.instance.add_run_tags(context.run.run_id, {FAILURE_TAG: ", ".join(rules)})
         lines = error_lines("build", exc)
-        record = refusal_record(context, out_root)
+        record = refusal_record(context, out_root() if out_root else None)
         yield from _refused(context, lines, exc.violations, record)
         # from None: the user's data broke a rule, and the core's traceback says nothing more
         raise dg.Failure(

@@ -10,6 +10,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import NamedTuple
 
+import polars as pl
+
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation
 from pipeline.io import writer
@@ -100,7 +102,12 @@ def commit_shards(
         quarantined = None
         if batch.quarantine is not None and batch.quarantine.height:
             quarantined = staged / writer.QUARANTINE
-            writer.write_parquet(batch.quarantine, quarantined)
+            # gathered into arrays of their own: Polars sizes a list column's pages by its
+            # buffers, and a filter of the loaded step (a reward group set aside whole) may
+            # be a slice of a file's whole buffer; the pages must be the rows' alone, the
+            # same from every reader (the Ray shares gather theirs)
+            whole = batch.quarantine.select(pl.all().gather(pl.int_range(pl.len())))
+            writer.write_parquet(whole, quarantined)
             outputs.append(
                 writer.file_record(
                     quarantined,
