@@ -17,7 +17,6 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from pipeline.step.readers.memory import load_samples
 
 from pipeline import columns as c
 from pipeline import trainers
@@ -25,6 +24,7 @@ from pipeline.errors import StepError
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
+from pipeline.step.readers.memory import load_samples
 from pipeline.transforms.samples import light_frame
 from tests.conftest import build, sample, write_step
 from tests.core.test_flops import MEGATRON_PARSER, megatron_args
