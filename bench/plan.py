@@ -39,6 +39,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         figures = {
+            # a record of a run (docs/performance.md): what was timed and how
+            "what": "rollout-shards plan over six layouts against one build of one layout",
+            "command": " ".join(["python", *sys.argv]),
             "plan_six_layouts_s": _timed(["plan", str(args.step), *SETTINGS, *GRID]),
             "build_one_layout_s": _timed(
                 ["build", str(args.step), f"--out={tmp}", *SETTINGS, "--dp-size=8", "--cp-size=1"]

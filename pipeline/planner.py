@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import polars as pl
 
@@ -193,7 +193,7 @@ def _row(plan: LayoutPlan, mark: str) -> list[str]:
         _ratio(imb[MICRO_BATCHES]),
         _total(ranks, PADDING),
         _ratio(imb[PADDING]),
-        str(int(ranks.get_column(TRAIN_STEPS).max() or 0)),
+        str(int(cast(int, ranks.get_column(TRAIN_STEPS).max() or 0))),  # an integer column
         _total(ranks, UNTRAINED),
     ]
 

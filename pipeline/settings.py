@@ -30,6 +30,10 @@ from pipeline import settings_files as files
 from pipeline import trainers
 from pipeline.errors import UsageError
 from pipeline.setting_marks import Count, NonNegative, setting
+from pipeline.setting_marks import exact as _exact
+from pipeline.setting_marks import minimum as _minimum
+from pipeline.setting_marks import non_null as non_null
+from pipeline.setting_marks import plain as _plain
 from pipeline.settings_files import DATA_SETTINGS as DATA_SETTINGS
 from pipeline.settings_files import DISABLE_FLAGS as DISABLE_FLAGS
 from pipeline.settings_files import data_settings_files as data_settings_files
@@ -229,32 +233,10 @@ def _every_kind() -> dict[str, Any]:
     return {name: kinds[name] for name in _every_field()}
 
 
-def _minimum(kind: Any) -> int:
-    """The least value of a marked integer (a count: 1)."""
-    mark = typing.get_args(kind)[1]
-    return int(getattr(mark, "value", 1))
-
-
 @functools.cache
 def _hints(model: Model) -> dict[str, Any]:
     """Each field's type as annotated (a count keeps its mark)."""
     return typing.get_type_hints(model, include_extras=True)
-
-
-def _exact(kind: Any, value: Any) -> bool:
-    """Whether `value` has exactly the type `kind` (pydantic would take it unchanged)."""
-    origin = typing.get_origin(kind)
-    if origin in (typing.Union, types.UnionType):
-        return any(_exact(arg, value) for arg in typing.get_args(kind))
-    if origin is Annotated:  # a count, or a size
-        return type(value) is int and value >= _minimum(kind)
-    if origin is list:
-        return type(value) is list and all(_exact(typing.get_args(kind)[0], v) for v in value)
-    if origin is Literal:
-        return type(value) is str and value in typing.get_args(kind)
-    if kind is type(None):
-        return value is None
-    return type(value) is kind
 
 
 def _checked(model: Model, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -328,16 +310,6 @@ def valued_booleans() -> frozenset[str]:
     )
 
 
-def _plain(kind: Any) -> Any:
-    """A field's type without its mark: `int | None` of `Count | None`."""
-    if typing.get_origin(kind) is Annotated:
-        return typing.get_args(kind)[0]
-    if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        plain = [_plain(arg) for arg in typing.get_args(kind)]
-        return functools.reduce(operator.or_, plain)
-    return kind
-
-
 def setting_types() -> dict[str, Any]:
     """Each setting's type (`int | None` for an optional count)."""
     return {name: _plain(kind) for name, kind in _every_kind().items()}
@@ -363,14 +335,6 @@ def readers_of(name: str) -> list[str]:
     if name in COMMON_SETTINGS:
         return list(trainers.NAMES)
     return [t for t in trainers.NAMES if name in _defaults(trainers.settings_model(t))]
-
-
-def non_null(kind: Any) -> Any:
-    """A setting's type without null: `int` of `int | None`, `bool` of `bool`."""
-    if typing.get_origin(kind) not in (typing.Union, types.UnionType):
-        return kind
-    args = [a for a in typing.get_args(kind) if a is not type(None)]
-    return args[0] if len(args) == 1 else kind
 
 
 def make_settings(values: Mapping[str, Any], sources: Mapping[str, str] = {}) -> Settings:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline import trainers
 from pipeline.io import writer
 from pipeline.manifest import MANIFEST
 
@@ -24,7 +25,7 @@ def _trainer(folder: Path) -> str | None:
     """The trainer a committed step folder was built for (None: no manifest to read)."""
     try:
         settings = json.loads((folder / MANIFEST).read_bytes()).get("settings", {})
-        trainer = settings.get("trainer", "miles")  # manifests before `trainer`: miles'
+        trainer = settings.get("trainer", trainers.DEFAULT)  # manifests before `trainer`
     except (OSError, ValueError, AttributeError):
         return None
     return trainer if isinstance(trainer, str) else None

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import polars as pl
 
 from pipeline import columns as c
+from pipeline import trainers
 from pipeline.errors import StepError, Violation
 from pipeline.io import writer
 from pipeline.io.regular import read_regular
@@ -133,7 +134,7 @@ def commit_shards(
         # The card's lock from here to the commit: no other build commits in between, so
         # the root's steps checked here are the ones this step is published beside.
         card.enter_context(writer.card_lock(out_root))
-        trainer = str(manifest.settings.get("trainer", "miles"))
+        trainer = str(manifest.settings.get("trainer", trainers.DEFAULT))
         if (mixed := other_trainer(out_root, trainer, batch.step)) is not None:
             raise StepError([Violation(rule=ONE_TRAINER, message=mixed, step=batch.step)])
         # from here to the end of the commit an interrupt waits: the step is published

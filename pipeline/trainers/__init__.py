@@ -32,6 +32,8 @@ Settings = Any
 
 # The trainers by the name the `trainer` setting takes: each a package of this one.
 NAMES = ("miles", "slime", "verl")
+# The default trainer, and the one a manifest written before the `trainer` setting was for.
+DEFAULT = NAMES[0]
 
 
 @dataclass(frozen=True)

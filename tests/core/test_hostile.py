@@ -130,11 +130,13 @@ SHAPE = [
     [
         (
             ["--hidden-size", str(10**30)],
-            f"invalid settings: hidden_size: the integer {10**30} is beyond int64",
+            f"invalid settings: hidden_size: the integer {10**30} is beyond int64 "
+            "(given in flag --hidden-size)",
         ),
         (
             ["--num-layers", str(BEYOND)],
-            f"invalid settings: num_layers: the integer {BEYOND} is beyond int64",
+            f"invalid settings: num_layers: the integer {BEYOND} is beyond int64 "
+            "(given in flag --num-layers)",
         ),
         (
             ["--num-experts", "2", "--moe-layer-freq", "[1]*65536*65536"],
@@ -206,7 +208,8 @@ def test_verl_settings_beyond_int64_are_refused_from_flags_and_files(tmp_path: P
     assert (by_flag.returncode, by_file.returncode, flag_s < 15, file_s < 15) == (2, 2, True, True)
     assert built(out) == []
     assert lines(by_flag) == [
-        f"{PROG}: usage error: invalid settings: rollout_n: the integer {BEYOND} is beyond int64"
+        f"{PROG}: usage error: invalid settings: rollout_n: the integer {BEYOND} is beyond int64 "
+        "(given in flag --rollout-n)"
     ]
     assert lines(by_file) == [
         f"{PROG}: usage error: config {config}, setting rollout_n: the integer '{BEYOND}' is "

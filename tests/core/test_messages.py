@@ -22,7 +22,9 @@ def _stderr(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int,
 def test_a_nan_reward_names_its_value_file_row_and_quarantine(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rows = [sample(i, reward=float(i % 2)) for i in range(8)]
+    # prompts of two samples: quarantine sets row 2's whole group aside (reward groups are
+    # kept whole), and the trim to whole batches then cuts a whole group too
+    rows = [sample(i, reward=float(i % 2), group_index=i // 2) for i in range(8)]
     rows[2]["reward"] = math.nan
     path = write_step(tmp_path / "in", rows)
     status, lines = _stderr(
@@ -61,7 +63,8 @@ def test_a_row_of_a_second_file_names_that_file(
 def test_too_few_samples_suggest_the_largest_batch_the_step_fills(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_step(tmp_path / "in", [sample(i) for i in range(11)])
+    # prompts of four samples: the suggested batch of 8 trims the last prompt whole
+    write_step(tmp_path / "in", [sample(i, group_index=i // 4) for i in range(11)])
     status, lines = _stderr(
         capsys, "validate", tmp_path / "in", "--global-batch-size", "16", "--dp-size", "4"
     )

@@ -16,11 +16,16 @@ import pyarrow.dataset as ds
 import pytest
 
 from pipeline.errors import StepError
+from pipeline.schemas.validate import QUARANTINE_HINT
 from pipeline.step.refused import record_path
 from tests.support.cli import cli
 from tests.support.samples import REPO, build, sample, write_step
 
-RULE_LINE = "rule reward_finite: reward must be a finite number on every row; rows (index, leaf)"
+# the refusal's line as the user reads it: the offending value, its file row and the hint
+RULE_LINE = (
+    "rule reward_finite: reward must be a finite number on every row; file row 3 has reward "
+    f"NaN; {QUARANTINE_HINT}; rows (index, leaf)"
+)
 
 
 def _rows(bad: bool) -> list[dict]:

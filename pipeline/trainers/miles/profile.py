@@ -15,9 +15,8 @@ another trainer does not.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import polars as pl
 
 from pipeline import columns as c
@@ -37,6 +36,10 @@ from pipeline.transforms.layout import Layout, rank_sizes, rows_within_ranks
 from pipeline.transforms.reward_groups import RewardGroups, group_key, trim_cuts_group
 from pipeline.transforms.shard_columns import light_shard_columns, raw_reward
 from pipeline.transforms.trim import is_compact
+
+# numpy only for the rollout-side schedule and FLOPs (a plain build never loads it)
+if TYPE_CHECKING:
+    import numpy as np
 
 ROWS_NAMED = 10
 AVOID_UNTRAINED = (

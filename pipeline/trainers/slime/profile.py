@@ -19,9 +19,8 @@ miles does not (`RolloutManager._convert_samples_to_train_data`, `_post_process_
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import polars as pl
 
 from pipeline import columns as c
@@ -39,6 +38,10 @@ from pipeline.transforms.reward_groups import RewardGroups
 from pipeline.transforms.shard_columns import light_shard_columns, raw_reward
 from pipeline.transforms.torch_float import torch_dim_std, torch_sums
 from pipeline.transforms.trim import is_compact
+
+# numpy only for the rollout-side schedule and FLOPs (a plain build never loads it)
+if TYPE_CHECKING:
+    import numpy as np
 
 SOURCE_NAMES = "source_names"
 UNKNOWN_SOURCE = "unknown"
