@@ -10,6 +10,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import NamedTuple
 
+import polars as pl
+
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation
 from pipeline.io import writer
@@ -100,7 +102,11 @@ def commit_shards(
         quarantined = None
         if batch.quarantine is not None and batch.quarantine.height:
             quarantined = staged / writer.QUARANTINE
-            writer.write_parquet(batch.quarantine, quarantined)
+            # its rows gathered into lists of their own: a slice of the step's lists (the
+            # in-memory read) is paged by Polars after the lists' whole buffers, so the
+            # bytes would differ from another reader's for the same rows
+            own = batch.quarantine.select(pl.all().gather(pl.int_range(pl.len())))
+            writer.write_parquet(own, quarantined)
             outputs.append(
                 writer.file_record(
                     quarantined,
