@@ -85,8 +85,13 @@ class InputFile(_Record):
 def input_path(path: str | Path) -> str:
     """An input's path as a manifest records it and the rerun check compares it: absolute,
     symbolic links resolved, so that the same file is the same input whatever the working
-    folder it was named from (`my/rollouts` from one folder, `rollouts` from `my/`)."""
-    return str(Path(path).resolve())
+    folder it was named from (`my/rollouts` from one folder, `rollouts` from `my/`). A link
+    that cannot be resolved (a loop: Python 3.11 raises RuntimeError, later ones OSError) is
+    named by its absolute path; its read names it as `unreadable_file`."""
+    try:
+        return str(Path(path).resolve())
+    except (RuntimeError, OSError):
+        return os.path.abspath(path)
 
 
 @dataclass

@@ -204,8 +204,19 @@ def test_a_value_of_another_type_in_a_later_part_is_reported_as_in_memory(
     # each build read the step once: in memory, then in parts
     assert streamed == ["memory", "spill"]
     assert spilled == memory and "column_type" in memory
-    # nothing written, no spill left: the root the build made is gone again
-    assert not (tmp_path / "bounded").exists()
+    # nothing of the step written, no spill left: the root holds the refusal record alone
+    # (docs/contract.md, section 5), the same for both reads but its time
+    left = sorted(
+        str(p.relative_to(tmp_path / "bounded")) for p in (tmp_path / "bounded").rglob("*")
+    )
+    assert left == [".locks", ".locks/step=0.lock", "_refused", "_refused/step=0.json"]
+    records = [
+        json.loads((tmp_path / root / "_refused" / "step=0.json").read_text())
+        for root in ("memory", "bounded")
+    ]
+    for record in records:
+        assert record.pop("refused_at") and record.pop("shown_by")
+    assert records[0] == records[1] and records[0]["violations"][0]["rule"] == "column_type"
 
 
 BREAKS = {

@@ -79,11 +79,13 @@ def test_a_dump_that_changes_while_it_is_read_fails_its_step(
     path.parent.mkdir()
     path.write_bytes(b"first bytes")
 
-    def read_then_changed(dump: Path, session_version: str | None) -> pl.DataFrame:
+    def read_then_changed(fmt: Any, dump: Path, step: int | None, **options: Any) -> pl.DataFrame:
+        assert fmt.name == "miles"
         dump.write_bytes(b"other bytes, longer")
         return table([sample(0)])
 
-    monkeypatch.setattr(load, "read_miles_dump", read_then_changed)
+    # the one dump frame every format is read through (pipeline.io.formats)
+    monkeypatch.setattr(load, "read_dump", read_then_changed)
     with pytest.raises(StepError) as error:
         load.load_step(1, [SourceFile(path, 1, "miles")])
     (violation,) = error.value.violations

@@ -3,7 +3,7 @@
 memory; in parts with a spill; in Ray shares, with the shares' tasks run in this process),
 in the same folder, and every reader must give the in-memory read's exit status, stdout,
 stderr lines and every byte of what it leaves in the case folder (shards, manifest,
-quarantine, dataset card), nothing more.
+quarantine, dataset card, a refused step's record but its time), nothing more.
 
 The parts are tiny (one row each) and every Parquet row group is a share of its own, so a
 step of the corpus comes in many parts and shares. The reader is handed in as the CLI's
@@ -16,8 +16,10 @@ test_bad_inputs.py runs them.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -72,6 +74,14 @@ ROUTES: dict[str, Callable[[StepJob], StepJob] | None] = {
 }
 
 
+def _untimed_record(path: Path) -> str:
+    """A refused step's record but its time (`refused_at` differs between two builds of
+    the same case, like the progress lines' times): every other byte must agree."""
+    record = json.loads(path.read_text())
+    datetime.datetime.fromisoformat(record.pop("refused_at"))
+    return json.dumps(record, sort_keys=True)
+
+
 def _snapshot(folder: Path) -> dict[str, tuple[str, str]]:
     """Every entry under the case folder but the step locks: kind and content."""
     found: dict[str, tuple[str, str]] = {}
@@ -84,6 +94,8 @@ def _snapshot(folder: Path) -> dict[str, tuple[str, str]]:
             mode = path.lstat().st_mode
             if stat.S_ISLNK(mode):
                 found[key] = ("link", os.readlink(path))
+            elif stat.S_ISREG(mode) and key.startswith("out/_refused/"):
+                found[key] = ("refusal", _untimed_record(path))
             elif stat.S_ISREG(mode):
                 found[key] = ("file", hashlib.sha256(path.read_bytes()).hexdigest())
             else:

@@ -2874,10 +2874,15 @@ def reader_cases() -> list[Case]:
     return [
         quarantined(
             "uint64_token_above_int64",
-            "a uint64 token above 2^63 on row 0",
+            "a uint64 token above 2^63 on row 0 (and so its prompt group)",
             {f"step={STEP}.parquet": arrow_parquet(rows, {"tokens": tokens})},
-            counts(8, 1, 3, 4),
-            [(0, 0, "column_type: column tokens must be List(Int32)")],
+            counts(8, 4, 0, 4),
+            [
+                (0, 0, "column_type: column tokens must be List(Int32)"),
+                (1, 0, kept_whole(0, 0, "column_type")),
+                (2, 0, kept_whole(0, 0, "column_type")),
+                (3, 0, kept_whole(0, 0, "column_type")),
+            ],
         ),
         Case(
             "zero_row_step_beside_a_valid_one",
