@@ -116,6 +116,20 @@ class Profile(Protocol):
         `groups` the reward groups as ingested (None: decided on these rows)."""
 
 
+class NoSetAside:
+    """What a profile without a filter of its own before the batch answers (miles has one:
+    its weight-staleness budget)."""
+
+    def set_aside(self, rows: pl.DataFrame, settings: Any, step: int) -> pl.DataFrame | None:
+        return None
+
+    def set_aside_words(self, stats: dict[str, float]) -> str:
+        return ""
+
+    def set_aside_stats(self, quarantine: pl.DataFrame | None, settings: Any) -> dict[str, float]:
+        return {}
+
+
 def profile(name: str) -> Profile:
     """The profile of the trainer `name` (one of `NAMES`)."""
     module = importlib.import_module(f"{__name__}.{_known(name)}.profile")

@@ -26,7 +26,7 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import step_error
 from pipeline.schemas.rules import Model
-from pipeline.trainers import BatchPlan, Settings
+from pipeline.trainers import BatchPlan, NoSetAside, Settings
 from pipeline.trainers.miles.settings import REQUIRED_SHAPE
 from pipeline.trainers.slime.rules import ROW_RULES
 from pipeline.trainers.slime.schedule import SlimeLayout, slime_layout
@@ -137,7 +137,7 @@ def _layout_plan(settings: Settings) -> SlimeLayout:
 
 
 @dataclasses.dataclass(frozen=True)
-class Slime:
+class Slime(NoSetAside):
     """The slime profile (`pipeline.trainers.Profile`)."""
 
     name: str = "slime"
@@ -152,15 +152,6 @@ class Slime:
         SOURCE_NAMES,
         *c.PARTITION_COLUMNS,
     )
-
-    def set_aside(self, rows: pl.DataFrame, settings: Any, step: int) -> pl.DataFrame | None:
-        return None  # no filter of its own before the batch
-
-    def set_aside_words(self, stats: dict[str, float]) -> str:
-        return ""
-
-    def set_aside_stats(self, quarantine: pl.DataFrame | None, settings: Any) -> dict[str, float]:
-        return {}
 
     def check(self, settings: Settings) -> str | None:
         return slime_settings_problem(settings)

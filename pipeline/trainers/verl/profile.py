@@ -32,7 +32,7 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
 from pipeline.schemas.rules import ROWS, Model
-from pipeline.trainers import BatchPlan, Settings
+from pipeline.trainers import BatchPlan, NoSetAside, Settings
 from pipeline.trainers.verl.settings import MODEL
 from pipeline.transforms.layout import Layout
 from pipeline.transforms.reward_groups import RewardGroups
@@ -215,7 +215,7 @@ def _equal_reward_groups(frame: pl.DataFrame) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class Verl:
+class Verl(NoSetAside):
     """The verl profile (`pipeline.trainers.Profile`)."""
 
     name: str = "verl"
@@ -225,15 +225,6 @@ class Verl:
     sibling_rewards: bool = False
     settings: frozenset[str] = frozenset(f.name for f in dataclasses.fields(MODEL))
     rank_columns: tuple[str, ...] = (*c.DATASET_COLUMNS, c.GROUP_INDEX)
-
-    def set_aside(self, rows: pl.DataFrame, settings: Any, step: int) -> pl.DataFrame | None:
-        return None  # no filter of its own before the batch
-
-    def set_aside_words(self, stats: dict[str, float]) -> str:
-        return ""
-
-    def set_aside_stats(self, quarantine: pl.DataFrame | None, settings: Any) -> dict[str, float]:
-        return {}
 
     def check(self, settings: Settings) -> str | None:
         missing = [name for name in (*REQUIRED, "pad_token_id") if getattr(settings, name) is None]
