@@ -68,9 +68,20 @@ def _open_to(path: Path, user: str) -> None:
 
 
 def _run(command: list[str], user: str | None, timeout: float = START_TIMEOUT_S) -> None:
-    done = subprocess.run(
-        command, user=user, capture_output=True, text=True, timeout=timeout, check=False
-    )
+    # the user's own group and no other: root's group would keep root's group permissions
+    groups = {"group": pwd.getpwnam(user).pw_gid, "extra_groups": []} if user else {}
+    try:
+        done = subprocess.run(
+            command,
+            user=user,
+            **groups,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except OSError as exc:
+        raise SystemExit(f"local_postgres: {Path(command[0]).name}: {exc.strerror}") from None
     if done.returncode:
         lines = (done.stderr or done.stdout).strip().splitlines()
         said = lines[-1] if lines else f"exit status {done.returncode}"
@@ -85,6 +96,9 @@ def start(data: Path, port: int, bin_dir: Path) -> str:
     data.mkdir(parents=True, exist_ok=True)
     if user:
         _open_to(data, user)
+        # the server's own files too: a venv inside a private folder (mktemp -d) hides them
+        for parent in bin_dir.resolve().parents:
+            parent.chmod(parent.stat().st_mode | stat.S_IXOTH)
     if not (data / "PG_VERSION").exists():
         _run(
             [

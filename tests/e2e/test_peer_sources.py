@@ -23,7 +23,9 @@ def _run(
     cache and no MILES_SOURCE / SLIME_SOURCE unless given."""
     config = tmp_path / "gitconfig"
     config.write_text(f'[url "{url_base}"]\n\tinsteadOf = https://github.com/\n')
-    base = {k: v for k, v in os.environ.items() if k not in ("MILES_SOURCE", "SLIME_SOURCE")}
+    # nor the variables of a `make` this runs under (`make test`): the inner make is a user's
+    unset = ("MILES_SOURCE", "SLIME_SOURCE", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
+    base = {k: v for k, v in os.environ.items() if k not in unset}
     started = time.monotonic()
     done = subprocess.run(
         command or [sys.executable, str(SCRIPT)],
