@@ -5,13 +5,6 @@ from __future__ import annotations
 import dagster as dg
 
 from pipeline.assets.rollout_step import rollout_step
-from pipeline.orchestration.checks import (
-    every_row_is_trained,
-    manifest_counts_add_up,
-    no_rows_quarantined,
-    rank_files_match_manifest,
-    rollouts_stay_in_one_train_step,
-)
 from pipeline.orchestration.compute import StepCompute
 from pipeline.orchestration.jobs import rollout_step_job
 from pipeline.orchestration.resources import RolloutStorage
@@ -20,13 +13,6 @@ from pipeline.orchestration.sensors import rollout_shards_automation_sensor, rol
 
 defs = dg.Definitions(
     assets=[rollout_step],
-    asset_checks=[
-        manifest_counts_add_up,
-        rank_files_match_manifest,
-        rollouts_stay_in_one_train_step,
-        no_rows_quarantined,
-        every_row_is_trained,
-    ],
     jobs=[rollout_step_job],
     sensors=[rollout_steps_sensor, rollout_shards_automation_sensor],
     schedules=[stale_shards_schedule],

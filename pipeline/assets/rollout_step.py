@@ -15,6 +15,11 @@ import dagster as dg
 from pipeline.assets.rollout_samples import rollout_samples
 from pipeline.assets.train_batch import train_batch
 from pipeline.assets.training_shards import training_shards
+from pipeline.orchestration.checks import (
+    SHARD_CHECKS,
+    shard_check_results,
+    step_kept_every_rule,
+)
 from pipeline.orchestration.compute import StepCompute
 from pipeline.orchestration.reporting import (
     STEP_KEEPS_EVERY_RULE,
@@ -50,7 +55,8 @@ warnings.filterwarnings(
                 "the rule lines and the offending rows, when the step is refused; nothing "
                 "of it is then published."
             ),
-        )
+        ),
+        *(spec for spec, _ in SHARD_CHECKS),
     ],
     can_subset=True,
     pool=STEP_POOL,
@@ -64,10 +70,15 @@ def rollout_step(
     """Read, validate, plan and write one rollout step, reporting each selected asset."""
 
     def stages() -> Iterator[dg.MaterializeResult | dg.AssetCheckResult]:
-        with step_slot(context):
-            settings = rollout_storage.settings(config.overrides())
-            yield from step_compute.materialize(context, rollout_storage.roots(), settings)
-        yield from rules_followed(context)
+        if context.selected_asset_keys:
+            with step_slot(context):
+                settings = rollout_storage.settings(config.overrides())
+                yield from step_compute.materialize(context, rollout_storage.roots(), settings)
+            yield from rules_followed(context)
+        else:
+            yield from step_kept_every_rule(context, rollout_storage)
+        # after the commit, or alone on a step built before ("Execute checks")
+        yield from shard_check_results(context, rollout_storage)
 
     # the output root lazily: an output_root outside the roots fails in `stages` as one line
     yield from failures_reported(context, stages(), lambda: rollout_storage.output_path)

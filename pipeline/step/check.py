@@ -27,7 +27,7 @@ from pipeline.errors import StepError, Violation
 from pipeline.io.discovery import SourceFile
 from pipeline.io.step_files import LoadedStep, StepFiles
 from pipeline.schemas.rules import TABLE
-from pipeline.schemas.validate import Verdict, validate_step
+from pipeline.schemas.validate import QUARANTINE_HINT, Verdict, validate_step
 from pipeline.settings import RowSettings, Settings
 from pipeline.step.tables import SampleTable
 from pipeline.trainers import Profile
@@ -163,7 +163,28 @@ def repair_and_validate(
     # the batch settings say how rewards are grouped (`validate` of the rows alone has none)
     if isinstance(settings, Settings) and settings.on_invalid == "quarantine" and verdict.settled:
         verdict = _groups_kept_whole(frame, verdict, step, settings, profile)
+    elif isinstance(settings, Settings) and verdict.violations:
+        _hint_what_quarantine_would_do(frame, verdict, settings, profile)
     return _without_set_aside(verdict, step, settings, profile), repaired
+
+
+def _hint_what_quarantine_would_do(
+    frame: pl.DataFrame, verdict: Verdict, settings: Settings, profile: Profile
+) -> None:
+    """A step whose reward group is the whole batch cannot be quarantined (any row taken
+    out renormalizes every other): the lines say so instead of suggesting quarantine."""
+    hinted = [v for v in verdict.violations if v.message.endswith(QUARANTINE_HINT)]
+    if not hinted:
+        return
+    groups = profile.reward_groups(settings, frame.height, every_row_grouped(frame))
+    if groups.kind != "whole":
+        return
+    instead = (
+        f"--on-invalid quarantine cannot set them aside: {groups.described} is one reward "
+        "group, which any row taken out would renormalize; give every row its group_index"
+    )
+    for violation in hinted:
+        violation.message = violation.message.removesuffix(QUARANTINE_HINT) + instead
 
 
 def _groups_kept_whole(

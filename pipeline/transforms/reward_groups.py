@@ -154,10 +154,15 @@ def kept_whole(
 
 
 def trim_cuts_group(
-    kept: pl.LazyFrame, trimmed: pl.LazyFrame, groups: RewardGroups, step: int
+    kept: pl.LazyFrame,
+    trimmed: pl.LazyFrame,
+    groups: RewardGroups,
+    step: int,
+    uncut: int | None = None,
 ) -> None:
     """Refuse a trim that would cut a reward group: some of its rows kept, some trimmed
-    (`kept` and `trimmed`: light rows with INDEX, LEAF and POSITION)."""
+    (`kept` and `trimmed`: light rows with INDEX, LEAF and POSITION); `uncut`, the largest
+    global batch size whose trim cuts none (0: none does), is named as the way out."""
     if groups.kind == "none":
         return
     kept, trimmed = kept.with_columns(group_key(groups)), trimmed.with_columns(group_key(groups))
@@ -171,8 +176,9 @@ def trim_cuts_group(
     fix = (
         "give every row its group_index (its prompt), or set disable_rollout_trim_samples"
         if groups.kind == "whole"
-        else "choose a global_batch_size that ends on a group's edge, or set "
-        "disable_rollout_trim_samples"
+        else "choose a global_batch_size that ends on a group's edge"
+        + (f" (--global-batch-size {uncut} is the largest)" if uncut else "")
+        + ", or set disable_rollout_trim_samples"
     )
     raise StepError(
         [
@@ -204,3 +210,47 @@ def group_key(groups: RewardGroups) -> pl.Expr:
     if groups.kind == "group_index":
         return pl.col(c.GROUP_INDEX).alias(_KEY)
     return pl.lit(0, dtype=pl.Int64).alias(_KEY)
+
+
+def largest_uncut(light: pl.LazyFrame, groups: RewardGroups, n_rows: int, multiple: int) -> int:
+    """The largest global batch size, a multiple of `multiple` up to `n_rows`, whose trim
+    (the leading `n_rows // size * size` rows of `light`, planned rows in batch order) ends
+    on a reward group's edge and so cuts no group; 0 when there is none. Advice for a
+    refused trim, not the trim itself."""
+    if n_rows < multiple:
+        return 0
+    sizes = pl.int_range(multiple, n_rows + 1, multiple, dtype=pl.Int64, eager=True)
+    candidates = pl.LazyFrame({"_size": sizes}).with_columns(
+        (n_rows // pl.col("_size") * pl.col("_size")).alias("_k")
+    )
+    if groups.kind == "none":
+        return int(sizes[-1])
+    if groups.kind == "whole":
+        clean = candidates.filter(pl.col("_k") == n_rows)
+    else:
+        # a group on rows first..last is cut by keeping k rows when first < k <= last
+        spans = (
+            light.select(group_key(groups), pl.int_range(pl.len(), dtype=pl.Int64).alias("_at"))
+            .filter(pl.col(_KEY).is_not_null())
+            .group_by(_KEY)
+            .agg(pl.col("_at").min().alias("_first"), pl.col("_at").max().alias("_last"))
+            .filter(pl.col("_last") > pl.col("_first"))
+        )
+        edges = (
+            pl.concat(
+                [
+                    spans.select((pl.col("_first") + 1).alias("_k"), pl.lit(1).alias("_d")),
+                    spans.select((pl.col("_last") + 1).alias("_k"), pl.lit(-1).alias("_d")),
+                ]
+            )
+            .group_by("_k")
+            .agg(pl.col("_d").sum())
+            .sort("_k")
+            .select("_k", pl.col("_d").cum_sum().alias("_cutting"))
+        )
+        clean = (
+            candidates.sort("_k")
+            .join_asof(edges, on="_k", strategy="backward")
+            .filter(pl.col("_cutting").fill_null(0) == 0)
+        )
+    return int(clean.select(pl.col("_size").max()).collect().item() or 0)

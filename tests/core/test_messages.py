@@ -72,12 +72,77 @@ def test_too_few_samples_suggest_the_largest_batch_the_step_fills(
     assert lines == [
         "rollout-shards: validate: step 1: rule not_enough_samples: not enough samples 11 for "
         "global_batch_size 16; --global-batch-size 8 is the largest this step fills "
-        "(a multiple of dp_size 4)"
+        "(a multiple of dp_size 4 whose trim cuts no reward group)"
     ]
     status, _ = _stderr(
         capsys, "validate", tmp_path / "in", "--global-batch-size", "8", "--dp-size", "4"
     )
     assert status == 0
+
+
+def test_the_suggested_batch_size_is_one_whose_trim_cuts_no_reward_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # prompts of three samples: 10 (the largest multiple of dp_size 2) would trim row 10
+    # out of the last prompt, and 8 (kept 8) would cut the third; 6 keeps two prompts whole
+    write_step(tmp_path / "in", [sample(i, group_index=i // 3) for i in range(11)])
+    args = ("validate", tmp_path / "in", "--dp-size", "2", "--global-batch-size")
+    status, lines = _stderr(capsys, *args, "16")
+    assert status == 1
+    assert lines == [
+        "rollout-shards: validate: step 1: rule not_enough_samples: not enough samples 11 for "
+        "global_batch_size 16; --global-batch-size 6 is the largest this step fills "
+        "(a multiple of dp_size 2 whose trim cuts no reward group)"
+    ]
+    status, lines = _stderr(capsys, *args, "10")
+    assert status == 1
+    (line,) = lines
+    assert "rule trim_cuts_reward_group: " in line
+    assert "(--global-batch-size 6 is the largest), or set disable_rollout_trim_samples" in line
+    for size in ("8", "4"):  # each trims into a prompt
+        assert _stderr(capsys, *args, size)[0] == 1
+    assert _stderr(capsys, *args, "6")[0] == 0  # the suggestion holds
+
+
+def test_no_batch_size_is_suggested_when_every_trim_cuts_a_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # prompts of three samples, dp_size 4: batches of 4 or 8 both keep 8 rows, inside a prompt
+    write_step(tmp_path / "in", [sample(i, group_index=i // 3) for i in range(11)])
+    status, lines = _stderr(
+        capsys, "validate", tmp_path / "in", "--global-batch-size", "16", "--dp-size", "4"
+    )
+    assert status == 1
+    assert lines == [
+        "rollout-shards: validate: step 1: rule not_enough_samples: not enough samples 11 for "
+        "global_batch_size 16; no multiple of dp_size 4 up to 11 rows ends on a reward "
+        "group's edge: give every row its group_index, or set disable_rollout_trim_samples"
+    ]
+
+
+def test_quarantine_is_not_suggested_when_the_batch_is_one_reward_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # no group_index and no rollout_batch_size x n_samples_per_prompt: miles normalizes the
+    # whole batch as one group, so setting a row aside would renormalize every other row
+    rows = [sample(i, reward=float(i % 2)) for i in range(8)]
+    rows[2]["reward"] = math.nan
+    path = write_step(tmp_path / "in", rows)
+    args = ("build", tmp_path / "in", "--out", tmp_path / "out", "--global-batch-size", "4")
+    status, lines = _stderr(capsys, *args)
+    assert status == 1
+    assert lines == [
+        f"rollout-shards: build: step 1: {path}: rule reward_finite: reward must be a finite "
+        "number on every row; file row 3 has reward NaN; --on-invalid quarantine cannot set "
+        "them aside: without group_index, a batch of 8 rows that is not rollout_batch_size x "
+        "n_samples_per_prompt rows is one reward group, which any row taken out would "
+        "renormalize; give every row its group_index; rows (index, leaf): (2, 0)"
+    ]
+    assert QUARANTINE_HINT not in lines[0]
+    # and quarantine would indeed be refused
+    status, lines = _stderr(capsys, *args, "--on-invalid", "quarantine")
+    assert status == 1
+    assert "rule quarantine_changes_reward_group: " in lines[0]
 
 
 def test_a_missing_batch_size_in_the_projects_words(

@@ -29,7 +29,11 @@ RULE_LINE = (
 
 
 def _rows(bad: bool) -> list[dict]:
-    return [sample(i, reward=float("nan") if bad and i == 2 else float(i % 2)) for i in range(8)]
+    # prompts of two samples, so quarantine (the hint) could set the bad row's prompt aside
+    return [
+        sample(i, reward=float("nan") if bad and i == 2 else float(i % 2), group_index=i // 2)
+        for i in range(8)
+    ]
 
 
 def _refuse(tmp_path: Path, step: int = 3) -> tuple[Path, Path]:

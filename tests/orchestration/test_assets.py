@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from pipeline.orchestration.partitions import rollout_steps, step_of
 from pipeline.orchestration.reporting import FAILURE_TAG, STEP_KEEPS_EVERY_RULE
 from pipeline.step.readers import spill
 from tests.support.dagster_roots import (
-    CHECKS,
+    CHECK_KEYS,
     EMBEDDED_KEYS,
     Roots,
     break_step_1,
@@ -317,18 +318,67 @@ def test_a_refused_step_fails_its_rule_check_with_the_lines(
     assert passed.passed and passed.partition == "00000002"
 
 
+SHARD_CHECK_KEYS = [key for key in CHECK_KEYS if key.name != STEP_KEEPS_EVERY_RULE]
+
+
 def _check_records(instance: dg.DagsterInstance) -> dict[str, list[tuple[str, str, str]]]:
     """Every check's executions on record: (partition, run, resolved status), newest first."""
     loading = LoadingContextForTest(instance)
     records: dict[str, list[tuple[str, str, str]]] = {}
-    for checks_def in CHECKS:
-        for key in checks_def.check_keys:
-            history = instance.event_log_storage.get_asset_check_execution_history(key, limit=10)
-            records[key.name] = [
-                (r.partition, r.run_id, asyncio.run(r.resolve_status(loading)).value)
-                for r in history
-            ]
+    for key in SHARD_CHECK_KEYS:
+        history = instance.event_log_storage.get_asset_check_execution_history(key, limit=10)
+        records[key.name] = [
+            (r.partition, r.run_id, asyncio.run(r.resolve_status(loading)).value) for r in history
+        ]
     return records
+
+
+def test_a_refused_runs_log_puts_its_cause_first(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    """The run's log of a refused step, as the UI lists it: no "Not executing" row per
+    check (the checks are the step's own, not steps of their own), and the one step
+    failure whose error opens with the command line's lines, no chained traceback below."""
+    break_step_1(roots)
+    result = materialize(instance, "00000001")
+    records = instance.all_logs(result.run_id)
+    errors = [r for r in records if r.level >= logging.ERROR]
+    assert [r.dagster_event.event_type for r in errors if r.dagster_event] == [
+        dg.DagsterEventType.STEP_FAILURE,
+        dg.DagsterEventType.RUN_FAILURE,
+    ]
+    assert not [r for r in records if "Not executing" in (r.user_message or "")]
+    (failure,) = [r.dagster_event for r in errors if r.dagster_event.is_step_failure]
+    error = failure.step_failure_data.error
+    cause = "rollout-shards: build: step 1: "
+    assert error.message.startswith(f"dagster._core.definitions.events.Failure: {cause}")
+    assert error.cause is None and error.context is None
+    assert failure.step_failure_data.user_failure_data.description.startswith(cause)
+
+
+def test_execute_checks_alone_reads_the_published_step(
+    instance: dg.DagsterInstance, roots: Roots
+) -> None:
+    """ "Execute checks" without the assets: the shard checks read the committed step, and
+    `step_keeps_every_rule` says what the root says (published, refused or not built)."""
+    assert materialize(instance, "00000002").success
+    rerun = run_checks(instance, "00000002")
+    assert rerun.success
+    evaluations = {e.check_name: e for e in rerun.get_asset_check_evaluations()}
+    assert set(evaluations) == {key.name for key in CHECK_KEYS}
+    assert all(e.passed for e in evaluations.values())
+    assert materialized(rerun) == []
+    instance.add_dynamic_partitions(rollout_steps.name, ["00000003"])
+    unbuilt = run_checks(instance, "00000003")
+    assert not unbuilt.success
+    kept = {e.check_name: e for e in unbuilt.get_asset_check_evaluations()}[STEP_KEEPS_EVERY_RULE]
+    assert not kept.passed and "step 3 is not built" in (kept.description or "")
+    break_step_1(roots)
+    assert not materialize(instance, "00000001").success
+    refused = run_checks(instance, "00000001")
+    kept = {e.check_name: e for e in refused.get_asset_check_evaluations()}[STEP_KEEPS_EVERY_RULE]
+    assert not kept.passed
+    assert "rule response_within_tokens" in (kept.description or "")
 
 
 def test_a_refused_step_fails_its_run_and_partition_not_the_checks(
@@ -352,8 +402,7 @@ def test_a_refused_step_fails_its_run_and_partition_not_the_checks(
         )
     }
     with partition_loading_context(dynamic_partitions_store=instance):
-        for checks_def in CHECKS:
-            (key,) = checks_def.check_keys
+        for key in SHARD_CHECK_KEYS:
             state = instance.event_log_storage.get_asset_check_state([(key, rollout_steps)])[key]
             statuses = {
                 status.value: sorted(subset.subset_value.get_partition_keys())

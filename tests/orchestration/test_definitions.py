@@ -52,6 +52,7 @@ EXPECTED: dict[str, Any] = {
         },
     },
     "checks": {
+        "rollout_samples:step_keeps_every_rule": {"blocking": True, "partitions": "rollout_steps"},
         "training_shards:every_row_is_trained": {"blocking": False, "partitions": "rollout_steps"},
         "training_shards:manifest_counts_add_up": {"blocking": True, "partitions": "rollout_steps"},
         "training_shards:no_rows_quarantined": {"blocking": False, "partitions": "rollout_steps"},
@@ -120,8 +121,8 @@ def graph_structure(definitions: dg.Definitions) -> dict[str, Any]:
             "blocking": spec.blocking,
             "partitions": _partitions(spec.partitions_def),
         }
-        for checks_def in definitions.asset_checks or []
-        for spec in checks_def.check_specs
+        for assets_def in definitions.assets or []
+        for spec in assets_def.check_specs
     }
     jobs = {}
     for job in definitions.resolve_all_job_defs():
@@ -196,9 +197,10 @@ def test_automation_condition_requests_a_newly_registered_step() -> None:
 def test_every_asset_has_a_description() -> None:
     for spec in defs.resolve_all_asset_specs():
         assert spec.description, spec.key
-    for checks_def in defs.asset_checks or []:
-        for spec in checks_def.check_specs:
-            assert spec.description, spec.name
+    checks = [spec for assets_def in defs.assets or [] for spec in assets_def.check_specs]
+    assert len(checks) == 6
+    for spec in checks:
+        assert spec.description, spec.name
 
 
 def test_run_config_fields_are_the_setting_names() -> None:

@@ -25,7 +25,8 @@ from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV, 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data" / "rollouts"
 ASSETS = list(defs.assets or [])
-CHECKS = list(defs.asset_checks or [])
+# every check is a check spec of the step's op (no separate check steps)
+CHECK_KEYS = [spec.key for asset in ASSETS for spec in asset.check_specs]
 EMBEDDED_KEYS = ["00000001", "00000002", "00000003", "00000004"]
 
 
@@ -70,7 +71,7 @@ def materialize(
     if not instance.has_dynamic_partition(rollout_steps.name, key):
         instance.add_dynamic_partitions(rollout_steps.name, [key])
     return dg.materialize(
-        [*ASSETS, *CHECKS],
+        ASSETS,
         partition_key=key,
         instance=instance,
         resources={
@@ -114,12 +115,11 @@ def break_step_1(roots: Roots) -> None:
 def run_checks(instance: dg.DagsterInstance, key: str) -> dg.ExecuteInProcessResult:
     """Only the asset checks of `training_shards` on one step, as "Execute checks" in the UI."""
     job = defs.resolve_job_def("rollout_step_job")
-    checks = {check_key for checks_def in CHECKS for check_key in checks_def.check_keys}
-    subset = job.get_subset(asset_selection=set(), asset_check_selection=checks)
+    subset = job.get_subset(asset_selection=set(), asset_check_selection=set(CHECK_KEYS))
     return subset.execute_in_process(
         partition_key=key,
         instance=instance,
-        resources={"rollout_storage": RolloutStorage.from_env()},
+        resources={"rollout_storage": RolloutStorage.from_env(), "step_compute": StepCompute()},
         raise_on_error=False,
     )
 

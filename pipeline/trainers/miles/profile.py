@@ -15,6 +15,7 @@ another trainer does not.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -33,7 +34,12 @@ from pipeline.trainers.miles.staleness import (
     stale_rows,
 )
 from pipeline.transforms.layout import Layout, rank_sizes, rows_within_ranks
-from pipeline.transforms.reward_groups import RewardGroups, group_key, trim_cuts_group
+from pipeline.transforms.reward_groups import (
+    RewardGroups,
+    group_key,
+    largest_uncut,
+    trim_cuts_group,
+)
 from pipeline.transforms.shard_columns import light_shard_columns, raw_reward
 from pipeline.transforms.trim import is_compact
 
@@ -61,8 +67,16 @@ def dynamic_global_batch_size(n_rows: int, dp_size: int) -> int:
     return max(n_rows // dp_size * dp_size, dp_size)
 
 
-def plan_trim(n_rows: int, settings: Settings, compact: bool, step: int) -> TrimPlan:
-    """How many leading rows form whole optimizer batches; refuse what cannot train."""
+def plan_trim(
+    n_rows: int,
+    settings: Settings,
+    compact: bool,
+    step: int,
+    uncut: Callable[[int], int],
+) -> TrimPlan:
+    """How many leading rows form whole optimizer batches; refuse what cannot train.
+    `uncut(multiple)`: the largest global batch size, a multiple of it, whose trim cuts no
+    reward group (the advice of a refusal)."""
     dynamic = None
     size = settings.global_batch_size
     assert size is not None, "checked with the settings"
@@ -81,22 +95,30 @@ def plan_trim(n_rows: int, settings: Settings, compact: bool, step: int) -> Trim
     if kept == 0:
         raise step_error(
             "not_enough_samples",
-            f"not enough samples {n_rows} for global_batch_size {size}{_fits(n_rows, settings)}",
+            f"not enough samples {n_rows} for global_batch_size {size}"
+            f"{_fits(n_rows, settings, uncut)}",
             step,
         )
     return TrimPlan(size, dynamic, kept, n_rows - kept)
 
 
-def _fits(n_rows: int, settings: Settings) -> str:
-    """The largest global batch size this step fills (a multiple of dp_size), as advice."""
-    largest = n_rows // settings.dp_size * settings.dp_size
+def _fits(n_rows: int, settings: Settings, uncut: Callable[[int], int]) -> str:
+    """The largest global batch size this step fills (a multiple of dp_size) whose trim
+    cuts no reward group, as advice."""
+    dp = settings.dp_size
     if n_rows == 0:
         return ""  # nothing to fill: what emptied the step is said beside
+    if n_rows < dp:
+        return f"; the step has fewer rows than dp_size {dp}"
+    largest = uncut(dp)
     if largest == 0:
-        return f"; the step has fewer rows than dp_size {settings.dp_size}"
+        return (
+            f"; no multiple of dp_size {dp} up to {n_rows} rows ends on a reward group's "
+            "edge: give every row its group_index, or set disable_rollout_trim_samples"
+        )
     return (
-        f"; --global-batch-size {largest} is the largest this step fills "
-        f"(a multiple of dp_size {settings.dp_size})"
+        f"; --global-batch-size {largest} is the largest this step fills (a multiple of "
+        f"dp_size {dp} whose trim cuts no reward group)"
     )
 
 
@@ -383,11 +405,18 @@ class Miles:
         groups: RewardGroups | None = None,
     ) -> BatchPlan:
         compact = is_compact(light)
-        trim = plan_trim(height, settings, compact, step)
         if groups is None:
             groups = reward_groups(settings, height, all_grouped(light))
+        chosen = groups
+
+        def uncut(multiple: int) -> int:
+            return largest_uncut(light, chosen, height, multiple)
+
+        trim = plan_trim(height, settings, compact, step, uncut)
         if trim.trimmed:
-            trim_cuts_group(light.head(trim.kept), light.slice(trim.kept), groups, step)
+            trim_cuts_group(
+                light.head(trim.kept), light.slice(trim.kept), groups, step, uncut(settings.dp_size)
+            )
         kept = light_shard_columns(light.head(trim.kept)).with_columns(raw_reward(schema))
         kept, equal_groups = with_rewards(kept, groups, settings)
         frame = kept.collect()
