@@ -8,7 +8,7 @@ from pipeline import columns as c
 from pipeline.errors import UsageError
 from pipeline.parity.compare import EXAMPLES, compare_frames
 from pipeline.parity.report import ParityReport
-from pipeline.parity.sources import is_build, read_build, read_inputs
+from pipeline.parity.sources import is_build, one_table, read_build, read_inputs
 
 BUILD_KEYS: tuple[str, ...] = (c.STEP, c.BATCH_POSITION)
 INPUT_KEYS: tuple[str, ...] = (c.STEP, c.INDEX, c.LEAF)
@@ -33,8 +33,9 @@ def parity(a: str | Path, b: str | Path, limit: int = EXAMPLES) -> ParityReport:
         left, right = read_build(left_path, notes), read_build(right_path, notes)
     else:
         mode, keys = "inputs", INPUT_KEYS
-        left, left_ignored = read_inputs(left_path, notes)
-        right, right_ignored = read_inputs(right_path, notes)
+        left_steps, left_ignored = read_inputs(left_path, notes)
+        right_steps, right_ignored = read_inputs(right_path, notes)
+        left, right = one_table([left_steps, right_steps], notes)
         if left_ignored or right_ignored:
             notes.append(
                 "columns the pipeline ignores, not compared: left "

@@ -107,9 +107,10 @@ def read_build(path: Path, notes: list[str]) -> pl.DataFrame:
     return pl.concat(frames, how="diagonal_relaxed")
 
 
-def read_inputs(path: Path, notes: list[str]) -> tuple[pl.DataFrame, list[str]]:
+def read_inputs(path: Path, notes: list[str]) -> tuple[list[pl.DataFrame], list[str]]:
     """Every row of a sample-table input as the pipeline reads it (typed to the contract),
-    with its position in its step's batch order; and the columns the reader ignores."""
+    with its position in its step's batch order, a frame per step; and the columns the
+    reader ignores."""
     found: list[str] = []
     steps = group_steps(find_sources([path], notes=found))
     notes.extend(f"{path}: {note}" for note in found)
@@ -124,4 +125,34 @@ def read_inputs(path: Path, notes: list[str]) -> tuple[pl.DataFrame, list[str]]:
                 pl.int_range(pl.len(), dtype=pl.Int64).alias(INPUT_POSITION)
             )
         )
-    return pl.concat(frames, how="diagonal_relaxed"), sorted(ignored)
+    return frames, sorted(ignored)
+
+
+def _as_json(name: str) -> pl.Expr:
+    """A column's values as JSON text: one type for values whose types differ by step."""
+    value = pl.struct(pl.col(name).alias("v")).struct.json_encode()
+    return value.str.slice(5).str.head(-1).alias(name)
+
+
+def one_table(sides: list[list[pl.DataFrame]], notes: list[str]) -> list[pl.DataFrame]:
+    """Each side's steps as one table. A column whose type differs between steps (a float
+    reward in one, a struct of scores in another) has no common type that keeps every
+    value as it is, so it is compared as JSON text on both sides, and a note says so."""
+    types: dict[str, set[str]] = {}
+    for frames in sides:
+        for frame in frames:
+            for name, dtype in frame.schema.items():
+                types.setdefault(name, set()).add(str(dtype))
+    mixed = sorted(name for name, seen in types.items() if len(seen) > 1)
+    if mixed:
+        notes.append(
+            "compared as JSON text, their types differing between steps: "
+            + "; ".join(f"{name} ({', '.join(sorted(types[name]))})" for name in mixed)
+        )
+    return [
+        pl.concat(
+            [f.with_columns(_as_json(n) for n in mixed if n in f.columns) for f in frames],
+            how="diagonal_relaxed",
+        )
+        for frames in sides
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import struct
 import subprocess
 import sys
@@ -343,3 +344,32 @@ def test_matches_a_naive_comparison() -> None:
         left_keys, right_keys = {r["k"] for r in left}, {r["k"] for r in right}
         assert one_sided["only_left"] == len(left_keys - right_keys)
         assert one_sided["only_right"] == len(right_keys - left_keys)
+
+
+def test_inputs_whose_reward_type_differs_by_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The embedded rollouts: float rewards in three steps, a struct of scores in step 4.
+    No type holds both as they are, so the column is compared as JSON text on both sides
+    (a note says so), and a changed score is still found."""
+    status, lines = run(REPO / "data" / "rollouts", REPO / "data" / "rollouts", capsys=capsys)
+    assert status == 0
+    assert lines[-1] == "identical"
+    assert "note: compared as JSON text, their types differing between steps: reward (" in (
+        "\n".join(lines)
+    )
+    changed = tmp_path / "rollouts"
+    shutil.copytree(REPO / "data" / "rollouts", changed)
+    step4 = pl.read_parquet(changed / "step=4.parquet")
+    step4.with_columns(
+        pl.when(pl.int_range(pl.len()) == 0)
+        .then(pl.struct(pl.lit(0.25).alias("score"), pl.col("reward").struct.field("format")))
+        .otherwise(pl.col("reward"))
+        .alias("reward")
+    ).write_parquet(changed / "step=4.parquet")
+    status, lines = run(REPO / "data" / "rollouts", changed, capsys=capsys)
+    assert status == 1
+    assert lines[-1] == "1 columns differ"
+    assert 'left "{\\"score\\":0.0,\\"format\\":1.0}", right "{\\"score\\":0.25,' in (
+        "\n".join(lines)
+    )
