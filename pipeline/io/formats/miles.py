@@ -148,7 +148,7 @@ def _weight_versions(
             spans.append(None)
             continue
         plain.budget.charge(len(raw), f"field {c.WEIGHT_VERSIONS} of sample {position}")
-        if isinstance(raw[0], str):
+        if type(raw[0]) not in LISTS:  # the string form (miles: `isinstance(raw[0], str)`)
             odd = next((v for v in raw if type(v) is not str), _NOT_FOUND)
             if odd is not _NOT_FOUND:
                 reason = f"version {preview(odd)} is a {type(odd).__name__}, not a string"

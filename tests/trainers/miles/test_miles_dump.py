@@ -683,7 +683,7 @@ def test_one_token_list_shared_by_every_sample_is_refused(tmp_path: Path) -> Non
     ("value", "reason"),
     [
         (5, "(5): a int where a list of versions belongs"),
-        ([1, 2], "([1, 2]): call 0 is a int, not a list of spans"),
+        ([1, 2], "([1, 2]): version 1 is a int, not a string"),
         (["1", ["2"]], "version ['2'] is a list, not a string"),
         ([[{"version": "1", "abs_start": 0, "abs_end": 1}], "2"], "call 1 is a str, not a list"),
         ([[{"version": 3.0, "abs_start": 0, "abs_end": 1}]], "version 3.0 is a float, not a"),

@@ -45,6 +45,8 @@ def miles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture(autouse=True)
 def no_hook() -> Iterator[None]:
+    """No hook from an earlier test (of this module or another) reads another folder."""
+    hook.uninstall()
     yield
     hook.uninstall()
 
