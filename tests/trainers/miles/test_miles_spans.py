@@ -276,3 +276,36 @@ def test_a_step_mixing_strings_and_spans_is_refused(tmp_path: Path) -> None:
     write_dump(tmp_path / "dump" / f"{STEP}.pt", STEP, dicts, metadata={})
     with pytest.raises(StepError, match=r"rule weight_versions_one_form: .*\(3, 0\)$"):
         build(tmp_path / "dump", tmp_path / "out2", global_batch_size=4, dp_size=2)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow", "jsonl"])
+def test_spans_read_from_every_table_format(tmp_path: Path, fmt: str) -> None:
+    calls = [[{"version": "3", "abs_start": 2, "abs_end": 3}], []]
+    rows = [sample(i, weight_version_spans=calls if i % 2 else None) for i in range(4)]
+    write_step(tmp_path / "in", rows, step=2, fmt=fmt)
+    manifest = build(tmp_path / "in", tmp_path / "out", global_batch_size=4, dp_size=2)
+    assert manifest["present_columns"] == ["weight_version_spans"]
+    folder = tmp_path / "out" / "step=2"
+    assert read_rank(folder, 1)["weight_versions"] == [calls, calls]
+    assert read_rank(folder, 0)["weight_versions"] == [[], []]
+    # numpy has no form for the dicts: as_numpy keeps the lists
+    assert read_rank(folder, 1, as_numpy=True)["weight_versions"] == [calls, calls]
+
+
+@pytest.mark.parametrize(
+    "span",
+    [
+        {"version": 3, "abs_start": 2, "abs_end": 3},  # a number where the version's text belongs
+        {"version": "3", "abs_start": 2.5, "abs_end": 3},  # not an integer
+        {"version": "3", "abs_start": 2, "abs_end": 3, "weight": 1},  # a key miles refuses
+    ],
+    ids=["number_version", "float_start", "extra_key"],
+)
+def test_spans_of_other_types_are_never_coerced(tmp_path: Path, span: dict[str, Any]) -> None:
+    rows = [sample(0, weight_version_spans=[[{"version": "1", "abs_start": 2, "abs_end": 3}]])]
+    rows.append(sample(1, weight_version_spans=[[span]]))
+    write_step(tmp_path / "in", rows, step=2, fmt="jsonl")
+    with pytest.raises(StepError) as refused:
+        build(tmp_path / "in", tmp_path / "out", global_batch_size=2, dp_size=1)
+    text = str(refused.value)
+    assert "rule column_type: column weight_version_spans" in text and text.endswith("(1, 0)")
