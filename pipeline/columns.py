@@ -35,6 +35,7 @@ REMOVE_SAMPLE = "remove_sample"
 ROLLOUT_LOG_PROBS = "rollout_log_probs"
 TEACHER_LOG_PROBS = "teacher_log_probs"
 WEIGHT_VERSIONS = "weight_versions"
+WEIGHT_VERSION_SPANS = "weight_version_spans"
 SAMPLING_MASK_IDS = "rollout_sampling_mask_ids"
 SAMPLING_MASK_OFFSETS = "rollout_sampling_mask_offsets"
 RAW_REWARD = "raw_reward"
@@ -59,6 +60,13 @@ RANK = "rank"
 
 STATUSES = ("pending", "completed", "truncated", "aborted", "failed")
 SESSION_VERSIONS = ("v1", "v2")
+# miles' `WeightVersionSpan` (miles PR #1891): the tokens [abs_start, abs_end) of the
+# sample that weight version `version` generated; a sample holds one list of them per
+# generation call (`WeightVersionsPerCall`), in call order.
+SPAN_VERSION, SPAN_START, SPAN_END = "version", "abs_start", "abs_end"
+WEIGHT_VERSION_SPAN = pl.Struct(
+    {SPAN_VERSION: pl.String(), SPAN_START: pl.Int64(), SPAN_END: pl.Int64()}
+)
 
 
 @dataclass(frozen=True)
@@ -262,6 +270,18 @@ COLUMNS: tuple[Column, ...] = (
         all_or_none=False,
     ),
     Column(
+        WEIGHT_VERSION_SPANS,
+        "per generation call, the weight-version spans of the sample's tokens "
+        "({version, abs_start, abs_end}, miles' weight_versions since PR #1891); "
+        "null when the step has none",
+        input=pl.List(pl.List(WEIGHT_VERSION_SPAN)),
+        shard=pl.List(pl.List(WEIGHT_VERSION_SPAN)),
+        optional=True,
+        # the trainer's key for either form: a step holds one (weight_versions_one_form)
+        trainer_key=WEIGHT_VERSIONS,
+        all_or_none=False,
+    ),
+    Column(
         RAW_REWARD,
         "overrides the raw reward written to shards",
         input=pl.Float64(),
@@ -367,6 +387,11 @@ TLP_LEN = "_tlp_len"
 SMO_LEN = "_sampling_mask_offsets_len"
 # offsets from 0 to len(ids), strictly increasing (null without the pair)
 SM_SHAPE = "_sampling_mask_shape"
+# weight-version spans as miles' Sample.validate asserts them (null without spans)
+SPANS_VALID = "_weight_version_spans_valid"
+# the row holds weight versions in the string form / in spans (a non-empty list)
+HAS_VERSION_STRINGS = "_has_version_strings"
+HAS_VERSION_SPANS = "_has_version_spans"
 METADATA_OBJECT = "_metadata_object"
 LOG_PROBS_FINITE = "_log_probs_finite"  # every rollout and teacher log prob finite
 TRAJECTORY_SIZE = "_trajectory_size"

@@ -367,6 +367,7 @@ def convert_samples_to_shard_rows(
         column: any(row.get(column) is not None for row in rows) for column in ALL_OR_NONE_COLUMNS
     }
     has_weight_versions = any(row.get("weight_versions") for row in rows)
+    has_spans = any(row.get("weight_version_spans") for row in rows)
 
     shard_rows = []
     for position, row in enumerate(rows):
@@ -392,6 +393,8 @@ def convert_samples_to_shard_rows(
                 shard_row[shard_column] = row[column]
         if has_weight_versions:
             shard_row["weight_versions"] = row.get("weight_versions")
+        if has_spans:
+            shard_row["weight_version_spans"] = row.get("weight_version_spans")
         shard_rows.append(shard_row)
     return shard_rows, equal_reward_groups
 
@@ -504,9 +507,18 @@ def effective_response_length(row: Row) -> int:
     return sum(mask) if mask is not None else row["response_length"]
 
 
+def weight_versions_of(row: Row) -> list[str]:
+    """A row's versions in call order: its strings (miles before PR #1891), or the
+    version of every span of every call (`Sample.all_weight_version_spans` since)."""
+    calls = row.get("weight_version_spans") or []
+    return [span["version"] for call in calls for span in call] or list(
+        row.get("weight_versions") or []
+    )
+
+
 def oldest_weight_version(row: Row) -> int | None:
     """Sample.oldest_weight_version (digit strings only)."""
-    numeric = [int(v) for v in row.get("weight_versions") or [] if str(v).isdigit()]
+    numeric = [int(v) for v in weight_versions_of(row) if str(v).isdigit()]
     return min(numeric) if numeric else None
 
 
@@ -553,8 +565,8 @@ def reference_metrics(
     oldest = [v for r in rows if (v := oldest_weight_version(r)) is not None]
     if oldest:
         stats |= {f"rollout/weight_version/{k}": v for k, v in compute_statistics(oldest).items()}
-    if any(r.get("weight_versions") for r in rows):
-        mixed = sum(1 for r in rows if len(set(r.get("weight_versions") or [])) > 1)
+    if any(weight_versions_of(r) for r in rows):
+        mixed = sum(1 for r in rows if len(set(weight_versions_of(r))) > 1)
         stats["rollout/weight_version/mixed_version_ratio"] = mixed / len(rows)
     ranks = reference_build([dict(r) for r in rows], settings)["ranks"]
     tokens = [sum(row["total_lengths"] for row in rank) for rank in ranks]
@@ -589,9 +601,14 @@ def miles_train_data(batch_rows: list[Row]) -> dict[str, Any]:
     carry), from shard rows in batch order: one list per key, one entry per row."""
     data: dict[str, Any] = {}
     for key in MILES_ROW_KEYS:
-        if key not in batch_rows[0]:
+        column = key
+        if key == "weight_versions" and "weight_version_spans" in batch_rows[0]:
+            column = "weight_version_spans"  # per call, the spans' to_dicts (miles #1891)
+        if column not in batch_rows[0]:
             continue
-        values = [row[key] for row in batch_rows]
+        values = [row[column] for row in batch_rows]
+        if column == "weight_version_spans":
+            values = [[[dict(span) for span in call] for call in v or []] for v in values]
         if key == "weight_versions":  # Sample.weight_versions defaults to []
             values = [list(v) if v is not None else [] for v in values]
         if key in ("rollout_log_probs", "teacher_log_probs"):  # list<float32> in the input

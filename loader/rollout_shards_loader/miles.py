@@ -56,7 +56,8 @@ __all__ = [
     "uninstall",
 ]
 
-# Per-row keys in the order miles' `_package_shards` gathers them (those the shards carry).
+# Per-row keys in the order miles' `_package_shards` gathers them (those the shards carry),
+# as the rank-file columns they are read from (KEY_OF: a column handed under another key).
 ROW_KEYS = (
     "tokens",
     "response_lengths",
@@ -72,6 +73,7 @@ ROW_KEYS = (
     "rollout_sampling_mask_offsets",
     "teacher_log_probs",
     "weight_versions",
+    "weight_version_spans",
 )
 # Shard columns miles hands the trainer only when the batch has them.
 OPTIONAL = (
@@ -81,7 +83,14 @@ OPTIONAL = (
     "rollout_sampling_mask_offsets",
     "teacher_log_probs",
     "weight_versions",
+    "weight_version_spans",
 )
+# miles' `weight_versions` is one version string per generation call up to its PR #1891,
+# per call a list of `{"version", "abs_start", "abs_end"}` dicts since (`to_dicts`); a step
+# holds one form, in the column of that form. None of a row's spans is `[]`, as miles
+# gives a sample without calls.
+SPANS = "weight_version_spans"
+KEY_OF = {SPANS: "weight_versions"}
 # Shard columns that are ours or that miles does not hand the trainer.
 NOT_HANDED = ("batch_position", "train_step", "micro_batch", "metadata", "step", "rank")
 
@@ -111,8 +120,9 @@ def read_rank(
 
     With `as_numpy=True` the same keys hold numpy instead of Python lists: a per-row
     scalar key (and `raw_reward`) one array; a ragged key (`tokens`, `loss_masks`, log
-    probs, `weight_versions`) a `Ragged(values, offsets, valid)`, row i being
-    `values[offsets[i]:offsets[i + 1]]`. The batch-wide ints and lists
+    probs, `weight_versions` of strings) a `Ragged(values, offsets, valid)`, row i being
+    `values[offsets[i]:offsets[i + 1]]`; `weight_versions` of spans stays the lists of
+    dicts, which numpy has no form for. The batch-wide ints and lists
     (`dynamic_global_batch_size`, the schedule's keys) stay Python.
 
     `with_train_step=True` adds the key `train_step` (not miles'): per row, the optimizer
@@ -151,9 +161,11 @@ def _rank_dict(read: RankFiles, rank: int, as_numpy: bool, with_train_step: bool
     table = pq.read_table(pa.BufferReader(read.own), columns=[*wanted, *extra])
 
     data: dict[str, Any] = {}
-    for key in wanted:
-        column = table.column(key)
-        if as_numpy:
+    for name in wanted:
+        column, key = table.column(name), KEY_OF.get(name, name)
+        if name == SPANS:  # nested dicts: pyarrow's own Python values, as miles' to_dicts
+            data[key] = [[] if row is None else row for row in column.to_pylist()]
+        elif as_numpy:
             data[key] = ragged(column) if is_list(column) else scalar_array(column)
         elif is_list(column):
             data[key] = lists(column, null_empty=key == "weight_versions")

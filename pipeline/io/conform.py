@@ -58,9 +58,14 @@ def _stored_fits(source: PolarsDataType, target: PolarsDataType, json_numbers: b
     if want == "list":
         inner = source.inner if isinstance(source, pl.List | pl.Array) else None
         return inner is not None and _stored_fits(inner, target.inner, json_numbers)  # type: ignore[union-attr]
-    if want == "struct":
-        return isinstance(source, pl.Struct) and all(
-            _stored_fits(f.dtype, pl.Float64(), json_numbers) for f in source.fields
+    if want == "struct":  # the same fields in the same order (a reward's are its own)
+        return (
+            isinstance(source, pl.Struct)
+            and [f.name for f in source.fields] == [f.name for f in target.fields]  # type: ignore[union-attr]
+            and all(
+                _stored_fits(have.dtype, want.dtype, json_numbers)
+                for have, want in zip(source.fields, target.fields, strict=True)  # type: ignore[union-attr]
+            )
         )
     if want == "float" and have == "int":  # an integer is a number a float can hold
         return True
@@ -84,6 +89,14 @@ def _fits(value: pl.Expr, source: PolarsDataType, target: PolarsDataType) -> pl.
         ).list.all()
     if source == target:
         return value.is_not_null()
+    if isinstance(target, pl.Struct) and isinstance(source, pl.Struct):
+        # each field as its own column: a null field passes (the rules judge it)
+        fields = [
+            value.struct.field(want.name).is_null()
+            | _fits(value.struct.field(want.name), have.dtype, want.dtype)
+            for have, want in zip(source.fields, target.fields, strict=True)
+        ]
+        return value.is_not_null() & pl.all_horizontal(fields)
     cast = value.cast(target, strict=False)
     fits = cast.is_not_null()
     if target.is_integer() and source.is_float():

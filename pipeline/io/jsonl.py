@@ -36,17 +36,21 @@ def json_kind(dtype: PolarsDataType) -> str:
 def _json_kind_of_target(target: PolarsDataType) -> str:
     if isinstance(target, pl.List):
         return "list of " + _json_kind_of_target(target.inner)
+    if isinstance(target, pl.Struct):
+        return "struct"
     if target == pl.Boolean:
         return "bool"
     return "number" if target.is_numeric() else "string"
 
 
-# The JSON kind each typed column takes; prompt, metadata and train_metadata take any.
-JSON_TARGETS = {
-    name: _json_kind_of_target(dtype)
+# The type each typed column takes, and its JSON kind; prompt, metadata and
+# train_metadata take any.
+JSON_TYPES = {
+    name: dtype
     for name, dtype in {**c.INPUT_SCHEMA, c.REWARD: pl.Float64()}.items()
     if name not in JSON_TEXT_COLUMNS
 }
+JSON_TARGETS = {name: _json_kind_of_target(dtype) for name, dtype in JSON_TYPES.items()}
 
 
 def _value_kind(value: object) -> str:
@@ -63,28 +67,34 @@ def _value_name(value: object) -> str:
     return "a string" if isinstance(value, str) else "a number"
 
 
-def _misfits(value: object, kind: str) -> bool:
-    """A JSON value that does not have its column's kind, which Python or Polars would
+def _misfits(value: object, target: PolarsDataType) -> bool:
+    """A JSON value that does not have its column's type, which Python or Polars would
     coerce silently or refuse for the whole file: true or "0" where a number belongs,
     ["11"] or "1,1" where a list of numbers belongs, 1 or "false" where a boolean belongs,
-    a number where a string belongs."""
+    a number where a string belongs, an object whose keys are not its struct's fields."""
     if value is None:
         return False
-    if kind.startswith("list of "):
-        inner = kind.removeprefix("list of ")
-        return not isinstance(value, list) or any(_misfits(v, inner) for v in value)
-    if kind == "number":
-        return isinstance(value, bool) or not isinstance(value, int | float)
-    if kind == "bool":
+    if isinstance(target, pl.List):
+        return not isinstance(value, list) or any(_misfits(v, target.inner) for v in value)
+    if isinstance(target, pl.Struct):
+        names = [f.name for f in target.fields]
+        return (
+            not isinstance(value, dict)
+            or set(value) != set(names)
+            or any(_misfits(value[f.name], f.dtype) for f in target.fields)
+        )
+    if target == pl.Boolean:
         return not isinstance(value, bool)
+    if target.is_numeric():
+        return isinstance(value, bool) or not isinstance(value, int | float)
     return not isinstance(value, str)
 
 
 def _flag_misfits(record: dict[str, Any]) -> dict[str, Any]:
-    for key, kind in JSON_TARGETS.items():
+    for key, target in JSON_TYPES.items():
         value = record.get(key)
         # an object as reward is a struct reward (read through reward_key)
-        if _misfits(value, kind) and not (key == c.REWARD and isinstance(value, dict)):
+        if _misfits(value, target) and not (key == c.REWARD and isinstance(value, dict)):
             record.setdefault(JSON_RULE + key, "column_type")
             record[JSON_VALUE + key] = json.dumps(value)
             record[key] = None
@@ -222,6 +232,8 @@ def _suspect(data: bytes, frame: pl.DataFrame) -> bool:
         want = JSON_TARGETS.get(name)
         if want is None or (name == c.REWARD and isinstance(dtype, pl.Struct)):
             continue
+        if "struct" in want:  # objects' fields checked line by line (`_misfits`)
+            return True
         have: PolarsDataType = dtype
         while isinstance(have, pl.List) and want.startswith("list of "):
             have, want = have.inner, want.removeprefix("list of ")

@@ -107,6 +107,11 @@ _REPEATED_LEAF = pl.len().over(c.STEP, c.INDEX, c.LEAF) > 1
 # computed with one window instead of a window inside a window).
 _HAS_REPEATED_LEAF = pl.col(c.LEAF).n_unique().over(c.TRAJECTORY) < pl.len().over(c.TRAJECTORY)
 
+_STRINGS, _SPANS = pl.col(c.HAS_VERSION_STRINGS), pl.col(c.HAS_VERSION_SPANS)
+_MIXED_FORMS = _STRINGS.any() & _SPANS.any()
+# the rows of the rarer form are the odd ones out (the string form on a tie)
+_ODD_FORM = pl.when(_SPANS.sum() >= _STRINGS.sum()).then(_STRINGS).otherwise(_SPANS)
+
 ROWS = Model(
     "SampleRules",
     rules=(
@@ -147,6 +152,19 @@ ROWS = Model(
             "to the number of ids and strictly increasing (a non-empty support per token), "
             "as miles' Sample.validate asserts",
             pl.col(c.SM_SHAPE),
+        ),
+        Rule(
+            "weight_version_spans_order",
+            "weight_version_spans must name a version in each span and hold, over the calls "
+            "in order, previous abs_end <= abs_start < abs_end <= len(tokens), as miles' "
+            "Sample.validate asserts",
+            pl.col(c.SPANS_VALID),
+        ),
+        Rule(
+            "weight_versions_one_form",
+            "the step holds weight versions both as strings (weight_versions) and as spans "
+            "(weight_version_spans): write one form for every row of a step",
+            ~(_MIXED_FORMS & _ODD_FORM),
         ),
         Rule(
             "train_metadata_json_object",

@@ -14,6 +14,7 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.manifest import Counts
+from pipeline.transforms.weight_versions import version_strings
 
 PREFIX = "rollout/"
 RESPONSE_LEN = "rollout/response_len/"
@@ -77,9 +78,10 @@ def sample_columns(samples: pl.LazyFrame, reward: pl.Expr) -> pl.LazyFrame:
         mask_sum = pl.col(c.MASK_SUM)
     raw = pl.coalesce(pl.col(c.RAW_REWARD), reward) if c.RAW_REWARD in schema else reward
     group = pl.col(c.GROUP_INDEX) if c.GROUP_INDEX in schema else pl.lit(None, dtype=pl.Int64)
-    if c.WEIGHT_VERSIONS in schema:
-        versions = pl.col(c.WEIGHT_VERSIONS)
-        # Sample.oldest_weight_version: the least of the versions that are digit strings.
+    versions = version_strings(schema)
+    if versions is not None:
+        # Sample.oldest_weight_version: the least of the versions that are digit strings
+        # (of every span of every call, `all_weight_version_spans`, in the span form).
         oldest = versions.list.eval(
             pl.element().filter(pl.element().str.contains(r"^[0-9]+$")).cast(pl.Int64)
         ).list.min()
@@ -212,10 +214,13 @@ def rollout_metrics(
     step: int | None = None,
 ) -> dict[str, float]:
     """miles' rollout metrics of a step's trimmed batch (docs/metrics.md)."""
-    if step is not None and c.WEIGHT_VERSIONS in samples.collect_schema():
+    forms = [
+        n for n in (c.WEIGHT_VERSIONS, c.WEIGHT_VERSION_SPANS) if n in samples.collect_schema()
+    ]
+    if step is not None and forms:
         from pipeline.transforms.weight_versions import versions_fit_int64
 
-        versions = samples.select(c.INDEX, c.LEAF, c.WEIGHT_VERSIONS).collect()
+        versions = samples.select(c.INDEX, c.LEAF, *forms).collect()
         versions_fit_int64(versions, step)  # Polars' Int64 would fail on them below
     values = sample_columns(samples, reward).collect()
     if values.height == 0:

@@ -27,6 +27,7 @@ from pipeline.columns import (
     TRAJECTORY_SIZE,
 )
 from pipeline.errors import StepError, Violation
+from pipeline.transforms.weight_versions import holds, spans_valid
 
 
 def reward_value(schema: pl.Schema, reward_key: str | None, step: int) -> pl.Expr:
@@ -130,6 +131,9 @@ def list_reductions(schema: pl.Schema) -> dict[str, pl.Expr]:
         TLP_LEN: _list_len(schema, c.TEACHER_LOG_PROBS).cast(pl.Int64),
         SMO_LEN: _list_len(schema, c.SAMPLING_MASK_OFFSETS).cast(pl.Int64),
         SM_SHAPE: _sampling_mask_shape(schema),
+        c.SPANS_VALID: spans_valid(schema),
+        c.HAS_VERSION_STRINGS: holds(schema, c.WEIGHT_VERSIONS),
+        c.HAS_VERSION_SPANS: holds(schema, c.WEIGHT_VERSION_SPANS),
         LOG_PROBS_FINITE: _log_prob_sums_finite(schema),
     }
     for name in c.PER_TOKEN_COLUMNS:
@@ -228,7 +232,10 @@ def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.Laz
     )
 
 
-LIST_REDUCTIONS = (N_TOKENS, MASK_LEN, MASK_BINARY, MASK_SUM, RLP_LEN, TLP_LEN, SMO_LEN, SM_SHAPE)
+LIST_REDUCTIONS = (
+    *(N_TOKENS, MASK_LEN, MASK_BINARY, MASK_SUM, RLP_LEN, TLP_LEN, SMO_LEN, SM_SHAPE),
+    *(c.SPANS_VALID, c.HAS_VERSION_STRINGS, c.HAS_VERSION_SPANS),
+)
 
 
 def light_frame(frame: pl.DataFrame, reward_key: str | None, step: int) -> pl.DataFrame:

@@ -71,7 +71,7 @@ def optional_columns(frame: pl.DataFrame) -> list[str]:
             # a per-token list the rank-bounded build reduced to whether each row has it
             flag = c.has_column(name)
             return flag in frame.columns and bool(frame.get_column(flag).any())
-        if name == c.WEIGHT_VERSIONS:  # only when some row has a non-empty list
+        if name in (c.WEIGHT_VERSIONS, c.WEIGHT_VERSION_SPANS):  # some row's list non-empty
             return bool(frame.select((pl.col(name).list.len() > 0).any()).item())
         return bool(frame.get_column(name).is_not_null().any())
 

@@ -55,11 +55,14 @@ def test_the_loader_hands_the_trainer_exactly_the_table_s_keys() -> None:
     row_keys, optional, not_handed = loader["ROW_KEYS"], loader["OPTIONAL"], loader["NOT_HANDED"]
     source = LOADER.read_text()
     assert all(f'"{key}"' in source for key in BATCH_WIDE_KEYS)
-    assert sorted({*row_keys, *BATCH_WIDE_KEYS}) == sorted(c.TRAINER_KEYS.values())
-    # the loader reads each key from the rank-file column of that name
-    assert all(name == key for name, key in c.TRAINER_KEYS.items())
-    optional_keys = {c.TRAINER_KEYS[n] for n in c.OPTIONAL_SHARD_COLUMNS if n in c.TRAINER_KEYS}
-    assert set(optional) == optional_keys
+    assert sorted({*row_keys, *BATCH_WIDE_KEYS}) == sorted(c.TRAINER_KEYS)
+    # the loader reads each key from the rank-file column of that name, but miles' weight
+    # versions in the span form (weight_version_spans)
+    renamed = {name: key for name, key in c.TRAINER_KEYS.items() if name != key}
+    assert renamed == {c.WEIGHT_VERSION_SPANS: c.WEIGHT_VERSIONS}
+    assert f'KEY_OF = {{SPANS: "{c.WEIGHT_VERSIONS}"}}' in source
+    assert f'SPANS = "{c.WEIGHT_VERSION_SPANS}"' in source
+    assert set(optional) == {n for n in c.OPTIONAL_SHARD_COLUMNS if n in c.TRAINER_KEYS}
     assert sorted(not_handed) == sorted(set(c.DATASET_COLUMNS) - set(c.TRAINER_KEYS))
 
 
@@ -69,7 +72,8 @@ def test_the_rank_file_layout_is_the_contract_s() -> None:
         *("total_lengths", "loss_masks", "rewards", "raw_reward", "truncated"),
         *("sample_indices", "rollout_ids", "rollout_mask_sums", "rollout_log_probs"),
         *("teacher_log_probs", "rollout_sampling_mask_ids", "rollout_sampling_mask_offsets"),
-        *("weight_versions", "round_number", "metadata", "step", "rank"),
+        *("weight_versions", "weight_version_spans", "round_number", "metadata"),
+        *("step", "rank"),
     )
     assert c.OPTIONAL_SHARD_SOURCES["metadata"] == "train_metadata"
     assert c.REQUIRED_COLUMNS == ("index", "status", "tokens", "response_length", "reward")
@@ -97,9 +101,13 @@ def test_the_rules_check_the_declared_types() -> None:
 
 
 def contract_type(dtype: pl.DataType) -> str:
-    """A type as the contract writes it: `int64`, `list<float32>`, `bool`."""
+    """A type as the contract writes it: `int64`, `list<float32>`, `bool`,
+    `struct<version: string, ...>`."""
     if isinstance(dtype, pl.List):
         return f"list<{contract_type(dtype.inner)}>"
+    if isinstance(dtype, pl.Struct):
+        fields = ", ".join(f"{f.name}: {contract_type(f.dtype)}" for f in dtype.fields)
+        return f"struct<{fields}>"
     return "bool" if dtype == pl.Boolean else str(dtype).lower()
 
 
@@ -124,13 +132,14 @@ def test_the_contract_lists_every_input_column_with_its_type() -> None:
     for col in c.INPUT_COLUMNS:
         assert col.input is not None
         kind, null, _ = table[col.name]
-        assert kind.split(",")[0] == contract_type(col.input), col.name
+        # the type, before any comma outside its brackets ("string, a JSON object")
+        assert re.split(r",(?![^<]*>)", kind)[0] == contract_type(col.input), col.name
         assert null == ("yes" if col.optional else "no"), col.name
 
 
 def file_type(arrow_type: object) -> str:
     """An Arrow type as the contract writes it: `large_list<int32>`, `float64`."""
-    text = str(arrow_type).replace("element: ", "")
+    text = str(arrow_type).replace("element: ", "").replace("item: ", "")
     return re.sub(r"\bdouble\b", "float64", re.sub(r"\bfloat\b", "float32", text))
 
 

@@ -27,32 +27,33 @@ SETTINGS = {
 }
 POLARS_MAJOR = pl.__version__.split(".")[0]
 # sha256 of rank=0..3 as Polars 2.1 writes them; they change only when the shard columns
-# change on purpose (SEMANTICS 6.1's train_step; step, rank and every optional column; last:
-# miles' two sampling-mask columns, null in these steps, the rest of each file unchanged).
+# change on purpose (SEMANTICS 6.1's train_step; step, rank and every optional column;
+# miles' two sampling-mask columns; last: miles' weight_version_spans, null in these steps,
+# the rest of each file unchanged).
 BEFORE_2 = {
     "compact-strided": [
-        "d9935af4c7b813536879e022421ee0d85c679dd7aeaa1e2f949046faa5309c45",
-        "c6d5b764b202bb915ee484f1d5f7f96b6cf7acc75c34bfde570a22a6a3145de8",
-        "1e57a8991e7121ea415b0b8fb9c0b339f0acfa85ac817ddc51222af0f9ad6012",
-        "dfa4899d64ff1ae39089d3a47c75feca6fc13879e3db41bea77f27d7ba7cb4b5",
+        "8e75f0bfb9a2071e71660cc6c873ccee7c9141e7ff161d75981022700c3ac6a6",
+        "cf050eef1090366daced82005463cef35e3961544c7c04b167be4fddeb57d9b9",
+        "6713bbddde7ca823725c779413f9635748730fd2742fb75daf9e6747ec3c11a6",
+        "478ad791a01bee86352cfbdc2411672460709ea8b279311469fbe27fe32e5caa",
     ],
     "compact-balanced": [
-        "5148295048315591f270cf4ed61c110a783b3960730feabaf612b9e687d5eb70",
-        "d3e0f183a23f59ef8d165315ffb0b26c89da00191988b4c093cd9617ab0cade6",
-        "d84b6d82573886af08e8de517dccc973cf8cba693f3ada6e0509c3aa09d71f55",
-        "68dbc0d90e0ed2b69cc711a8dcbb0cef8498a91589c24ec4ab9ecbc4b4c21391",
+        "c4e8474c3f3a5785877ffc75caeadd1c3aca72e5436d2634fd69ccbce3937008",
+        "6eefa45db23157927a1ce6fdd8e4c4870603e12538dbbbac4e2ace467c6a03da",
+        "4e57737bb86cd622d3f08f624fbd02e977fdf5c590e6351e4586f3bf645cc480",
+        "3be444c9edaca159fb2d204c15fe173ccef51b0c516fb4a4898bb7cb95abd0a7",
     ],
     "non-compact-strided": [
-        "74a247922a968d909e55a8327b1d7528e0f4b3634afaed2c121c10bab77e7862",
-        "d96e4ad27c4a8e777868285a9df7ac349b2507893945de90f1555208b32aa9fe",
-        "23d270a46f48c959f35ce1a1f710a5d87cd7400b08dd4807fcb64f1fd5e8785d",
-        "ebcab6ab7846d5fd16a13fc99a4698314354b49238644b9148279e71980c2468",
+        "d137d02f80c6ab580eb80887087f4f5e25a6ab6fbc11da5034f1794ae3192a4f",
+        "1316b30647e5b3a3d2d449a08c4e340d9906fa12f19886beef4dd708af837934",
+        "875d97958dd96a5d0182bdeeada786e5c01c13f6c5a99c32f25ab97a7f65b093",
+        "586120f4bae0318e21144815b913531e8d84cc94565630955334ff8920afca3f",
     ],
     "non-compact-balanced": [
-        "a887df8bb6390d1017d15fb1e58148c30f7f1c5bee061d88cf78b03485f51405",
-        "68851cea252d635412fee874728447ff9517aa479dd6d9475dcf26c1cfb9bc32",
-        "140a4397b531dba39b2074e736a91608fada0b2aa81f43aa2bcba0b012e21645",
-        "d2be7e07e526327629d7fc02bcb2236c8bbe29312b7026894ec9a13bafc4787f",
+        "9bb29055511406ecaa624a85f2be084e1376316b83c2ed60ca26845cbf4a7074",
+        "e8e71b90cc006af71b74c49a5587da25a93f15cdb0450cae0ab55f687f179316",
+        "7bcf456fd1ddcd354884cc75b3e708d6ad94c7675b15ff358bcd3a999715d08f",
+        "ba7763b2d9d58f0329519e51c41c135a668d306bbc47763c537be4894d60b9c3",
     ],
 }
 
@@ -60,75 +61,75 @@ BEFORE_2 = {
 # The same files as Polars 1.42 writes them.
 BEFORE_1 = {
     "compact-strided": [
-        "bebe1a3e0c1859b607da20ac88f80ea5246e0a5c0c1f7dffedc91735143541b6",
-        "f103cb3191b0aa70c5b98bd12aef0f43dbd31020c2d8e021f1de0e7316a4eb0f",
-        "86da797aa912409da9fcdbf4e624ae2068a08bb033d1d28201913f08eeb30d73",
-        "0d31d204ee30ee5dfe3b6f33cf48ac778eb0a473ea4cdd9c72d3c27681da04d1",
+        "8d5de6633847dec8c2ed53d7bbcd22d93ba1b00652af022fefe6c201b44e99d3",
+        "75294a99ae98dc80628a9ea96fea7938c450766913562bf01f7a6ee91638b852",
+        "8ef264e59e6a2fa21d7d17636e113fe77359dab29e85db1ce7583606dc109d0f",
+        "4f123ac5617f76b4ff1688b9a8766225ab42125f5e4054a2eee53b64b580a94d",
     ],
     "compact-balanced": [
-        "5aca117cc99a63a82346cf8037d1a0c935e5b29e346b69ee09b1f468b7496df5",
-        "1ba3580374c4a4bc8e36d0efe89b5975c3afea325320dc634e3dcd99ad8d2c9d",
-        "b8e5354f703430f131e28020f9362b88f0c1d208f7f6e1ba4f22a42648b7bc55",
-        "4d99bd98411094fb57994c671ac105da051857e9f524e24a70785e6073f118a8",
+        "20aded40a5b0443c1dccc0bedcb2e8df1efb4d7e1c4e223a4ac1078d9fb52e46",
+        "f90024371d77b24b0041606161001a04beb71ce0f193d273fb2ffc9f79103c38",
+        "80db9191e8963bb233e02b1b667aaea57b98433f7b5e0d5cb6b8bbb732616b76",
+        "0a14eb9da3dacc25ec9d9ccf9a5dc5c0124c194ce8091d1ce006f323ea131141",
     ],
     "non-compact-strided": [
-        "7b696398b9ae3928a141a36ddc9a9c24652811fccdb613897038653e93292af6",
-        "9ed03bb8eade8c4142a8542f448d591e30475d946c690ab3b7923416a2a67aac",
-        "e05034274bbb0074b7a0ef28a8b9defe844a6dc9f7b4ea5f86791ae9a9499e0a",
-        "34e038d78733617bbbb35c669706dbb1ad84d02f8e7d96fb6af012af65cc5293",
+        "80d455ee4234f94027d8d726da1a5edf6992b2d68e0b9173c5bdbf710ac7b952",
+        "a2785fb5b22f518799a9e6dc837153f303f70484bc9a1e159237c0a85d6f98e9",
+        "5ad2cf9ae8ef759a12329e15c2e5240c3db1dbd10c122f5f7d54c5da0fa02ed1",
+        "bc185d1ecf127b46642142acbd7cd4dae242e968abe5952d815ff2c4bc186eee",
     ],
     "non-compact-balanced": [
-        "3cd7dc6298751db42d2a3eabb322a9a495ddd0088e57b3c48cd38ba6499f4a5f",
-        "a57440165f91279718d2a0801fc8faf95371a149edc232898ef72012c656dfa9",
-        "cae1fcf61c3d51de04c78f9ba410882d048d5219c17533ae7b48302bd0b45be9",
-        "4aaa50c184c2e127a0c408d11448f5165989ae98020c4c5facf7b7d40bba5a7f",
+        "3748bad93f884b3e6fd9e1ae23859d60ce4d1e0d5954bbdadbdefeb498960709",
+        "5348bdaf223bfb8906324296371c0bbb0bfc158d0ec9502407dcee2e73feb341",
+        "a0058d2ab4a2d2caa52e23104c84a41251c47cc6d3aee698fca5aeeb4051c043",
+        "a54827e2df7a8775da10e878d27ff9f34e6830105398272abd19fb62b3d1ca09",
     ],
 }
 BEFORE = {"1": BEFORE_1, "2": BEFORE_2}
 # `decoded_digest` of those rank files, the same under Polars 1.42 and 2.x.
 DECODED = {
     "compact-strided": [
-        "2317c739dafee1679359892f5e7fcb77a973bfa1ad598dffc6fa0ee91bee40ad",
-        "d8bf57fb1fbbc390a16558b27fec72c8fb1c80728799e0e885df457194970842",
-        "15c6303aff4876772709bf19fad0b088443fd34d678e6ead20b6992d6923f3b4",
-        "5a2fa68302915c7174cef96211917e438f6680c59bd4036ab18128bc3770277b",
+        "87b0be92b3d77b1e839fcea99e6788f96be5c1d687c0dea7709b712e4b34cfd5",
+        "f87423baea61c3757a35feeb56764f5c1b1394bde1df616a68885609b48716d6",
+        "ff20c5830bf22b3fed3bd2dd63211bb22b4bf3bd5db2c26d4b55d9152a71aefb",
+        "679d49e0a34af44331fec16305b0bf69dbbc4fd4b0eacaff1d6bcaf79dd0b1af",
     ],
     "compact-balanced": [
-        "02fe433be3e3c75b322155e6c1a7a7f2c916b1cfd9b17bea04de0fd002613f65",
-        "9488e0b313b18e13c8356250f09cf03a834fa970b2315fd692799a631f2022be",
-        "a33c4cdb6d8eea29f1300a37966176f8d91a8e81da7bd576ba512d083a6250fb",
-        "a82ed1e3cdfbdf9a235e5fa511b7bfd15688662ca2d406a52ab9dcde449002f6",
+        "3dbf2e8f2fd0dc5dcc2f295e66c99299d22d61a892ff5976223baca5c5dfff2a",
+        "ac7c68ccb22f1236b604b704d13e20be5c948a0618505361f5e06722cdad918c",
+        "f9cebfa6c45e2b7b98de3fe38f765958f33d3ab7f6764bd77f6cda1b80ebeff6",
+        "12f99eb4d1058d8f921d018bda86c361a82eba10b2ffeeefc1e1abe1cdb7130c",
     ],
     "non-compact-strided": [
-        "d3257414339d072c0c7051f45b2c30dea4bb66c9859cf1eee9eb673ffe92a798",
-        "a1a18af49cddc695d4e94156436f08ab74d9a95afa3828fcda0bab0309a1f16f",
-        "dc8d89c1ff7031160656fd3cd305cb413f05015080d8d9b5f071b16d0830d53e",
-        "19114220a824b9c601fbcb67a1b564850a5e110d16dad4560fe357aa713afe88",
+        "1298b8909bac08d3e889235b56489979a8b580c64e6111a5db600636301031c8",
+        "b0d97f1a9d0ab335a4fb0d921e9d471245b76d6f75f6649dd948d40f92c57802",
+        "26df5c38b16fd8eb95fa760dbe465c956370c592695629db6009ca3b9b01556f",
+        "1168b36021d0d9f29642075a3fad1b62abd129bdbac160d75a75d08be1971084",
     ],
     "non-compact-balanced": [
-        "82ba8951ab2898d9850b4d697ea503335ba0e51670030af58e9f274636e9e2aa",
-        "35f4674365f402edcb462f3106ccbae277feaf43508a652a6ce66a27ec7ed88e",
-        "7c739637fd71824bb6a0e534af2842b91eaa77a94f761c766d1b90e2ca4fdcf2",
-        "50c4aed7067c962df506205823910b8abba289e60f3d77fd8eccb383ed73ff96",
+        "8e0b49d54297d8eb8e3f40d6b8454be78bc3065bde9ff938634e49e6938a84c2",
+        "5f7492553c8db5338787f41d4c0f89dc02309997cb20641e684915754398f9f0",
+        "c1e72d6f16e890c8ded61512e741402e8627312dc496085b30048040ffec3482",
+        "5445197ef73c64882d3309435ee4bca9f5a597f89e0e27b20dd91805a2ada5be",
     ],
 }
 # `decoded_digest` of the rank files of data/rollouts' steps 1-4 with its settings.
 SAMPLE_DECODED = {
     "sample-1": [
-        "31847d2a7068e30bf5b74efbc525f05f9f4c573f22a04191c91c40e039723b30",
-        "fee1659cfab0ae6b82677c680ade40854f5a4b1189b6dbe3a051d6646f818998",
+        "1664be04b10bd314c992d15c924a201378fb83bc9fe505661bfbe79a9380466e",
+        "4cd66bf16fa2e5af91a0efec67fe12b45ec8204b74399295924aa2a8c9ebc37c",
     ],
     "sample-2": [
-        "2846975df742fa8afd1229b8d25841d9fe5888eb388dc35a19941e2d99f39289",
-        "d4401ab8c4091ef0e4606ba33d713f1ac224461db8db98e86e78eef7216686e6",
+        "760c962416e6271d6e1d695ef0fa27fb86a6dcec410fbbb3159cc29226dd62af",
+        "061003255b1491322dec7278a39b4adb1e4cff7ceb325846aa20eb6d15492232",
     ],
     "sample-3": [
-        "1cfe55a9a43421809b937fa04b8edd0f1841993c3e99998051c4ee3763a522ac",
-        "d7671226add2e53625bc212b5f55cc207b3be26cb888e1d09c3b5951815d40cb",
+        "cf507305c909589cdc5e6b8855d0c958f2319eb27411603cb2f1b85e363e6907",
+        "4d457a3cf8beb69c103af26d68a3435f1edc971ad358d76499a8b8c699ff6253",
     ],
     "sample-4": [
-        "ece03d1cffe8166369ae863114eaafc17b833f42e68f5cee14a0919367125137",
-        "da45f29569d05fb46d2e94c6c58ad0b0687cb6eacb5b87ee6f7fa526d0db5321",
+        "fa62d71072737d51c21aca74ec676376e48644437aac8aeab0dfc3b562a28cc6",
+        "10f4b86eb92d93cfa759307a89d7f98f6b5bb7e97743d45f32076595a1391375",
     ],
 }
 

@@ -192,7 +192,7 @@ def samples(
                 response_length=row["response_length"],
                 reward=_float_reward(row["reward"]),
                 loss_mask=None if row.get("loss_mask") is None else list(row["loss_mask"]),
-                weight_versions=_weight_versions(m, row.get("weight_versions")),
+                weight_versions=_weight_versions(m, row),
                 rollout_log_probs=row.get("rollout_log_probs"),
                 teacher_log_probs=row.get("teacher_log_probs"),
                 remove_sample=bool(row.get("remove_sample") or False),
@@ -205,18 +205,19 @@ def samples(
     return out
 
 
-def _weight_versions(m: types.SimpleNamespace, given: Any) -> list[Any]:
+def _weight_versions(m: types.SimpleNamespace, row: dict[str, Any]) -> list[Any]:
     """A row's weight versions as the Sample at hand holds them: strings before miles'
-    per-call spans (#1891), one `WeightVersionsPerCall` per generation call after; a row of
-    strings reaches a spans Sample as miles loads an old dump (`legacy_weight_versions`,
-    not a field: dropped)."""
-    calls = list(given or [])
+    per-call spans (#1891), one `WeightVersionsPerCall` per generation call after (the
+    row's `weight_version_spans`); a row of strings reaches a spans Sample as miles loads
+    an old dump (`legacy_weight_versions`, not a field: dropped)."""
     per_call = getattr(m.types, "WeightVersionsPerCall", None)
+    spans = row.get("weight_version_spans")
     if per_call is None:
-        return calls
-    if calls and isinstance(calls[0], str):
-        return []
-    return [per_call.from_dicts(list(call)) for call in calls]
+        assert not spans, "weight_version_spans need miles at SPANS_PIN or later"
+        return list(row.get("weight_versions") or [])
+    if spans is None:
+        return []  # the string form, as miles since #1892 loads it
+    return [per_call.from_dicts([dict(span) for span in call]) for call in spans]
 
 
 def _sampling_masks(sample_type: Any, row: dict[str, Any]) -> dict[str, Any]:

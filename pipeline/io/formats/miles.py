@@ -53,7 +53,6 @@ DECLARED: d.Declared = {
 
 V1_SESSION_KEYS = ("accumulated_token_ids", "max_trim_tokens", "tito_session_mismatch")
 LEAF_KEY = "leaf"
-LEGACY_WEIGHT_VERSIONS_KEY = "legacy_weight_versions"
 
 ALWAYS_PRESENT = frozenset(
     (c.STEP, c.INDEX, c.LEAF, c.STATUS, c.TOKENS, c.RESPONSE_LENGTH, c.REWARD, c.REMOVE_SAMPLE)
@@ -88,38 +87,92 @@ def _flag(value: Any, plain: Plain) -> Any:
     return False if value is None else plain(value)
 
 
-def _weight_versions(samples: list[dict[str, Any]], path: Path, plain: Plain) -> list[list[str]]:
-    """Versions in call order: legacy dumps hold strings, current ones per-call span lists."""
-    budget = plain.budget
-    found: list[list[str]] = []
+SPAN_KEYS = (c.SPAN_VERSION, c.SPAN_START, c.SPAN_END)
+INT64 = range(-(2**63), 2**63)
+
+
+def _span(span: Any, where: str, plain: Plain) -> dict[str, Any] | str:
+    """A span as miles' `WeightVersionSpan(**span)` takes it, a fresh dict; else the
+    reason it does not fit. A null field passes to the rules (weight_version_spans_order)."""
+    if not isinstance(span, dict):
+        return f"{where} is a {type(span).__name__}, not a span dict"
+    if set(span) != set(SPAN_KEYS):
+        return f"{where} has keys {sorted(map(str, span))}, not {list(SPAN_KEYS)}"
+    version, start, end = (plain(span[key]) for key in SPAN_KEYS)
+    if version is not None and type(version) is not str:
+        return f"{where}: version {preview(version)} is a {type(version).__name__}, not a string"
+    for key, value in ((c.SPAN_START, start), (c.SPAN_END, end)):
+        if value is not None and (type(value) is not int or value not in INT64):
+            return f"{where}: {key} {preview(value)} is not an int64"
+    if version is not None:
+        plain.budget.charge(len(version), where)
+    return {c.SPAN_VERSION: version, c.SPAN_START: start, c.SPAN_END: end}
+
+
+def _calls(raw: list[Any], position: int, plain: Plain) -> list[list[dict[str, Any]]] | str:
+    """The span form: per generation call a list of spans (miles' `from_dicts`)."""
+    calls = []
+    for at, call in enumerate(raw):
+        call = plain(call)
+        if type(call) not in LISTS:
+            kind = type(call).__name__
+            return f"call {at} is a {kind}, not a list of spans (strings and calls mixed?)"
+        plain.budget.charge(len(call), f"field {c.WEIGHT_VERSIONS} of sample {position}")
+        spans = []
+        for k, span in enumerate(call):
+            made = _span(plain(span), f"span {k} of call {at}", plain)
+            if isinstance(made, str):
+                return made
+            spans.append(made)
+        calls.append(spans)
+    return calls
+
+
+def _weight_versions(
+    samples: list[dict[str, Any]], path: Path, plain: Plain
+) -> tuple[list[list[str] | None], list[list[list[dict[str, Any]]] | None]]:
+    """Each sample's weight versions in its form: strings (miles before PR #1891: the
+    `weight_versions` column) or per-call spans (since: `weight_version_spans`), told
+    apart as miles' `Sample.from_dict` does, by the first entry. `legacy_weight_versions`
+    (what miles since #1892 keeps of an old dump's strings) is no field at either commit:
+    not carried, as miles hands its trainer none of it."""
+    strings: list[list[str] | None] = []
+    spans: list[list[list[dict[str, Any]]] | None] = []
     for position, sample in enumerate(samples):
         raw = plain(sample.get(c.WEIGHT_VERSIONS))
-        if raw is None or (type(raw) in LISTS and not raw):
-            legacy = plain(sample.get(LEGACY_WEIGHT_VERSIONS_KEY))
-            raw = raw if legacy is None else legacy
-        if raw is None:
-            found.append([])
-            continue
-        if type(raw) not in LISTS:
+        if raw is not None and type(raw) not in LISTS:
             reason = f"a {type(raw).__name__} where a list of versions belongs"
             raise field_error(path, c.WEIGHT_VERSIONS, None, position, raw, reason)
-        budget.charge(len(raw), f"field {c.WEIGHT_VERSIONS} of sample {position}")
-        versions: list[str] = []
-        for call in raw:
-            spans = call if type(call) in LISTS else (call,)
-            budget.charge(len(spans), f"field {c.WEIGHT_VERSIONS} of sample {position}")
-            for span in spans:
-                version = span.get("version") if isinstance(span, dict) else span
-                if version is None:
-                    continue
-                if type(version) is not str:
-                    kind = type(version).__name__
-                    reason = f"version {preview(version)} is a {kind}, not a string"
-                    raise field_error(path, c.WEIGHT_VERSIONS, None, position, raw, reason)
-                budget.charge(len(version), f"field {c.WEIGHT_VERSIONS} of sample {position}")
-                versions.append(version)
-        found.append(versions)
-    return found
+        if not raw:  # None or empty: miles' sample without versions
+            strings.append(None)
+            spans.append(None)
+            continue
+        plain.budget.charge(len(raw), f"field {c.WEIGHT_VERSIONS} of sample {position}")
+        if type(raw[0]) not in LISTS:  # the string form (miles: `isinstance(raw[0], str)`)
+            odd = next((v for v in raw if type(v) is not str), _NOT_FOUND)
+            if odd is not _NOT_FOUND:
+                reason = f"version {preview(odd)} is a {type(odd).__name__}, not a string"
+                raise field_error(path, c.WEIGHT_VERSIONS, None, position, raw, reason)
+            plain.budget.charge(
+                sum(map(len, raw)), f"field {c.WEIGHT_VERSIONS} of sample {position}"
+            )
+            strings.append(list(raw))
+            spans.append(None)
+            continue
+        calls = _calls(raw, position, plain)
+        if isinstance(calls, str):
+            raise field_error(path, c.WEIGHT_VERSIONS, None, position, raw, calls)
+        strings.append(None)
+        spans.append(calls)
+    # in a step with versions, a sample without is miles' empty list
+    return _empty_lists(strings), _empty_lists(spans)
+
+
+def _empty_lists(column: list[Any]) -> list[Any]:
+    return [[] if v is None else v for v in column] if any(column) else column
+
+
+_NOT_FOUND = object()
 
 
 def _session_version(metadata: dict[str, Any]) -> str | None:
@@ -253,7 +306,7 @@ def _samples_frame(
         if session_version is not None
         else [_session_version(meta) for meta in metadata]
     )
-    weight_versions = _weight_versions(samples, path, plain)
+    weight_versions, weight_version_spans = _weight_versions(samples, path, plain)
     rewards, reward_dtype = _reward_values(_field(samples, c.REWARD, plain), path, plain)
     sizes = Sizes(budget)
 
@@ -274,7 +327,8 @@ def _samples_frame(
         c.TEACHER_LOG_PROBS: _field(samples, c.TEACHER_LOG_PROBS, plain),
         c.SAMPLING_MASK_IDS: _field(samples, c.SAMPLING_MASK_IDS, plain),
         c.SAMPLING_MASK_OFFSETS: _field(samples, c.SAMPLING_MASK_OFFSETS, plain),
-        c.WEIGHT_VERSIONS: weight_versions if any(weight_versions) else [None] * len(samples),
+        c.WEIGHT_VERSIONS: weight_versions,
+        c.WEIGHT_VERSION_SPANS: weight_version_spans,
         c.RAW_REWARD: [plain(m.get(c.RAW_REWARD)) for m in metadata],
         c.ROUND_NUMBER: [plain(m.get(c.ROUND_NUMBER)) for m in metadata],
         c.TRAIN_METADATA: _json_field(samples, c.TRAIN_METADATA, sizes, path),
@@ -291,7 +345,10 @@ def _samples_frame(
             step,
         )
     series = [
-        column_series(name, column, types[name], path, budget)
+        # the spans were checked and rebuilt by `_calls`
+        pl.Series(name, column, types[name])
+        if name == c.WEIGHT_VERSION_SPANS
+        else column_series(name, column, types[name], path, budget)
         for name, column in values.items()
         if name in ALWAYS_PRESENT or any(v is not None for v in column)
     ]

@@ -5,7 +5,8 @@ drops a finished prompt group when the engine's weight version, at the time trai
 the group, lags the group's oldest weight version by more than the budget. Offline the
 engine's version is the step N (miles' version when rollout N is requested with
 `--update-weights-interval 1`). A group is the step's rows sharing `group_index`, every leaf
-of a trajectory included; a row's versions are the entries of `weight_versions` made of
+of a trajectory included; a row's versions are the entries of `weight_versions`, or the
+versions of its `weight_version_spans` over every call (`all_weight_version_spans`), made of
 digits only (`Sample.oldest_weight_version`), its oldest their minimum, the group's oldest
 the minimum over its rows. A group without a numeric version is kept; a group with
 N - oldest > budget is set aside whole. Polars only: one pass over the step's rows.
@@ -18,7 +19,7 @@ import polars as pl
 from pipeline import columns as c
 from pipeline.columns import REASON, ROW_ID
 from pipeline.errors import StepError, Violation
-from pipeline.transforms.weight_versions import versions_fit_int64
+from pipeline.transforms.weight_versions import version_strings, versions_fit_int64
 
 RULE = "max_weight_staleness"
 # miles' own name for the count (`DefaultDataBuffer.get_metrics`), and ours for the rows.
@@ -38,7 +39,7 @@ def _refused(frame: pl.DataFrame, mask: pl.Series, rule: str, message: str, step
     raise StepError([Violation(rule, message, step=step, rows=rows, n_rows=int(mask.sum()))])
 
 
-def _check(frame: pl.DataFrame, step: int) -> None:
+def _check(frame: pl.DataFrame, versions: pl.Expr, step: int) -> None:
     """Refuse what the budget cannot be measured on as miles measures it."""
     _refused(
         frame,
@@ -48,7 +49,7 @@ def _check(frame: pl.DataFrame, step: int) -> None:
         "give every row its group_index, or drop max_weight_staleness",
         step,
     )
-    non_ascii = pl.col(c.WEIGHT_VERSIONS).list.eval(pl.element().str.contains(r"[^\x00-\x7f]"))
+    non_ascii = versions.list.eval(pl.element().str.contains(r"[^\x00-\x7f]"))
     _refused(
         frame,
         frame.select(non_ascii.list.any().fill_null(False)).to_series(),
@@ -61,17 +62,19 @@ def _check(frame: pl.DataFrame, step: int) -> None:
 
 def stale_rows(frame: pl.DataFrame, step: int, budget: int) -> pl.DataFrame:
     """ROW_ID and REASON of every row of the groups the budget sets aside, in batch order.
-    `frame`: the step's valid rows with ROW_ID, `group_index` and `weight_versions`."""
+    `frame`: the step's valid rows with ROW_ID, `group_index` and either form of the
+    weight versions."""
     empty = pl.DataFrame(schema={ROW_ID: pl.Int64, REASON: pl.String})
-    if c.WEIGHT_VERSIONS not in frame.columns or frame.is_empty():
+    versions = version_strings(frame.schema)
+    if versions is None or frame.is_empty():
         return empty
     if c.GROUP_INDEX not in frame.columns:
         frame = frame.with_columns(pl.lit(None, dtype=pl.Int64).alias(c.GROUP_INDEX))
-    _check(frame, step)
+    _check(frame, versions, step)
     versions_fit_int64(frame, step)
     element = pl.element()
     numeric = pl.when(element.str.contains(r"^[0-9]+$")).then(element.str.to_integer(strict=False))
-    oldest = pl.col(c.WEIGHT_VERSIONS).list.eval(numeric).list.min()
+    oldest = versions.list.eval(numeric).list.min()
     lag = pl.lit(step, dtype=pl.Int64) - pl.col(_GROUP_OLDEST)
     return (
         frame.select(ROW_ID, c.GROUP_INDEX, oldest.alias(_OLDEST))

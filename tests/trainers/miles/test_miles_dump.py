@@ -132,7 +132,9 @@ def test_a_dump_with_every_field_has_the_column_table_s_input_columns(tmp_path: 
         metadata={"raw_reward": 1.0, "round_number": 0, "leaf": 0},
         train_metadata={"a": 1},
     )
-    frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, [full]))
+    # the spans form beside (a step holds one form: the check refuses both, not the read)
+    spans = sample_dict(index=1, weight_versions=[[{"version": "1", "abs_start": 0, "abs_end": 1}]])
+    frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, [full, spans]))
     table = [(col.name, col.input) for col in c.INPUT_COLUMNS]
     assert list(frame.schema.items()) == table
 
@@ -348,10 +350,13 @@ def test_reward_dict_mixed_with_numbers_is_refused(tmp_path: Path) -> None:
     assert "reward" in str(error.value)
 
 
-def test_weight_version_spans_are_flattened(tmp_path: Path) -> None:
-    # current miles: one list of spans per generate call (WeightVersionsPerCall.to_dicts)
+def test_weight_version_spans_are_carried_per_call(tmp_path: Path) -> None:
+    # miles since PR #1891: one list of spans per generate call (WeightVersionsPerCall.to_dicts);
+    # `legacy_weight_versions` (an old dump's strings as miles since #1892 keeps them) is no
+    # Sample field at either commit, so its trainer never gets it
     spans = [
         [{"version": "3", "abs_start": 2, "abs_end": 4}],
+        [],
         [
             {"version": "3", "abs_start": 6, "abs_end": 7},
             {"version": "4", "abs_start": 7, "abs_end": 9},
@@ -363,7 +368,14 @@ def test_weight_version_spans_are_flattened(tmp_path: Path) -> None:
     ]
     frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, samples))
 
-    assert frame["weight_versions"].to_list() == [["3", "3", "4"], ["2"]]
+    assert "weight_versions" not in frame.columns
+    assert frame["weight_version_spans"].to_list() == [spans, []]
+
+
+def test_legacy_weight_versions_alone_are_not_carried(tmp_path: Path) -> None:
+    samples = [sample_dict(index=0, weight_versions=[], legacy_weight_versions=["2"])]
+    frame = read_miles_dump(write_dump(tmp_path / "0.pt", 0, samples))
+    assert not {"weight_versions", "weight_version_spans"} & set(frame.columns)
 
 
 def test_numpy_arrays_and_scalars_load(tmp_path: Path) -> None:
@@ -672,7 +684,13 @@ def test_one_token_list_shared_by_every_sample_is_refused(tmp_path: Path) -> Non
     [
         (5, "(5): a int where a list of versions belongs"),
         ([1, 2], "([1, 2]): version 1 is a int, not a string"),
-        ([[{"version": 3.0}]], "version 3.0 is a float, not a string"),
+        (["1", ["2"]], "version ['2'] is a list, not a string"),
+        ([[{"version": "1", "abs_start": 0, "abs_end": 1}], "2"], "call 1 is a str, not a list"),
+        ([[{"version": 3.0, "abs_start": 0, "abs_end": 1}]], "version 3.0 is a float, not a"),
+        ([[{"version": "3", "abs_start": 0}]], "has keys ['abs_start', 'version'], not"),
+        ([[{"version": "3", "abs_start": 0, "abs_end": True}]], "abs_end True is not an int64"),
+        ([[{"version": "3", "abs_start": 2**63, "abs_end": 1}]], "is not an int64"),
+        ([[["3", 0, 1]]], "span 0 of call 0 is a list, not a span dict"),
     ],
 )
 def test_weight_versions_are_strings_never_converted(
