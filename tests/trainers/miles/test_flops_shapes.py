@@ -208,7 +208,7 @@ def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 
 @settings(
-    max_examples=520,
+    max_examples=200,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
