@@ -18,13 +18,11 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
-import io
 import json
 import os
 import re
 import shutil
 import stat
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,11 +31,11 @@ from typing import Any
 import pytest
 
 from pipeline import commands
-from pipeline.cli import main
 from pipeline.step.build import StepJob
 from pipeline.step.readers import shares
 from pipeline.step.readers.spill import Spill, SpillReader
 from tests.core.bad_inputs.generate import ARGS, Case, cases, write_case
+from tests.support.cli import in_process
 
 BUILD_CASES = {
     case.name: case
@@ -103,19 +101,6 @@ def _snapshot(folder: Path) -> dict[str, tuple[str, str]]:
     return found
 
 
-def _run(args: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(args)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except Exception:  # noqa: BLE001 - the traceback a user would see
-            traceback.print_exc()
-            code = 1
-    return code, out.getvalue(), err.getvalue()
-
-
 def _placed(text: str, folder: Path) -> str:
     return text.replace("{input}", str(folder / "input")).replace("{case}", str(folder))
 
@@ -125,7 +110,7 @@ def _prepare(folder: Path, steps: list[dict[str, Any]]) -> None:
     for step in steps:
         ((op, value),) = step.items()
         if op == "build":
-            code, _, err = _run(
+            code, _, err = in_process(
                 ["build", str(folder / "input"), "--out", str(folder / value), *ARGS]
             )
             assert code == 0, err
@@ -156,7 +141,7 @@ def build_case(case: Case, root: Path, reader: str, monkeypatch: pytest.MonkeyPa
         patch.setattr(shares, "PART_BYTES", TINY)
         _prepare(folder, case.prepare)
         args = [_placed(a, folder) for a in [*ARGS, *case.args]]
-        status, stdout, stderr = _run(
+        status, stdout, stderr = in_process(
             ["build", str(folder / "input"), "--out", str(folder / "out"), *args]
         )
     # progress lines time each stage: the times aside, stdout is the same

@@ -25,6 +25,7 @@ from tests.support.dagster_roots import (
     EMBEDDED_KEYS,
     Roots,
     break_step_1,
+    failed_at_the_batch,
     materialize,
     materialized,
     metadata_of,
@@ -378,13 +379,7 @@ def test_settings_the_data_cannot_satisfy_fail_before_writing(
     result = materialize(instance, "00000002", run_config)
 
     assert not result.success
-    step_key, failure = step_failure(result)
-    # One Dagster step builds the three assets: the samples were valid and are materialized,
-    # the batch failed, and nothing after it ran.
-    assert step_key == "rollout_samples"
-    assert materialized(result) == ["rollout_samples"]
-    assert "step 2" in failure.description
-    assert not (roots.output / "step=2").exists()
+    failed_at_the_batch(result, roots, 2)
 
 
 def test_run_config_settings_override_the_settings_files(

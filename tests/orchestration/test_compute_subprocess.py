@@ -35,6 +35,7 @@ from tests.support.dagster_roots import (
     STAND_IN,
     Roots,
     break_step_1,
+    failed_at_the_batch,
     failed_in_one_line,
     interrupted_run,
     materialize,
@@ -160,11 +161,7 @@ def test_settings_the_data_cannot_satisfy_fail_in_the_worker(
 
     result = materialize(instance, "00000002", run_config, compute=SUBPROCESS)
 
-    step_key, failure = step_failure(result)
-    assert step_key == "rollout_samples"
-    assert materialized(result) == ["rollout_samples"]
-    assert "step 2" in failure.description
-    assert not (roots.output / "step=2").exists()
+    failed_at_the_batch(result, roots, 2)
 
 
 def test_one_asset_runs_alone_in_its_worker_through_staging(

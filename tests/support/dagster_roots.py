@@ -189,3 +189,13 @@ def interrupted_run(code: str, args: list[str], pid_file: Path) -> tuple[str, in
     runner.send_signal(signal.SIGINT)
     _, stderr = runner.communicate(timeout=60)
     return stderr, worker
+
+
+def failed_at_the_batch(result: dg.ExecuteInProcessResult, roots: Roots, step: int) -> None:
+    """One Dagster step builds the three assets: the samples were valid and are
+    materialized, the batch failed, and nothing after it ran or was written."""
+    step_key, failure = step_failure(result)
+    assert step_key == "rollout_samples"
+    assert materialized(result) == ["rollout_samples"]
+    assert f"step {step}" in (failure.description or "")
+    assert not (roots.output / f"step={step}").exists()

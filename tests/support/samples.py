@@ -140,3 +140,21 @@ TRAINERS: dict[str, dict[str, Any]] = {
         "pad_token_id": 0,
     },
 }
+
+
+def dropped_rollout_rows() -> list[dict[str, Any]]:
+    """A compact step of five rollouts whose schedule (two rollouts a train step) drops
+    rollout 3 (rows 7 and 8) from the middle of the batch: rollouts by first appearance
+    0, 1 | 2, 4 train, and 3's raw rewards stay in `raw_reward`."""
+    ids = [0, 0, 1, 1, 2, 2, 4, 3, 3, 4]
+    return [
+        sample(
+            rid,
+            ids[:position].count(rid),
+            session_version="v2",
+            rollout_id=rid,
+            reward=float(rid),
+            response_length=1 + position % 3,
+        )
+        for position, rid in enumerate(ids)
+    ]
