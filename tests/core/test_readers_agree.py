@@ -110,10 +110,8 @@ def _prepare(folder: Path, steps: list[dict[str, Any]]) -> None:
     for step in steps:
         ((op, value),) = step.items()
         if op == "build":
-            code, _, err = in_process(
-                ["build", str(folder / "input"), "--out", str(folder / value), *ARGS]
-            )
-            assert code == 0, err
+            done = in_process(["build", str(folder / "input"), "--out", str(folder / value), *ARGS])
+            assert done.returncode == 0, done.stderr
         elif op == "fifo":
             (folder / value).unlink()
             os.mkfifo(folder / value)
@@ -141,9 +139,8 @@ def build_case(case: Case, root: Path, reader: str, monkeypatch: pytest.MonkeyPa
         patch.setattr(shares, "PART_BYTES", TINY)
         _prepare(folder, case.prepare)
         args = [_placed(a, folder) for a in [*ARGS, *case.args]]
-        status, stdout, stderr = in_process(
-            ["build", str(folder / "input"), "--out", str(folder / "out"), *args]
-        )
+        done = in_process(["build", str(folder / "input"), "--out", str(folder / "out"), *args])
+        status, stdout, stderr = done.returncode, done.stdout, done.stderr
     # progress lines time each stage: the times aside, stdout is the same
     untimed = re.sub(r"\([0-9.]+ s\)", "(s)", stdout)
     return Outcome(status, untimed, stderr.splitlines(), _snapshot(folder))

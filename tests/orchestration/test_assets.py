@@ -31,6 +31,7 @@ from tests.support.dagster_roots import (
     metadata_of,
     run_checks,
     step_failure,
+    written_step,
 )
 from tests.support.samples import dead_pid, only_refused
 
@@ -59,13 +60,7 @@ def test_valid_partition_writes_the_step_folder(instance: dg.DagsterInstance, ro
     result = materialize(instance, "00000001")
 
     assert result.success
-    folder = roots.output / "step=1"
-    assert sorted(p.name for p in folder.iterdir()) == [
-        "manifest.json",
-        "rank=0.parquet",
-        "rank=1.parquet",
-    ]
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = written_step(roots, 1)
     assert manifest["counts"]["written"] == 16
     # The three assets ran in one session: the batch was handed on in memory, not staged.
     assert not (roots.output / ".staging").exists()

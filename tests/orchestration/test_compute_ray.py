@@ -26,6 +26,7 @@ from pipeline.orchestration.pipes_worker import WORKER_FILE
 from pipeline.orchestration.ray_jobs import RayJobs, RayJobsError
 from pipeline.orchestration.step_pool import STEP_POOL
 from tests.support.dagster_roots import (
+    PIPES_WARNINGS,
     STAND_IN,
     Roots,
     configured_roots,
@@ -41,8 +42,7 @@ from tests.support.dagster_roots import (
 from tests.support.ray_head import RayHead
 
 pytestmark = [
-    pytest.mark.filterwarnings("ignore:Function `PipesMessageReader.expected_writer_count`"),
-    pytest.mark.filterwarnings("ignore:AssetExecutionContext.run_id is deprecated"),
+    *PIPES_WARNINGS,
     # Ray's own deprecation in JobSubmissionClient, which only the tests use.
     pytest.mark.filterwarnings("ignore:ssl=None is deprecated"),
 ]

@@ -9,8 +9,8 @@ import subprocess
 import sys
 import traceback
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from tests.support.samples import REPO
 
@@ -43,7 +43,8 @@ def digests(root: Path) -> dict[str, str]:
     }
 
 
-class Result(NamedTuple):
+@dataclass
+class Result:
     returncode: int
     stdout: str
     stderr: str

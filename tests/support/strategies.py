@@ -72,3 +72,17 @@ def build_settings(draw: st.DrawFn) -> dict[str, Any]:
         chosen["n_samples_per_prompt"] = draw(st.integers(1, 4))
         chosen["rollout_batch_size"] = draw(st.integers(1, 6))
     return chosen
+
+
+@st.composite
+def rollout_keys(draw: st.DrawFn, max_leaves: int) -> tuple[int, bool, list[int]]:
+    """A batch's rollout key per row: 1 to 40 rollouts, each of 1 to `max_leaves` rows when
+    the batch is compact (else one), in order or shuffled; with the rollout count and
+    whether the batch is compact."""
+    n_rollouts = draw(st.integers(1, 40))
+    compact = draw(st.booleans())
+    leaves = [draw(st.integers(1, max_leaves)) if compact else 1 for _ in range(n_rollouts)]
+    keys = [rollout for rollout, count in enumerate(leaves) for _ in range(count)]
+    if draw(st.booleans()):
+        keys = [keys[i] for i in draw(st.permutations(range(len(keys))))]
+    return n_rollouts, compact, keys

@@ -7,7 +7,6 @@ whatever on_invalid says, and the rank files are those of a build of the kept ro
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -30,10 +29,7 @@ STEP = 9
 def miles(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """miles' modules, kept after their import context closes: a build run inside it would
     import the project's lazy imports (pydantic's parts) only to have them unloaded."""
-    source = ms.head_source(tmp_path_factory.mktemp("miles"))
-    with ms.miles_modules(source) as modules:
-        modules.buffer = importlib.import_module("miles.rollout.fully_async_data_buffer")
-    return modules
+    return ms.kept_modules(tmp_path_factory, buffer="miles.rollout.fully_async_data_buffer")
 
 
 def rows_of(versions: list[list[list[str]]]) -> list[dict[str, Any]]:
