@@ -158,3 +158,23 @@ def dropped_rollout_rows() -> list[dict[str, Any]]:
         )
         for position, rid in enumerate(ids)
     ]
+
+
+def trajectory(
+    index: int, group: int, leaves: int, rollout_id: int | None, **fields: Any
+) -> list[dict[str, Any]]:
+    """The rows of one trajectory: `leaves` leaves of rollout `index` in prompt group
+    `group`, v2 leaves with `rollout_id` when there are several. A field given as a function
+    is called with each leaf in turn, in the order the fields are given."""
+    several = leaves > 1
+    return [
+        sample(
+            index,
+            leaf,
+            group_index=group,
+            rollout_id=rollout_id if several else None,
+            session_version="v2" if several else None,
+            **{name: value(leaf) if callable(value) else value for name, value in fields.items()},
+        )
+        for leaf in range(leaves)
+    ]

@@ -20,7 +20,7 @@ from pipeline.settings import load_settings
 from pipeline.step.build import summary_line
 from tests import reference
 from tests.support import miles as ms
-from tests.support.samples import build, sample, write_step
+from tests.support.samples import build, sample, trajectory, write_step
 
 STEP = 9
 
@@ -40,19 +40,15 @@ def rows_of(versions: list[list[list[str]]]) -> list[dict[str, Any]]:
     for group, trajectories in enumerate(versions):
         for own in trajectories:
             leaves = 2 if group == 1 and own is trajectories[0] else 1
-            for leaf in range(leaves):
-                rows.append(
-                    sample(
-                        index,
-                        leaf,
-                        group_index=group,
-                        rollout_id=index if leaves > 1 else None,
-                        session_version="v2" if leaves > 1 else None,
-                        weight_versions=own,
-                        reward=float(index % 3),
-                        response_length=1 + index % 4,
-                    )
-                )
+            rows += trajectory(
+                index,
+                group,
+                leaves,
+                index,
+                weight_versions=own,
+                reward=float(index % 3),
+                response_length=1 + index % 4,
+            )
             index += 1
     return rows
 
