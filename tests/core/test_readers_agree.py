@@ -36,6 +36,7 @@ from pipeline.step.readers import shares
 from pipeline.step.readers.spill import Spill, SpillReader
 from tests.core.bad_inputs.generate import ARGS, Case, cases, write_case
 from tests.support.cli import in_process
+from tests.support.samples import entries
 
 BUILD_CASES = {
     case.name: case
@@ -83,21 +84,18 @@ def _untimed_record(path: Path) -> str:
 def _snapshot(folder: Path) -> dict[str, tuple[str, str]]:
     """Every entry under the case folder but the step locks: kind and content."""
     found: dict[str, tuple[str, str]] = {}
-    for parent, dirs, files in os.walk(folder):
-        for name in [*dirs, *files]:
-            path = Path(parent) / name
-            key = str(path.relative_to(folder))
-            if key.startswith("out/.locks"):
-                continue
-            mode = path.lstat().st_mode
-            if stat.S_ISLNK(mode):
-                found[key] = ("link", os.readlink(path))
-            elif stat.S_ISREG(mode) and key.startswith("out/_refused/"):
-                found[key] = ("refusal", _untimed_record(path))
-            elif stat.S_ISREG(mode):
-                found[key] = ("file", hashlib.sha256(path.read_bytes()).hexdigest())
-            else:
-                found[key] = ("dir" if stat.S_ISDIR(mode) else "other", "")
+    for key, path in entries(folder):
+        if key.startswith("out/.locks"):
+            continue
+        mode = path.lstat().st_mode
+        if stat.S_ISLNK(mode):
+            found[key] = ("link", os.readlink(path))
+        elif stat.S_ISREG(mode) and key.startswith("out/_refused/"):
+            found[key] = ("refusal", _untimed_record(path))
+        elif stat.S_ISREG(mode):
+            found[key] = ("file", hashlib.sha256(path.read_bytes()).hexdigest())
+        else:
+            found[key] = ("dir" if stat.S_ISDIR(mode) else "other", "")
     return found
 
 

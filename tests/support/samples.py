@@ -4,8 +4,10 @@ planned or built in-process; what a build left behind."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +180,11 @@ def trajectory(
         )
         for leaf in range(leaves)
     ]
+
+
+def entries(root: Path) -> Iterator[tuple[str, Path]]:
+    """Every entry under `root`, links not followed: its path relative to `root`, and it."""
+    for parent, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = Path(parent) / name
+            yield str(path.relative_to(root)), path

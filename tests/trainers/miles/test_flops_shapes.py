@@ -14,7 +14,7 @@ from typing import Any
 
 import polars as pl
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, given
 from hypothesis import strategies as st
 
 from pipeline import columns as c
@@ -28,7 +28,7 @@ from pipeline.transforms.samples import light_frame
 from tests.support import miles as ms
 from tests.support.miles import MEGATRON_PARSER, megatron_args
 from tests.support.samples import build, sample, write_step
-from tests.support.strategies import rollout_keys
+from tests.support.strategies import by_flops, derandomized, rollout_keys
 
 SHAPE_FLAGS = (*MEGATRON_PARSER, "num_layers", "hidden_size", "ffn_hidden_size")
 SHAPE_FLAGS += ("num_attention_heads", "vocab_size")
@@ -186,11 +186,7 @@ def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "global_batch_size": dp * draw(st.integers(1, max(1, n_rollouts // dp))),
         "dp_size": dp,
         "cp_size": draw(st.integers(1, 4)),
-        "vpp_size": vpp,
-        "microbatch_group_size_per_vp_stage": draw(st.integers(1, 3)) if vpp else None,
-        "use_dynamic_batch_size": True,
-        "max_tokens_per_gpu": draw(st.integers(1, 4 * top)),
-        "balance_by_flops": True,
+        **by_flops(draw, vpp, top),
         # the dynamic global batch size trims row counts: never on a compact batch
         "use_dynamic_global_batch_size": not compact and draw(st.booleans()),
         "allow_partial_train_step": draw(st.booleans()),
@@ -199,12 +195,7 @@ def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return rows_of(keys, lengths, compact), values
 
 
-@settings(
-    max_examples=200,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+@derandomized(200, HealthCheck.filter_too_much)
 @given(batches())
 def test_every_shape_and_layout_is_miles_own(
     miles: Any, scratch: Path, case: tuple[list[dict[str, Any]], dict[str, Any]]
