@@ -6,6 +6,30 @@ from pathlib import Path
 
 import pytest
 
+# The files whose tests take tens of seconds each (pip installs, a browser, Dagster's
+# daemon, Ray clusters, the corpus, drawn trainer cases), slowest first. `make test` runs
+# files in collection order (`--dist loadfile --no-loadscope-reorder`): these start first,
+# so the last file a worker takes is a short one and both workers finish together. A file
+# missing from the list runs after them, as collected.
+SLOW_FIRST = (
+    "tests/orchestration/test_team_deploy.py",
+    "tests/e2e/test_light_install.py",
+    "tests/e2e/test_ui.py",
+    "tests/trainers/verl/test_verl_v1.py",
+    "tests/loader/test_install.py",
+    "tests/core/test_bad_inputs.py",
+    "tests/trainers/miles/test_flops_shapes.py",
+    "tests/orchestration/test_backfill.py",
+    "tests/orchestration/test_compute_ray.py",
+    "tests/core/test_dataset.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    # a stable sort: within a file, and among the other files, the collected order stays
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
+
 
 @pytest.fixture
 def rows_dir(tmp_path: Path) -> Path:

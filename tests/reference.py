@@ -754,18 +754,10 @@ SLIME_DEFAULTS: dict[str, Any] = {
 }
 SLIME_NORMALIZED = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 SLIME_STD = ("grpo", "gspo", "cispo")
-# per-row keys in the order slime's `_split_train_data_by_dp` gathers them
+# per-row keys in the order slime's `_split_train_data_by_dp` gathers them: miles' up to
+# rollout_log_probs, then source_names and teacher_log_probs (no weight_versions)
 SLIME_ROW_KEYS = (
-    "tokens",
-    "response_lengths",
-    "rewards",
-    "truncated",
-    "loss_masks",
-    "round_number",
-    "sample_indices",
-    "rollout_ids",
-    "rollout_mask_sums",
-    "rollout_log_probs",
+    *MILES_ROW_KEYS[: MILES_ROW_KEYS.index("rollout_log_probs") + 1],
     "source_names",
     "teacher_log_probs",
 )

@@ -12,10 +12,8 @@ covered; `stage` cases always run as a `python -c` subprocess."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -24,7 +22,6 @@ import stat
 import subprocess
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +29,9 @@ from typing import Any
 import polars as pl
 import pytest
 
-from pipeline.cli import main
 from pipeline.errors import printable
 from tests.core.bad_inputs.generate import ARGS, HOST, STEP, cases, generate
+from tests.support.cli import Result, in_process
 from tests.support.samples import REPO
 
 GENERATOR = Path(__file__).with_name("bad_inputs") / "generate.py"
@@ -75,13 +72,6 @@ except (StepError, UsageError) as exc:
 SUBPROCESS = set(NAMES[::20])
 
 
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 def _placed(text: str, folder: Path) -> str:
     return text.replace("{input}", str(folder / "input")).replace("{case}", str(folder))
 
@@ -108,21 +98,6 @@ def argv(folder: Path) -> list[str]:
         "metrics": ["metrics", *args],
         "stage": [inputs, out, *args],
     }[spec["command"]]
-
-
-def in_process(args: list[str]) -> Result:
-    """A command through `main` in this process; any exception escaping it is a failure,
-    shown as the traceback a user would have seen."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(args)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except Exception:  # noqa: BLE001 - reported as the traceback the CLI would print
-            traceback.print_exc()
-            code = 1
-    return Result(code, out.getvalue(), err.getvalue())
 
 
 def build(folder: Path) -> Result:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import pyarrow.parquet as pq
 import pytest
 
 from pipeline.errors import StepError
@@ -23,6 +22,14 @@ from pipeline.settings import Settings
 from pipeline.step.build import build_step
 from pipeline.step.readers import spill
 from pipeline.step.readers.memory import MemoryReader
+from tests.support.layouts import (
+    LAYOUTS,
+    THREE_FILES,
+    cases,
+    mixed_files,
+    step_column_files,
+    three_files_one_without_loss_mask,
+)
 from tests.support.samples import generated_step
 
 # A few KiB per part: every generated step comes in many parts.
@@ -69,71 +76,18 @@ def _build_both(
     return results[0], results[1]
 
 
-def _split(step: Path, parts: int) -> list[pl.DataFrame]:
-    table = pl.read_parquet(step / "step=0.parquet")
-    size = -(-table.height // parts)
-    return [table.slice(i * size, size) for i in range(parts)]
-
-
 def _one_file(folder: Path) -> Path:
     return generated_step(folder)
 
 
-def _three_files_one_without_loss_mask(folder: Path) -> Path:
-    parts = _split(generated_step(folder / "gen"), 3)
-    root = folder / "rollouts" / "step=0"
-    root.mkdir(parents=True)
-    parts[1] = parts[1].drop("loss_mask")
-    for i, part in enumerate(parts):
-        pq.write_table(part.to_arrow(), root / f"part-{i}.parquet", row_group_size=500)
-    return folder / "rollouts"
-
-
-def _parquet_and_json_lines(folder: Path) -> Path:
-    first, second = _split(generated_step(folder / "gen"), 2)
-    root = folder / "rollouts" / "step=0"
-    root.mkdir(parents=True)
-    first.write_parquet(root / "a.parquet")
-    second.write_ndjson(root / "b.jsonl")
-    return folder / "rollouts"
-
-
-def _step_column_files(folder: Path) -> Path:
-    table = pl.read_parquet(generated_step(folder / "gen") / "step=0.parquet")
-    both = pl.concat([table, table.with_columns(pl.lit(1, dtype=pl.Int64).alias("step"))])
-    root = folder / "rollouts"
-    root.mkdir()
-    both.write_parquet(root / "rollouts.parquet")
-    return root
-
-
 INPUTS: dict[str, Callable[[Path], Path]] = {
     "one file": _one_file,
-    "three files, one without loss_mask": _three_files_one_without_loss_mask,
-    "parquet and json lines": _parquet_and_json_lines,
-    "files named without a step": _step_column_files,
+    THREE_FILES: three_files_one_without_loss_mask,
+    "parquet and json lines": lambda folder: mixed_files(folder, ("parquet", "ndjson")),
+    "files named without a step": step_column_files,
 }
-SETTINGS = {
-    "strided": {"global_batch_size": 64, "dp_size": 4},
-    "balanced": {"global_batch_size": 64, "dp_size": 4, "balance_data": True},
-    "schedule": {
-        "global_batch_size": 64,
-        "dp_size": 2,
-        "cp_size": 2,
-        "use_dynamic_batch_size": True,
-        "max_tokens_per_gpu": 8192,
-    },
-    "no trimming": {"global_batch_size": 96, "dp_size": 4, "disable_rollout_trim_samples": True},
-}
-
-
-# Every layout on one file, every kind of input on the strided layout, and the balanced
-# layout (rank order not ascending) on parts of several files.
-CASES = (
-    [("one file", name) for name in SETTINGS]
-    + [(name, "strided") for name in INPUTS if name != "one file"]
-    + [("three files, one without loss_mask", "balanced")]
-)
+SETTINGS = {name: LAYOUTS[name] for name in ("strided", "balanced", "cp schedule", "no trimming")}
+CASES = cases("one file", list(INPUTS), list(SETTINGS))
 
 
 @pytest.mark.parametrize(("inputs", "settings"), CASES)

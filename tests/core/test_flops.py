@@ -22,6 +22,7 @@ from pipeline.transforms.flops import forward_flops, miles_model_shape
 from tests import reference
 from tests.support import miles as ms
 from tests.support.miles import MEGATRON_PARSER, megatron_args, miles_layout
+from tests.support.strategies import by_flops, rollout_keys
 
 DENSE = {
     "num_layers": 4,
@@ -123,12 +124,7 @@ def our_layout(keys: list[int], lengths: list[int], values: dict[str, Any]) -> d
 
 @st.composite
 def batches(draw: st.DrawFn) -> tuple[list[int], list[int], dict[str, Any]]:
-    n_rollouts = draw(st.integers(1, 40))
-    compact = draw(st.booleans())
-    leaves = [draw(st.integers(1, 4)) if compact else 1 for _ in range(n_rollouts)]
-    keys = [rollout for rollout, count in enumerate(leaves) for _ in range(count)]
-    if draw(st.booleans()):
-        keys = [keys[i] for i in draw(st.permutations(range(len(keys))))]
+    n_rollouts, compact, keys = draw(rollout_keys(4))
     wide = draw(st.booleans())
     top = 40_000 if wide else 300
     lengths = draw(st.lists(st.integers(1, top), min_size=len(keys), max_size=len(keys)))
@@ -138,11 +134,7 @@ def batches(draw: st.DrawFn) -> tuple[list[int], list[int], dict[str, Any]]:
         "global_batch_size": draw(st.integers(1, n_rollouts)),
         "dp_size": 1,  # set below: global_batch_size must divide
         "cp_size": draw(st.integers(1, 2)),
-        "vpp_size": vpp,
-        "microbatch_group_size_per_vp_stage": draw(st.integers(1, 3)) if vpp else None,
-        "use_dynamic_batch_size": True,
-        "max_tokens_per_gpu": draw(st.integers(1, 4 * top)),
-        "balance_by_flops": True,
+        **by_flops(draw, vpp, top),
         "allow_partial_train_step": draw(st.booleans()),
         "balance_data": draw(st.booleans()),
     }

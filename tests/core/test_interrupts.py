@@ -20,7 +20,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from tests.support.samples import REPO, generated_step
+from tests.support.samples import REPO, entries, generated_step
 
 # The program, with `module.function`'s `call`-th call sending SIGINT to the process first;
 # parts of 64 KiB; the shares reader routed in for every step as `--ray` would route it.
@@ -87,12 +87,8 @@ POINTS = [("spill", *p) for p in SPILL_POINTS] + [("shares", *p) for p in SHARES
 def snapshot(root: Path) -> dict[str, str]:
     """Every entry under the output root but the step locks: a file's sha256, a folder."""
     found = {}
-    for parent, dirs, files in os.walk(root):
-        for name in [*dirs, *files]:
-            path = Path(parent) / name
-            key = str(path.relative_to(root))
-            if key.startswith(".locks"):
-                continue
+    for key, path in entries(root):
+        if not key.startswith(".locks"):
             found[key] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "/"
     return found
 

@@ -70,31 +70,60 @@ def rewrite(shard: Path, change: pl.Expr | None = None, keep: pl.Expr | None = N
     frame.write_parquet(shard)
 
 
+def set_at(shard: Path, position: int, column: str, value: Any) -> None:
+    """`column` of the row at batch position `position` of `shard` set to `value`."""
+    rewrite(
+        shard,
+        pl.when(pl.col(c.BATCH_POSITION) == position)
+        .then(value)
+        .otherwise(pl.col(column))
+        .alias(column),
+    )
+
+
 def test_identical_builds(builds: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     status, lines = run(*builds, capsys=capsys)
     assert status == 0
     assert lines[-1] == "identical"
 
 
-def test_negative_zero_reward_is_pinpointed_with_its_bits(
-    builds: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("found", "column", "value", "line"),
+    [
+        # a float64 column compares by bits: 0.0 against -0.0
+        (
+            pl.col(c.REWARDS) == 0.0,
+            c.REWARDS,
+            -0.0,
+            "  step 1, batch_position {position}: left 0.0 (0x0000000000000000), "
+            "right -0.0 (0x8000000000000000)",
+        ),
+        # list<float32> compares element by element, by bits: 0.0 against -0.0
+        (
+            pl.col(c.SAMPLE_INDICES) == 0,
+            c.ROLLOUT_LOG_PROBS,
+            pl.lit([-0.5, -0.0], dtype=pl.List(pl.Float32)),
+            "  step 1, batch_position {position}, element 1 (lengths 2 and 2): "
+            "left 0.0 (0x00000000), right -0.0 (0x80000000)",
+        ),
+    ],
+    ids=["negative_zero_reward", "log_prob_element"],
+)
+def test_a_value_that_differs_only_in_bits_is_pinpointed(
+    builds: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    found: pl.Expr,
+    column: str,
+    value: Any,
+    line: str,
 ) -> None:
     left, right = builds
-    shard, position = find_row(right, pl.col(c.REWARDS) == 0.0)
-    rewrite(
-        shard,
-        pl.when(pl.col(c.BATCH_POSITION) == position)
-        .then(-0.0)
-        .otherwise(pl.col(c.REWARDS))
-        .alias(c.REWARDS),
-    )
+    shard, position = find_row(right, found)
+    set_at(shard, position, column, value)
     status, lines = run(left, right, capsys=capsys)
     assert status == 1
-    assert "column rewards: 1 of 8 rows differ" in lines
-    assert (
-        f"  step 1, batch_position {position}: left 0.0 (0x0000000000000000), "
-        "right -0.0 (0x8000000000000000)"
-    ) in lines
+    assert f"column {column}: 1 of 8 rows differ" in lines
+    assert line.format(position=position) in lines
     assert lines[-1] == "1 columns differ"
 
 
@@ -102,13 +131,7 @@ def test_changed_rollout_id(builds: tuple[Path, Path], capsys: pytest.CaptureFix
     left, right = builds
     shard = right / "step=1" / "rank=1.parquet"
     position = pl.read_parquet(shard)[c.BATCH_POSITION][0]
-    rewrite(
-        shard,
-        pl.when(pl.col(c.BATCH_POSITION) == position)
-        .then(None)
-        .otherwise(pl.col(c.ROLLOUT_IDS))
-        .alias(c.ROLLOUT_IDS),
-    )
+    set_at(shard, position, c.ROLLOUT_IDS, None)
     status, lines = run(left, right, "--format", "json", capsys=capsys)
     assert status == 1
     report = json.loads("\n".join(lines))
@@ -122,28 +145,6 @@ def test_changed_rollout_id(builds: tuple[Path, Path], capsys: pytest.CaptureFix
         "left": left_id,
         "right": None,
     }
-
-
-def test_log_prob_element_differs_only_in_bits(
-    builds: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
-    """list<float32> compares element by element, by bits: 0.0 against -0.0."""
-    left, right = builds
-    shard, position = find_row(right, pl.col(c.SAMPLE_INDICES) == 0)
-    rewrite(
-        shard,
-        pl.when(pl.col(c.BATCH_POSITION) == position)
-        .then(pl.lit([-0.5, -0.0], dtype=pl.List(pl.Float32)))
-        .otherwise(pl.col(c.ROLLOUT_LOG_PROBS))
-        .alias(c.ROLLOUT_LOG_PROBS),
-    )
-    status, lines = run(left, right, capsys=capsys)
-    assert status == 1
-    assert "column rollout_log_probs: 1 of 8 rows differ" in lines
-    assert (
-        f"  step 1, batch_position {position}, element 1 (lengths 2 and 2): "
-        "left 0.0 (0x00000000), right -0.0 (0x80000000)"
-    ) in lines
 
 
 def test_missing_row(builds: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,13 +18,11 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
-import io
 import json
 import os
 import re
 import shutil
 import stat
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,11 +31,12 @@ from typing import Any
 import pytest
 
 from pipeline import commands
-from pipeline.cli import main
 from pipeline.step.build import StepJob
 from pipeline.step.readers import shares
 from pipeline.step.readers.spill import Spill, SpillReader
 from tests.core.bad_inputs.generate import ARGS, Case, cases, write_case
+from tests.support.cli import in_process
+from tests.support.samples import entries
 
 BUILD_CASES = {
     case.name: case
@@ -85,35 +84,19 @@ def _untimed_record(path: Path) -> str:
 def _snapshot(folder: Path) -> dict[str, tuple[str, str]]:
     """Every entry under the case folder but the step locks: kind and content."""
     found: dict[str, tuple[str, str]] = {}
-    for parent, dirs, files in os.walk(folder):
-        for name in [*dirs, *files]:
-            path = Path(parent) / name
-            key = str(path.relative_to(folder))
-            if key.startswith("out/.locks"):
-                continue
-            mode = path.lstat().st_mode
-            if stat.S_ISLNK(mode):
-                found[key] = ("link", os.readlink(path))
-            elif stat.S_ISREG(mode) and key.startswith("out/_refused/"):
-                found[key] = ("refusal", _untimed_record(path))
-            elif stat.S_ISREG(mode):
-                found[key] = ("file", hashlib.sha256(path.read_bytes()).hexdigest())
-            else:
-                found[key] = ("dir" if stat.S_ISDIR(mode) else "other", "")
+    for key, path in entries(folder):
+        if key.startswith("out/.locks"):
+            continue
+        mode = path.lstat().st_mode
+        if stat.S_ISLNK(mode):
+            found[key] = ("link", os.readlink(path))
+        elif stat.S_ISREG(mode) and key.startswith("out/_refused/"):
+            found[key] = ("refusal", _untimed_record(path))
+        elif stat.S_ISREG(mode):
+            found[key] = ("file", hashlib.sha256(path.read_bytes()).hexdigest())
+        else:
+            found[key] = ("dir" if stat.S_ISDIR(mode) else "other", "")
     return found
-
-
-def _run(args: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(args)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except Exception:  # noqa: BLE001 - the traceback a user would see
-            traceback.print_exc()
-            code = 1
-    return code, out.getvalue(), err.getvalue()
 
 
 def _placed(text: str, folder: Path) -> str:
@@ -125,10 +108,8 @@ def _prepare(folder: Path, steps: list[dict[str, Any]]) -> None:
     for step in steps:
         ((op, value),) = step.items()
         if op == "build":
-            code, _, err = _run(
-                ["build", str(folder / "input"), "--out", str(folder / value), *ARGS]
-            )
-            assert code == 0, err
+            done = in_process(["build", str(folder / "input"), "--out", str(folder / value), *ARGS])
+            assert done.returncode == 0, done.stderr
         elif op == "fifo":
             (folder / value).unlink()
             os.mkfifo(folder / value)
@@ -156,9 +137,8 @@ def build_case(case: Case, root: Path, reader: str, monkeypatch: pytest.MonkeyPa
         patch.setattr(shares, "PART_BYTES", TINY)
         _prepare(folder, case.prepare)
         args = [_placed(a, folder) for a in [*ARGS, *case.args]]
-        status, stdout, stderr = _run(
-            ["build", str(folder / "input"), "--out", str(folder / "out"), *args]
-        )
+        done = in_process(["build", str(folder / "input"), "--out", str(folder / "out"), *args])
+        status, stdout, stderr = done.returncode, done.stdout, done.stderr
     # progress lines time each stage: the times aside, stdout is the same
     untimed = re.sub(r"\([0-9.]+ s\)", "(s)", stdout)
     return Outcome(status, untimed, stderr.splitlines(), _snapshot(folder))

@@ -6,7 +6,9 @@ each repaired row counted per rule; `strict` repairs nothing."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -62,16 +64,6 @@ def test_repair_transform_exact() -> None:
     assert repaired.drop(c.ROLLOUT_ID).equals(frame.drop(c.ROLLOUT_ID))
 
 
-def test_strict_refuses_the_pre_2536_window(rows_dir: Path, tmp_path: Path) -> None:
-    write_step(rows_dir, pre_2536())
-    with pytest.raises(StepError) as error:
-        build(rows_dir, tmp_path / "out", global_batch_size=4)
-    (violation,) = error.value.violations
-    assert violation.rule == "rollout_id_only_on_v2_multi_leaf"
-    assert violation.n_rows == 6
-    assert only_refused(tmp_path / "out", 1)
-
-
 def test_repair_clears_ids_of_the_pre_2536_window(rows_dir: Path, tmp_path: Path) -> None:
     write_step(rows_dir, pre_2536())
     manifest = build(rows_dir, tmp_path / "out", global_batch_size=4, **REPAIR)
@@ -83,13 +75,28 @@ def test_repair_clears_ids_of_the_pre_2536_window(rows_dir: Path, tmp_path: Path
     assert shard.get_column("rollout_ids").to_list() == list(range(8))
 
 
-def test_strict_refuses_the_pre_2368_window(rows_dir: Path, tmp_path: Path) -> None:
-    write_step(rows_dir, pre_2368())
+@pytest.mark.parametrize(
+    ("window", "global_batch_size", "expected"),
+    [
+        (pre_2536, 4, {"n_rows": 6}),
+        (pre_2368, 2, {"rows": [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]}),
+    ],
+    ids=["pre_2536", "pre_2368"],
+)
+def test_strict_refuses_the_window(
+    window: Callable[[], list[dict]],
+    global_batch_size: int,
+    expected: dict[str, Any],
+    rows_dir: Path,
+    tmp_path: Path,
+) -> None:
+    write_step(rows_dir, window())
     with pytest.raises(StepError) as error:
-        build(rows_dir, tmp_path / "out", global_batch_size=2)
+        build(rows_dir, tmp_path / "out", global_batch_size=global_batch_size)
     (violation,) = error.value.violations
     assert violation.rule == "rollout_id_only_on_v2_multi_leaf"
-    assert violation.rows == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    assert {name: getattr(violation, name) for name in expected} == expected
+    assert only_refused(tmp_path / "out", 1)
 
 
 def test_repair_stamps_ids_of_the_pre_2368_window(rows_dir: Path, tmp_path: Path) -> None:

@@ -13,13 +13,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, given
 from hypothesis import strategies as st
 
 from pipeline.errors import StepError
 from tests import reference
 from tests.support.cli import cli
 from tests.support.samples import build, ranks, sample, write_step
+from tests.support.strategies import derandomized
 
 QUARANTINE = {"on_invalid": "quarantine"}
 CENTRED = {"grpo_std_normalization": False}  # miles' values centred only, as in SEMANTICS 8
@@ -324,12 +325,7 @@ def _reference_rewards(
     return reference.post_process_rewards([{**r, "group_index": 0} for r in group], raw, s)[0]
 
 
-@settings(
-    max_examples=120,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+@derandomized(120, HealthCheck.function_scoped_fixture)
 @given(steps())
 def test_no_remaining_reward_changes_against_the_groups_as_given(
     tmp_path_factory: pytest.TempPathFactory, case: tuple[str, list[dict[str, Any]], dict[str, Any]]

@@ -22,6 +22,7 @@ from pipeline.settings import Settings
 from pipeline.step.build import StepJob, build_step
 from pipeline.step.check import check
 from pipeline.step.readers import shares
+from tests.support import layouts
 from tests.support.samples import TRAINERS, generated_step
 
 
@@ -67,12 +68,6 @@ def build_both(
     return _files(out / "memory"), _files(out / "tasks")
 
 
-def _split(step: Path, parts: int) -> list[pl.DataFrame]:
-    table = pl.read_parquet(step / "step=0.parquet")
-    size = -(-table.height // parts)
-    return [table.slice(i * size, size) for i in range(parts)]
-
-
 def _row_groups(folder: Path) -> Path:
     table = pq.read_table(generated_step(folder / "gen") / "step=0.parquet")
     (folder / "rollouts").mkdir(parents=True)
@@ -80,67 +75,16 @@ def _row_groups(folder: Path) -> Path:
     return folder / "rollouts"
 
 
-def _three_files_one_without_loss_mask(folder: Path) -> Path:
-    parts = _split(generated_step(folder / "gen"), 3)
-    root = folder / "rollouts" / "step=0"
-    root.mkdir(parents=True)
-    parts[1] = parts[1].drop("loss_mask")
-    for i, part in enumerate(parts):
-        pq.write_table(part.to_arrow(), root / f"part-{i}.parquet", row_group_size=500)
-    return folder / "rollouts"
-
-
-def _parquet_ipc_and_json_lines(folder: Path) -> Path:
-    first, second, third = _split(generated_step(folder / "gen"), 3)
-    root = folder / "rollouts" / "step=0"
-    root.mkdir(parents=True)
-    first.write_parquet(root / "a.parquet")
-    second.write_ipc(root / "b.arrow")
-    third.write_ndjson(root / "c.jsonl")
-    return folder / "rollouts"
-
-
-def _step_column_files(folder: Path) -> Path:
-    table = pl.read_parquet(generated_step(folder / "gen") / "step=0.parquet")
-    both = pl.concat([table, table.with_columns(pl.lit(1, dtype=pl.Int64).alias("step"))])
-    root = folder / "rollouts"
-    root.mkdir()
-    both.write_parquet(root / "rollouts.parquet", row_group_size=700)
-    return root
-
-
 INPUTS: dict[str, Callable[[Path], Path]] = {
     "one file of row groups": _row_groups,
-    "three files, one without loss_mask": _three_files_one_without_loss_mask,
-    "parquet, ipc and json lines": _parquet_ipc_and_json_lines,
-    "files named without a step": _step_column_files,
+    layouts.THREE_FILES: layouts.three_files_one_without_loss_mask,
+    "parquet, ipc and json lines": lambda folder: layouts.mixed_files(
+        folder, ("parquet", "ipc", "ndjson")
+    ),
+    "files named without a step": lambda folder: layouts.step_column_files(folder, 700),
 }
-SETTINGS = {
-    "strided": {"global_batch_size": 64, "dp_size": 4},
-    "balanced": {"global_batch_size": 64, "dp_size": 4, "balance_data": True},
-    "cp schedule": {
-        "global_batch_size": 64,
-        "dp_size": 2,
-        "cp_size": 2,
-        "use_dynamic_batch_size": True,
-        "max_tokens_per_gpu": 8192,
-    },
-    "vpp schedule": {
-        "global_batch_size": 64,
-        "dp_size": 2,
-        "cp_size": 1,
-        "use_dynamic_batch_size": True,
-        "max_tokens_per_gpu": 8192,
-        "vpp_size": 2,
-        "microbatch_group_size_per_vp_stage": 2,
-    },
-    "no trimming": {"global_batch_size": 96, "dp_size": 4, "disable_rollout_trim_samples": True},
-}
-CASES = (
-    [("one file of row groups", name) for name in SETTINGS]
-    + [(name, "strided") for name in INPUTS if name != "one file of row groups"]
-    + [("three files, one without loss_mask", "balanced")]
-)
+SETTINGS = layouts.LAYOUTS
+CASES = layouts.cases("one file of row groups", list(INPUTS), list(SETTINGS))
 
 
 @pytest.mark.parametrize(("inputs", "settings"), CASES)
@@ -282,7 +226,7 @@ def test_the_driver_holds_no_list(tmp_path: Path, small_shares: None) -> None:
 def test_an_unreadable_file_is_reported_as_in_memory(tmp_path: Path, damage: str) -> None:
     """A Parquet file whose footer does not read is one share, read as the in-memory read
     reads it: the same line."""
-    folder = _three_files_one_without_loss_mask(tmp_path / "in")
+    folder = layouts.three_files_one_without_loss_mask(tmp_path / "in")
     broken = folder / "step=0" / "part-1.parquet"
     if damage == "truncated":
         broken.write_bytes(broken.read_bytes()[:-100])

@@ -226,8 +226,18 @@ def test_non_adjacent_rows_of_a_group_form_one_group(rows_dir: Path) -> None:
     assert got == [-1.0, -2.0, 1.0, 2.0]
 
 
-def test_fixed_fanout_groups_without_group_index(rows_dir: Path) -> None:
-    write_step(rows_dir, [sample(i, reward=r) for i, r in enumerate([0, 2, 10, 14])])
+@pytest.mark.parametrize(
+    ("rewards", "expected"),
+    [
+        # rollout_batch_size x n_samples_per_prompt rows: runs of n_samples_per_prompt
+        ([0, 2, 10, 14], [-1.0, 1.0, -2.0, 2.0]),
+        # any other count: one group of the whole batch
+        ([0, 2, 4], [-2.0, 0.0, 2.0]),
+    ],
+    ids=["fixed_fanout_groups_without_group_index", "one_group_when_fanout_does_not_match"],
+)
+def test_fanout_groups(rows_dir: Path, rewards: list[int], expected: list[float]) -> None:
+    write_step(rows_dir, [sample(i, reward=r) for i, r in enumerate(rewards)])
     got = batch_column(
         rows_dir,
         c.REWARDS,
@@ -236,20 +246,7 @@ def test_fixed_fanout_groups_without_group_index(rows_dir: Path) -> None:
         n_samples_per_prompt=2,
         rollout_batch_size=2,
     )
-    assert got == [-1.0, 1.0, -2.0, 2.0]
-
-
-def test_one_group_when_fanout_does_not_match(rows_dir: Path) -> None:
-    write_step(rows_dir, [sample(i, reward=r) for i, r in enumerate([0, 2, 4])])
-    got = batch_column(
-        rows_dir,
-        c.REWARDS,
-        global_batch_size=1,
-        grpo_std_normalization=False,
-        n_samples_per_prompt=2,
-        rollout_batch_size=2,
-    )
-    assert got == [-2.0, 0.0, 2.0]
+    assert got == expected
 
 
 def test_struct_reward_through_reward_key(rows_dir: Path) -> None:

@@ -43,6 +43,19 @@ def _freeze(python: Path) -> set[str]:
     return set(_pip(python, "list", "--format=freeze").split())
 
 
+def _isolated(python: Path, script: str, folder: Path) -> str:
+    """What `script` prints, run by the venv's python on a step folder, without this
+    checkout on its path (it runs in the step's parent folder)."""
+    run = subprocess.run(
+        [str(python), "-I", "-c", script, str(folder)],
+        capture_output=True,
+        text=True,
+        cwd=folder.parent,
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
 def test_loader_installs_beside_miles_pins_and_reads_a_step(tmp_path: Path) -> None:
     env = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True, clear=True).create(env)
@@ -92,24 +105,11 @@ def test_loader_installs_beside_miles_pins_and_reads_a_step(tmp_path: Path) -> N
     assert sys.executable != str(python)
 
     # the verl module imports without verl (or torch); its reader says what it needs
-    run = subprocess.run(
-        [str(python), "-I", "-c", VERL_WITHOUT_VERL, str(folder)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "runs in verl's environment (tensordict is not installed)"
+    said = _isolated(python, VERL_WITHOUT_VERL, folder)
+    assert said.strip() == "runs in verl's environment (tensordict is not installed)"
 
     # the slime module imports without torch; its reader says in one line where it runs
-    run = subprocess.run(
-        [str(python), "-I", "-c", SLIME_WITHOUT_TORCH, str(folder)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert run.returncode == 0, run.stderr
-    assert run.stdout == (
+    assert _isolated(python, SLIME_WITHOUT_TORCH, folder) == (
         "rollout_shards_loader.slime.read_rank runs in slime's environment (torch is not "
         "installed): install the loader where slime runs\n"
     )

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tests.support.loader import rewrite_manifest
-from tests.support.samples import build, sample, write_step
+from tests.support.samples import build, dropped_rollout_rows, sample, write_step
 from tests.support.verl import verl_modules
 
 # Fields every reader depends on, then each trainer's own.
@@ -84,26 +84,10 @@ def _rows(n: int, **fields: Any) -> list[dict[str, Any]]:
     ]
 
 
-def _scheduled_rows() -> list[dict[str, Any]]:
-    """tests/loader/test_read_rank.py's step whose schedule drops rollout 3 (rows 7, 8)."""
-    ids = [0, 0, 1, 1, 2, 2, 4, 3, 3, 4]
-    return [
-        sample(
-            rid,
-            ids[:p].count(rid),
-            session_version="v2",
-            rollout_id=rid,
-            reward=float(rid),
-            response_length=1 + p % 3,
-        )
-        for p, rid in enumerate(ids)
-    ]
-
-
 STEPS: dict[str, tuple[Callable[[], list[dict[str, Any]]], dict[str, Any]]] = {
     "miles": (lambda: _rows(8), {"global_batch_size": 4, "dp_size": 2}),
     "miles_scheduled": (
-        _scheduled_rows,
+        dropped_rollout_rows,
         {
             "global_batch_size": 2,
             "dp_size": 2,
@@ -256,15 +240,14 @@ def _edited(tmp_path: Path, folder: Path, field: str, value: Any, seal: bool | N
     return edited
 
 
-@pytest.mark.parametrize(("name", "field", "edit", "value"), CASES, ids=lambda v: str(v)[:24])
+Edit = tuple[str, str, str, Any]  # the build's name, the field, the edit, the new value
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: "-".join(str(v)[:24] for v in case))
 def test_an_edited_manifest_is_refused_in_one_line(
-    built: dict[str, tuple[Path, list[Any]]],
-    tmp_path: Path,
-    name: str,
-    field: str,
-    edit: str,
-    value: Any,
+    built: dict[str, tuple[Path, list[Any]]], tmp_path: Path, case: Edit
 ) -> None:
+    name, field, _, value = case
     folder, _ = built[name]
     edited = _edited(tmp_path, folder, field, value, seal=None)
     read = _reader(name.partition("_")[0])
@@ -279,17 +262,13 @@ def test_an_edited_manifest_is_refused_in_one_line(
 VALUE_EDITS = [case for case in CASES if case[2] in ("+1", "-1", "changed")]
 
 
-@pytest.mark.parametrize(("name", "field", "edit", "value"), VALUE_EDITS, ids=lambda v: str(v)[:24])
+@pytest.mark.parametrize("case", VALUE_EDITS, ids=lambda case: "-".join(str(v)[:24] for v in case))
 def test_an_unsealed_edit_is_refused_or_changes_nothing(
-    built: dict[str, tuple[Path, list[Any]]],
-    tmp_path: Path,
-    name: str,
-    field: str,
-    edit: str,
-    value: Any,
+    built: dict[str, tuple[Path, list[Any]]], tmp_path: Path, case: Edit
 ) -> None:
     """Without the seal, the manifest's agreement with itself and the rows refuses every
     value edit that would change what a reader returns, but those in SEAL_ONLY."""
+    name, field, edit, value = case
     folder, before = built[name]
     edited = _edited(tmp_path, folder, field, value, seal=False)
     read = _reader(name.partition("_")[0])

@@ -27,7 +27,7 @@ from tests.support.loader import (
     rewrite_manifest,
     rows_with_extras,
 )
-from tests.support.samples import REPO, build, sample, write_step
+from tests.support.samples import REPO, build, dropped_rollout_rows, sample, write_step
 from tests.support.strategies import build_settings, trajectories
 
 
@@ -103,28 +103,13 @@ def test_balanced_step(tmp_path: Path) -> None:
     ids=["dynamic_micro_batches", "static_balanced"],
 )
 def test_scheduled_step_with_dropped_rows(chosen: dict[str, Any], tmp_path: Path) -> None:
-    # rollouts by first appearance 0, 1 | 2, 4 train; rollout 3 (rows 7 and 8) is dropped
-    # from the middle of the batch, and its raw rewards stay in `raw_reward`
-    ids = [0, 0, 1, 1, 2, 2, 4, 3, 3, 4]
-    rows = []
-    for position, rid in enumerate(ids):
-        leaf = ids[:position].count(rid)
-        rows.append(
-            sample(
-                rid,
-                leaf,
-                session_version="v2",
-                rollout_id=rid,
-                reward=float(rid),
-                response_length=1 + position % 3,
-            )
-        )
+    rows = dropped_rollout_rows()
     write_step(tmp_path / "in", rows)
     got = _check(rows, tmp_path / "out", **chosen)
     manifest = read_manifest(tmp_path / "out" / "step=1")
     assert manifest["dropped_positions"] == [7, 8]
     assert manifest["counts"]["dropped"] == 2
-    assert got[0]["raw_reward"] == [float(rid) for rid in ids]
+    assert got[0]["raw_reward"] == [row["reward"] for row in rows]
     assert got[0]["num_rollouts"] == [2, 2]
     for rank in got:
         flat = [i for mb in rank["micro_batch_indices"] for i in mb]

@@ -26,11 +26,13 @@ from tests.support.dagster_roots import (
     EMBEDDED_KEYS,
     Roots,
     break_step_1,
+    failed_at_the_batch,
     materialize,
     materialized,
     metadata_of,
     run_checks,
     step_failure,
+    written_step,
 )
 from tests.support.samples import dead_pid, only_refused
 
@@ -59,13 +61,7 @@ def test_valid_partition_writes_the_step_folder(instance: dg.DagsterInstance, ro
     result = materialize(instance, "00000001")
 
     assert result.success
-    folder = roots.output / "step=1"
-    assert sorted(p.name for p in folder.iterdir()) == [
-        "manifest.json",
-        "rank=0.parquet",
-        "rank=1.parquet",
-    ]
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = written_step(roots, 1)
     assert manifest["counts"]["written"] == 16
     # The three assets ran in one session: the batch was handed on in memory, not staged.
     assert not (roots.output / ".staging").exists()
@@ -427,13 +423,7 @@ def test_settings_the_data_cannot_satisfy_fail_before_writing(
     result = materialize(instance, "00000002", run_config)
 
     assert not result.success
-    step_key, failure = step_failure(result)
-    # One Dagster step builds the three assets: the samples were valid and are materialized,
-    # the batch failed, and nothing after it ran.
-    assert step_key == "rollout_samples"
-    assert materialized(result) == ["rollout_samples"]
-    assert "step 2" in failure.description
-    assert not (roots.output / "step=2").exists()
+    failed_at_the_batch(result, roots, 2)
 
 
 def test_run_config_settings_override_the_settings_files(

@@ -20,12 +20,17 @@ from dagster_pipes import decode_param
 from kube_stand_in import KubeStandIn, Pod, kube_stand_in
 
 from pipeline.orchestration.compute import Compute, K8sCompute, StepCompute
-from tests.support.dagster_roots import Roots, break_step_1, materialize, metadata_of
+from tests.support.dagster_roots import (
+    PIPES_WARNINGS,
+    Roots,
+    break_step_1,
+    materialize,
+    metadata_of,
+)
 from tests.support.samples import only_refused
 
 pytestmark = [
-    pytest.mark.filterwarnings("ignore:Function `PipesMessageReader.expected_writer_count`"),
-    pytest.mark.filterwarnings("ignore:AssetExecutionContext.run_id is deprecated"),
+    *PIPES_WARNINGS,
     # dagster-k8s's own call, nothing this project makes.
     pytest.mark.filterwarnings("ignore:AssetExecutionContext.op is deprecated"),
 ]

@@ -8,12 +8,15 @@ step's stages run as one Ray job submitted through the head's Jobs REST API
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -26,6 +29,7 @@ from pipeline.orchestration.pipes_worker import WORKER_FILE
 from pipeline.orchestration.ray_jobs import RayJobs, RayJobsError
 from pipeline.orchestration.step_pool import STEP_POOL
 from tests.support.dagster_roots import (
+    PIPES_WARNINGS,
     STAND_IN,
     Roots,
     configured_roots,
@@ -41,8 +45,7 @@ from tests.support.dagster_roots import (
 from tests.support.ray_head import RayHead
 
 pytestmark = [
-    pytest.mark.filterwarnings("ignore:Function `PipesMessageReader.expected_writer_count`"),
-    pytest.mark.filterwarnings("ignore:AssetExecutionContext.run_id is deprecated"),
+    *PIPES_WARNINGS,
     # Ray's own deprecation in JobSubmissionClient, which only the tests use.
     pytest.mark.filterwarnings("ignore:ssl=None is deprecated"),
 ]
@@ -59,16 +62,21 @@ def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
     return configured_roots(tmp_path, monkeypatch)
 
 
-def test_ray_jobs_build_the_step(ray_dashboard: str, roots: Roots) -> None:
-    # The head runs on this machine, so the job can use this interpreter and these roots.
-    compute = StepCompute(
+def _module_job(address: str) -> StepCompute:
+    """Ray jobs on the head at `address` that run the Pipes worker as a module of this
+    interpreter (the head runs on this machine, so the job can use it and these roots)."""
+    return StepCompute(
         compute=Compute.ray,
         ray=RayCompute(
-            address=ray_dashboard,
+            address=address,
             entrypoint=f"{sys.executable} -m pipeline.orchestration.pipes_worker",
             poll_interval=0.5,
         ),
     )
+
+
+def test_ray_jobs_build_the_step(ray_dashboard: str, roots: Roots) -> None:
+    compute = _module_job(ray_dashboard)
     with dg.instance_for_test() as instance:
         result = materialize(instance, "00000004", compute=compute)
 
@@ -96,40 +104,40 @@ def test_ray_jobs_build_the_step(ray_dashboard: str, roots: Roots) -> None:
     assert not (roots.output / ".staging").exists()
 
 
+BACKFILL = ["00000001", "00000002", "00000003"]
+
+
+@contextlib.contextmanager
+def _ray_backfill(tmp_path: Path, **ray: Any) -> Iterator[dg.DagsterInstance]:
+    """A backfill of BACKFILL's steps as Ray jobs (`ray`: the backend's settings) on a test
+    instance with a slot per step; the instance, its runs done and every one a success."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
+        instance.add_dynamic_partitions(rollout_steps.name, BACKFILL)
+        instance.event_log_storage.set_concurrency_slots(STEP_POOL, len(BACKFILL))
+        compute = {"step_compute": {"config": {"compute": "ray", "ray": ray}}}
+        _backfill(home, tmp_path, BACKFILL, "ray", compute)
+        assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in instance.get_runs())
+        yield instance
+
+
 def test_a_backfill_runs_its_steps_as_concurrent_ray_jobs(
     ray_dashboard: str, roots: Roots, tmp_path: Path
 ) -> None:
-    home = tmp_path / "dagster_home"
-    home.mkdir()
     since_ms = time.time_ns() // 1_000_000
-    keys = ["00000001", "00000002", "00000003"]
-    ray = {
-        "address": ray_dashboard,
-        "entrypoint": f"{sys.executable} -m pipeline.orchestration.pipes_worker",
-    }
-    with dg.instance_for_test(temp_dir=str(home)) as instance:
-        instance.add_dynamic_partitions(rollout_steps.name, keys)
-        instance.event_log_storage.set_concurrency_slots(STEP_POOL, len(keys))
-
-        _backfill(
-            home,
-            tmp_path,
-            keys,
-            "ray",
-            {"step_compute": {"config": {"compute": "ray", "ray": ray}}},
-        )
-
-        assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in instance.get_runs())
-    jobs = [
-        job
-        for job in _client(ray_dashboard).list_jobs()
-        if (job.submission_id or "").startswith("rollout-shards-step")
-        and (job.start_time or 0) >= since_ms
-    ]
+    entrypoint = f"{sys.executable} -m pipeline.orchestration.pipes_worker"
+    with _ray_backfill(tmp_path, address=ray_dashboard, entrypoint=entrypoint):
+        jobs = [
+            job
+            for job in _client(ray_dashboard).list_jobs()
+            if (job.submission_id or "").startswith("rollout-shards-step")
+            and (job.start_time or 0) >= since_ms
+        ]
     # One Ray job per step, and the steps' jobs ran side by side.
-    assert sorted(job.status.value for job in jobs) == ["SUCCEEDED"] * len(keys)
+    assert sorted(job.status.value for job in jobs) == ["SUCCEEDED"] * len(BACKFILL)
     assert most_at_once([(job.start_time, job.end_time) for job in jobs]) >= 2
-    for key in keys:
+    for key in BACKFILL:
         assert (roots.output / f"step={int(key)}" / "manifest.json").is_file()
 
 
@@ -293,29 +301,12 @@ def test_a_working_dir_with_a_pipeline_folder_does_not_shadow_the_worker(
 def test_a_warm_ray_job_builds_every_step_of_a_backfill(
     ray_dashboard: str, roots: Roots, tmp_path: Path
 ) -> None:
-    home = tmp_path / "dagster_home"
-    home.mkdir()
     since_ms = time.time_ns() // 1_000_000
-    keys = ["00000001", "00000002", "00000003"]
-    ray = {
-        "address": ray_dashboard,
-        "entrypoint": f"{sys.executable} {WORKER_FILE}",
-        "warm_worker_s": 3.0,
-    }
-    with dg.instance_for_test(temp_dir=str(home)) as instance:
-        instance.add_dynamic_partitions(rollout_steps.name, keys)
-        instance.event_log_storage.set_concurrency_slots(STEP_POOL, len(keys))
-
-        _backfill(
-            home,
-            tmp_path,
-            keys,
-            "ray",
-            {"step_compute": {"config": {"compute": "ray", "ray": ray}}},
-        )
-
+    entrypoint = f"{sys.executable} {WORKER_FILE}"
+    with _ray_backfill(
+        tmp_path, address=ray_dashboard, entrypoint=entrypoint, warm_worker_s=3.0
+    ) as instance:
         runs = instance.get_runs()
-        assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs)
         job_ids = {
             record.asset_materialization.metadata["Ray Job ID"].value  # type: ignore[union-attr]
             for run in runs
@@ -338,7 +329,7 @@ def test_a_warm_ray_job_builds_every_step_of_a_backfill(
     while not client.get_job_status(job_id).is_terminal() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert client.get_job_status(job_id).value == "SUCCEEDED"
-    for key in keys:
+    for key in BACKFILL:
         assert (roots.output / f"step={int(key)}" / "manifest.json").is_file()
     # Nothing is left queued, taken or unread.
     (queue,) = (roots.output / ".ray-workers").iterdir()
@@ -386,14 +377,7 @@ def test_a_ray_job_sends_its_step_to_tasks_on_its_cluster(
     step read and written by Ray tasks on the job's own cluster; the bytes of in process."""
     import requests
 
-    compute = StepCompute(
-        compute=Compute.ray,
-        ray=RayCompute(
-            address=ray_dashboard,
-            entrypoint=f"{sys.executable} -m pipeline.orchestration.pipes_worker",
-            poll_interval=0.5,
-        ),
-    )
+    compute = _module_job(ray_dashboard)
     config = {"ops": {"rollout_samples": {"config": {"ray_above": 0}}}}
     with dg.instance_for_test() as instance:
         assert materialize(instance, "00000001", config, compute=compute).success

@@ -32,9 +32,11 @@ from pipeline.orchestration.pipes_worker import WORKER_FILE, failure_message, re
 from pipeline.orchestration.ray_jobs import dashboard_url
 from pipeline.orchestration.reporting import FAILURE_TAG
 from tests.support.dagster_roots import (
+    PIPES_WARNINGS,
     STAND_IN,
     Roots,
     break_step_1,
+    failed_at_the_batch,
     failed_in_one_line,
     interrupted_run,
     materialize,
@@ -42,15 +44,11 @@ from tests.support.dagster_roots import (
     metadata_of,
     stand_in_run,
     step_failure,
+    written_step,
 )
 from tests.support.samples import only_refused
 
-# pipeline.orchestration.compute silences these two warnings of Dagster's own Pipes code, but pytest
-# drops the filters a module sets while it is collected.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:Function `PipesMessageReader.expected_writer_count`"),
-    pytest.mark.filterwarnings("ignore:AssetExecutionContext.run_id is deprecated"),
-]
+pytestmark = PIPES_WARNINGS
 SUBPROCESS = StepCompute(compute=Compute.subprocess)
 ASSETS = ("rollout_samples", "train_batch", "training_shards")
 # The launchpad run config of the README's "Scaling out" section.
@@ -90,12 +88,7 @@ def test_a_subprocess_worker_builds_the_step(instance: dg.DagsterInstance, roots
 
     assert result.success
     folder = roots.output / "step=1"
-    assert sorted(p.name for p in folder.iterdir()) == [
-        "manifest.json",
-        "rank=0.parquet",
-        "rank=1.parquet",
-    ]
-    assert json.loads((folder / "manifest.json").read_text())["counts"]["written"] == 16
+    assert written_step(roots, 1)["counts"]["written"] == 16
     assert all(check.passed for check in result.get_asset_check_evaluations())
     messages = _messages(instance, result.run_id)
     # One worker session builds the whole step and reports each of the three assets.
@@ -160,11 +153,7 @@ def test_settings_the_data_cannot_satisfy_fail_in_the_worker(
 
     result = materialize(instance, "00000002", run_config, compute=SUBPROCESS)
 
-    step_key, failure = step_failure(result)
-    assert step_key == "rollout_samples"
-    assert materialized(result) == ["rollout_samples"]
-    assert "step 2" in failure.description
-    assert not (roots.output / "step=2").exists()
+    failed_at_the_batch(result, roots, 2)
 
 
 def test_one_asset_runs_alone_in_its_worker_through_staging(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -189,3 +190,31 @@ def interrupted_run(code: str, args: list[str], pid_file: Path) -> tuple[str, in
     runner.send_signal(signal.SIGINT)
     _, stderr = runner.communicate(timeout=60)
     return stderr, worker
+
+
+def failed_at_the_batch(result: dg.ExecuteInProcessResult, roots: Roots, step: int) -> None:
+    """One Dagster step builds the three assets: the samples were valid and are
+    materialized, the batch failed, and nothing after it ran or was written."""
+    step_key, failure = step_failure(result)
+    assert step_key == "rollout_samples"
+    assert materialized(result) == ["rollout_samples"]
+    assert f"step {step}" in (failure.description or "")
+    assert not (roots.output / f"step={step}").exists()
+
+
+def written_step(roots: Roots, step: int) -> dict[str, Any]:
+    """The manifest of step `step`'s folder, which holds it and two rank files."""
+    folder = roots.output / f"step={step}"
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["manifest.json", "rank=0.parquet", "rank=1.parquet"]
+    manifest: dict[str, Any] = json.loads((folder / "manifest.json").read_text())
+    return manifest
+
+
+# pipeline.orchestration.compute silences these two warnings of Dagster's own Pipes code, but
+# pytest drops the filters a module sets while it is collected: each Pipes test module's
+# `pytestmark` starts with them.
+PIPES_WARNINGS = [
+    pytest.mark.filterwarnings("ignore:Function `PipesMessageReader.expected_writer_count`"),
+    pytest.mark.filterwarnings("ignore:AssetExecutionContext.run_id is deprecated"),
+]

@@ -268,15 +268,22 @@ def rollout_side(
     if not any(isinstance(row["reward"], dict) for row in rows):
         # the project reads `reward_key` in struct rewards only; miles would index a float
         args = Args(**{**vars(args), "reward_key": None})
+    return m.conversion.split_train_data_by_dp(args, train_data(m, args, rows, config), config)
+
+
+def train_data(
+    m: types.SimpleNamespace, args: Args, rows: list[dict[str, Any]], config: dict[str, Any]
+) -> Any:
+    """miles' converted batch: `postprocess_rollout_data`, `convert_samples_to_train_data`
+    without custom functions."""
     data, metadata = m.postprocess.postprocess_rollout_data(args, samples(m, rows), config)
-    train_data = m.conversion.convert_samples_to_train_data(
+    return m.conversion.convert_samples_to_train_data(
         args,
         data,
         metadata=metadata,
         custom_convert_samples_to_train_data_func=None,
         custom_reward_post_process_func=None,
     )
-    return m.conversion.split_train_data_by_dp(args, train_data, config)
 
 
 def set_rank(m: types.SimpleNamespace, rank: int, settings: dict[str, Any]) -> None:
@@ -426,3 +433,13 @@ def miles_layout(result: tuple[Any, ...], dp: int) -> dict[str, Any]:
                     micro.append(m)
         ranks.append((list(partitions[rank]), steps, micro))
     return {"ranks": ranks, "num_rollouts": num_rollouts, "num_microbatches": num_microbatches}
+
+
+def kept_modules(tmp_path_factory: Any, **extra: str) -> types.SimpleNamespace:
+    """miles' modules at HEAD and `extra` (attribute name to module), kept after their
+    import context closes (a module-scoped fixture's value)."""
+    source = head_source(tmp_path_factory.mktemp("miles"))
+    with miles_modules(source) as modules:
+        for key, name in extra.items():
+            setattr(modules, key, importlib.import_module(name))
+    return modules

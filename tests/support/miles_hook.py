@@ -16,17 +16,7 @@ def delayed_refs(miles: Any, args: Any, rows: list[dict[str, Any]], config: dict
     """miles' rollout manager under `--delay-split-train-data-by-dp`: the converted batch
     goes whole into the store; each rank's `process_rollout_data` splits it."""
     miles.object_store._INSTANCE = ms.memory_store(miles)
-    data, metadata = miles.postprocess.postprocess_rollout_data(
-        args, ms.samples(miles, rows), config
-    )
-    train_data = miles.conversion.convert_samples_to_train_data(
-        args,
-        data,
-        metadata=metadata,
-        custom_convert_samples_to_train_data_func=None,
-        custom_reward_post_process_func=None,
-    )
-    return miles.object_store._INSTANCE.put(train_data)
+    return miles.object_store._INSTANCE.put(ms.train_data(miles, args, rows, config))
 
 
 def both_paths(

@@ -4,8 +4,10 @@ planned or built in-process; what a build left behind."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +142,49 @@ TRAINERS: dict[str, dict[str, Any]] = {
         "pad_token_id": 0,
     },
 }
+
+
+def dropped_rollout_rows() -> list[dict[str, Any]]:
+    """A compact step of five rollouts whose schedule (two rollouts a train step) drops
+    rollout 3 (rows 7 and 8) from the middle of the batch: rollouts by first appearance
+    0, 1 | 2, 4 train, and 3's raw rewards stay in `raw_reward`."""
+    ids = [0, 0, 1, 1, 2, 2, 4, 3, 3, 4]
+    return [
+        sample(
+            rid,
+            ids[:position].count(rid),
+            session_version="v2",
+            rollout_id=rid,
+            reward=float(rid),
+            response_length=1 + position % 3,
+        )
+        for position, rid in enumerate(ids)
+    ]
+
+
+def trajectory(
+    index: int, group: int, leaves: int, rollout_id: int | None, **fields: Any
+) -> list[dict[str, Any]]:
+    """The rows of one trajectory: `leaves` leaves of rollout `index` in prompt group
+    `group`, v2 leaves with `rollout_id` when there are several. A field given as a function
+    is called with each leaf in turn, in the order the fields are given."""
+    several = leaves > 1
+    return [
+        sample(
+            index,
+            leaf,
+            group_index=group,
+            rollout_id=rollout_id if several else None,
+            session_version="v2" if several else None,
+            **{name: value(leaf) if callable(value) else value for name, value in fields.items()},
+        )
+        for leaf in range(leaves)
+    ]
+
+
+def entries(root: Path) -> Iterator[tuple[str, Path]]:
+    """Every entry under `root`, links not followed: its path relative to `root`, and it."""
+    for parent, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = Path(parent) / name
+            yield str(path.relative_to(root)), path

@@ -38,7 +38,10 @@ URL = "https://github.com/THUDM/slime"
 PIN = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 SOURCE_ENV = "SLIME_SOURCE"
 REPO = Path(__file__).resolve().parents[2]
+# urllib3 real too: slime's sglang engine imports it, and torch's tensorboard (real) reaches
+# it again through botocore where boto3 is installed, which a stand-in warning class breaks.
 REAL = {"slime", "torch", "numpy", "typing_extensions", "pyarrow", "rollout_shards_loader"}
+REAL |= {"urllib3"}
 # Installed packages slime imports that must be stand-ins in its modules.
 SET_ASIDE = {"ray", "sglang", "megatron", "transformers", "wandb", "verl", "tensordict"}
 

@@ -8,7 +8,7 @@ import json
 import random
 from typing import Any
 
-from tests.support.samples import sample
+from tests.support.samples import sample, trajectory
 
 Rows = list[dict[str, Any]]
 
@@ -295,18 +295,17 @@ def random_case(seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             leaves = rng.choice([1, 1, 1, 2, 3])
             rollout_id = rng.choice([0, 1, 2, 5]) + 10 * index if leaves > 1 else None
             reward = rng.choice([0.0, 0.5, 1.0, 0.9, 0.1])
-            for leaf in range(leaves):
-                rows.append(
-                    sample(
-                        index,
-                        leaf,
-                        group_index=group,
-                        rollout_id=rollout_id,
-                        session_version="v2" if leaves > 1 else None,
-                        reward=reward if leaf == 0 or rng.random() < 0.7 else 0.25,
-                        response_length=rng.randint(0, 9),
-                    )
-                )
+            rows += trajectory(
+                index,
+                group,
+                leaves,
+                rollout_id,
+                # per leaf, in this order: the draws of the seed's sequence
+                reward=lambda leaf, first=reward: (
+                    first if leaf == 0 or rng.random() < 0.7 else 0.25
+                ),
+                response_length=lambda leaf: rng.randint(0, 9),
+            )
             index += 1
     dp = rng.choice([1, 2, 4])
     settings: dict[str, Any] = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 KINDS = ("plain", "v1", "v2_multi", "v2_single")
@@ -72,3 +73,40 @@ def build_settings(draw: st.DrawFn) -> dict[str, Any]:
         chosen["n_samples_per_prompt"] = draw(st.integers(1, 4))
         chosen["rollout_batch_size"] = draw(st.integers(1, 6))
     return chosen
+
+
+@st.composite
+def rollout_keys(draw: st.DrawFn, max_leaves: int) -> tuple[int, bool, list[int]]:
+    """A batch's rollout key per row: 1 to 40 rollouts, each of 1 to `max_leaves` rows when
+    the batch is compact (else one), in order or shuffled; with the rollout count and
+    whether the batch is compact."""
+    n_rollouts = draw(st.integers(1, 40))
+    compact = draw(st.booleans())
+    leaves = [draw(st.integers(1, max_leaves)) if compact else 1 for _ in range(n_rollouts)]
+    keys = [rollout for rollout, count in enumerate(leaves) for _ in range(count)]
+    if draw(st.booleans()):
+        keys = [keys[i] for i in draw(st.permutations(range(len(keys))))]
+    return n_rollouts, compact, keys
+
+
+def by_flops(draw: st.DrawFn, vpp: int | None, top: int) -> dict[str, Any]:
+    """balance_by_flops's settings over a vpp size: micro-batch groups when vpp is set, a
+    token budget up to four of the longest rows (drawn in that order)."""
+    return {
+        "vpp_size": vpp,
+        "microbatch_group_size_per_vp_stage": draw(st.integers(1, 3)) if vpp else None,
+        "use_dynamic_batch_size": True,
+        "max_tokens_per_gpu": draw(st.integers(1, 4 * top)),
+        "balance_by_flops": True,
+    }
+
+
+def derandomized(max_examples: int, *checks: HealthCheck) -> settings:
+    """Hypothesis settings of a drawn case that runs a build (or a trainer's code): the same
+    examples on every run, no deadline, slow draws allowed, and `checks` left aside."""
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, *checks],
+    )

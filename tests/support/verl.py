@@ -291,13 +291,18 @@ def case_rows(
 
 # --- verl's own dumps (`DataProto.save_to_disk`, the rollout skip manager's layout) -----
 
-DUMP_SETTINGS: dict[str, Any] = {
+# a step of three prompt groups of four rows, on two ranks
+SMALL_STEP: dict[str, Any] = {
     "trainer": "verl",
     "dp_size": 2,
     "rollout_n": 4,
     "train_batch_size": 3,
     "max_prompt_length": 6,
     "max_response_length": 7,
+    "pad_token_id": 0,
+}
+DUMP_SETTINGS: dict[str, Any] = {
+    **SMALL_STEP,
     "pad_token_id": 151643,
     "balance_batch": True,
     "norm_adv_by_std_in_grpo": True,

@@ -6,13 +6,11 @@ each data-parallel rank its `DataProto.chunk` (docs/verl.md).
   (verl's `repeat(n, interleave=True)`), uid = str(group_index); nothing is trimmed.
 - Lengths: a prompt longer than `max_prompt_length` or a response longer than
   `max_response_length` is refused (verl's `data.truncation: error` refuses the prompt).
-- The DP split: `_balance_batch` when `balance_batch` (Karmarkar-Karp on the workload
-  24576 L + L^2 of each row's L tokens, equal counts, each partition smallest at both ends),
-  then `chunk(dp_size)`: rank r takes the r-th equal run of rows.
-- GRPO (`compute_grpo_outcome_advantage`, no KL in the reward): each row's score against its
-  uid group's mean, divided by its std + 1e-6 when `norm_adv_by_std_in_grpo`, in float32
-  and in the rows' order after balancing (torch's sums depend on it); a group of one row
-  has mean 0 and std 1. The scalar advantage goes to `rewards`, the score to `raw_reward`.
+- The DP split (`trainers.verl.split`): `_balance_batch` when `balance_batch`, then
+  `chunk(dp_size)`: rank r takes the r-th equal run of rows.
+- GRPO (`trainers.verl.rewards`): each row's score against its uid group, in float32 and in
+  the rows' order after balancing. The scalar advantage goes to `rewards`, the score to
+  `raw_reward`.
 - Rank files: `columns.DATASET_COLUMNS` and `group_index`, which the loader
   (`rollout_shards_loader.verl`) pads into verl's tensors.
 - `verl_target: v1` (verl's default V1 trainer): no balancing here (V1 balances, pads and
@@ -33,22 +31,17 @@ from pipeline import columns as c
 from pipeline.errors import StepError, Violation, step_error
 from pipeline.schemas.rules import ROWS, Model
 from pipeline.trainers import BatchPlan, NoSetAside, Settings
+from pipeline.trainers.verl.rewards import equal_reward_groups, step_rewards
 from pipeline.trainers.verl.settings import MODEL
-from pipeline.transforms.layout import Layout
+from pipeline.trainers.verl.split import chunked_layout, row_order
 from pipeline.transforms.reward_groups import RewardGroups
 from pipeline.transforms.shard_columns import light_shard_columns
-from pipeline.transforms.torch_float import torch_mean_std
 from pipeline.transforms.trim import is_compact
 
 ROWS_NAMED = 10
-# compute_grpo_outcome_advantage's epsilon, added to the std in float32
-EPSILON = 1e-6
-# calculate_workload: 12 h^2 L + 2 h L^2 for h = 4096, divided by 2 h
-WORKLOAD_PER_TOKEN = 24576
 # the trainers a verl build is for: `RayPPOTrainer` (trainer.use_v1=false) or V1
 TARGETS = ("legacy", "v1")
 REQUIRED = ("train_batch_size", "rollout_n", "max_prompt_length", "max_response_length")
-WRITE = "_write"
 RUN = "_run"
 
 
@@ -162,58 +155,6 @@ def _check_groups(frame: pl.DataFrame, settings: Settings, step: int) -> None:
         )
 
 
-def balanced_order(lengths: pl.Series, dp_size: int) -> pl.Series:
-    """`_balance_batch`'s row order: equal-count Karmarkar-Karp partitions of the workload,
-    partition after partition, each sorted by (workload, position) and laid out with the
-    smallest rows at both ends."""
-    import numpy as np
-
-    from pipeline.transforms.packing import karmarkar_karp
-
-    tokens = lengths.cast(pl.Int64).to_numpy()
-    workload = WORKLOAD_PER_TOKEN * tokens + tokens * tokens
-    order = []
-    for part in karmarkar_karp(workload, dp_size, equal_size=True):
-        positions = np.asarray(part, dtype=np.int64)
-        ranked = positions[np.lexsort((positions, workload[positions]))]
-        order.append(np.concatenate([ranked[::2], ranked[1::2][::-1]]))
-    return pl.Series(np.concatenate(order), dtype=pl.Int64)
-
-
-def grpo_advantages(written: pl.DataFrame, n: int, norm_by_std: bool) -> pl.Series:
-    """compute_grpo_outcome_advantage's scalar per row of `written` (rows in the order verl
-    holds them): the float32 score against its group's torch mean (and std + 1e-6)."""
-    score = (pl.col(c.REWARD_VALUE).cast(pl.Float32) + pl.lit(0.0, dtype=pl.Float32)).alias(
-        "score"
-    )  # the row's sum: a -0.0 score sums to 0.0
-    grouped = written.select(pl.int_range(pl.len()).alias(WRITE), c.GROUP_INDEX, score).sort(
-        c.GROUP_INDEX, WRITE
-    )
-    values = grouped.get_column("score")
-    rows = grouped.height
-    if n == 1:
-        mean = pl.repeat(0.0, rows, dtype=pl.Float32, eager=True)
-        std = pl.repeat(1.0, rows, dtype=pl.Float32, eager=True)
-    else:
-        group_mean, group_std = torch_mean_std(values, n)
-        member = pl.int_range(rows, dtype=pl.Int64, eager=True) // n
-        mean, std = group_mean.gather(member), group_std.gather(member)
-    centered = values - mean
-    if norm_by_std:
-        # every division by a Series: Polars multiplies by a scalar's reciprocal
-        centered = centered / (std + pl.repeat(EPSILON, rows, dtype=pl.Float32, eager=True))
-    return (
-        grouped.select(pl.col(WRITE)).with_columns(centered.alias(c.REWARDS)).sort(WRITE)[c.REWARDS]
-    )
-
-
-def _equal_reward_groups(frame: pl.DataFrame) -> int:
-    sizes = frame.group_by(c.GROUP_INDEX).agg(
-        pl.len().alias("rows"), pl.col(c.REWARD_VALUE).n_unique().alias("values")
-    )
-    return sizes.filter((pl.col("rows") > 1) & (pl.col("values") == 1)).height
-
-
 @dataclasses.dataclass(frozen=True)
 class Verl(NoSetAside):
     """The verl profile (`pipeline.trainers.Profile`)."""
@@ -279,29 +220,13 @@ class Verl(NoSetAside):
         )
         _check_lengths(frame, settings, step)
         _check_groups(frame, settings, step)
-        dp = settings.dp_size
         if settings.verl_target == "v1":
             _check_v1_responses(frame, step)
-        if settings.balance_batch and settings.verl_target == "legacy":
-            order = balanced_order(frame.get_column(c.TOTAL_LENGTHS), dp)
-        else:
-            order = pl.int_range(height, dtype=pl.Int64, eager=True)
-        norm_by_std = settings.norm_adv_by_std_in_grpo
-        advantages = grpo_advantages(frame[order], settings.rollout_n, norm_by_std)
-        rewards = pl.repeat(0.0, height, dtype=pl.Float32, eager=True).scatter(order, advantages)
-        frame = frame.with_columns(rewards.cast(pl.Float64).alias(c.REWARDS))
-        # contiguous runs in the rows' order: equal for legacy (checked), within one row of
-        # each other for V1, whose files are read back whole in rank order
-        layout = Layout(
-            order=order,
-            rank=(pl.int_range(height, dtype=pl.Int64, eager=True) * dp // height).cast(pl.Int32),
-            train_step=pl.repeat(0, height, dtype=pl.Int32, eager=True),
-            micro_batch=None,
-            dropped=pl.Series("dropped", [], dtype=pl.Int64),
-            num_rollouts=[frame.get_column(c.ROLLOUT_IDS).n_unique()],
-            num_microbatches=None,
-            steps_per_rank=[1] * dp,
-        )
+        balance = settings.balance_batch and settings.verl_target == "legacy"
+        order = row_order(frame.get_column(c.TOTAL_LENGTHS), settings.dp_size, balance)
+        rewards = step_rewards(frame, order, settings.rollout_n, settings.norm_adv_by_std_in_grpo)
+        frame = frame.with_columns(rewards)
+        layout = chunked_layout(order, settings.dp_size, frame.get_column(c.ROLLOUT_IDS).n_unique())
         return BatchPlan(
             kept=height,
             trimmed=0,
@@ -310,7 +235,7 @@ class Verl(NoSetAside):
             dynamic_global_batch_size=None,
             light=frame,
             layout=layout,
-            equal_reward_groups=_equal_reward_groups(frame),
+            equal_reward_groups=equal_reward_groups(frame),
             untrained_ranks=[],
         )
 

@@ -9,13 +9,12 @@ compact batches, partial steps, balanced ranks."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, given
 from hypothesis import strategies as st
 
 from pipeline import columns as c
@@ -29,6 +28,7 @@ from pipeline.transforms.samples import light_frame
 from tests.support import miles as ms
 from tests.support.miles import MEGATRON_PARSER, megatron_args
 from tests.support.samples import build, sample, write_step
+from tests.support.strategies import by_flops, derandomized, rollout_keys
 
 SHAPE_FLAGS = (*MEGATRON_PARSER, "num_layers", "hidden_size", "ffn_hidden_size")
 SHAPE_FLAGS += ("num_attention_heads", "vocab_size")
@@ -37,10 +37,7 @@ SHAPE_FLAGS += ("num_attention_heads", "vocab_size")
 @pytest.fixture(scope="module")
 def miles(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """miles' rollout-side modules, kept after their import context closes."""
-    source = ms.head_source(tmp_path_factory.mktemp("miles"))
-    with ms.miles_modules(source) as modules:
-        modules.dp_schedule = importlib.import_module("miles.utils.dp_schedule")
-        return modules
+    return ms.kept_modules(tmp_path_factory, dp_schedule="miles.utils.dp_schedule")
 
 
 @pytest.fixture(scope="module")
@@ -179,12 +176,7 @@ def models(draw: st.DrawFn) -> dict[str, Any]:
 
 @st.composite
 def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    n_rollouts = draw(st.integers(1, 40))
-    compact = draw(st.booleans())
-    leaves = [draw(st.integers(1, 3)) if compact else 1 for _ in range(n_rollouts)]
-    keys = [rollout for rollout, count in enumerate(leaves) for _ in range(count)]
-    if draw(st.booleans()):
-        keys = [keys[i] for i in draw(st.permutations(range(len(keys))))]
+    n_rollouts, compact, keys = draw(rollout_keys(3))
     top = draw(st.sampled_from([300, 6000]))
     lengths = draw(st.lists(st.integers(3, top), min_size=len(keys), max_size=len(keys)))
     dp = draw(st.sampled_from([1, 2, 4, 8]))
@@ -194,11 +186,7 @@ def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "global_batch_size": dp * draw(st.integers(1, max(1, n_rollouts // dp))),
         "dp_size": dp,
         "cp_size": draw(st.integers(1, 4)),
-        "vpp_size": vpp,
-        "microbatch_group_size_per_vp_stage": draw(st.integers(1, 3)) if vpp else None,
-        "use_dynamic_batch_size": True,
-        "max_tokens_per_gpu": draw(st.integers(1, 4 * top)),
-        "balance_by_flops": True,
+        **by_flops(draw, vpp, top),
         # the dynamic global batch size trims row counts: never on a compact batch
         "use_dynamic_global_batch_size": not compact and draw(st.booleans()),
         "allow_partial_train_step": draw(st.booleans()),
@@ -207,12 +195,7 @@ def batches(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return rows_of(keys, lengths, compact), values
 
 
-@settings(
-    max_examples=520,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+@derandomized(200, HealthCheck.filter_too_much)
 @given(batches())
 def test_every_shape_and_layout_is_miles_own(
     miles: Any, scratch: Path, case: tuple[list[dict[str, Any]], dict[str, Any]]

@@ -24,7 +24,7 @@ from pipeline.settings import load_settings
 from tests.support import miles as ms
 from tests.support.loader import WORKED, read_rows, rows_with_extras
 from tests.support.miles_hook import NoAllReduce, both_paths
-from tests.support.samples import REPO, build, sample, write_step
+from tests.support.samples import REPO, build, dropped_rollout_rows, sample, write_step
 
 
 @pytest.fixture(scope="module")
@@ -40,21 +40,6 @@ def no_hook() -> Iterator[None]:
     hook.uninstall()
 
 
-def _scheduled_rows() -> list[dict[str, Any]]:
-    ids = [0, 0, 1, 1, 2, 2, 4, 3, 3, 4]
-    return [
-        sample(
-            rid,
-            ids[:position].count(rid),
-            session_version="v2",
-            rollout_id=rid,
-            reward=float(rid),
-            response_length=1 + position % 3,
-        )
-        for position, rid in enumerate(ids)
-    ]
-
-
 CASES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
     **WORKED,
     "balanced": (
@@ -63,7 +48,7 @@ CASES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
         {"global_batch_size": 4, "dp_size": 2, "balance_data": True},
     ),
     "scheduled_dynamic_micro_batches": (
-        _scheduled_rows(),
+        dropped_rollout_rows(),
         {
             "global_batch_size": 2,
             "dp_size": 2,
@@ -73,7 +58,7 @@ CASES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
         },
     ),
     "scheduled_static_balanced": (
-        _scheduled_rows(),
+        dropped_rollout_rows(),
         {
             "global_batch_size": 2,
             "dp_size": 2,
@@ -204,7 +189,7 @@ CASES["delayed_split_with_cp_size"] = (
     {**_BY_FLOPS, **_SHAPE, "balance_data": True, "delay_split_train_data_by_dp": True},
 )
 CASES["scheduled_by_flops_compact"] = (
-    _scheduled_rows(),
+    dropped_rollout_rows(),
     {**_BY_FLOPS, **_SHAPE, "global_batch_size": 2, "max_tokens_per_gpu": 8},
 )
 

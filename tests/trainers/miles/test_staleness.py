@@ -7,7 +7,6 @@ whatever on_invalid says, and the rank files are those of a build of the kept ro
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from pipeline.settings import load_settings
 from pipeline.step.build import summary_line
 from tests import reference
 from tests.support import miles as ms
-from tests.support.samples import build, sample, write_step
+from tests.support.samples import build, sample, trajectory, write_step
 
 STEP = 9
 
@@ -30,10 +29,7 @@ STEP = 9
 def miles(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """miles' modules, kept after their import context closes: a build run inside it would
     import the project's lazy imports (pydantic's parts) only to have them unloaded."""
-    source = ms.head_source(tmp_path_factory.mktemp("miles"))
-    with ms.miles_modules(source) as modules:
-        modules.buffer = importlib.import_module("miles.rollout.fully_async_data_buffer")
-    return modules
+    return ms.kept_modules(tmp_path_factory, buffer="miles.rollout.fully_async_data_buffer")
 
 
 def rows_of(versions: list[list[list[str]]]) -> list[dict[str, Any]]:
@@ -44,19 +40,15 @@ def rows_of(versions: list[list[list[str]]]) -> list[dict[str, Any]]:
     for group, trajectories in enumerate(versions):
         for own in trajectories:
             leaves = 2 if group == 1 and own is trajectories[0] else 1
-            for leaf in range(leaves):
-                rows.append(
-                    sample(
-                        index,
-                        leaf,
-                        group_index=group,
-                        rollout_id=index if leaves > 1 else None,
-                        session_version="v2" if leaves > 1 else None,
-                        weight_versions=own,
-                        reward=float(index % 3),
-                        response_length=1 + index % 4,
-                    )
-                )
+            rows += trajectory(
+                index,
+                group,
+                leaves,
+                index,
+                weight_versions=own,
+                reward=float(index % 3),
+                response_length=1 + index % 4,
+            )
             index += 1
     return rows
 

@@ -14,26 +14,11 @@ from pipeline.errors import StepError, UsageError
 from pipeline.settings import load_settings
 from tests.support.cli import cli
 from tests.support.samples import build, write_step
-from tests.support.verl import case_rows
+from tests.support.verl import SMALL_STEP, case_rows
 
-SETTINGS: dict[str, Any] = {
-    "trainer": "verl",
-    "dp_size": 2,
-    "rollout_n": 4,
-    "train_batch_size": 3,
-    "max_prompt_length": 6,
-    "max_response_length": 7,
-    "pad_token_id": 0,
-}
-FLAGS = [
-    "--trainer=verl",
-    "--dp-size=2",
-    "--rollout-n=4",
-    "--train-batch-size=3",
-    "--max-prompt-length=6",
-    "--max-response-length=7",
-    "--pad-token-id=0",
-]
+SETTINGS = SMALL_STEP
+# the same settings as a user types them
+FLAGS = [f"--{name.replace('_', '-')}={value}" for name, value in SETTINGS.items()]
 
 
 def rows(**changes: Any) -> list[dict[str, Any]]:

@@ -91,7 +91,9 @@ def tq() -> Iterator[Any]:
         # read it from the environment they start with)
         patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         patch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
+        # a cluster of its own: another Ray head of this machine would be joined otherwise
         ray.init(
+            address="local",
             _node_ip_address="127.0.0.1",
             include_dashboard=False,
             num_cpus=4,
