@@ -73,14 +73,22 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def _job(env: dict[str, Any]) -> Iterator[None]:
-    """A Ray job of its own (a local cluster) with the runtime env `env`."""
-    ray.init(
-        address="local", num_cpus=2, include_dashboard=False, runtime_env=env, logging_level="ERROR"
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    """A Ray job of its own (a local cluster, on 127.0.0.1 only) with the runtime env `env`."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        patch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
+        ray.init(
+            address="local",
+            _node_ip_address="127.0.0.1",
+            num_cpus=2,
+            include_dashboard=False,
+            runtime_env=env,
+            logging_level="ERROR",
+        )
+        try:
+            yield
+        finally:
+            ray.shutdown()
 
 
 def _training_actor() -> Any:
