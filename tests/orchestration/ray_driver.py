@@ -38,7 +38,7 @@ class DyingTasks(ray_ranks.RayTasks):
     def run(self, calls: Any) -> list[Any]:
         calls = [
             (_die, arguments)
-            if function.__name__ == "write_rank" and arguments[1] == self.die_rank
+            if function.__name__ == "write_rank_pieces" and arguments[1] == self.die_rank
             else (function, arguments)
             for function, arguments in calls
         ]

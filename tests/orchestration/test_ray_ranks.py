@@ -131,7 +131,7 @@ def test_every_task_runs_on_a_worker_node(
     assert report["driver"] == cluster.head
     assert {node for _, node, _ in report["ran"]} == set(cluster.workers)
     tasks = [task for task, _, _ in report["ran"]]
-    assert tasks.count("write_rank") == 4 and tasks.count("file_digest") == 1
+    assert tasks.count("write_rank_pieces") == 4 and tasks.count("file_digest") == 1
     assert tasks.count("read_share") > 3  # row groups of the Parquet file, the two others
     assert ("share_lists" in tasks) is quarantine
 

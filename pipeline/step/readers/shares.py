@@ -56,12 +56,27 @@ class Tasks(Protocol):
 
     def run(self, calls: Sequence[Call]) -> list[Any]: ...
 
+    def scatter(self, calls: Sequence[tuple[Call, int]]) -> list[list[Any]]:
+        """Runs calls that each return a list of `ways` pieces (the int beside the call) and
+        returns, per call, a handle of each piece: a handle given as an argument to a call
+        of `run` arrives there as its piece, and the pieces stay where they were made
+        until then (on a cluster: in its object store, never in this process)."""
+        ...
+
 
 class LocalTasks:
     """`Tasks` in this process, one call after another."""
 
     def run(self, calls: Sequence[Call]) -> list[Any]:
         return [function(*arguments) for function, arguments in calls]
+
+    def scatter(self, calls: Sequence[tuple[Call, int]]) -> list[list[Any]]:
+        return [list(function(*arguments)) for (function, arguments), _ in calls]
+
+
+# Bytes of typed rows this process decoded from input files (every task adds its own): what
+# a task decoded is the difference across it (`ray_ranks` reports it per task).
+DECODED = [0]
 
 
 @dataclass(frozen=True)
@@ -128,7 +143,9 @@ def _typed_parts(share: Share, take: Callable[[pl.DataFrame], None]) -> tuple[St
     seen = identity(share.source.path) if share.source.path.exists() else (0, 0, 0, 0)
 
     def typed(frame: pl.DataFrame, first: int) -> None:
-        take(files.add_rows(share.source, frame, first))
+        rows = files.add_rows(share.source, frame, first)
+        DECODED[0] += rows.estimated_size()
+        take(rows)
 
     if share.row_groups is None:  # a whole file, read as the in-memory read reads it
         read = read_source(share.source, share.step)
@@ -219,6 +236,9 @@ class SourceRows(RankRows):
         self.shares = shares
         self.place = place  # SHARE and SOURCE_ROW of each batch position
         self.schema = schema  # every list column of the step
+        # Each share's piece of this rank's lists, when the shuffle (`readers.shuffle`)
+        # brought them; None: read from the input files.
+        self.held: dict[int, pl.DataFrame] | None = None
 
     def for_rank(self, start: int, length: int) -> RankRows:
         order = self.order.slice(start, length)
@@ -229,8 +249,11 @@ class SourceRows(RankRows):
 
     def rows(self, start: int, length: int) -> pl.DataFrame:
         positions = self.order.slice(start, length)
+        held = self.held
 
         def fetch(asked: list[tuple[int, pl.Series]]) -> list[pl.DataFrame]:
+            if held is not None:  # the pieces the shuffle brought: exactly the rows asked
+                return [held[share] for share, _ in asked]
             return [share_lists(self.shares[share], rows, self.schema) for share, rows in asked]
 
         lists = lists_at(self.place[positions], self.schema, fetch)
@@ -326,26 +349,9 @@ def rank_batch(batch: TrainBatch, rank: int, bounds: list[int]) -> TrainBatch:
     return TrainBatch(batch.step, mine, batch.meta)
 
 
-def write_by(tasks: Tasks) -> Callable[[TrainBatch, Path], Manifest]:
-    """`write_shards` with each rank file written by a task of `tasks`."""
-
-    def write(batch: TrainBatch, out_root: Path) -> Manifest:
-        bounds = rank_bounds(batch.ranks(), batch.meta.dp_size)
-
-        def ranks(staged: Path) -> list[RankFile]:
-            calls: list[Call] = [
-                (write_rank, (rank_batch(batch, rank, bounds), rank, staged))
-                for rank in range(batch.meta.dp_size)
-            ]
-            return list(tasks.run(calls))
-
-        return commit_shards(batch, out_root, ranks)
-
-    return write
-
-
 def by_tasks(job: Any, tasks: Tasks) -> Any:
     """`job` (a `build.StepJob`) read and written by `tasks`."""
+    from pipeline.step.readers.shuffle import write_by
 
     def reader(_: Any, stack: ExitStack) -> SharesReader:
         return SharesReader(tasks)
