@@ -93,11 +93,12 @@ class RayTasks:
         """A task per call, each of its `ways` pieces a return value of its own: the driver
         waits for each task's `Ran` alone and hands back the references of the pieces,
         which it never fetches."""
-        task = ray.remote(_run_split).options(
-            num_cpus=self.num_cpus, resources=self.resources or None, max_retries=MAX_RETRIES
-        )
+        task = ray.remote(_run_split)
+        options = {"num_cpus": self.num_cpus, "resources": self.resources or None}
         submitted = [
-            task.options(num_returns=ways + 1).remote(function, *arguments)
+            task.options(**options, max_retries=MAX_RETRIES, num_returns=ways + 1).remote(
+                function, *arguments
+            )
             for (function, arguments), ways in calls
         ]
         self._get([refs[-1] for refs in submitted], [function for (function, _), _ in calls])

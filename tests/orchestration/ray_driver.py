@@ -45,8 +45,35 @@ class DyingTasks(ray_ranks.RayTasks):
         return super().run(calls)
 
 
+class RecordingTasks(ray_ranks.RayTasks):
+    """The tasks `--ray` makes (`ray_route`), each instance recorded (`validate`)."""
+
+    made: list[ray_ranks.RayTasks] = []
+
+    def __post_init__(self) -> None:
+        self.resources = {RESOURCE: 1}
+        RecordingTasks.made.append(self)
+
+
+def validate(spec: dict[str, Any]) -> dict[str, Any]:
+    """`rollout-shards validate` with the arguments `validate` names, in this process; its
+    output goes to stderr, the report is the last line of stdout."""
+    from contextlib import redirect_stdout
+
+    from pipeline.cli import main as cli
+
+    ray_ranks.RayTasks = RecordingTasks  # type: ignore[misc]
+    with redirect_stdout(sys.stderr):
+        status = cli(spec["validate"])
+    ran = [[r.task, r.node, r.pid] for made in RecordingTasks.made for r in made.ran]
+    return {"status": status, "ran": ran}
+
+
 def main(spec: dict[str, Any]) -> dict[str, Any]:
     import ray
+
+    if "validate" in spec:
+        return validate(spec)
 
     if "share_bytes" in spec:
         shares.SHARE_BYTES = spec["share_bytes"]

@@ -35,12 +35,9 @@ from pipeline.errors import StepError, Violation
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import is_parquet, read_in_parts, read_source
 from pipeline.io.step_files import StepFiles
-from pipeline.manifest import Manifest
 from pipeline.step.check import ReadStep, split_lists
 from pipeline.step.readers.spill import PART_BYTES
 from pipeline.step.tables import RankRows, TrainBatch, compact
-from pipeline.step.write import RankFile, commit_shards, write_rank
-from pipeline.transforms.layout import rank_bounds
 from pipeline.transforms.shard_columns import loss_masks, optional_shard_columns
 
 # Decoded bytes of Parquet row groups a share reads (a row group is never cut).
@@ -144,7 +141,7 @@ def _typed_parts(share: Share, take: Callable[[pl.DataFrame], None]) -> tuple[St
 
     def typed(frame: pl.DataFrame, first: int) -> None:
         rows = files.add_rows(share.source, frame, first)
-        DECODED[0] += rows.estimated_size()
+        DECODED[0] += int(rows.estimated_size())
         take(rows)
 
     if share.row_groups is None:  # a whole file, read as the in-memory read reads it

@@ -68,9 +68,7 @@ def split_share(
     placed = wanted.join(held, on=SOURCE_ROW, how="inner", maintain_order="left")
     pieces = placed.partition_by(c.RANK, maintain_order=True, as_dict=True, include_key=False)
     empty = held.clear().drop(SOURCE_ROW)
-    return [
-        pieces[(rank,)].drop(SOURCE_ROW) if (rank,) in pieces else empty for rank in ranks
-    ]
+    return [pieces[(rank,)].drop(SOURCE_ROW) if (rank,) in pieces else empty for rank in ranks]
 
 
 def write_rank_pieces(
@@ -118,8 +116,10 @@ def write_by(tasks: Tasks) -> Callable[[TrainBatch, Path], Manifest]:
 
         def shuffled(staged: Path) -> list[RankFile]:
             wanted = destinations(batch)
-            ranks = {share: part.get_column(c.RANK).unique().sort().to_list()
-                     for share, part in wanted.items()}
+            ranks = {
+                share: part.get_column(c.RANK).unique().sort().to_list()
+                for share, part in wanted.items()
+            }
             splits: list[tuple[Call, int]] = [
                 ((split_share, (shares[share], part, schema, ranks[share])), len(ranks[share]))
                 for share, part in wanted.items()
