@@ -50,8 +50,8 @@ class RecordingTasks(ray_ranks.RayTasks):
 
     made: list[ray_ranks.RayTasks] = []
 
-    def __post_init__(self) -> None:
-        self.resources = {RESOURCE: 1}
+    def __init__(self) -> None:
+        super().__init__(resources={RESOURCE: 1})
         RecordingTasks.made.append(self)
 
 
@@ -64,7 +64,7 @@ def validate(spec: dict[str, Any]) -> dict[str, Any]:
 
     ray_ranks.RayTasks = RecordingTasks  # type: ignore[misc]
     with redirect_stdout(sys.stderr):
-        status = cli(spec["validate"])
+        status = cli(["validate", *spec["validate"]])
     ran = [[r.task, r.node, r.pid] for made in RecordingTasks.made for r in made.ran]
     return {"status": status, "ran": ran}
 
