@@ -1,11 +1,12 @@
 """A step read and written by Ray tasks on a running cluster: a step larger than one node
 (docs/scaling-out.md).
 
-`RayTasks` runs the tasks of `pipeline.step.readers.shares` on the cluster: a task per share of the
-input files reads, types, checks and reduces its rows and hands the driver their per-row
-scalars; a task per rank reads its rows' lists again from the input files and writes and
-seals its file. The driver (`build.run_step`, through `route`) plans and commits; it never
-holds a per-token list. The files are byte-identical to the in-process build's.
+`RayTasks` runs the tasks of `pipeline.step.readers.shares` on the cluster: a task per share
+of the input files reads, types, checks and reduces its rows and hands the driver their
+per-row scalars; after the plan a task per share splits its rows' lists by rank and a task
+per rank gets its pieces (through the object store) and writes and seals its file
+(`readers.shuffle`). The driver (`build.run_step`, through `route`) plans and commits; it
+never holds a per-token list. The files are byte-identical to the in-process build's.
 
 Ray is imported here and nowhere else in `pipeline` (the `ray` extra); the CLI and the
 Dagster backends reach this module through `ray_route` only when a cluster is named.

@@ -12,10 +12,11 @@ Ray cluster, `step/ray_ranks.py`; or this process, `LocalTasks`):
    violations into the whole read's line) and hands the rows to the one check
    (`check.check`), as every reader does;
 2. plan on the driver, on those rows;
-3. write: a task per rank reads its rows' lists again from the input files (by share and
-   file row), gathers them into training order and writes and seals its file
-   (`write.write_rank`); the driver checks and commits the step (`write.commit_shards`). The
-   quarantined trajectories take their lists back from the files the same way.
+3. write (`readers.shuffle`): a task per share reads its rows' lists again from the input
+   file, once, and splits them by rank; a task per rank gets its pieces, gathers them into
+   training order and writes and seals its file (`write.write_rank`); the driver checks
+   and commits the step (`write.commit_shards`). The quarantined trajectories take their
+   lists back from the files by share (`share_lists`).
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ class ShareRead:
     sha256: str | None
 
 
-def _typed_parts(share: Share, take: Callable[[pl.DataFrame], None]) -> tuple[StepFiles, Any]:
+def typed_parts(share: Share, take: Callable[[pl.DataFrame], None]) -> tuple[StepFiles, Any]:
     """Read `share` in parts, each typed as every read types it (`StepFiles.add_rows`), to
     `take`."""
     files = StepFiles(share.step)
@@ -159,7 +160,7 @@ def read_share(share: Share) -> ShareRead:
     def take(typed: pl.DataFrame) -> None:
         frames.append(split_lists(typed)[0])  # the lists stay in the file
 
-    files, (seen, sha256) = _typed_parts(share, take)
+    files, (seen, sha256) = typed_parts(share, take)
     return ShareRead(frames, files.named(), files.extras, seen, sha256)
 
 
@@ -191,7 +192,7 @@ def share_lists(share: Share, rows: pl.Series, schema: dict[str, pl.DataType]) -
                 )
             )
 
-    _typed_parts(share, take)
+    typed_parts(share, take)
     return pl.concat(taken) if taken else pl.DataFrame(schema=schema)
 
 

@@ -31,8 +31,8 @@ from pipeline.step.readers.shares import (
     Share,
     SourceRows,
     Tasks,
-    _typed_parts,
     rank_batch,
+    typed_parts,
 )
 from pipeline.step.tables import TrainBatch
 from pipeline.step.write import RankFile, commit_shards, write_rank
@@ -64,7 +64,7 @@ def split_share(
                 )
             )
 
-    _typed_parts(share, take)
+    typed_parts(share, take)
     held = pl.concat(taken) if taken else pl.DataFrame(schema={SOURCE_ROW: pl.Int64, **schema})
     # a row a rank writes twice is one row of its piece (the writer gathers it twice)
     placed = wanted.join(held, on=SOURCE_ROW, how="inner", maintain_order="left")
