@@ -266,6 +266,42 @@ def run_build(args: argparse.Namespace) -> int:
     return 0 if all(built) and not by_name else 1
 
 
+def _validate_one(
+    step: int,
+    sources: list[SourceFile],
+    settings: Settings | RowSettings,
+    args: argparse.Namespace,
+    progress: Progress,
+    report: list[dict[str, Any]],
+    route: Route | None,
+) -> None:
+    """One step's entry of `validate`'s report: the build's own driver, stopped before the
+    write (rows only: after the read), on the cluster when `route` sends it there."""
+    job = StepJob(step, sources, settings, None, early=args.early_digests)
+    if route is not None:
+        job = route(job)
+    last = TRAIN_BATCH if isinstance(settings, Settings) else ROLLOUT_SAMPLES
+    try:
+        for _, value in run_step(job, last=last, reporter=_StepReport(progress)):
+            if isinstance(value, SampleTable):
+                samples = value
+            elif isinstance(value, TrainBatch):
+                counts = value.meta
+                _warn("validate", counts)
+    except StepError as exc:
+        progress.step_done()
+        report.append({"step": step, "valid": False, "violations": exc.violations})
+        return
+    progress.step_done()
+    entry: dict[str, Any] = {"step": step, "valid": True, "violations": []}
+    if isinstance(settings, Settings):
+        entry["counts"] = counts.counts.to_dict()
+    else:
+        quarantined = samples.quarantine.height if samples.quarantine is not None else 0
+        entry["counts"] = {"ingested": samples.ingested, "quarantined": quarantined}
+    report.append(entry)
+
+
 def run_validate(args: argparse.Namespace) -> int:
     _inputs_exist(args.inputs)
     if all(refused.is_output_root(Path(raw)) for raw in args.inputs):
@@ -287,29 +323,10 @@ def run_validate(args: argparse.Namespace) -> int:
     ]
     stages = STAGE_NAMES[:2] if isinstance(settings, Settings) else STAGE_NAMES[:1]
     progress = Progress(len(steps), stages, quiet=args.quiet)
-    for step, sources in steps.items():
-        # the build's own driver, stopped before the write (rows only: after the read)
-        job = StepJob(step, sources, settings, None, early=args.early_digests)
-        last = TRAIN_BATCH if isinstance(settings, Settings) else ROLLOUT_SAMPLES
-        try:
-            for _, value in run_step(job, last=last, reporter=_StepReport(progress)):
-                if isinstance(value, SampleTable):
-                    samples = value
-                elif isinstance(value, TrainBatch):
-                    counts = value.meta
-                    _warn("validate", counts)
-        except StepError as exc:
-            progress.step_done()
-            report.append({"step": step, "valid": False, "violations": exc.violations})
-            continue
-        progress.step_done()
-        entry: dict[str, Any] = {"step": step, "valid": True, "violations": []}
-        if isinstance(settings, Settings):
-            entry["counts"] = counts.counts.to_dict()
-        else:
-            quarantined = samples.quarantine.height if samples.quarantine is not None else 0
-            entry["counts"] = {"ingested": samples.ingested, "quarantined": quarantined}
-        report.append(entry)
+    # --ray ADDRESS: the steps above ray_above are read and checked by tasks on that cluster
+    with ray_route(settings) as route:
+        for step, sources in steps.items():
+            _validate_one(step, sources, settings, args, progress, report, route)
     if args.format == "json":
         for entry in report:
             entry["violations"] = [v.__dict__ for v in entry["violations"]]

@@ -94,6 +94,8 @@ class RowSettings:
     rollout_id_policy: str = "strict"
     require_success_marker: bool = False
     normalizes_rewards: bool = True  # the trainer's reading of its own settings
+    ray_address: str | None = None  # `validate --ray`: the checks run as tasks there
+    ray_above: int = 256
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -150,6 +152,8 @@ class Settings(CommonSettings):
             rollout_id_policy=self.rollout_id_policy,
             require_success_marker=self.require_success_marker,
             normalizes_rewards=self.own.normalizes_rewards,
+            ray_address=self.ray_address,
+            ray_above=self.ray_above,
         )
 
 

@@ -74,7 +74,8 @@ class StepJob:
     """One step to build: its files, settings and where it goes, how it is read when it is
     written (`reader`; None: in memory or in parts, by `stream_above`) and how its ranks are
     written (`write_batch`: in this process, or Ray tasks, `step/ray_ranks.py`).
-    A run that stops before the write reads in memory whatever `reader` says."""
+    A run that stops before the write reads in memory whatever `reader` says, unless it
+    writes nothing at all (`validate`, no `out_root`): a Dagster stage stages its rows."""
 
     step: int
     sources: Sequence[SourceFile]
@@ -87,7 +88,7 @@ class StepJob:
 
     def open_reader(self, stack: ExitStack, writes: bool) -> Reader:
         """The reader of a run that `writes` the step (through to its shards) or not."""
-        if writes and self.reader is not None:
+        if self.reader is not None and (writes or self.out_root is None):
             return self.reader(self, stack)
         if writes and self.streamed():
             assert self.out_root is not None

@@ -1,11 +1,12 @@
 """A step read and written by Ray tasks on a running cluster: a step larger than one node
 (docs/scaling-out.md).
 
-`RayTasks` runs the tasks of `pipeline.step.readers.shares` on the cluster: a task per share of the
-input files reads, types, checks and reduces its rows and hands the driver their per-row
-scalars; a task per rank reads its rows' lists again from the input files and writes and
-seals its file. The driver (`build.run_step`, through `route`) plans and commits; it never
-holds a per-token list. The files are byte-identical to the in-process build's.
+`RayTasks` runs the tasks of `pipeline.step.readers.shares` on the cluster: a task per share
+of the input files reads, types, checks and reduces its rows and hands the driver their
+per-row scalars; after the plan a task per share splits its rows' lists by rank and a task
+per rank gets its pieces (through the object store) and writes and seals its file
+(`readers.shuffle`). The driver (`build.run_step`, through `route`) plans and commits; it
+never holds a per-token list. The files are byte-identical to the in-process build's.
 
 Ray is imported here and nowhere else in `pipeline` (the `ray` extra); the CLI and the
 Dagster backends reach this module through `ray_route` only when a cluster is named.
@@ -27,6 +28,7 @@ import ray.exceptions
 
 from pipeline.errors import StepError, UsageError, Violation
 from pipeline.step.build import StepJob
+from pipeline.step.readers import shares
 from pipeline.step.readers.shares import Call, by_tasks
 
 # Ray runs a task again when its worker dies; a step's tasks are not retried, so a dead
@@ -36,19 +38,37 @@ MAX_RETRIES = 0
 
 @dataclass(frozen=True)
 class Ran:
-    """Where one task ran: its function, the Ray node, the host and the worker's process."""
+    """Where one task ran: its function, the Ray node, the host and the worker's process;
+    what it cost there: the process's CPU seconds and the bytes of typed rows it decoded
+    from input files (`shares.DECODED`)."""
 
     task: str
     node: str
     host: str
     pid: int
+    cpu_s: float = 0.0
+    decoded: int = 0
 
 
-def _run_call(function: Callable[..., Any], arguments: tuple[Any, ...]) -> tuple[Any, Ran]:
-    """The Ray task: one call, and where it ran."""
+def _call(function: Callable[..., Any], arguments: tuple[Any, ...]) -> tuple[Any, Ran]:
     node = ray.get_runtime_context().get_node_id()
-    where = Ran(function.__name__, node, socket.gethostname(), os.getpid())
-    return function(*arguments), where
+    cpu, decoded = time.process_time(), shares.DECODED[0]
+    result = function(*arguments)
+    cost = (time.process_time() - cpu, shares.DECODED[0] - decoded)
+    return result, Ran(function.__name__, node, socket.gethostname(), os.getpid(), *cost)
+
+
+def _run_call(function: Callable[..., Any], *arguments: Any) -> tuple[Any, Ran]:
+    """The Ray task: one call, and where it ran. The arguments come one by one, so Ray
+    hands the task the piece an object reference among them names (`scatter`)."""
+    return _call(function, arguments)
+
+
+def _run_split(function: Callable[..., Any], *arguments: Any) -> list[Any]:
+    """The Ray task of a call returning pieces: each piece a return value of its own (kept
+    in the object store, owned by the driver), and where it ran last."""
+    pieces, where = _call(function, arguments)
+    return [*pieces, where]
 
 
 @dataclass
@@ -67,14 +87,34 @@ class RayTasks:
         task = ray.remote(_run_call).options(
             num_cpus=self.num_cpus, resources=self.resources or None, max_retries=MAX_RETRIES
         )
-        refs = [task.remote(function, arguments) for function, arguments in calls]
+        refs = [task.remote(function, *arguments) for function, arguments in calls]
+        return self._get(refs, [function for function, _ in calls])
+
+    def scatter(self, calls: Sequence[tuple[Call, int]]) -> list[list[Any]]:
+        """A task per call, each of its `ways` pieces a return value of its own: the driver
+        waits for each task's `Ran` alone and hands back the references of the pieces,
+        which it never fetches."""
+        task = ray.remote(_run_split)
+        options = {"num_cpus": self.num_cpus, "resources": self.resources or None}
+        submitted = [
+            task.options(**options, max_retries=MAX_RETRIES, num_returns=ways + 1).remote(
+                function, *arguments
+            )
+            for (function, arguments), ways in calls
+        ]
+        self._get([refs[-1] for refs in submitted], [function for (function, _), _ in calls])
+        return [refs[:-1] for refs in submitted]
+
+    def _get(self, refs: list[Any], functions: list[Callable[..., Any]]) -> list[Any]:
+        """Each task's result in call order, and where it ran (`ran`)."""
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         results = []
         try:
-            for ref, (function, _) in zip(refs, calls, strict=True):
+            for ref, function in zip(refs, functions, strict=True):
                 left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 try:
-                    result, where = ray.get(ref, timeout=left)
+                    got = ray.get(ref, timeout=left)
+                    result, where = (None, got) if isinstance(got, Ran) else got
                 except ray.exceptions.RayTaskError as error:
                     raise _cause(error) from None
                 except ray.exceptions.GetTimeoutError:

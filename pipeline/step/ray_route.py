@@ -74,7 +74,7 @@ def ray_route(
 
         def route(job: StepJob) -> StepJob:
             above = getattr(job.settings, "ray_above", 0) << 20
-            if job.out_root is None or input_bytes(job.sources) <= above:
+            if input_bytes(job.sources) <= above:
                 return job
             if not joined:
                 try:

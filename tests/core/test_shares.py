@@ -36,6 +36,10 @@ class CountingTasks(shares.LocalTasks):
         self.calls += [function.__name__ for function, _ in calls]
         return super().run(calls)
 
+    def scatter(self, calls: Any) -> list[list[Any]]:
+        self.calls += [function.__name__ for (function, _), _ in calls]
+        return super().scatter(calls)
+
 
 @pytest.fixture
 def small_shares(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
@@ -83,7 +87,12 @@ INPUTS: dict[str, Callable[[Path], Path]] = {
     ),
     "files named without a step": lambda folder: layouts.step_column_files(folder, 700),
 }
-SETTINGS = layouts.LAYOUTS
+SETTINGS = {
+    **layouts.LAYOUTS,
+    # the shuffle splits each share among many ranks: the same step at dp 8 and dp 32
+    "dp 8 balanced": {"global_batch_size": 256, "dp_size": 8, "balance_data": True},
+    "dp 32": {"global_batch_size": 256, "dp_size": 32},
+}
 CASES = layouts.cases("one file of row groups", list(INPUTS), list(SETTINGS))
 
 
@@ -97,7 +106,12 @@ def test_same_bytes_as_in_memory(
     assert sorted(memory) == sorted(by_tasks)
     assert [name for name in memory if memory[name] != by_tasks[name]] == []
     assert any(name.endswith("rank=1.parquet") for name in memory)
-    assert tasks.calls.count("read_share") > 1 and "write_rank" in tasks.calls
+    # the write decodes each share's lists once (a split per share), not once per rank
+    assert tasks.calls.count("read_share") > 1
+    assert tasks.calls.count("split_share") <= tasks.calls.count("read_share")
+    rank_files = [name for name in by_tasks if "/rank=" in name]
+    assert tasks.calls.count("write_rank_pieces") == len(rank_files)
+    assert "share_lists" not in tasks.calls
 
 
 def test_non_compact_step_is_trimmed_alike(tmp_path: Path) -> None:

@@ -38,15 +38,42 @@ class DyingTasks(ray_ranks.RayTasks):
     def run(self, calls: Any) -> list[Any]:
         calls = [
             (_die, arguments)
-            if function.__name__ == "write_rank" and arguments[1] == self.die_rank
+            if function.__name__ == "write_rank_pieces" and arguments[1] == self.die_rank
             else (function, arguments)
             for function, arguments in calls
         ]
         return super().run(calls)
 
 
+class RecordingTasks(ray_ranks.RayTasks):
+    """The tasks `--ray` makes (`ray_route`), each instance recorded (`validate`)."""
+
+    made: list[ray_ranks.RayTasks] = []
+
+    def __init__(self) -> None:
+        super().__init__(resources={RESOURCE: 1})
+        RecordingTasks.made.append(self)
+
+
+def validate(spec: dict[str, Any]) -> dict[str, Any]:
+    """`rollout-shards validate` with the arguments `validate` names, in this process; its
+    output goes to stderr, the report is the last line of stdout."""
+    from contextlib import redirect_stdout
+
+    from pipeline.cli import main as cli
+
+    ray_ranks.RayTasks = RecordingTasks  # type: ignore[misc]
+    with redirect_stdout(sys.stderr):
+        status = cli(["validate", *spec["validate"]])
+    ran = [[r.task, r.node, r.pid] for made in RecordingTasks.made for r in made.ran]
+    return {"status": status, "ran": ran}
+
+
 def main(spec: dict[str, Any]) -> dict[str, Any]:
     import ray
+
+    if "validate" in spec:
+        return validate(spec)
 
     if "share_bytes" in spec:
         shares.SHARE_BYTES = spec["share_bytes"]

@@ -71,6 +71,18 @@ def _in_process(inputs: Path, out: Path, settings: dict[str, Any]) -> dict[str, 
     return _files(out)
 
 
+def _broken(inputs: Path) -> Path:
+    """`inputs` with one row of the Arrow IPC file broken (a response_length of 10**6)."""
+    path = inputs.parent / "broken" / "step=0"
+    path.mkdir(parents=True, exist_ok=True)
+    for source in (inputs / "step=0").iterdir():
+        (path / source.name).write_bytes(source.read_bytes())
+    table = pl.read_ipc(path / "b.arrow")
+    broken = pl.when(pl.int_range(pl.len()) == 7).then(10**6).otherwise("response_length")
+    table.with_columns(broken.alias("response_length")).write_ipc(path / "b.arrow")
+    return path.parent
+
+
 def _drive(cluster: ray_cluster.RayCluster, **spec: Any) -> dict[str, Any]:
     spec = {"address": cluster.address, **spec}
     spec = {k: str(v) if isinstance(v, Path) else v for k, v in spec.items()}
@@ -112,14 +124,7 @@ def test_every_task_runs_on_a_worker_node(
     settings = dict(SETTINGS)
     if quarantine:  # the rows left are trimmed to whole batches, not balanced
         settings = {"global_batch_size": 64, "dp_size": 4, "on_invalid": "quarantine"}
-        path = inputs.parent / "broken" / "step=0"
-        path.mkdir(parents=True, exist_ok=True)
-        for source in (inputs / "step=0").iterdir():
-            (path / source.name).write_bytes(source.read_bytes())
-        table = pl.read_ipc(path / "b.arrow")
-        broken = pl.when(pl.int_range(pl.len()) == 7).then(10**6).otherwise("response_length")
-        table.with_columns(broken.alias("response_length")).write_ipc(path / "b.arrow")
-        inputs = path.parent
+        inputs = _broken(inputs)
     report = _drive(
         cluster, inputs=inputs, out=tmp_path / "ray", settings=settings, share_bytes=200 << 10
     )
@@ -131,7 +136,7 @@ def test_every_task_runs_on_a_worker_node(
     assert report["driver"] == cluster.head
     assert {node for _, node, _ in report["ran"]} == set(cluster.workers)
     tasks = [task for task, _, _ in report["ran"]]
-    assert tasks.count("write_rank") == 4 and tasks.count("file_digest") == 1
+    assert tasks.count("write_rank_pieces") == 4 and tasks.count("file_digest") == 1
     assert tasks.count("read_share") > 3  # row groups of the Parquet file, the two others
     assert ("share_lists" in tasks) is quarantine
 
@@ -231,3 +236,42 @@ def test_a_cluster_that_does_not_answer_is_a_usage_error(inputs: Path, tmp_path:
     assert result.returncode == 2
     assert result.stderr.startswith("rollout-shards: usage error: cannot reach the Ray cluster")
     assert not (tmp_path / "out" / "step=0").exists()
+
+
+@pytest.mark.parametrize(
+    ("case", "flags"),
+    [
+        ("valid", ["--global-batch-size", "64", "--dp-size", "4", "--balance-data"]),
+        ("broken", ["--global-batch-size", "64", "--dp-size", "4"]),
+        ("broken", ["--on-invalid", "quarantine", "--global-batch-size", "64", "--dp-size", "4"]),
+        ("valid", []),  # the rows alone (no global batch size)
+    ],
+    ids=["valid", "broken", "quarantined", "rows only"],
+)
+def test_validate_on_the_cluster_says_what_it_says_in_process(
+    cluster: ray_cluster.RayCluster, inputs: Path, case: str, flags: list[str]
+) -> None:
+    """`validate --ray`: its reads and checks run as tasks on the cluster (a driver that
+    records them), and its output and exit status are the in-process run's."""
+    folder = _broken(inputs) if case == "broken" else inputs
+    command = [sys.executable, "-m", "pipeline.cli", "validate", str(folder), *flags]
+    on_ray = ["--ray", cluster.address, "--ray-above", "0"]
+
+    def run(extra: list[str]) -> tuple[int, str, str]:
+        done = subprocess.run(
+            [*command, *extra],
+            env=cluster.environment(),
+            capture_output=True,
+            text=True,
+            timeout=2 * start_timeout(),
+        )
+        return done.returncode, done.stdout, done.stderr
+
+    here = run([])
+    assert here[0] == (1 if case == "broken" and "quarantine" not in flags else 0), here
+    assert run(on_ray) == here
+    report = _drive(cluster, validate=[str(folder), *flags, *on_ray])
+    assert report["status"] == here[0]
+    tasks = {task for task, _, _ in report["ran"]}
+    assert "read_share" in tasks and not tasks & {"split_share", "write_rank_pieces"}
+    assert {node for _, node, _ in report["ran"]} <= set(cluster.workers)

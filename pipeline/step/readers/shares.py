@@ -12,10 +12,11 @@ Ray cluster, `step/ray_ranks.py`; or this process, `LocalTasks`):
    violations into the whole read's line) and hands the rows to the one check
    (`check.check`), as every reader does;
 2. plan on the driver, on those rows;
-3. write: a task per rank reads its rows' lists again from the input files (by share and
-   file row), gathers them into training order and writes and seals its file
-   (`write.write_rank`); the driver checks and commits the step (`write.commit_shards`). The
-   quarantined trajectories take their lists back from the files the same way.
+3. write (`readers.shuffle`): a task per share reads its rows' lists again from the input
+   file, once, and splits them by rank; a task per rank gets its pieces, gathers them into
+   training order and writes and seals its file (`write.write_rank`); the driver checks
+   and commits the step (`write.commit_shards`). The quarantined trajectories take their
+   lists back from the files by share (`share_lists`).
 """
 
 from __future__ import annotations
@@ -35,12 +36,9 @@ from pipeline.errors import StepError, Violation
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import is_parquet, read_in_parts, read_source
 from pipeline.io.step_files import StepFiles
-from pipeline.manifest import Manifest
 from pipeline.step.check import ReadStep, split_lists
 from pipeline.step.readers.spill import PART_BYTES
 from pipeline.step.tables import RankRows, TrainBatch, compact
-from pipeline.step.write import RankFile, commit_shards, write_rank
-from pipeline.transforms.layout import rank_bounds
 from pipeline.transforms.shard_columns import loss_masks, optional_shard_columns
 
 # Decoded bytes of Parquet row groups a share reads (a row group is never cut).
@@ -56,12 +54,27 @@ class Tasks(Protocol):
 
     def run(self, calls: Sequence[Call]) -> list[Any]: ...
 
+    def scatter(self, calls: Sequence[tuple[Call, int]]) -> list[list[Any]]:
+        """Runs calls that each return a list of `ways` pieces (the int beside the call) and
+        returns, per call, a handle of each piece: a handle given as an argument to a call
+        of `run` arrives there as its piece, and the pieces stay where they were made
+        until then (on a cluster: in its object store, never in this process)."""
+        ...
+
 
 class LocalTasks:
     """`Tasks` in this process, one call after another."""
 
     def run(self, calls: Sequence[Call]) -> list[Any]:
         return [function(*arguments) for function, arguments in calls]
+
+    def scatter(self, calls: Sequence[tuple[Call, int]]) -> list[list[Any]]:
+        return [list(function(*arguments)) for (function, arguments), _ in calls]
+
+
+# Bytes of typed rows this process decoded from input files (every task adds its own): what
+# a task decoded is the difference across it (`ray_ranks` reports it per task).
+DECODED = [0]
 
 
 @dataclass(frozen=True)
@@ -121,14 +134,16 @@ class ShareRead:
     sha256: str | None
 
 
-def _typed_parts(share: Share, take: Callable[[pl.DataFrame], None]) -> tuple[StepFiles, Any]:
+def typed_parts(share: Share, take: Callable[[pl.DataFrame], None]) -> tuple[StepFiles, Any]:
     """Read `share` in parts, each typed as every read types it (`StepFiles.add_rows`), to
     `take`."""
     files = StepFiles(share.step)
     seen = identity(share.source.path) if share.source.path.exists() else (0, 0, 0, 0)
 
     def typed(frame: pl.DataFrame, first: int) -> None:
-        take(files.add_rows(share.source, frame, first))
+        rows = files.add_rows(share.source, frame, first)
+        DECODED[0] += int(rows.estimated_size())
+        take(rows)
 
     if share.row_groups is None:  # a whole file, read as the in-memory read reads it
         read = read_source(share.source, share.step)
@@ -145,7 +160,7 @@ def read_share(share: Share) -> ShareRead:
     def take(typed: pl.DataFrame) -> None:
         frames.append(split_lists(typed)[0])  # the lists stay in the file
 
-    files, (seen, sha256) = _typed_parts(share, take)
+    files, (seen, sha256) = typed_parts(share, take)
     return ShareRead(frames, files.named(), files.extras, seen, sha256)
 
 
@@ -177,7 +192,7 @@ def share_lists(share: Share, rows: pl.Series, schema: dict[str, pl.DataType]) -
                 )
             )
 
-    _typed_parts(share, take)
+    typed_parts(share, take)
     return pl.concat(taken) if taken else pl.DataFrame(schema=schema)
 
 
@@ -219,6 +234,9 @@ class SourceRows(RankRows):
         self.shares = shares
         self.place = place  # SHARE and SOURCE_ROW of each batch position
         self.schema = schema  # every list column of the step
+        # Each share's piece of this rank's lists, when the shuffle (`readers.shuffle`)
+        # brought them; None: read from the input files.
+        self.held: dict[int, pl.DataFrame] | None = None
 
     def for_rank(self, start: int, length: int) -> RankRows:
         order = self.order.slice(start, length)
@@ -229,8 +247,11 @@ class SourceRows(RankRows):
 
     def rows(self, start: int, length: int) -> pl.DataFrame:
         positions = self.order.slice(start, length)
+        held = self.held
 
         def fetch(asked: list[tuple[int, pl.Series]]) -> list[pl.DataFrame]:
+            if held is not None:  # the pieces the shuffle brought: exactly the rows asked
+                return [held[share] for share, _ in asked]
             return [share_lists(self.shares[share], rows, self.schema) for share, rows in asked]
 
         lists = lists_at(self.place[positions], self.schema, fetch)
@@ -326,26 +347,9 @@ def rank_batch(batch: TrainBatch, rank: int, bounds: list[int]) -> TrainBatch:
     return TrainBatch(batch.step, mine, batch.meta)
 
 
-def write_by(tasks: Tasks) -> Callable[[TrainBatch, Path], Manifest]:
-    """`write_shards` with each rank file written by a task of `tasks`."""
-
-    def write(batch: TrainBatch, out_root: Path) -> Manifest:
-        bounds = rank_bounds(batch.ranks(), batch.meta.dp_size)
-
-        def ranks(staged: Path) -> list[RankFile]:
-            calls: list[Call] = [
-                (write_rank, (rank_batch(batch, rank, bounds), rank, staged))
-                for rank in range(batch.meta.dp_size)
-            ]
-            return list(tasks.run(calls))
-
-        return commit_shards(batch, out_root, ranks)
-
-    return write
-
-
 def by_tasks(job: Any, tasks: Tasks) -> Any:
     """`job` (a `build.StepJob`) read and written by `tasks`."""
+    from pipeline.step.readers.shuffle import write_by
 
     def reader(_: Any, stack: ExitStack) -> SharesReader:
         return SharesReader(tasks)

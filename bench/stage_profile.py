@@ -1,0 +1,205 @@
+"""Where the rank-bounded build's time goes as a step grows, against the I/O floor.
+
+For each step folder given (one `step=0.parquet`, as `bench/generate.py` writes it), in
+alternated rounds: the floor (`bench/run.py _floor`: Polars reads the step and writes it
+back with the shards' Parquet options) and the rank-bounded build (`--stream-above 0`),
+each a process of its own (wall, CPU and peak RSS from `os.wait4`); then one profiled build
+in a child of its own that records each stage's wall and CPU seconds (`run_step`'s
+reporter) and per rank the gather of its lists (`SpilledRows.rows`), the Parquet write
+(`writer.write_parquet`) and the seal (hash, fsync, footer), each call's wall and thread CPU
+seconds. The ratios to watch: build/floor as the step grows, and which stage grows faster
+than the step.
+
+    python bench/stage_profile.py bench/out/inputs/non-compact-32768-950 \\
+        bench/out/inputs/non-compact-131072-950 bench/out/inputs/non-compact-409600-950
+
+The load average (before, after) and cores are in the record; on a loaded machine the
+stage CPU seconds mean more than the wall times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from run import PYTHON, timed  # noqa: E402  (bench/run.py, beside this script)
+
+PROFILED = """
+import json, sys, time, threading
+from pathlib import Path
+from pipeline.speed import tune_process
+tune_process()
+from pipeline.io import writer
+from pipeline.io.discovery import find_sources
+from pipeline.io.load import group_steps
+from pipeline.settings import Settings
+from pipeline.step import build, write
+from pipeline.step.readers import spill
+
+calls = []
+def timed(name, function):
+    def wrapper(*args, **kwargs):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            calls.append((name, time.perf_counter() - wall, time.thread_time() - cpu))
+    return wrapper
+
+spill.SpilledRows.rows = timed("gather", spill.SpilledRows.rows)
+writer.write_parquet = timed("parquet_write", writer.write_parquet)
+write._seal_rank = timed("seal", write._seal_rank)
+stages = {}
+class Reporter:
+    def begin(self, step, stage):
+        stages[stage] = (time.perf_counter(), time.process_time())
+    def end(self, step, stage, detail):
+        wall, cpu = stages[stage]
+        stages[stage] = (time.perf_counter() - wall, time.process_time() - cpu)
+    def up_to_date(self, step, folder):
+        pass
+
+spec = json.loads(sys.argv[1])
+settings = Settings(**spec["settings"])
+for step, files in group_steps(find_sources([Path(spec["inputs"])])).items():
+    build.build_step(step, files, settings, Path(spec["out"]), reporter=Reporter())
+totals = {}
+for name, wall, cpu in calls:
+    mine = totals.setdefault(name, [0, 0.0, 0.0])
+    mine[0] += 1; mine[1] += wall; mine[2] += cpu
+print(json.dumps({"stages": stages, "calls": totals}))
+"""
+
+
+def profiled(step: Path, out: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    spec = {"inputs": str(step), "out": str(out), "settings": settings}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [PYTHON, "-c", PROFILED, json.dumps(spec)], env=env, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"profiled build failed:\n{done.stderr[-3000:]}")
+    shutil.rmtree(out, ignore_errors=True)
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return {
+        "stages": {
+            k: {"wall_s": round(w, 2), "cpu_s": round(c, 2)}
+            for k, (w, c) in report["stages"].items()
+        },
+        "calls": {
+            k: {"calls": n, "wall_s": round(w, 2), "thread_cpu_s": round(c, 2)}
+            for k, (n, w, c) in report["calls"].items()
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("steps", type=Path, nargs="+")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dp-size", type=int, default=8)
+    parser.add_argument("--global-batch-size", type=int, default=256)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/rollout-shards-stage-profile"))
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args(argv)
+    from pipeline.io.writer import PARQUET_OPTIONS
+
+    load_before = os.getloadavg()
+    args.work.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "BENCH_PARQUET_OPTIONS": json.dumps(PARQUET_OPTIONS),
+    }
+    flags = ["--global-batch-size", str(args.global_batch_size), "--dp-size", str(args.dp_size)]
+    settings = {
+        "global_batch_size": args.global_batch_size,
+        "dp_size": args.dp_size,
+        "stream_above": 0,
+    }
+    cases = []
+    for step in args.steps:
+        runs: dict[str, list[dict[str, float]]] = {"floor": [], "build": []}
+        out = args.work / "out"
+        for _ in range(args.rounds):  # alternated, floor first
+            floor = timed(
+                [
+                    PYTHON,
+                    HERE / "run.py",
+                    "_floor",
+                    step / "step=0.parquet",
+                    args.work / "floor.parquet",
+                ],
+                args.work / "floor.log",
+                env=env,
+                inputs=step,
+            )
+            (args.work / "floor.parquet").unlink(missing_ok=True)
+            built = timed(
+                [
+                    PYTHON,
+                    "-m",
+                    "pipeline.cli",
+                    "build",
+                    step,
+                    "--out",
+                    out,
+                    *flags,
+                    "--stream-above",
+                    "0",
+                ],
+                args.work / "build.log",
+                env=env,
+                inputs=step,
+            )
+            shutil.rmtree(out, ignore_errors=True)
+            for name, run in (("floor", floor), ("build", built)):
+                runs[name].append(
+                    {
+                        "wall_s": round(run.wall, 2),
+                        "cpu_s": round(run.cpu, 2),
+                        "rss_mib": round(run.rss, 1),
+                    }
+                )
+        best = {name: min(r["wall_s"] for r in found) for name, found in runs.items()}
+        rss = {name: max(r["rss_mib"] for r in found) for name, found in runs.items()}
+        cases.append(
+            {
+                "step": step.name,
+                "input_mib": round((step / "step=0.parquet").stat().st_size / 2**20, 1),
+                "runs": runs,
+                "build_over_floor_best_wall": round(best["build"] / best["floor"], 3),
+                "build_over_floor_peak_rss": round(rss["build"] / rss["floor"], 3),
+                "profile": profiled(step, out, settings),
+            }
+        )
+        print(json.dumps(cases[-1]), flush=True)
+    result = {
+        "command": " ".join(["python", "bench/stage_profile.py", *(argv or sys.argv[1:])]),
+        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": f"{os.cpu_count()} cores, shared",
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "dp_size": args.dp_size,
+        "global_batch_size": args.global_batch_size,
+        "cases": cases,
+    }
+    args.results.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M")
+    (args.results / f"{stamp}-stage-profile.json").write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
