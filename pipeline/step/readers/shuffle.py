@@ -46,8 +46,7 @@ def split_share(
     typed them) of the rows `wanted` names (SOURCE_ROW and RANK, sorted by rank then row),
     decoded once, as a piece per rank of `ranks` (ascending): that rank's rows in file
     order, as an Arrow table (Ray stores its buffers as they are and a rank task maps them
-    from the object store; a Polars frame is pickled whole and copied back: 30% more of
-    the rank tasks' CPU at 128k, bench/results/*-cluster-shuffle-*)."""
+    from the object store, where a Polars frame is pickled whole and copied back)."""
     taken: list[pl.DataFrame] = []
     rows = wanted.get_column(SOURCE_ROW).unique().implode()
 
