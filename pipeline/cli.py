@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, os_violation, printable
+from pipeline.io.storage import root_of
 from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields, valued_booleans
 from pipeline.speed import HeadStart, on, tune_process
 from pipeline.streams import (
@@ -272,7 +273,9 @@ def parser() -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", required=True, parser_class=_Parser)
     build = commands.add_parser("build", help="write training shards for every step found")
     build.add_argument("inputs", nargs="+", metavar="INPUT")
-    build.add_argument("--out", required=True, type=Path, help="output root")
+    build.add_argument(
+        "--out", required=True, type=root_of, help="output root (a folder, s3:// or gs://)"
+    )
     build.add_argument(
         "--force",
         action="store_true",
