@@ -59,8 +59,14 @@ class StoreError(OSError):
     """A request to the store failed (network, credentials, a missing bucket): one line."""
 
 
-@functools.cache
 def _store(uri: str) -> Any:
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return _store_at(uri, endpoint)
+
+
+@functools.cache
+def _store_at(uri: str, endpoint: str | None) -> Any:
+    """One client per root and endpoint: it holds its connections for the next request."""
     try:
         from obstore.store import from_url
     except ModuleNotFoundError:
@@ -68,7 +74,6 @@ def _store(uri: str) -> Any:
             f"{uri}: object-storage roots need obstore: pip install 'rollout-shards[s3]'"
         ) from None
     options: dict[str, Any] = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if uri.startswith("s3://") and endpoint and endpoint.startswith("http://"):
         options["client_options"] = {"allow_http": True}  # a local S3-compatible server
     try:
