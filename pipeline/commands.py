@@ -80,7 +80,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 def _inputs_exist(inputs: Sequence[str]) -> None:
     """A missing input is the first thing to say (before any setting it would need)."""
     for raw in inputs:
-        if not os.path.lexists(raw):
+        if not is_remote(raw) and not os.path.lexists(raw):
             raise UsageError(f"input {raw} does not exist")
 
 

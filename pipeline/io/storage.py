@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
+from pathlib import Path, PosixPath
 from typing import Any
 
 from pipeline.errors import UsageError
@@ -170,7 +171,7 @@ def listing(root: ObjectRoot, prefix: str) -> list[Listed]:
 
     def request() -> list[Listed]:
         found = []
-        for chunk in obstore.list(_store(root.uri), prefix):
+        for chunk in obstore.list(_store(root.uri), prefix or None):
             found += [Listed(m["path"], m["size"], m["last_modified"]) for m in chunk]
         return sorted(found, key=lambda listed: listed.key)
 
@@ -183,3 +184,38 @@ def delete(root: ObjectRoot, keys: list[str]) -> None:
 
     if keys:
         _call(root, keys[0], "DELETE", lambda: obstore.delete(_store(root.uri), keys))
+
+
+class ObjectPath(PosixPath):
+    """An object's URL carried where the readers carry a file's path (`SourceFile.path`):
+    its name and suffix are the key's, and it prints as its URL. Never opened as a file:
+    the readers fetch it (`fetch`)."""
+
+    def __str__(self) -> str:
+        return re.sub(r"^(s3|gs):/(?!/)", r"\1://", super().__str__())
+
+    def __fspath__(self) -> str:
+        return str(self)
+
+    def __repr__(self) -> str:
+        return f"ObjectPath({str(self)!r})"
+
+
+def object_path(root: ObjectRoot, key: str) -> ObjectPath:
+    return ObjectPath(root.url(key))
+
+
+def split(url: str) -> tuple[ObjectRoot, str]:
+    """An object's URL as its bucket's root and its key."""
+    scheme, _, rest = str(url).partition("://")
+    bucket, _, key = rest.partition("/")
+    return ObjectRoot(f"{scheme}://{bucket}"), key
+
+
+def fetch(path: ObjectPath) -> bytes:
+    """The object's bytes (one GET); FileNotFoundError when there is none."""
+    root, key = split(str(path))
+    stored = get(root, key)
+    if stored is None:
+        raise FileNotFoundError(2, "no such object", str(path))
+    return stored.data

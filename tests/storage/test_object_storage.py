@@ -5,6 +5,7 @@ manifest and never a listing, abandoned attempts removed by the next build."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -231,3 +232,41 @@ def test_a_lost_race_in_process_removes_its_files(
     # its two rank files were uploaded, then removed: the keys are the winner's alone
     assert set(server.keys(bucket, "inproc/")) == before
     assert server.body(bucket, "inproc/" + manifest_key(1)) == b'{"another": "build"}'
+
+
+def _upload(server: S3Server, bucket: str, prefix: str) -> None:
+    """data/rollouts into the store, every file under its path there."""
+    client = server.client()
+    for path in sorted(ROLLOUTS.rglob("*")):
+        if path.is_file():
+            key = f"{prefix}/{path.relative_to(ROLLOUTS)}"
+            client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+
+
+def test_a_build_reads_its_rollouts_from_s3(server: S3Server, tmp_path: Path) -> None:
+    bucket = server.bucket()
+    _upload(server, bucket, "rollouts")
+    local = tmp_path / "local"
+    assert _build(server, local).returncode == 0
+    remote_in = f"s3://{bucket}/rollouts"
+    from_store = tmp_path / "from-store"
+    built = cli("build", remote_in, "--out", from_store, env=server.env)
+    assert built.returncode == 0, built.stderr
+    assert built.stdout.count("written to 2 ranks") == len(STEPS)
+    # the same shards; the manifests differ only in the inputs' paths (URLs there)
+    for step in STEPS:
+        for rank in (0, 1):
+            name = f"step={step}/rank={rank}.parquet"
+            assert (from_store / name).read_bytes() == (local / name).read_bytes()
+        manifest = json.loads((from_store / f"step={step}/manifest.json").read_text())
+        assert all(i["path"].startswith(f"{remote_in}/step={step}") for i in manifest["inputs"])
+    # from the store to the store: the same again, and current on the next run
+    out = f"s3://{bucket}/shards"
+    assert cli("build", remote_in, "--out", out, env=server.env).returncode == 0
+    for step in STEPS:
+        stored = server.body(bucket, f"shards/{manifest_key(step)}")
+        assert stored == (from_store / f"step={step}/manifest.json").read_bytes()
+    again = cli("build", remote_in, "--out", out, env=server.env)
+    assert again.stdout.count("up to date, skipped") == len(STEPS)
+    checked = cli("validate", remote_in, env=server.env)
+    assert checked.returncode == 0, checked.stderr
