@@ -319,7 +319,9 @@ def parser() -> argparse.ArgumentParser:
     metrics = commands.add_parser(
         "metrics", help="export every committed step's rollout metrics (docs/metrics.md)"
     )
-    metrics.add_argument("root", type=Path, metavar="ROOT", help="output root of build")
+    metrics.add_argument(
+        "root", type=root_of, metavar="ROOT", help="output root of build (a folder, s3://)"
+    )
     metrics.add_argument("--tensorboard", type=Path, metavar="DIR", help="event file folder")
     metrics.add_argument("--jsonl", metavar="FILE", help="JSON Lines file, - for stdout")
     return root

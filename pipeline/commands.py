@@ -401,8 +401,9 @@ def run_metrics(args: argparse.Namespace) -> int:
 
     jsonl = None if args.jsonl in (None, "-") else Path(args.jsonl)
     metrics_export.check_targets(args.tensorboard, jsonl)
-    for note in refused.refused_notes("metrics", Path(args.root)):
-        print(note, file=sys.stderr)
+    if not is_remote(args.root):  # no refusal records in an object store
+        for note in refused.refused_notes("metrics", Path(args.root)):
+            print(note, file=sys.stderr)
     steps = metrics_export.root_metrics(args.root)
     if args.tensorboard is None and args.jsonl is None:  # ROOT alone: a table to read
         sys.stdout.write(metrics_export.table_text(steps))

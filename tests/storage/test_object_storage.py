@@ -270,3 +270,16 @@ def test_a_build_reads_its_rollouts_from_s3(server: S3Server, tmp_path: Path) ->
     assert again.stdout.count("up to date, skipped") == len(STEPS)
     checked = cli("validate", remote_in, env=server.env)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_metrics_of_a_root_in_the_store(server: S3Server, tmp_path: Path) -> None:
+    bucket = server.bucket()
+    local = tmp_path / "local"
+    assert _build(server, local).returncode == 0
+    assert _build(server, f"s3://{bucket}/m").returncode == 0
+    want = cli("metrics", local, "--jsonl", "-", env=server.env)
+    got = cli("metrics", f"s3://{bucket}/m", "--jsonl", "-", env=server.env)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == want.stdout and got.stdout.count("\n") == len(STEPS)
+    empty = cli("metrics", f"s3://{bucket}/nothing", env=server.env)
+    assert empty.returncode != 0 and "no committed step" in empty.stderr
