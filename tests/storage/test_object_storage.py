@@ -283,3 +283,25 @@ def test_metrics_of_a_root_in_the_store(server: S3Server, tmp_path: Path) -> Non
     assert got.stdout == want.stdout and got.stdout.count("\n") == len(STEPS)
     empty = cli("metrics", f"s3://{bucket}/nothing", env=server.env)
     assert empty.returncode != 0 and "no committed step" in empty.stderr
+
+
+def test_parity_of_builds_and_inputs_in_the_store(server: S3Server, tmp_path: Path) -> None:
+    bucket = server.bucket()
+    local = tmp_path / "local"
+    assert _build(server, local).returncode == 0
+    assert _build(server, f"s3://{bucket}/p").returncode == 0
+    same = cli("parity", local, f"s3://{bucket}/p", env=server.env)
+    assert same.returncode == 0, same.stdout + same.stderr
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "step=1.parquet").write_bytes((ROLLOUTS / "step=1.parquet").read_bytes())
+    server.client().put_object(
+        Bucket=bucket, Key="one/step=1.parquet", Body=(one / "step=1.parquet").read_bytes()
+    )
+    inputs = cli("parity", one, f"s3://{bucket}/one", env=server.env)
+    assert inputs.returncode == 0, inputs.stdout + inputs.stderr
+    assert "identical" in inputs.stdout
+    other = tmp_path / "other"
+    assert _build(server, other, "--global-batch-size", "4").returncode == 0
+    differs = cli("parity", other, f"s3://{bucket}/p", env=server.env)
+    assert differs.returncode == 1
