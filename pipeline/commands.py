@@ -21,7 +21,7 @@ from typing import Any
 from pipeline.errors import StepError, UsageError, Violation, os_violation, printable
 from pipeline.io.discovery import SourceFile, find_sources
 from pipeline.io.load import group_steps
-from pipeline.io.storage import is_remote
+from pipeline.io.storage import ObjectRoot, check_reachable, is_remote, root_of
 from pipeline.io.writer import clean_stale, step_folder
 from pipeline.manifest import Manifest
 from pipeline.progress import Progress
@@ -80,7 +80,11 @@ def _settings(args: argparse.Namespace) -> Settings:
 def _inputs_exist(inputs: Sequence[str]) -> None:
     """A missing input is the first thing to say (before any setting it would need)."""
     for raw in inputs:
-        if not is_remote(raw) and not os.path.lexists(raw):
+        if is_remote(raw):
+            root = root_of(raw)
+            assert isinstance(root, ObjectRoot)
+            check_reachable(root, "input")
+        elif not os.path.lexists(raw):
             raise UsageError(f"input {raw} does not exist")
 
 
@@ -259,6 +263,7 @@ def run_build(args: argparse.Namespace) -> int:
     if is_remote(args.out):
         if settings.ray_address is not None:
             raise UsageError("--ray writes to a local output root only, not to an object store")
+        check_reachable(args.out, "--out")
     else:
         check_out(args.out, args.inputs)
         if (mixed := other_trainer(args.out, settings.trainer)) is not None:

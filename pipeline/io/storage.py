@@ -178,6 +178,17 @@ def listing(root: ObjectRoot, prefix: str) -> list[Listed]:
     return _call(root, prefix, "LIST", request)  # type: ignore[no-any-return]
 
 
+def check_reachable(root: ObjectRoot, what: str) -> None:
+    """One LIST of the root's top level: a missing bucket, a wrong endpoint or refused
+    credentials are one usage line before any step is read or written."""
+    import obstore
+
+    try:
+        obstore.list_with_delimiter(_store(root.uri))
+    except Exception as exc:  # noqa: BLE001 - whatever the store says, one line
+        raise UsageError(f"{what} {root} cannot be listed: {_first_line(exc)}") from None
+
+
 def delete(root: ObjectRoot, keys: list[str]) -> None:
     """Remove `keys` (a batch DELETE per 1000 keys on S3); a key already gone is no error."""
     import obstore

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 from pipeline.errors import StepError
@@ -305,3 +306,51 @@ def test_parity_of_builds_and_inputs_in_the_store(server: S3Server, tmp_path: Pa
     assert _build(server, other, "--global-batch-size", "4").returncode == 0
     differs = cli("parity", other, f"s3://{bucket}/p", env=server.env)
     assert differs.returncode == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["build", str(ROLLOUTS), "--out", "s3://no-such-bucket/x"], "--out s3://no-such"),
+        (["build", "s3://no-such-bucket/in", "--out", "OUT"], "input s3://no-such-bucket/in"),
+        (["build", str(ROLLOUTS), "--out", "s3://"], "name a bucket"),
+    ],
+)
+def test_a_store_it_cannot_reach_is_one_line(
+    server: S3Server, tmp_path: Path, args: list[str], said: str
+) -> None:
+    given = [str(tmp_path / "out") if arg == "OUT" else arg for arg in args]
+    result = cli(*given, env=server.env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0] and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_set_aside_rows_are_stored_as_on_disk(server: S3Server, tmp_path: Path) -> None:
+    """A step with a quarantine: its file under the attempt, byte for byte the local one."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    frame = pl.read_parquet(ROLLOUTS / "step=1.parquet")
+    broken = frame.with_columns(
+        pl.when(pl.col("index") == frame.get_column("index")[0])
+        .then(pl.lit(10_000, dtype=frame.schema["response_length"]))
+        .otherwise(pl.col("response_length"))
+        .alias("response_length")
+    )
+    broken.write_parquet(inputs / "step=1.parquet")
+    flags = ["--on-invalid", "quarantine", "--global-batch-size", "4", "--dp-size", "2"]
+    flags += ["--reward-key", "score"]
+    local = tmp_path / "local"
+    assert cli("build", inputs, "--out", local, *flags, env=server.env).returncode == 0
+    bucket = server.bucket()
+    built = cli("build", inputs, "--out", f"s3://{bucket}/q", *flags, env=server.env)
+    assert built.returncode == 0, built.stderr
+    manifest = server.body(bucket, "q/" + manifest_key(1))
+    assert manifest == (local / "step=1" / "manifest.json").read_bytes()
+    assert json.loads(manifest)["counts"]["quarantined"] > 0
+    key = output_key(1, attempt_of(manifest), "../_quarantine/step=1.parquet")
+    assert (
+        server.body(bucket, "q/" + key) == (local / "_quarantine" / "step=1.parquet").read_bytes()
+    )
+    assert f"s3://{bucket}/q/{key}" in built.stderr  # where the build says they went
