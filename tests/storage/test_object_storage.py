@@ -354,3 +354,34 @@ def test_set_aside_rows_are_stored_as_on_disk(server: S3Server, tmp_path: Path) 
         server.body(bucket, "q/" + key) == (local / "_quarantine" / "step=1.parquet").read_bytes()
     )
     assert f"s3://{bucket}/q/{key}" in built.stderr  # where the build says they went
+
+
+def test_a_read_during_a_rebuild_starts_over_on_the_new_step(
+    server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step is replaced and its old files removed between the reader's GET of the
+    manifest and of its rank file: the read starts over and gives the new build's rows."""
+    from rollout_shards_loader import _remote
+
+    bucket = server.bucket()
+    root = f"s3://{bucket}/moving"
+    assert _build(server, root).returncode == 0
+    real = _remote.RemoteFolder._get
+    rebuilt: list[bool] = []
+    fetched: list[str] = []
+
+    def rebuild_first(folder: _remote.RemoteFolder, name: str) -> bytes:
+        fetched.append(name)
+        if name != "manifest.json" and not rebuilt:
+            rebuilt.append(True)
+            assert _build(server, root, "--global-batch-size", "4", "--force").returncode == 0
+            env = dict(server.env, **{store_commit.ABANDONED_ENV: "0"})
+            assert _build(server, root, "--global-batch-size", "4", env=env).returncode == 0
+        return real(folder, name)
+
+    monkeypatch.setattr(_remote.RemoteFolder, "_get", rebuild_first)
+    got = miles_loader.read_rank(f"{root}/step=2", 1)
+    # the manifest, the old rank file (gone), the manifest again (replaced), then the new
+    assert fetched[:4] == ["manifest.json", "rank=1.parquet", "manifest.json", "manifest.json"]
+    assert _build(server, tmp_path / "new", "--global-batch-size", "4").returncode == 0
+    assert bits(got) == bits(miles_loader.read_rank(tmp_path / "new" / "step=2", 1))
