@@ -6,9 +6,12 @@ manifest and never a listing, abandoned attempts removed by the next build."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -385,3 +388,33 @@ def test_a_read_during_a_rebuild_starts_over_on_the_new_step(
     assert fetched[:4] == ["manifest.json", "rank=1.parquet", "manifest.json", "manifest.json"]
     assert _build(server, tmp_path / "new", "--global-batch-size", "4").returncode == 0
     assert bits(got) == bits(miles_loader.read_rank(tmp_path / "new" / "step=2", 1))
+
+
+def _requests(caplog: pytest.LogCaptureFixture) -> Counter[str]:
+    """The requests the server logged since the last clear, by kind (a LIST is a GET of
+    the bucket with `list-type`)."""
+    found = re.findall(r"(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP", caplog.text)
+    caplog.clear()
+    return Counter(verb + (" LIST" if "list-type" in url else "") for verb, url in found)
+
+
+def test_the_requests_per_step_are_the_documented_ones(
+    server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/deploy.md's table, counted at the server: a new step of 2 ranks, a current one,
+    and one rank's read."""
+    caplog.set_level(logging.INFO, logger="werkzeug")
+    bucket = server.bucket()
+    root = f"s3://{bucket}/count"
+    caplog.clear()
+    assert _build(server, root).returncode == 0
+    steps = len(STEPS)
+    # the root's reachability; per step: GET manifest (404), LIST attempts, 2 + 1 PUTs
+    assert _requests(caplog) == Counter({"GET LIST": 1 + steps, "GET": steps, "PUT": 3 * steps})
+    assert _build(server, root).returncode == 0
+    # per step: GET manifest, LIST attempts, LIST the manifest's attempt
+    assert _requests(caplog) == Counter({"GET LIST": 1 + 2 * steps, "GET": steps})
+    miles_loader.read_rank(f"{root}/step=1", 0)
+    # pyarrow: HEAD + GET of the manifest and of the own file; HEAD + 2 ranged GETs of the
+    # other rank's small file (footer, then the two columns)
+    assert _requests(caplog) == Counter({"HEAD": 3, "GET": 4})
