@@ -418,3 +418,32 @@ def test_the_requests_per_step_are_the_documented_ones(
     # pyarrow: HEAD + GET of the manifest and of the own file; HEAD + 2 ranged GETs of the
     # other rank's small file (footer, then the two columns)
     assert _requests(caplog) == Counter({"HEAD": 3, "GET": 4})
+
+
+def _tensor_bits(value: Any) -> Any:
+    """`bits` of a value that may be a tensor or a list of tensors: dtype, shape, bytes."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return (str(value.dtype), tuple(value.shape), value.contiguous().numpy().tobytes())
+    if isinstance(value, list):
+        return [_tensor_bits(item) for item in value]
+    return bits(value)
+
+
+def test_slimes_read_rank_from_s3_is_the_local_read(server: S3Server, tmp_path: Path) -> None:
+    """Another trainer's reader through the same remote read (slime's dict per rank)."""
+    from rollout_shards_loader import slime as slime_loader
+
+    flags = ["--trainer", "slime", "--rollout-batch-size", "8"]
+    bucket = server.bucket()
+    local = tmp_path / "local"
+    assert _build(server, local, *flags).returncode == 0
+    assert _build(server, f"s3://{bucket}/slime", *flags).returncode == 0
+    for step in STEPS:
+        for rank in (0, 1):
+            want = slime_loader.read_rank(local / f"step={step}", rank)
+            got = slime_loader.read_rank(f"s3://{bucket}/slime/step={step}", rank)
+            assert list(got) == list(want)
+            for key, value in want.items():
+                assert _tensor_bits(got[key]) == _tensor_bits(value), key
