@@ -60,11 +60,15 @@ def _stored(server: S3Server, bucket: str, prefix: str) -> dict[str, bytes]:
     }
 
 
-def test_a_build_to_s3_stores_the_local_builds_bytes(server: S3Server, tmp_path: Path) -> None:
+# the second: the rollout-side schedule, whose blocking check reads the rank files' rows
+@pytest.mark.parametrize("flags", [[], ["--cp-size", "2", "--micro-batch-size", "2"]])
+def test_a_build_to_s3_stores_the_local_builds_bytes(
+    server: S3Server, tmp_path: Path, flags: list[str]
+) -> None:
     local = tmp_path / "local"
-    assert _build(server, local).returncode == 0
+    assert _build(server, local, *flags).returncode == 0
     bucket = server.bucket()
-    built = _build(server, f"s3://{bucket}/shards")
+    built = _build(server, f"s3://{bucket}/shards", *flags)
     assert built.returncode == 0, built.stderr
     assert "-> s3://" in built.stdout
     stored = _stored(server, bucket, "shards/")
@@ -80,7 +84,7 @@ def test_a_build_to_s3_stores_the_local_builds_bytes(server: S3Server, tmp_path:
     # nothing else: no card, no lock, no staging
     assert len(stored) == 3 * len(STEPS)
 
-    again = _build(server, f"s3://{bucket}/shards")
+    again = _build(server, f"s3://{bucket}/shards", *flags)
     assert again.returncode == 0
     assert again.stdout.count("up to date, skipped") == len(STEPS)
     assert _stored(server, bucket, "shards/") == stored
