@@ -163,6 +163,7 @@ class Listed:
     key: str  # relative to the root
     size: int
     modified: datetime
+    etag: str | None = None
 
 
 def listing(root: ObjectRoot, prefix: str) -> list[Listed]:
@@ -172,10 +173,28 @@ def listing(root: ObjectRoot, prefix: str) -> list[Listed]:
     def request() -> list[Listed]:
         found = []
         for chunk in obstore.list(_store(root.uri), prefix or None):
-            found += [Listed(m["path"], m["size"], m["last_modified"]) for m in chunk]
+            found += [
+                Listed(m["path"], m["size"], m["last_modified"], m.get("e_tag")) for m in chunk
+            ]
         return sorted(found, key=lambda listed: listed.key)
 
     return _call(root, prefix, "LIST", request)  # type: ignore[no-any-return]
+
+
+def head(root: ObjectRoot, key: str) -> Listed | None:
+    """The object's size and time of writing (one HEAD), or None when there is none: what a
+    file's stat is to the sensor and the schedule."""
+    import obstore
+
+    try:
+        meta = _call(root, key, "HEAD", lambda: obstore.head(_store(root.uri), key))
+    except _missing():
+        return None
+    return Listed(meta["path"], meta["size"], meta["last_modified"], meta.get("e_tag"))
+
+
+def head_of(path: ObjectPath) -> Listed | None:
+    return head(*split(str(path)))
 
 
 def check_reachable(root: ObjectRoot, what: str) -> None:

@@ -18,7 +18,6 @@ from pipeline.orchestration.partitions import rollout_steps, step_of
 from pipeline.orchestration.reporting import markdown_table
 from pipeline.orchestration.resources import RolloutStorage
 from pipeline.step import verify
-from pipeline.step.freshness import read_manifest
 
 # Partitioned asset checks are a preview feature of dagster 1.13; they are what lets the
 # UI show a check result per step rather than only the latest step's.
@@ -32,8 +31,7 @@ warnings.filterwarnings(
 def _manifest(
     context: dg.AssetCheckExecutionContext, storage: RolloutStorage
 ) -> tuple[Path, Manifest | None]:
-    step = step_of(context.partition_key)
-    return storage.step_folder(step), read_manifest(storage.output_path, step)
+    return storage.committed_step(step_of(context.partition_key))
 
 
 def _no_manifest(folder: Path) -> dg.AssetCheckResult:

@@ -156,7 +156,7 @@ def stored_manifest(root: ObjectRoot, step: int) -> tuple[Manifest | None, str |
         return None, stored.etag
 
 
-def _files_there(root: ObjectRoot, manifest: Manifest) -> bool:
+def files_there(root: ObjectRoot, manifest: Manifest) -> bool:
     """Every file the manifest lists is under its attempt prefix (one LIST)."""
     attempt = attempt_of(manifest.to_json())
     prefix = f"{attempts_prefix(manifest.step)}{attempt}/"
@@ -174,7 +174,7 @@ def current_in_store(
     if [record.path for record in manifest.inputs] != [input_path(s.path) for s in sources]:
         return False
     checksums = [input_digest(source.path) for source in sources]
-    return shards_are_current(manifest, checksums, settings) and _files_there(root, manifest)
+    return shards_are_current(manifest, checksums, settings) and files_there(root, manifest)
 
 
 def clean_abandoned(root: ObjectRoot, step: int, keep: str | None) -> list[str]:
@@ -193,6 +193,15 @@ def clean_abandoned(root: ObjectRoot, step: int, keep: str | None) -> list[str]:
     ]
     storage.delete(root, removed)
     return removed
+
+
+def commit_step(batch: TrainBatch, root: ObjectRoot) -> Manifest:
+    """A planned step committed whether or not it was current (a Dagster materialization
+    builds what it is asked to): the abandoned attempts of the step removed first, then the
+    manifest found replaced, or created when there is none."""
+    manifest, etag = stored_manifest(root, batch.step)
+    clean_abandoned(root, batch.step, attempt_of(manifest.to_json()) if manifest else None)
+    return commit_to_store(batch, root, etag)
 
 
 def build_to_store(
