@@ -15,6 +15,8 @@ import polars as pl
 import pytest
 
 from pipeline.io.store_layout import attempt_of, manifest_key, output_key
+from pipeline.orchestration import run_all
+from pipeline.orchestration.compute import Compute, StepCompute
 from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV, RolloutStorage
 from pipeline.orchestration.schedules import stale_shards_schedule
 from pipeline.orchestration.sensors import rollout_steps_sensor
@@ -23,6 +25,7 @@ from tests.support.dagster_roots import (
     EMBEDDED_KEYS,
     materialize,
     materialized,
+    run_checks,
     step_failure,
 )
 from tests.support.s3_server import S3Server, s3_server
@@ -106,7 +109,6 @@ def test_a_rank_file_changed_in_the_store_fails_its_check(
     changed = io.BytesIO()
     frame.head(frame.height - 1).write_parquet(changed)
     server.client().put_object(Bucket=bucket, Key=key, Body=changed.getvalue())
-    from tests.support.dagster_roots import run_checks
 
     checks = _checks(run_checks(instance, "00000001"))
     assert checks["manifest_counts_add_up"].passed
@@ -217,3 +219,30 @@ def test_the_sensor_and_the_schedule_read_the_store(
         changed = rollout_steps_sensor(context)
     assert isinstance(changed, dg.SensorResult)
     assert [r.partition_key for r in changed.run_requests or []] == ["00000002"]
+
+
+def test_a_pipes_worker_commits_the_same_step(
+    server: S3Server, bucket: str, instance: dg.DagsterInstance
+) -> None:
+    """The subprocess worker gets the roots as URLs and commits as the run's process does."""
+    in_process = materialize(instance, "00000004")
+    assert in_process.success
+    stored = {key: server.body(bucket, key) for key in server.keys(bucket, "shards/")}
+    server.client().delete_objects(
+        Bucket=bucket, Delete={"Objects": [{"Key": key} for key in stored]}
+    )
+    result = materialize(instance, "00000004", compute=StepCompute(compute=Compute.subprocess))
+    assert result.success
+    assert materialized(result) == ["rollout_samples", "train_batch", "training_shards"]
+    assert {key: server.body(bucket, key) for key in server.keys(bucket, "shards/")} == stored
+
+
+def test_make_run_with_a_store_root_is_one_usage_line(
+    bucket: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_all.main() == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"rollout-shards: usage error: make run builds local roots only, not s3://{bucket}/"
+        "rollouts: use `rollout-shards build` or the Dagster sensor and jobs (docs/deploy.md)\n"
+    )
