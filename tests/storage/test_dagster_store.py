@@ -14,6 +14,8 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from pipeline.errors import UsageError
+from pipeline.io.storage import ObjectRoot
 from pipeline.io.store_layout import attempt_of, manifest_key, output_key
 from pipeline.orchestration import run_all
 from pipeline.orchestration.compute import Compute, StepCompute
@@ -246,3 +248,24 @@ def test_make_run_with_a_store_root_is_one_usage_line(
         f"rollout-shards: usage error: make run builds local roots only, not s3://{bucket}/"
         "rollouts: use `rollout-shards build` or the Dagster sensor and jobs (docs/deploy.md)\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("../elsewhere", "is not a prefix inside the configured root"),
+        ("s3://other/shards", "is not a prefix inside the configured root"),
+        ("s3://b/shards2", "is not a prefix inside the configured root"),
+        ("dp4/step=3", "lies inside the step prefix step=3"),
+    ],
+)
+def test_run_configs_prefix_stays_inside_the_store_root(
+    value: str, problem: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(OUTPUT_ENV, "s3://b/shards")
+    assert RolloutStorage(output_root="dp4").output_path == ObjectRoot("s3://b/shards/dp4")
+    assert RolloutStorage(output_root="s3://b/shards/dp4/").output_path == ObjectRoot(
+        "s3://b/shards/dp4"
+    )
+    with pytest.raises(UsageError, match=re.escape(f"output_root {value} {problem}")):
+        RolloutStorage(output_root=value).output_path  # noqa: B018 - the property checks
