@@ -16,6 +16,7 @@ import functools
 import shutil
 import tempfile
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 
 from pipeline.io import storage, writer
@@ -41,7 +42,10 @@ def committed_step(out_root: Path | ObjectRoot, step: int) -> tuple[Path, Manife
     if not isinstance(out_root, ObjectRoot):
         return writer.step_folder(out_root, step), freshness.read_manifest(out_root, step)
     stored = storage.get(out_root, manifest_key(step))
-    manifest = manifest_of(out_root, step) if stored is not None else None
+    manifest = None
+    if stored is not None:
+        with suppress(ValueError):  # of another shape: the checks say it is unreadable
+            manifest = Manifest.from_json(stored.data)
     if stored is None or manifest is None:
         return storage.object_path(out_root, f"step={step}"), None
     attempt = attempt_of(stored.data)
