@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pipeline.errors import StepError, UsageError, os_violation, printable
+from pipeline.io.storage import ObjectRoot, root_of
 from pipeline.settings import DISABLE_FLAGS, non_null, setting_fields, valued_booleans
 from pipeline.speed import HeadStart, on, tune_process
 from pipeline.streams import (
@@ -266,13 +267,23 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+def _root(text: str) -> Path | ObjectRoot:
+    """A root argument: a folder, or an object store's URL (`storage.root_of`)."""
+    try:
+        return root_of(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parser() -> argparse.ArgumentParser:
     root = _Parser(prog=PROG, description="Validated training shards from RL rollout tables.")
     root.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     commands = root.add_subparsers(dest="command", required=True, parser_class=_Parser)
     build = commands.add_parser("build", help="write training shards for every step found")
     build.add_argument("inputs", nargs="+", metavar="INPUT")
-    build.add_argument("--out", required=True, type=Path, help="output root")
+    build.add_argument(
+        "--out", required=True, type=_root, help="output root (a folder, s3:// or gs://)"
+    )
     build.add_argument(
         "--force",
         action="store_true",
@@ -316,7 +327,9 @@ def parser() -> argparse.ArgumentParser:
     metrics = commands.add_parser(
         "metrics", help="export every committed step's rollout metrics (docs/metrics.md)"
     )
-    metrics.add_argument("root", type=Path, metavar="ROOT", help="output root of build")
+    metrics.add_argument(
+        "root", type=_root, metavar="ROOT", help="output root of build (a folder, s3://)"
+    )
     metrics.add_argument("--tensorboard", type=Path, metavar="DIR", help="event file folder")
     metrics.add_argument("--jsonl", metavar="FILE", help="JSON Lines file, - for stdout")
     return root

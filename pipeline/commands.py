@@ -21,6 +21,7 @@ from typing import Any
 from pipeline.errors import StepError, UsageError, Violation, os_violation, printable
 from pipeline.io.discovery import SourceFile, find_sources
 from pipeline.io.load import group_steps
+from pipeline.io.storage import ObjectRoot, check_reachable, is_remote, root_of
 from pipeline.io.writer import clean_stale, step_folder
 from pipeline.manifest import Manifest
 from pipeline.progress import Progress
@@ -47,6 +48,7 @@ from pipeline.step.build import (
 from pipeline.step.one_trainer import other_trainer
 from pipeline.step.plan import plan_batch
 from pipeline.step.ray_route import Route, ray_route
+from pipeline.step.store_commit import build_to_store
 from pipeline.step.tables import SampleTable, TrainBatch
 
 PROG = "rollout-shards"
@@ -78,7 +80,11 @@ def _settings(args: argparse.Namespace) -> Settings:
 def _inputs_exist(inputs: Sequence[str]) -> None:
     """A missing input is the first thing to say (before any setting it would need)."""
     for raw in inputs:
-        if not os.path.lexists(raw):
+        if is_remote(raw):
+            root = root_of(raw)
+            assert isinstance(root, ObjectRoot)
+            check_reachable(root, "input")
+        elif not os.path.lexists(raw):
             raise UsageError(f"input {raw} does not exist")
 
 
@@ -182,17 +188,22 @@ def _build_one(
     """Build one step unless it is current; False (after printing why) when it fails."""
     report = _StepReport(progress)
     try:
-        manifest = build_step(
-            step,
-            sources,
-            settings,
-            args.out,
-            args.force,
-            reporter=report,
-            skipped=skipped,
-            early=args.early_digests,
-            route=route,
-        )
+        if is_remote(args.out):
+            manifest = build_to_store(
+                step, sources, settings, args.out, args.force, report, skipped, args.early_digests
+            )
+        else:
+            manifest = build_step(
+                step,
+                sources,
+                settings,
+                args.out,
+                args.force,
+                reporter=report,
+                skipped=skipped,
+                early=args.early_digests,
+                route=route,
+            )
     except StepError as exc:
         progress.step_done()
         for violation in exc.violations:
@@ -210,7 +221,8 @@ def _build_one(
             "from the same inputs and settings (--force rebuilds it)"
         )
         return True
-    print(printable(summary_line(manifest, step_folder(args.out, step))))
+    folder = args.out.url(f"step={step}") if is_remote(args.out) else step_folder(args.out, step)
+    print(printable(summary_line(manifest, folder)))
     for line in quarantine_lines(manifest, args.out):
         print(f"{PROG}: build: {printable(line)}", file=sys.stderr)
     _warn("build", manifest)
@@ -222,7 +234,7 @@ class _StepReport:
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
-        self.current: Path | None = None
+        self.current: Path | str | None = None
 
     def begin(self, step: int, stage: str) -> None:
         self.progress.begin(step, stage)
@@ -230,7 +242,7 @@ class _StepReport:
     def end(self, step: int, stage: str, detail: str) -> None:
         self.progress.end(step, stage, detail)
 
-    def up_to_date(self, step: int, folder: Path) -> None:
+    def up_to_date(self, step: int, folder: Path | str) -> None:
         self.current = folder
 
 
@@ -248,10 +260,15 @@ def skipped_files(skipped: Sequence[Path], step: int) -> list[str]:
 def run_build(args: argparse.Namespace) -> int:
     _inputs_exist(args.inputs)
     settings = _settings(args)
-    check_out(args.out, args.inputs)
-    if (mixed := other_trainer(args.out, settings.trainer)) is not None:
-        raise UsageError(mixed)  # the root read whole is one dataset
-    clean_stale(args.out)
+    if is_remote(args.out):
+        if settings.ray_address is not None:
+            raise UsageError("--ray writes to a local output root only, not to an object store")
+        check_reachable(args.out, "--out")
+    else:
+        check_out(args.out, args.inputs)
+        if (mixed := other_trainer(args.out, settings.trainer)) is not None:
+            raise UsageError(mixed)  # the root read whole is one dataset
+        clean_stale(args.out)
     skipped: list[Path] = []
     by_name: list[Violation] = []
     steps = _steps(args.inputs, settings, args.session_version, skipped, by_name)
@@ -406,8 +423,9 @@ def run_metrics(args: argparse.Namespace) -> int:
 
     jsonl = None if args.jsonl in (None, "-") else Path(args.jsonl)
     metrics_export.check_targets(args.tensorboard, jsonl)
-    for note in refused.refused_notes("metrics", Path(args.root)):
-        print(note, file=sys.stderr)
+    if not is_remote(args.root):  # no refusal records in an object store
+        for note in refused.refused_notes("metrics", Path(args.root)):
+            print(note, file=sys.stderr)
     steps = metrics_export.root_metrics(args.root)
     if args.tensorboard is None and args.jsonl is None:  # ROOT alone: a table to read
         sys.stdout.write(metrics_export.table_text(steps))

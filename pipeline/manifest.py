@@ -87,7 +87,10 @@ def input_path(path: str | Path) -> str:
     symbolic links resolved, so that the same file is the same input whatever the working
     folder it was named from (`my/rollouts` from one folder, `rollouts` from `my/`). A link
     that cannot be resolved (a loop: Python 3.11 raises RuntimeError, later ones OSError) is
-    named by its absolute path; its read names it as `unreadable_file`."""
+    named by its absolute path; its read names it as `unreadable_file`. An object's URL
+    is itself."""
+    if str(path).startswith(("s3://", "gs://")):
+        return str(path)
     try:
         return str(Path(path).resolve())
     except (RuntimeError, OSError):

@@ -21,8 +21,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from pipeline.errors import StepError, UsageError, Violation
+from pipeline.io import storage
 from pipeline.io.discovery import STEP_FOLDER
 from pipeline.io.regular import kind_of, read_regular
+from pipeline.io.storage import ObjectRoot
 from pipeline.manifest import Manifest
 from pipeline.transforms.metrics import STEP
 
@@ -57,10 +59,36 @@ def _step_folders(root: Path) -> list[Path]:
     return sorted(folders, key=lambda folder: int(folder.name.removeprefix("step=")))
 
 
-def root_metrics(root: Path) -> list[StepMetrics]:
+def store_metrics(root: ObjectRoot) -> list[StepMetrics]:
+    """`root_metrics` of an output root in an object store: one LIST, a GET per committed
+    step's manifest (its commit); `wall_time` is the manifest's last-modified time."""
+    steps = []
+    for listed in storage.listing(root, ""):
+        folder, _, name = listed.key.partition("/")
+        if name != MANIFEST or not STEP_FOLDER.match(folder):
+            continue
+        stored = storage.get(root, listed.key)
+        try:
+            manifest = Manifest.from_json(stored.data if stored else b"")
+        except ValueError as exc:
+            violation = Violation(
+                rule="unreadable_file",
+                message=f"not a step manifest ({type(exc).__name__}: {exc})",
+                files=[root.url(listed.key)],
+            )
+            raise StepError([violation]) from exc
+        steps.append(StepMetrics(manifest.step, manifest.stats, listed.modified.timestamp()))
+    if not steps:
+        raise UsageError(f"no committed step (step=<N>/{MANIFEST}) under {root}")
+    return sorted(steps, key=lambda metrics: metrics.step)
+
+
+def root_metrics(root: Path | ObjectRoot) -> list[StepMetrics]:
     """The metrics of every committed step (`step=<N>/manifest.json`) under an output root,
     by step; `root` may also be one step folder. A folder that is not yet committed (no
     manifest) is not a step."""
+    if isinstance(root, ObjectRoot):
+        return store_metrics(root)
     if not root.is_dir():
         what = "does not exist" if not root.exists() else "is not a folder"
         raise UsageError(f"{root} {what}: give an output root of `rollout-shards build`")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UsageError
+from pipeline.io import storage
 from pipeline.spelling import unknown_names
 
 # Boolean settings that default to on are turned off by a miles-style --disable-* flag.
@@ -32,7 +33,7 @@ def read_config(
     from pipeline.yaml_config import ConfigError, load_mapping, read_text
 
     try:
-        data = load_mapping(read_text(Path(path)))
+        data = load_mapping(read_text(path if isinstance(path, Path) else Path(path)))
     except ConfigError as exc:
         raise UsageError(f"config {path}{exc}") from None
     names = [*known, *DISABLE_FLAGS.values(), *sections]
@@ -87,6 +88,12 @@ def data_settings_files(inputs: Sequence[str | Path]) -> list[Path]:
     `root/step=<N>/part.jsonl`)."""
     found: list[Path] = []
     for raw in inputs:
+        if storage.is_remote(raw):  # an object-store root: its own settings object, if any
+            root_url = storage.root_of(str(raw))
+            assert isinstance(root_url, storage.ObjectRoot)
+            if storage.get(root_url, DATA_SETTINGS) is not None:
+                found.append(storage.object_path(root_url, DATA_SETTINGS))
+            continue
         path = Path(raw)
         root = path if path.is_dir() else path.parent
         # Anything under the name is read (a FIFO or a folder there is refused, not passed over).

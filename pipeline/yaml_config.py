@@ -53,8 +53,10 @@ class ConfigError(ValueError):
 def read_text(path: Path) -> str:
     """A settings file's text: a regular file of UTF-8 (a FIFO or a device there would
     block the read or never end it)."""
+    from pipeline.io import storage
+
     try:
-        data = read_regular(path)
+        data = storage.fetch(path) if isinstance(path, storage.ObjectPath) else read_regular(path)
     except OSError as exc:
         raise ConfigError(f" cannot be read: {exc.strerror or exc}") from None
     try:

@@ -15,10 +15,13 @@ from typing import Any, NamedTuple, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rollout_shards_loader import _remote as remote
 from rollout_shards_loader._consistent import check_rows
-from rollout_shards_loader._folder import MANIFEST, Replaced, open_folder, rank_name
+from rollout_shards_loader._folder import MANIFEST, Folder, Replaced, open_folder, rank_name
 from rollout_shards_loader._manifest import ATTEMPTS, load_manifest, trainer_of
+from rollout_shards_loader._remote import RemoteFolder, Url, is_remote
 from rollout_shards_loader._verify import DIGESTED, Checks, open_other_file, open_own_file
+from rollout_shards_loader._verify import _raw_reward_sha256 as raw_sha256
 
 T = TypeVar("T")
 # Seconds between two looks for a step's manifest while waiting for it.
@@ -30,7 +33,7 @@ class RankFiles(NamedTuple):
     ParquetFile in rank order, the other ranks' `batch_position` and `raw_reward`, and the
     reading rank's file mapped."""
 
-    folder: Path
+    folder: Path | Url
     manifest: dict[str, Any]
     files: list[pq.ParquetFile]
     parts: dict[int, pa.Table]
@@ -108,14 +111,16 @@ def read_rank_files(
     """`convert` of rank `rank`'s files of a step built for `trainer`, all of one build (up
     to ATTEMPTS reads while rebuilds replace the folder, then RuntimeError);
     `other_columns` are the columns read of every other rank's file (`RankFiles.parts`)."""
-    folder = Path(step_folder)
+    remote = is_remote(step_folder)
+    folder = Url(step_folder) if remote else Path(step_folder)
     for attempt in range(ATTEMPTS):
         try:
             return read_once(
                 folder, rank, dp_size, global_batch_size, verify, convert, trainer, other_columns
             )
         except FileNotFoundError:
-            refused = refusal(folder)  # no step, or none complete: was it refused?
+            # no step, or none complete: was it refused? (a record on disk only)
+            refused = None if remote else refusal(Path(folder))
             if refused is not None and not os.path.isfile(folder / MANIFEST):
                 raise refused from None
             raise
@@ -126,8 +131,42 @@ def read_rank_files(
     )
 
 
+def _open_files(
+    folder: Folder | RemoteFolder,
+    manifest: dict[str, Any],
+    rank: int,
+    verify: bool,
+    checks: Checks,
+    other_columns: Sequence[str],
+    files: dict[int, pq.ParquetFile],
+    parts: dict[int, pa.Table],
+    handles: list[Any],
+) -> pa.Buffer:
+    """Open every rank's file of the step into `files`, `parts` and `handles` (to close);
+    the reading rank's file mapped (on disk) or fetched (from an object store)."""
+    step_dp = manifest["settings"]["dp_size"]
+    if isinstance(folder, RemoteFolder):
+        files[rank], own = remote.open_own_file(folder, manifest, rank_name(rank), verify)
+        for r in range(step_dp):
+            if r != rank:
+                files[r], handle, parts[r] = remote.open_other_file(
+                    folder, manifest, rank_name(r), verify, other_columns, DIGESTED, raw_sha256
+                )
+                handles.append(handle)
+        return own
+    # the own file first: its sha256 runs on a thread while the rest is read
+    files[rank], own = open_own_file(folder, manifest, rank_name(rank), verify, checks)
+    for r in range(step_dp):
+        if r != rank:
+            files[r], handle, parts[r] = open_other_file(
+                folder, manifest, rank_name(r), verify, checks, other_columns
+            )
+            handles.append(handle)
+    return own
+
+
 def read_once(
-    path: Path,
+    path: Path | Url,
     rank: int,
     dp_size: int | None,
     global_batch_size: int | None,
@@ -138,9 +177,10 @@ def read_once(
 ) -> T:
     """One read (`Replaced` when the folder was swapped under it) of a step built for
     `trainer` (another trainer's step is a ValueError naming its reader)."""
-    folder = open_folder(path)
+    folder: Folder | RemoteFolder
+    folder = RemoteFolder(path) if isinstance(path, Url) else open_folder(Path(path))
     try:
-        manifest = load_manifest(folder, trainer)
+        manifest = load_manifest(folder, trainer)  # type: ignore[arg-type]
         step_dp = manifest["settings"]["dp_size"]
         step_gbs = manifest["settings"].get("global_batch_size")
         if dp_size is not None and dp_size != step_dp:
@@ -157,20 +197,16 @@ def read_once(
         files: dict[int, pq.ParquetFile] = {}
         parts: dict[int, pa.Table] = {}
         handles: list[Any] = []
-        checks = Checks(folder)
+        checks = Checks(folder)  # type: ignore[arg-type]
         try:
             try:
-                # the own file first: its sha256 runs on a thread while the rest is read
-                files[rank], own = open_own_file(folder, manifest, rank_name(rank), verify, checks)
-                for r in range(step_dp):
-                    if r != rank:
-                        files[r], handle, parts[r] = open_other_file(
-                            folder, manifest, rank_name(r), verify, checks, other_columns
-                        )
-                        handles.append(handle)
+                own = _open_files(
+                    folder, manifest, rank, verify, checks, other_columns, files, parts, handles
+                )
                 ordered = [files[r] for r in range(step_dp)]
                 # the one verification every trainer's conversion starts from
-                check_rows(path, manifest, rank, own, parts, trainer_of(manifest))
+                # a Url names like a Path in the check's messages
+                check_rows(path, manifest, rank, own, parts, trainer_of(manifest))  # type: ignore[arg-type]
                 data = convert(RankFiles(path, manifest, ordered, parts, own))
             except Exception:
                 checks.wait()  # a file that is not the manifest's is the error to report

@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from pipeline.io import storage
 from pipeline.io.regular import open_regular
+from pipeline.io.storage import ObjectPath
 
 
 def sha256_of(path: Path) -> str:
@@ -22,6 +24,8 @@ def input_digest(path: Path) -> str:
     (a dangling symlink, a file gone or locked): such a step is never current, and its
     build names the file (`unreadable_file`) while the other steps go on."""
     try:
+        if isinstance(path, ObjectPath):  # an input in an object store: one GET
+            return hashlib.sha256(storage.fetch(path)).hexdigest()
         return sha256_of(path)
     except OSError as exc:
         return f"unreadable: {exc.strerror or exc}"

@@ -12,6 +12,7 @@ from pathlib import Path
 from pipeline.errors import StepError, UsageError, Violation, printable
 from pipeline.io.formats import FORMATS
 from pipeline.io.formats.names import out_of_range
+from pipeline.io.storage import ObjectRoot, is_remote, root_of
 
 TABLE_SUFFIXES = {".parquet": "parquet", ".arrow": "ipc", ".feather": "ipc", ".jsonl": "jsonl"}
 # Digits are ASCII: `step=١` (Arabic-Indic) or `step=７` (fullwidth), which `int` would
@@ -172,6 +173,13 @@ def find_sources(
     waiting: list[Path] = []
     refusals: list[Violation] = []
     for raw in inputs:
+        if is_remote(raw):  # a root in an object store: its steps from one listing
+            from pipeline.io.object_sources import object_sources
+
+            root = root_of(str(raw))
+            assert isinstance(root, ObjectRoot)
+            found += object_sources(root, passed, waiting, require_marker)
+            continue
         path = Path(raw)
         if not path.exists() and not path.is_symlink():
             raise UsageError(f"input {path} does not exist")

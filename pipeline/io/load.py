@@ -17,6 +17,7 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.errors import StepError, Violation, first_line
+from pipeline.io import storage
 from pipeline.io.arrow_types import panics_kept_off_stderr, unsupported_in
 from pipeline.io.conform import cast_column, index_leaf_pairs, value_text
 from pipeline.io.discovery import TABLE_SUFFIXES, SourceFile
@@ -26,6 +27,7 @@ from pipeline.io.ipc import read_ipc
 from pipeline.io.jsonl import JsonLinesError, read_jsonl
 from pipeline.io.parquet import Mapper, read_parquet
 from pipeline.io.step_files import LoadedStep, StepFiles
+from pipeline.io.storage import ObjectPath
 from pipeline.speed import (
     Digest,
     EarlyDigests,
@@ -194,9 +196,37 @@ def _read_dump(source: SourceFile, step: int | None) -> ReadFile:
     return ReadFile(frame, hashlib.sha256(data).hexdigest(), before.st_size)
 
 
+def read_object(path: ObjectPath, step: int | None) -> ReadFile:
+    """An input object of a store (one GET), parsed from the bytes fetched and hashed from
+    them, as `read_file` parses and hashes a file's bytes: an object is replaced whole,
+    never changed in place, so one GET is one version of it."""
+    kind = TABLE_SUFFIXES[path.suffix]
+    try:
+        data = storage.fetch(path)
+    except OSError as exc:
+        raise _unreadable(path, step, f"cannot read the object ({exc.strerror or exc})") from None
+    if not data:
+        raise _unreadable(path, step, "the object is empty")
+    try:
+        with panics_kept_off_stderr() as panicked:
+            try:
+                frame = READERS[kind](data, map)
+            except pl.exceptions.PanicException:  # a BaseException: it would end the run
+                panicked[0] = True
+                raise
+    except JsonLinesError as exc:
+        raise _unreadable(path, step, str(exc)) from None
+    except (Exception, pl.exceptions.PanicException) as exc:  # noqa: BLE001 - the object's
+        problem = unsupported_in(kind, data) if kind != "jsonl" else None
+        raise _unreadable(path, step, problem or f"cannot read {kind}: {first_line(exc)}") from None
+    return ReadFile(frame, hashlib.sha256(data).hexdigest(), len(data))
+
+
 def read_source(
     source: SourceFile, step: int | None = None, early: EarlyDigest | None = None
 ) -> ReadFile:
+    if isinstance(source.path, ObjectPath):
+        return read_object(source.path, step)
     if source.kind in FORMATS:
         return _read_dump(source, step)
     return read_file(source.path, step, early)

@@ -12,6 +12,7 @@ from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable
 from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
 
 from pipeline.errors import StepError, UsageError, Violation, error_lines, os_violation
+from pipeline.io.storage import ObjectRoot
 from pipeline.orchestration.partitions import step_of
 from pipeline.orchestration.stage_reports import Metadata
 from pipeline.step import ROLLOUT_SAMPLES, refused
@@ -87,11 +88,13 @@ published and fails, red on the partition, with the command line's lines and the
 rows, when the step is refused."""
 
 
-def refusal_record(context: dg.AssetExecutionContext, out_root: Path | None) -> dict[str, Any]:
+def refusal_record(
+    context: dg.AssetExecutionContext, out_root: Path | ObjectRoot | None
+) -> dict[str, Any]:
     """Where the refused step's record is (`step.refused`: what a trainer waiting on the
     step is told of), as metadata; nothing when no record was left."""
-    if out_root is None or not context.has_partition_key:
-        return {}
+    if not isinstance(out_root, Path) or not context.has_partition_key:
+        return {}  # none asked for, or an object store, which keeps no refusal records
     record = refused.record_path(out_root, step_of(context.partition_key))
     return {"refused_record": dg.MetadataValue.path(str(record))} if record.is_file() else {}
 
@@ -149,7 +152,7 @@ def _refused(
 def failures_reported(
     context: dg.AssetExecutionContext,
     events: Iterator[Any],
-    out_root: Callable[[], Path] | None = None,
+    out_root: Callable[[], Path | ObjectRoot] | None = None,
 ) -> Iterator[Any]:
     """`events` (the step's results), with the core's errors turned into a failed
     `step_keeps_every_rule` on the partition and a run failure that carries the summary, not

@@ -16,6 +16,7 @@ import dagster as dg
 from pipeline.definitions import defs
 from pipeline.errors import PROG, StepError, UsageError, error_lines
 from pipeline.io.discovery import SourceFile
+from pipeline.io.storage import is_remote
 from pipeline.orchestration.jobs import rollout_step_job
 from pipeline.orchestration.partitions import partition_key, rollout_steps
 from pipeline.orchestration.resources import RolloutStorage
@@ -140,6 +141,14 @@ def _materialize_all(
 
 def main() -> int:
     storage = RolloutStorage.from_env()
+    remote = [str(root) for root in (storage.input_path, storage.output_path) if is_remote(root)]
+    if remote:  # its summaries and skips read step folders on disk
+        print(
+            f"{PROG}: usage error: make run builds local roots only, not {remote[0]}: use "
+            "`rollout-shards build` or the Dagster sensor and jobs (docs/deploy.md)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         steps = storage.steps()
     except (UsageError, StepError) as exc:

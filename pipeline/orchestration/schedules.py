@@ -5,9 +5,11 @@ import os
 import dagster as dg
 
 from pipeline.errors import StepError, UsageError
+from pipeline.io.storage import ObjectRoot
 from pipeline.orchestration.jobs import rollout_step_job
 from pipeline.orchestration.partitions import rollout_steps, step_of
 from pipeline.orchestration.resources import RolloutStorage
+from pipeline.orchestration.stored_steps import store_shard_state
 from pipeline.step.freshness import shard_state
 
 REASON_TAG = "rollout_shards/reason"
@@ -37,7 +39,11 @@ def stale_shards_schedule(
         sources = steps.get(step_of(key))
         if not sources:
             continue
-        state = shard_state(rollout_storage.output_path, step_of(key), sources, settings)
+        out_root, step = rollout_storage.output_path, step_of(key)
+        if isinstance(out_root, ObjectRoot):
+            state = store_shard_state(out_root, step, sources, settings)
+        else:
+            state = shard_state(out_root, step, sources, settings)
         if state is not None:
             requests.append(
                 dg.RunRequest(partition_key=key, run_key=f"{key}:{state}", tags={REASON_TAG: state})

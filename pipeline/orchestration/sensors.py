@@ -12,7 +12,6 @@ from pipeline.orchestration.partitions import partition_key, rollout_steps
 from pipeline.orchestration.resources import RolloutStorage
 from pipeline.step.freshness import (
     content_hash,
-    read_manifest,
     shards_are_current,
     stat_fingerprint,
 )
@@ -62,7 +61,7 @@ def rollout_steps_sensor(
         cursor[key] = [stats, content]
         if previous is not None and previous[1] == content:
             continue
-        if shards_are_current(read_manifest(rollout_storage.output_path, step), hashes, settings):
+        if shards_are_current(rollout_storage.manifest(step), hashes, settings):
             continue
         requests.append(dg.RunRequest(partition_key=key, run_key=f"{key}:{content}"))
     if deferred:

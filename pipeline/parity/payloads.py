@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import polars as pl
+
 from pipeline import columns as c
 from pipeline.errors import UsageError
+from pipeline.io.storage import ObjectRoot, root_of
+from pipeline.parity import store
 from pipeline.parity.compare import EXAMPLES, compare_frames
 from pipeline.parity.report import ParityReport
 from pipeline.parity.sources import is_build, one_table, read_build, read_inputs
@@ -14,13 +18,26 @@ BUILD_KEYS: tuple[str, ...] = (c.STEP, c.BATCH_POSITION)
 INPUT_KEYS: tuple[str, ...] = (c.STEP, c.INDEX, c.LEAF)
 
 
+def _is_build(path: Path | ObjectRoot) -> bool:
+    return store.is_build(path) if isinstance(path, ObjectRoot) else is_build(path)
+
+
+def _read_build(path: Path | ObjectRoot, notes: list[str]) -> pl.DataFrame:
+    return store.read_build(path) if isinstance(path, ObjectRoot) else read_build(path, notes)
+
+
+def _input(path: Path | ObjectRoot) -> Path | str:
+    """An input root as discovery takes it (an object store's by its URL)."""
+    return path.uri if isinstance(path, ObjectRoot) else path
+
+
 def parity(a: str | Path, b: str | Path, limit: int = EXAMPLES) -> ParityReport:
     """Compare two builds, or two sample-table inputs; mixing the two is a usage error."""
-    left_path, right_path = Path(a), Path(b)
+    left_path, right_path = root_of(str(a)), root_of(str(b))
     for path in (left_path, right_path):
-        if not path.exists():
+        if isinstance(path, Path) and not path.exists():
             raise UsageError(f"{path} does not exist")
-    kinds = [is_build(left_path), is_build(right_path)]
+    kinds = [_is_build(left_path), _is_build(right_path)]
     if kinds[0] != kinds[1]:
         build, other = (left_path, right_path) if kinds[0] else (right_path, left_path)
         raise UsageError(
@@ -30,11 +47,11 @@ def parity(a: str | Path, b: str | Path, limit: int = EXAMPLES) -> ParityReport:
     notes: list[str] = []
     if kinds[0]:
         mode, keys = "builds", BUILD_KEYS
-        left, right = read_build(left_path, notes), read_build(right_path, notes)
+        left, right = _read_build(left_path, notes), _read_build(right_path, notes)
     else:
         mode, keys = "inputs", INPUT_KEYS
-        left_steps, left_ignored = read_inputs(left_path, notes)
-        right_steps, right_ignored = read_inputs(right_path, notes)
+        left_steps, left_ignored = read_inputs(_input(left_path), notes)
+        right_steps, right_ignored = read_inputs(_input(right_path), notes)
         left, right = one_table([left_steps, right_steps], notes)
         if left_ignored or right_ignored:
             notes.append(

@@ -107,7 +107,7 @@ def read_build(path: Path, notes: list[str]) -> pl.DataFrame:
     return pl.concat(frames, how="diagonal_relaxed")
 
 
-def read_inputs(path: Path, notes: list[str]) -> tuple[list[pl.DataFrame], list[str]]:
+def read_inputs(path: Path | str, notes: list[str]) -> tuple[list[pl.DataFrame], list[str]]:
     """Every row of a sample-table input as the pipeline reads it (typed to the contract),
     with its position in its step's batch order, a frame per step; and the columns the
     reader ignores."""

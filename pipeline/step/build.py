@@ -19,6 +19,8 @@ from pipeline import trainers
 from pipeline.errors import StepError
 from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
+from pipeline.io.storage import ObjectRoot
+from pipeline.io.store_layout import attempt_of, output_key
 from pipeline.manifest import Manifest
 from pipeline.settings import RowSettings, Settings
 from pipeline.speed import EarlyDigests
@@ -49,7 +51,7 @@ class StageReporter(Protocol):
 
     def end(self, step: int, stage: str, detail: str) -> None: ...
 
-    def up_to_date(self, step: int, folder: Path) -> None:
+    def up_to_date(self, step: int, folder: Path | str) -> None:
         """The step's folder is current: nothing was built."""
 
 
@@ -60,7 +62,7 @@ class _Silent:
     def end(self, step: int, stage: str, detail: str) -> None:
         pass
 
-    def up_to_date(self, step: int, folder: Path) -> None:
+    def up_to_date(self, step: int, folder: Path | str) -> None:
         pass
 
 
@@ -207,7 +209,7 @@ def build_step(
         return built
 
 
-def summary_line(manifest: Manifest, folder: Path) -> str:
+def summary_line(manifest: Manifest, folder: Path | str) -> str:
     """One line per built step, as the CLI and `make run` print it. Untrained rows are
     written but fall past each rank's last whole optimizer step (SEMANTICS 6.1); repaired
     rows (shown when any) had their rollout id cleared or stamped. A batch is compact when
@@ -238,12 +240,18 @@ def _kept_whole(manifest: Manifest) -> str:
     return f" ({_count(rows, 'row')} of reward groups kept whole)" if rows else ""
 
 
-def quarantine_lines(manifest: Manifest, out_root: Path) -> list[str]:
+def quarantine_lines(manifest: Manifest, out_root: Path | ObjectRoot) -> list[str]:
     """One line per rule that quarantined rows of a built step, with its row count and the
     quarantine file (`build` and `make run` print them on stderr)."""
     if not manifest.counts.quarantined:
         return []
-    where = writer.quarantine_path(out_root, manifest.step)
+    where: Path | str
+    if isinstance(out_root, ObjectRoot):  # inside the attempt prefix the manifest names
+        path = writer.quarantine_output(manifest.step)
+        key = output_key(manifest.step, attempt_of(manifest.to_json()), path)
+        where = out_root.url(key)
+    else:
+        where = writer.quarantine_path(out_root, manifest.step)
     return [
         f"step {manifest.step}: {_count(rows, 'row')} quarantined by {rule} -> {where}"
         for rule, rows in manifest.quarantined_rules.items()

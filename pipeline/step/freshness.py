@@ -13,10 +13,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.io import writer
+from pipeline.io import storage, writer
 from pipeline.io.checksums import input_digest, sha256_of
 from pipeline.io.discovery import SourceFile
 from pipeline.io.regular import read_regular
+from pipeline.io.storage import ObjectPath
 from pipeline.manifest import MANIFEST, Manifest, input_path
 from pipeline.settings import Settings
 
@@ -101,9 +102,14 @@ def _digest(*parts: str) -> str:
 
 
 def stat_fingerprint(sources: Sequence[SourceFile], settings: Settings) -> str:
-    """Cheap: paths, sizes and mtimes of a step's files, and the settings."""
+    """Cheap: paths, sizes and mtimes of a step's files, and the settings. An object's
+    size and entity tag stand for its stat (one HEAD): its bytes change, so does the tag."""
     stats = []
     for source in sources:
+        if isinstance(source.path, ObjectPath):
+            head = storage.head_of(source.path)
+            stats.append(f"{source.path}:{head.size}:{head.etag}" if head else f"{source.path}:-")
+            continue
         st = _stat(source.path)
         stats.append(f"{source.path}:{st.st_size}:{st.st_mtime_ns}" if st else f"{source.path}:-")
     return _digest(settings.to_json(), *stats)

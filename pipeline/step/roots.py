@@ -2,6 +2,8 @@
 
 Plain paths, no Dagster: the `rollout_storage` resource checks run config against the
 configured roots and hands these on, in process or to a Pipes worker on another machine.
+Either root may be an object store (`ObjectRoot`, `s3://bucket/prefix`): its steps come
+from one listing, its step is committed by `store_commit`, and it has no staging area.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pipeline.errors import UsageError, printable
 from pipeline.io import writer
 from pipeline.io.discovery import SourceFile, find_sources
 from pipeline.io.load import group_steps
+from pipeline.io.storage import ObjectRoot, check_reachable, object_path, root_of
 
 # Intermediate assets live under the output root, beside the step folders but hidden from
 # a trainer that looks for `step=<N>/`.
@@ -24,15 +27,18 @@ STAGING = ".staging"
 class StepRoots:
     """Input root (rollout tables) and output root (step folders and staging)."""
 
-    input_root: Path
-    output_root: Path
+    input_root: Path | ObjectRoot
+    output_root: Path | ObjectRoot
 
     def steps(self, require_marker: bool = False) -> dict[int, list[SourceFile]]:
         """Every step under the input root with its files in batch order (with
         `require_marker`, only step folders holding `_SUCCESS`)."""
-        if not self.input_root.is_dir():
+        if isinstance(self.input_root, ObjectRoot):
+            check_reachable(self.input_root, "input root")
+        elif not self.input_root.is_dir():
             raise UsageError(f"input root {self.input_root} is not a folder")
-        return group_steps(find_sources([self.input_root], require_marker=require_marker))
+        found = find_sources([str(self.input_root)], require_marker=require_marker)
+        return group_steps(found)
 
     def step_sources(self, step: int) -> list[SourceFile]:
         sources = self.steps().get(step)
@@ -41,12 +47,23 @@ class StepRoots:
         return sources
 
     def step_folder(self, step: int) -> Path:
+        """The step's folder; in an object store its prefix's URL (`ObjectPath`)."""
+        if isinstance(self.output_root, ObjectRoot):
+            return object_path(self.output_root, f"step={step}")
         return writer.step_folder(self.output_root, step)
 
     def staging_folder(self, asset: str, step: int) -> Path:
         """Where `asset` of `step` is staged, inside the output root. A symbolic link on the
         way (`.staging` or an asset's folder pointing elsewhere) would put staged samples
-        outside the output root: it is refused like any path that escapes it."""
+        outside the output root: it is refused like any path that escapes it. An object
+        store has no staging area: a stage staged there would need a rename to replace it
+        safely, so a subset of the three assets is refused in one line."""
+        if isinstance(self.output_root, ObjectRoot):
+            raise UsageError(
+                f"step {step}: {asset} would be staged, but the output root "
+                f"{self.output_root} is an object store, which keeps no staged assets: "
+                "materialize the three assets of the step together"
+            )
         folder = self.output_root / STAGING / asset / f"step={step}"
         for part in (folder.parent.parent, folder.parent, folder):
             if part.is_symlink():
@@ -62,4 +79,4 @@ class StepRoots:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepRoots:
-        return cls(input_root=Path(data["input_root"]), output_root=Path(data["output_root"]))
+        return cls(input_root=root_of(data["input_root"]), output_root=root_of(data["output_root"]))

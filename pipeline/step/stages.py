@@ -18,11 +18,13 @@ from typing import Any
 
 from pipeline.errors import UsageError
 from pipeline.io import writer
+from pipeline.io.storage import ObjectRoot
 from pipeline.manifest import Manifest
 from pipeline.settings import Settings, make_settings
 from pipeline.step import ROLLOUT_SAMPLES, STAGES, TRAIN_BATCH, TRAINING_SHARDS, staging
 from pipeline.step.build import StepJob, run_step
 from pipeline.step.roots import StepRoots
+from pipeline.step.store_commit import commit_step
 from pipeline.step.tables import SampleTable, TrainBatch
 
 
@@ -63,6 +65,9 @@ def run_stages(
     give a run from the read through the write another reader and writer (Ray tasks,
     `step/ray_ranks.py`)."""
     stages = selected_stages(names)
+    if isinstance(roots.output_root, ObjectRoot):  # no lock file: the conditional PUT decides
+        yield from _run_to_store(stages, roots, roots.output_root, step, settings)
+        return
     with writer.step_lock(roots.output_root, step):
         yield from _run_selected(stages, roots, step, settings, route)
 
@@ -98,6 +103,7 @@ def _run_selected(
             run_settings = run_settings or make_settings(given.meta.settings)
         assert run_settings is not None
         sources = roots.step_sources(step) if first == ROLLOUT_SAMPLES else []
+        assert isinstance(roots.output_root, Path)  # an object store's is `_run_to_store`
         job = StepJob(step, sources, run_settings, roots.output_root)
         if route is not None and (first, last) == (ROLLOUT_SAMPLES, TRAINING_SHARDS):
             job = route(job)
@@ -118,6 +124,33 @@ def _run_selected(
                 assert batch is not None and isinstance(value, Manifest)
             yield name, StageDone(value, staged, batch, roots.step_folder(step))
             del value
+
+
+def _run_to_store(
+    stages: list[str], roots: StepRoots, root: ObjectRoot, step: int, settings: Settings | None
+) -> Iterator[tuple[str, StageDone]]:
+    """The three stages together to an object-store output root: read and plan in this
+    process, then `store_commit` uploads the files and commits the manifest. Anything else
+    would stage an asset there, or read one staged (`StepRoots.staging_folder` says why not).
+    """
+    if stages != list(STAGES):
+        raise UsageError(
+            f"step {step}: {' and '.join(stages)} alone would read or leave staged assets, "
+            f"but the output root {root} is an object store, which keeps none: materialize "
+            "the three assets of the step together"
+        )
+    if settings is None:
+        raise UsageError(f"step {step}: {ROLLOUT_SAMPLES} needs the run's settings")
+    if settings.ray_address is not None:
+        raise UsageError("ray_address builds to a local output root only, not to an object store")
+    job = StepJob(step, roots.step_sources(step), settings, None)  # no refusal record there
+    folder = roots.step_folder(step)
+    batch: TrainBatch | None = None
+    for name, value in run_step(job, ROLLOUT_SAMPLES, TRAIN_BATCH):
+        batch = value if isinstance(value, TrainBatch) else batch
+        yield name, StageDone(value, None, batch, folder)
+    assert batch is not None
+    yield TRAINING_SHARDS, StageDone(commit_step(batch, root), None, batch, folder)
 
 
 def _hand_on_or_stage(

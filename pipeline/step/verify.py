@@ -7,8 +7,9 @@ functions on the committed folder. Each returns the problems found, as (what, pr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 import polars as pl
 
@@ -45,9 +46,9 @@ def count_problems(manifest: Manifest) -> Problems:
     return problems
 
 
-def footer_rows(path: Path) -> int | str:
+def footer_rows(path: Path | IO[bytes]) -> int | str:
     """The row count in a Parquet file's footer (Polars reads no data page for it), or
-    why the file does not read as Parquet."""
+    why the file does not read as Parquet (a file, or its bytes held for an object store)."""
     try:
         count: int = pl.scan_parquet(path).select(pl.len()).collect().item()
     except Exception as exc:  # noqa: BLE001 - any read failure means a bad file
@@ -88,9 +89,13 @@ def split_rollouts(manifest: Manifest, folder: Path) -> pl.DataFrame:
     """Rollouts (`rollout_ids`) whose trained rows sit in more than one train step, with
     those steps; rows the trainer never trains (null `train_step`) do not count."""
     paths = [folder / name for name in rank_files(manifest)]
+    return split_rollouts_of(pl.scan_parquet(paths))
+
+
+def split_rollouts_of(rank_rows: pl.LazyFrame) -> pl.DataFrame:
+    """`split_rollouts` of the rank files' rows, wherever they are read from."""
     return (
-        pl.scan_parquet(paths)
-        .select(c.ROLLOUT_IDS, c.TRAIN_STEP)
+        rank_rows.select(c.ROLLOUT_IDS, c.TRAIN_STEP)
         .drop_nulls(c.TRAIN_STEP)
         .group_by(c.ROLLOUT_IDS)
         .agg(pl.col(c.TRAIN_STEP).unique().sort().alias(SPLIT_STEPS))
@@ -101,7 +106,10 @@ def split_rollouts(manifest: Manifest, folder: Path) -> pl.DataFrame:
 
 
 def split_rollout_problems(manifest: Manifest, folder: Path) -> Problems:
-    split = split_rollouts(manifest, folder)
+    return _split_problems(split_rollouts(manifest, folder))
+
+
+def _split_problems(split: pl.DataFrame) -> Problems:
     shown = split.head(ROWS_SHOWN)
     return [
         (f"rollout {rollout}", f"in train steps {steps}")
@@ -125,4 +133,24 @@ def blocking_problems(
     problems = count_problems(manifest) + rank_file_problems(manifest, folder, hash_files, footers)
     if not problems and manifest.settings.get("cp_size") is not None:
         problems += split_rollout_problems(manifest, folder)
+    return problems
+
+
+def written_problems(
+    manifest: Manifest, footers: Mapping[str, int | str], rank_rows: Sequence[pl.LazyFrame]
+) -> Problems:
+    """`blocking_problems` of a step whose files are held as bytes (an object-store write,
+    `step.store_commit`): `footers` of every written rank file, `rank_rows` their rows."""
+    recorded = {output.path: output for output in manifest.outputs}
+    problems = count_problems(manifest)
+    for name in rank_files(manifest):
+        count = footers.get(name, "missing")
+        if name not in recorded:
+            problems.append((name, "not in the manifest"))
+        elif isinstance(count, str):
+            problems.append((name, count))
+        elif count != recorded[name].rows:
+            problems.append((name, f"{count} rows, manifest says {recorded[name].rows}"))
+    if not problems and manifest.settings.get("cp_size") is not None:
+        problems += _split_problems(split_rollouts_of(pl.concat(rank_rows)))
     return problems
