@@ -207,7 +207,8 @@ def test_too_few_rows_left_says_how_many_were_quarantined(rows_dir: Path, tmp_pa
     assert violation.rule == "not_enough_samples"
     assert violation.message.startswith(
         "not enough samples 1 for global_batch_size 2; --global-batch-size 1 is the largest "
-        "this step fills (a multiple of dp_size 1 whose trim cuts no reward group) (left after quarantining 3 rows"
+        "this step fills (a multiple of dp_size 1 whose trim cuts no reward group) "
+        "(left after quarantining 3 rows"
     )
 
 
