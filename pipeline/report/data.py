@@ -38,10 +38,11 @@ class StepFigures:
 
 
 def group_rewards(rows: pl.DataFrame) -> pl.DataFrame:
-    """Each prompt group's mean reward, size and whether its samples share one reward (they
-    give GRPO no signal); rows without a group_index are one group, as miles counts them.
-    Groups in order of first appearance."""
-    reward = pl.col(c.REWARDS)
+    """Each prompt group's mean raw reward (before normalization: `raw_reward`, else
+    `rewards`), size and whether its samples share one reward (they give GRPO no signal);
+    rows without a group_index are one group, as miles counts them. Groups in order of
+    first appearance."""
+    reward = pl.coalesce(c.RAW_REWARD, c.REWARDS)
     return (
         rows.group_by(c.REPORT_GROUP, maintain_order=True)
         .agg(

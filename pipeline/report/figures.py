@@ -22,6 +22,7 @@ import polars as pl
 from matplotlib import rc_context
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from pipeline import columns as c
 from pipeline.report import data as d
@@ -80,7 +81,7 @@ def group_rewards(groups: pl.DataFrame) -> str:
             color=[TRAINED, MUTED],
             label=["rewards differ", "one reward (no GRPO signal)"],
         )
-        axes.set_xlabel("mean reward of the prompt group")
+        axes.set_xlabel("mean raw reward of the prompt group")
         axes.set_ylabel("prompt groups")
         axes.set_title(f"{len(one)} of {groups.height} prompt groups have one reward")
         axes.legend(frameon=False)
@@ -119,7 +120,9 @@ def rank_load(ranks: pl.DataFrame) -> str:
         tokens = ranks.get_column(d.TOKENS)
         mean = float(tokens.mean() or 0.0)
         most = int(tokens.max() or 0)
-        axes.bar(ranks.get_column(c.RANK).to_numpy(), tokens.to_numpy(), color=TRAINED)
+        numbers = ranks.get_column(c.RANK).to_numpy()
+        axes.bar(numbers, tokens.to_numpy(), color=TRAINED)
+        axes.set_xticks(numbers)
         axes.axhline(mean, color=TRUNCATED, linestyle="--", label=f"mean {mean:,.0f}")
         axes.set_xlabel("data-parallel rank")
         axes.set_ylabel("tokens")
@@ -136,7 +139,9 @@ def staleness(lags: pl.DataFrame) -> str:
     def draw(axes: Any) -> None:
         if lags.is_empty():
             return _empty(axes, "no numeric weight versions in this step")
-        axes.bar(lags.get_column(d.STALENESS).to_numpy(), lags.get_column(d.ROWS).to_numpy())
+        lag = lags.get_column(d.STALENESS).to_numpy()
+        axes.bar(lag, lags.get_column(d.ROWS).to_numpy(), color=TRAINED)
+        axes.set_xticks(lag)
         axes.set_xlabel("weight versions behind the step (oldest version of the sample)")
         axes.set_ylabel("samples")
 
@@ -160,13 +165,14 @@ def trend(steps: list[int], series: dict[str, list[float | None]], ylabel: str) 
     """Lines of one value or more across steps (the index page)."""
 
     def draw(axes: Any) -> None:
-        if not steps:
-            return _empty(axes, "no committed steps")
+        if all(v is None for values in series.values() for v in values):
+            return _empty(axes, "no step has this value")
         for label, values in series.items():
             axes.plot(
                 steps, [float("nan") if v is None else v for v in values], marker="o", label=label
             )
         axes.set_xlabel("step")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.set_ylabel(ylabel)
         if len(series) > 1:
             axes.legend(frameon=False)

@@ -69,7 +69,7 @@ def step_page(numbers: d.StepFigures) -> str:
         + "<h2>Rewards per prompt group</h2>\n"
         + figure(
             "rewards",
-            "Mean reward of each prompt group; grey: groups whose samples share one reward.",
+            "Mean raw reward of each prompt group; grey: groups whose samples share one reward.",
             figures.group_rewards(numbers.groups),
         )
         + "<h2>Response lengths and truncation</h2>\n"
