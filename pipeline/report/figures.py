@@ -3,8 +3,9 @@
 Why Matplotlib's SVG: a page must open without a network (no CDN script) and be the same
 bytes for the same step (it is a checksummed output). Matplotlib's SVG backend writes text
 as paths in its own bundled font, ids from a fixed hash salt and, without a date in its
-metadata, nothing of the moment it ran; a step's page is ~100 kB with no script. Plotly or
-Vega pages carry their ~1-3.5 MB library inline in every page instead.
+metadata, nothing of the moment it ran; a step's page holds no script. Plotly or Vega
+pages would carry their whole library inline in every page instead (a CDN is no option:
+pages are read where there is no network).
 
 Only the object API is used (no pyplot: no global figure registry, no GUI backend), and one
 lock keeps the rc settings of one drawing from another thread's.
@@ -13,7 +14,6 @@ lock keeps the rc settings of one drawing from another thread's.
 from __future__ import annotations
 
 import io
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,6 +26,7 @@ from matplotlib.ticker import MaxNLocator
 
 from pipeline import columns as c
 from pipeline.report import data as d
+from pipeline.speed import one_at_a_time
 
 # Fixed ids (the hash salt) and no creation date or creator: the same figure, the same bytes.
 _RC = {
@@ -37,7 +38,7 @@ _RC = {
 }
 _METADATA = {"Date": None, "Creator": None}
 _SIZE = (5.6, 2.8)
-_LOCK = threading.Lock()
+_LOCK = one_at_a_time()
 TRAINED = "#4c72b0"
 TRUNCATED = "#dd8452"
 MUTED = "#8c8c8c"

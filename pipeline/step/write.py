@@ -6,7 +6,7 @@ import contextlib
 import hashlib
 import re
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import NamedTuple
 
@@ -94,9 +94,10 @@ def commit_shards(
 
     def fill(staged: Path) -> None:
         # the report is drawn on a thread of its own while the ranks are written (their
-        # encoding and hashing leave the GIL free), from numbers the plan already holds
+        # encoding and hashing leave the GIL free), from numbers the plan already holds;
+        # with the writer's threads off, before the ranks on this thread
         with thread_pool(1) as drawer:
-            drawing = _draw_report(batch, drawer)
+            drawing = _draw_report(batch, drawer if write_threads()[1] else None)
             written = write_ranks(staged)
             page = drawing.result() if drawing is not None else None
         outputs = [
@@ -171,14 +172,18 @@ def commit_shards(
     return manifest
 
 
-def _draw_report(batch: TrainBatch, drawer: ThreadPoolExecutor) -> Future[bytes] | None:
-    """The step's report page being drawn on `drawer`, or None (said once on stderr) where
-    the figure library is not installed."""
+def _draw_report(batch: TrainBatch, drawer: Executor | None) -> Future[bytes] | None:
+    """The step's report page being drawn on `drawer` (None: drawn here), or None (said
+    once on stderr) where the figure library is not installed."""
     if not report.available():
         report.tell_missing()
         return None
     rows = batch.report_rows()  # here: a gathered batch is not gathered twice at once
-    return drawer.submit(report.render_step, rows, batch.meta, batch.quarantine)
+    if drawer is not None:
+        return drawer.submit(report.render_step, rows, batch.meta, batch.quarantine)
+    drawn: Future[bytes] = Future()
+    drawn.set_result(report.render_step(rows, batch.meta, batch.quarantine))
+    return drawn
 
 
 def _write_rank_file(
