@@ -69,7 +69,8 @@ def rank_load(rows: pl.DataFrame, dp_size: int) -> pl.DataFrame:
         pl.col(c.TOTAL_LENGTHS).cast(pl.Int64).sum().alias(TOKENS),
     )
     return (
-        pl.DataFrame({c.RANK: pl.int_range(dp_size, dtype=rows.schema[c.RANK], eager=True)})
+        pl.DataFrame({c.RANK: pl.int_range(dp_size, eager=True)})
+        .cast({c.RANK: rows.schema[c.RANK]})
         .join(per_rank, on=c.RANK, how="left")
         .with_columns(pl.col(ROWS, TOKENS).fill_null(0))
         .sort(c.RANK)

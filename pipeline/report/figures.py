@@ -29,7 +29,7 @@ from pipeline.report import data as d
 from pipeline.speed import one_at_a_time
 
 # Fixed ids (the hash salt) and no creation date or creator: the same figure, the same bytes.
-_RC = {
+_RC: dict[str, Any] = {
     "svg.hashsalt": "rollout-shards",
     "svg.fonttype": "path",
     "font.size": 9,
@@ -54,7 +54,7 @@ def _figure() -> Iterator[tuple[Figure, Any]]:
 def svg(draw: Callable[[Any], None]) -> str:
     """The figure `draw` draws on one axes, as SVG text without the XML prologue (inline in
     HTML)."""
-    with _LOCK, rc_context(_RC), _figure() as (figure, axes):
+    with _LOCK, rc_context(_RC), _figure() as (figure, axes):  # type: ignore[arg-type]
         draw(axes)
         buffer = io.StringIO()
         figure.savefig(buffer, format="svg", metadata=_METADATA)
@@ -118,9 +118,9 @@ def rank_load(ranks: pl.DataFrame) -> str:
     """Tokens per data-parallel rank against their mean."""
 
     def draw(axes: Any) -> None:
+        stats = ranks.select(pl.col(d.TOKENS).mean().alias("mean"), pl.col(d.TOKENS).max())
+        mean, most = float(stats.item(0, 0) or 0.0), int(stats.item(0, 1) or 0)
         tokens = ranks.get_column(d.TOKENS)
-        mean = float(tokens.mean() or 0.0)
-        most = int(tokens.max() or 0)
         numbers = ranks.get_column(c.RANK).to_numpy()
         axes.bar(numbers, tokens.to_numpy(), color=TRAINED)
         axes.set_xticks(numbers)
