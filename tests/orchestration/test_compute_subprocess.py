@@ -94,6 +94,7 @@ def test_a_subprocess_worker_builds_the_step(instance: dg.DagsterInstance, roots
         "manifest.json",
         "rank=0.parquet",
         "rank=1.parquet",
+        "report.html",
     ]
     assert json.loads((folder / "manifest.json").read_text())["counts"]["written"] == 16
     assert all(check.passed for check in result.get_asset_check_evaluations())
