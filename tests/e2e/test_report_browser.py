@@ -15,7 +15,10 @@ from tests.e2e.test_ui import CHROMIUM, CHROMIUM_ARGS, PAGE_TIMEOUT_MS
 from tests.support.cli import cli
 from tests.support.samples import REPO
 
-STEP_FIGURES = ["rewards", "lengths", "ranks", "staleness", "quarantine"]
+EMPTY = {
+    "staleness": "no numeric weight versions in this step",
+    "quarantine": "nothing quarantined",
+}
 TRENDS = 7
 
 
@@ -30,14 +33,15 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return work / "out"
 
 
-def _drawn(page: Page, figure: str) -> None:
-    """The figure's SVG is there and laid out with a size (the browser drew it)."""
+def _drawn(page: Page, figure: str, marks: int = 10) -> None:
+    """The figure's SVG is there and laid out with a size (the browser drew it), with more
+    than `marks` marks and labels."""
     svg = page.locator(f"figure#{figure} > svg")
     expect(svg).to_have_count(1)
     box = svg.bounding_box()
     assert box is not None and box["width"] > 100 and box["height"] > 50, (figure, box)
-    # drawn marks: paths inside the figure's axes
-    assert svg.locator("path").count() > 10, figure
+    # drawn marks and labels: paths, their uses (ticks) and text
+    assert svg.locator("path, use, text").count() > marks, figure
 
 
 def test_every_step_report_and_the_index_render_and_link(root: Path) -> None:
@@ -58,8 +62,11 @@ def test_every_step_report_and_the_index_render_and_link(root: Path) -> None:
             page.goto((root / "report.html").as_uri())
             expect(page.locator("h1")).to_contain_text("Steps of")
             expect(page.locator("figure > svg")).to_have_count(TRENDS)
-            for name in ("rewards", "lengths", "imbalance", "staleness", "quarantined"):
+            for name in ("rewards", "lengths", "imbalance", "quarantined"):
                 _drawn(page, name)
+            # the sample data has no weight versions: the figure says so
+            _drawn(page, "staleness", marks=0)
+            expect(page.locator("figure#staleness text")).to_have_text("no step has this value")
             links = page.locator("table a")
             expect(links).to_have_count(len(steps))
             for i, step in enumerate(steps):
@@ -67,8 +74,11 @@ def test_every_step_report_and_the_index_render_and_link(root: Path) -> None:
                 page.locator("table a").nth(i).click()
                 expect(page.locator("h1")).to_have_text(f"Step {step}")
                 assert unquote(page.url) == unquote((root / f"step={step}/report.html").as_uri())
-                for figure in STEP_FIGURES:
+                for figure in ("rewards", "lengths", "ranks"):
                     _drawn(page, figure)
+                for figure, note in EMPTY.items():  # nothing of them in the sample data
+                    _drawn(page, figure, marks=0)
+                    expect(page.locator(f"figure#{figure} text")).to_have_text(note)
                 # and back to the index through the step's own link
                 page.get_by_role("link", name="all steps").click()
                 expect(page.locator("h1")).to_contain_text("Steps of")
