@@ -144,9 +144,7 @@ def test_shards_are_the_bytes_written_before(tmp_path: Path, kind: str) -> None:
         assert [o.path for o in ranks] == [f"rank={r}.parquet" for r in range(4)]
         assert [o.sha256 for o in ranks] == BEFORE[POLARS_MAJOR][f"{kind}-{name}"]
         folder = tmp_path / name / "step=0"
-        assert [decoded_digest(folder / o.path) for o in ranks] == DECODED[
-            f"{kind}-{name}"
-        ], name
+        assert [decoded_digest(folder / o.path) for o in ranks] == DECODED[f"{kind}-{name}"], name
 
 
 def test_the_sample_steps_hold_the_same_pages_on_every_polars(tmp_path: Path) -> None:
