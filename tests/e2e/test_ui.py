@@ -759,10 +759,11 @@ def test_browser_shows_the_partition_and_its_check_results(
             page.goto(f"{server.url}/assets/{ASSET}?view=partitions&partition={key}")
             _shows_partition(page, key, written)
             page.screenshot(path=tmp_path / "partition.png", full_page=True)
-            _shows_report_link_and_figures(page, server.roots)
-            page.screenshot(path=tmp_path / "partition_report.png", full_page=True)
             page.get_by_text("num_rollouts", exact=True).first.scroll_into_view_if_needed()
             page.screenshot(path=tmp_path / "partition_tables.png")
+            # last on the partition's page: the check follows the report's link away from it
+            _shows_report_link_and_figures(page, server.roots)
+            page.screenshot(path=tmp_path / "partition_report.png", full_page=True)
 
             invalid = partition_key(INVALID_STEP)
             page.goto(f"{server.url}/assets/{ASSET}?view=partitions&partition={invalid}")
