@@ -63,8 +63,8 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 	@echo "make: installing into $(VENV), a few minutes on a first run (1/3: $(TORCH), CPU build)"
 	$(BIN)/pip install --quiet "$(TORCH)"
-	@echo "make: installing (2/3: rollout-shards with its extras: Dagster, Ray, verl, test tools)"
-	$(BIN)/pip install --quiet -e ".[dev,dagster,miles,ray,k8s,verl,deploy,s3]"
+	@echo "make: installing (2/3: rollout-shards with its extras: Dagster, reports, Ray, verl, object storage, test tools)"
+	$(BIN)/pip install --quiet -e ".[dev,dagster,report,miles,ray,k8s,verl,deploy,s3]"
 	$(BIN)/pip install --quiet --no-deps "$(VERL)"
 	@echo "make: installing (3/3: compiling the package's bytecode)"
 	$(BIN)/python -m compileall -q pipeline loader

@@ -332,6 +332,11 @@ def parser() -> argparse.ArgumentParser:
     )
     metrics.add_argument("--tensorboard", type=Path, metavar="DIR", help="event file folder")
     metrics.add_argument("--jsonl", metavar="FILE", help="JSON Lines file, - for stdout")
+    report = commands.add_parser(
+        "report", help="an HTML index of every committed step's report, with trends"
+    )
+    report.add_argument("root", type=Path, metavar="ROOT", help="output root of build")
+    report.add_argument("--out", type=Path, metavar="FILE", help="default: ROOT/report.html")
     return root
 
 

@@ -417,3 +417,10 @@ INPUT_POSITION = "input_position"
 OCCURRENCE = "_occurrence"
 IN_LEFT = "_in_left"
 IN_RIGHT = "_in_right"
+# What a step's report (pipeline/report) reads beside the scalar shard columns, carried in
+# the planned rows but never written to a rank file: each row's prompt group, and how many
+# weight versions its oldest numeric one lags the step (null without one).
+REPORT_GROUP = "_report_group"
+REPORT_STALENESS = "_report_staleness"
+REPORT_COLUMNS = (REPORT_GROUP, REPORT_STALENESS)
+REPORT_SCALARS = (RANK, TRAIN_STEP, REWARDS, RAW_REWARD, RESPONSE_LENGTHS, TOTAL_LENGTHS, TRUNCATED)

@@ -445,10 +445,18 @@ def run_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_report(args: argparse.Namespace) -> int:
+    from pipeline.report.index import write_index
+
+    print(f"{PROG}: report: {write_index(args.root, args.out)}")
+    return 0
+
+
 COMMANDS = {
     "build": run_build,
     "validate": run_validate,
     "plan": run_plan,
     "parity": run_parity,
     "metrics": run_metrics,
+    "report": run_report,
 }

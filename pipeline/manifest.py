@@ -172,6 +172,9 @@ class Manifest(_Record):
     # loader's batch-wide `raw_reward` (miles keeps them there)
     dropped_positions: list[int] = field(default_factory=list)
     dropped_raw_reward: list[float | None] = field(default_factory=list)
+    # The step's report page (`report.html`, also among `outputs`), or None where the build
+    # had no figure library (the `report` extra): a missing report is recorded, not silent.
+    report: str | None = None
     # The seal of the fields above (`manifest_sha256`), set whenever the manifest is written:
     # a reader (the loader) refuses a manifest edited after its build.
     manifest_sha256: str | None = field(default=None, compare=False)

@@ -215,6 +215,7 @@ def _metadata_value(value: dict[str, Any]) -> dg.MetadataValue:
         "json": dg.MetadataValue.json,
         "md": dg.MetadataValue.md,
         "path": dg.MetadataValue.path,
+        "url": dg.MetadataValue.url,
     }
     return simple[kind](raw)
 

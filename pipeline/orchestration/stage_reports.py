@@ -14,6 +14,7 @@ import polars as pl
 
 from pipeline import columns as c
 from pipeline.manifest import Manifest
+from pipeline.report.embed import figures_markdown
 from pipeline.step.check import PROVENANCE
 from pipeline.step.stages import StageDone
 from pipeline.step.tables import SampleTable, TrainBatch
@@ -175,8 +176,21 @@ def _shards_report(batch: TrainBatch, manifest: Manifest, folder: Path) -> Stage
             "present_columns": json_value(manifest.present_columns),
             "ranks": table(ranks, {"file": "string", "rows": "int", "tokens": "int"}),
             "path": path_value(folder),
+            **_report(manifest, folder),
         },
     )
+
+
+def _report(manifest: Manifest, folder: Path) -> Metadata:
+    """The step's report page (a link, and its figures inline), or null where the build had
+    no figure library (`manifest.report` null)."""
+    if manifest.report is None:
+        return {"report": scalar(None)}
+    page = (folder / manifest.report).absolute()
+    return {
+        "report": {"type": "url", "raw_value": page.as_uri()},
+        "report_figures": {"type": "md", "raw_value": figures_markdown(page)},
+    }
 
 
 def _staged(folder: Path | None) -> Metadata:

@@ -48,14 +48,15 @@ def _folder_matches(manifest: Manifest, folder: Path, hash_outputs: bool) -> boo
     `hash_outputs` every file's sha256 matches."""
     ranks = {writer.rank_file(rank) for rank in range(manifest.dp_size)}
     quarantine = writer.quarantine_output(manifest.step)
-    expected = ranks | ({quarantine} if manifest.counts.quarantined else set())
+    report = {manifest.report} if manifest.report is not None else set()
+    expected = ranks | report | ({quarantine} if manifest.counts.quarantined else set())
     listed = {output.path for output in manifest.outputs}
     try:
         present = {entry.name for entry in folder.iterdir()} - {MANIFEST}
     except OSError:
         return False
     quarantined = (folder / quarantine).is_file()
-    if listed != expected or present != ranks or not manifest.counts.add_up():
+    if listed != expected or present != ranks | report or not manifest.counts.add_up():
         return False
     if quarantined != bool(manifest.counts.quarantined):
         return False

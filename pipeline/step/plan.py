@@ -54,17 +54,31 @@ def _rank_rows(
         c.ROLLOUT_IDS,
         c.ROLLOUT_MASK_SUMS,
         *own,
+        pl.col(c.GROUP_INDEX).alias(c.REPORT_GROUP),
     )[layout.order].with_columns(
         pl.when(train_step != UNTRAINED).then(train_step).alias(c.TRAIN_STEP),
         micro_batch,
         layout.rank.alias(c.RANK),
         pl.lit(step, dtype=pl.Int64).alias(c.STEP),
+        _staleness(head, step).gather(layout.order).alias(c.REPORT_STALENESS),
     )
     needed = [c.TOKENS, c.LOSS_MASK, c.RESPONSE_LENGTH, c.REMOVE_SAMPLE, *optional]
     inputs = head.select(name for name in needed if name in head.columns)
     return RankRows(
         scalars=scalars, inputs=inputs, optional=optional, order=layout.order, columns=columns
     )
+
+
+def _staleness(head: pl.DataFrame, step: int) -> pl.Series:
+    """How many weight versions each row's oldest numeric one lags `step` (the report's
+    staleness; null for a row without one, or a step without weight versions)."""
+    if c.WEIGHT_VERSIONS not in head.columns:
+        return pl.repeat(None, head.height, dtype=pl.Int64, eager=True)
+    # a version too large for Int64 is null here: the metrics refuse the step for it
+    element = pl.element()
+    numeric = pl.when(element.str.contains(r"^[0-9]+$")).then(element.str.to_integer(strict=False))
+    oldest = pl.col(c.WEIGHT_VERSIONS).list.eval(numeric).list.min()
+    return head.select(pl.lit(step, dtype=pl.Int64) - oldest).to_series()
 
 
 def untrained_warning(meta: Manifest) -> str | None:

@@ -90,7 +90,7 @@ def save_batch(roots: StepRoots, batch: TrainBatch) -> Path:
     folder = roots.staging_folder(TRAIN_BATCH, batch.step)
 
     def save(target: Path) -> None:
-        writer.write_staged(batch.frame, target / BATCH_FILE, **STAGING_PARQUET)
+        writer.write_staged(batch.staged_frame(), target / BATCH_FILE, **STAGING_PARQUET)
         _save_quarantine(batch.quarantine, target)
         (target / META).write_text(batch.meta.to_json())
 

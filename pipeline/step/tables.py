@@ -70,6 +70,10 @@ class RankRows:
         return RankRows(scalars, self.inputs[order], self.optional, own, self.columns)
 
 
+def _report_columns(scalars: pl.DataFrame) -> pl.DataFrame | None:
+    return scalars.select(c.REPORT_COLUMNS) if c.REPORT_GROUP in scalars.columns else None
+
+
 def compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
     """Rows [start, start + length) copied into buffers of their own. Polars sizes Parquet
     pages by a column's whole buffers, so a slice of a larger frame would be written with
@@ -99,14 +103,44 @@ class TrainBatch:
         self.quarantine = quarantine
         self._frame = frame if isinstance(frame, pl.DataFrame) else None
         self._rows = frame if isinstance(frame, RankRows) else None
+        # the report's columns (`c.REPORT_COLUMNS`) of a gathered frame, kept beside it: a
+        # staged frame (`staged_frame`) carries them, a rank file never does
+        self._report: pl.DataFrame | None = None
+        if self._frame is not None and c.REPORT_GROUP in self._frame.columns:
+            self._report = self._frame.select(c.REPORT_COLUMNS)
+            self._frame = self._frame.drop(c.REPORT_COLUMNS)
 
     @property
     def frame(self) -> pl.DataFrame:
         if self._frame is None:
             assert self._rows is not None
             self._frame = self._rows.rows(0, self._rows.scalars.height)
+            self._report = _report_columns(self._rows.scalars)
             self._rows = None
         return self._frame
+
+    def staged_frame(self) -> pl.DataFrame:
+        """`frame` with the report's columns, as a staged batch keeps it (the batch made
+        of it again splits them off)."""
+        frame = self.frame
+        return frame.hstack(self._report) if self._report is not None else frame
+
+    def report_rows(self) -> pl.DataFrame:
+        """The columns a step's report reads, in write order, without gathering the lists:
+        `c.REPORT_SCALARS` and `c.REPORT_COLUMNS` (null where the batch came without them)."""
+        if self._rows is not None:
+            scalars = self._rows.scalars
+            report = _report_columns(scalars)
+        else:
+            scalars, report = self.frame, self._report
+        if report is None:
+            report = pl.DataFrame(
+                [
+                    pl.repeat(None, scalars.height, dtype=pl.Int64, eager=True).alias(name)
+                    for name in c.REPORT_COLUMNS
+                ]
+            )
+        return scalars.select(c.REPORT_SCALARS).hstack(report)
 
     @property
     def rank_rows(self) -> RankRows | None:

@@ -6,18 +6,19 @@ import contextlib
 import hashlib
 import re
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import NamedTuple
 
 import polars as pl
 
 from pipeline import columns as c
-from pipeline import trainers
+from pipeline import report, trainers
 from pipeline.errors import StepError, Violation
 from pipeline.io import writer
 from pipeline.io.regular import read_regular
 from pipeline.manifest import MANIFEST, Manifest
+from pipeline.report import REPORT
 from pipeline.speed import thread_pool, write_threads
 from pipeline.step.one_trainer import RULE as ONE_TRAINER
 from pipeline.step.one_trainer import other_trainer
@@ -92,7 +93,13 @@ def commit_shards(
     manifest = batch.meta.replace()
 
     def fill(staged: Path) -> None:
-        written = write_ranks(staged)
+        # the report is drawn on a thread of its own while the ranks are written (their
+        # encoding and hashing leave the GIL free), from numbers the plan already holds;
+        # with the writer's threads off, before the ranks on this thread
+        with thread_pool(1) as drawer:
+            drawing = _draw_report(batch, drawer if write_threads()[1] else None)
+            written = write_ranks(staged)
+            page = drawing.result() if drawing is not None else None
         outputs = [
             writer.file_record(
                 staged / rank.name, rank.name, rank.rows, rank.tokens, rank.sha256, rank.rewards
@@ -117,6 +124,11 @@ def commit_shards(
                     sha256=writer.seal(quarantined),
                 )
             )
+        if page is not None:
+            path = staged / REPORT
+            path.write_bytes(page)
+            outputs.append(writer.file_record(path, REPORT, 0, sha256=writer.seal(path)))
+            manifest.report = REPORT
         manifest.outputs = outputs
         problems = blocking_problems(manifest, staged, hash_files=False, footers=footers)
         if problems:
@@ -158,6 +170,20 @@ def commit_shards(
         if not manifest.counts.quarantined:
             writer.quarantine_path(out_root, batch.step).unlink(missing_ok=True)
     return manifest
+
+
+def _draw_report(batch: TrainBatch, drawer: Executor | None) -> Future[bytes] | None:
+    """The step's report page being drawn on `drawer` (None: drawn here), or None (said
+    once on stderr) where the figure library is not installed."""
+    if not report.available():
+        report.tell_missing()
+        return None
+    rows = batch.report_rows()  # here: a gathered batch is not gathered twice at once
+    if drawer is not None:
+        return drawer.submit(report.render_step, rows, batch.meta, batch.quarantine)
+    drawn: Future[bytes] = Future()
+    drawn.set_result(report.render_step(rows, batch.meta, batch.quarantine))
+    return drawn
 
 
 def _write_rank_file(

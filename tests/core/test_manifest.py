@@ -132,7 +132,8 @@ def test_the_json_keeps_its_bytes() -> None:
         '  "inputs": [\n    {\n      "path": "in/step=3.parquet",\n'
     )
     assert '"stats": {\n    "rollout/raw_reward": 1.0\n  },' in text
-    assert '  "dropped_raw_reward": [\n    null,\n    1.5\n  ],\n  "manifest_sha256": "' in text
+    assert '  "dropped_raw_reward": [\n    null,\n    1.5\n  ],\n  "report": null,\n' in text
+    assert text.endswith('  "report": null,\n  "manifest_sha256": "' + text[-68:])
     assert list(json.loads(text)) == [f.name for f in dataclasses.fields(Manifest)]
 
 

@@ -74,6 +74,7 @@ def test_other_settings_replace_the_step(built: tuple[Path, Path]) -> None:
         "manifest.json",
         "rank=0.parquet",
         "rank=1.parquet",
+        "report.html",
     ]
     assert sorted(p.name for p in out.iterdir() if p.name != ".locks") == [
         "README.md",

@@ -140,12 +140,12 @@ def test_shards_are_the_bytes_written_before(tmp_path: Path, kind: str) -> None:
     sources = group_steps(find_sources([inputs]))[0]
     for name, settings in SETTINGS.items():
         manifest = build_step(0, sources, Settings(**settings), tmp_path / name)
-        assert [o.path for o in manifest.outputs] == [f"rank={r}.parquet" for r in range(4)]
-        assert [o.sha256 for o in manifest.outputs] == BEFORE[POLARS_MAJOR][f"{kind}-{name}"]
+        ranks = manifest.rank_outputs()  # then the report (tests/core/test_report.py)
+        assert [o.path for o in manifest.outputs] == [o.path for o in ranks] + ["report.html"]
+        assert [o.path for o in ranks] == [f"rank={r}.parquet" for r in range(4)]
+        assert [o.sha256 for o in ranks] == BEFORE[POLARS_MAJOR][f"{kind}-{name}"]
         folder = tmp_path / name / "step=0"
-        assert [decoded_digest(folder / o.path) for o in manifest.outputs] == DECODED[
-            f"{kind}-{name}"
-        ], name
+        assert [decoded_digest(folder / o.path) for o in ranks] == DECODED[f"{kind}-{name}"], name
 
 
 def test_the_sample_steps_hold_the_same_pages_on_every_polars(tmp_path: Path) -> None:
@@ -157,7 +157,7 @@ def test_the_sample_steps_hold_the_same_pages_on_every_polars(tmp_path: Path) ->
     for step, sources in sorted(steps.items()):
         manifest = build_step(step, sources, settings, tmp_path)
         folder = tmp_path / f"step={step}"
-        digests = [decoded_digest(folder / o.path) for o in manifest.outputs]
+        digests = [decoded_digest(folder / o.path) for o in manifest.rank_outputs()]
         assert digests == SAMPLE_DECODED[f"sample-{step}"], step
 
 

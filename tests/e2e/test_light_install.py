@@ -52,6 +52,8 @@ def test_the_light_install_has_no_dagster(light_venv: Path) -> None:
     names = {package["name"].lower() for package in json.loads(listed.stdout)}
     assert "rollout-shards" in names
     assert not {name for name in names if name.startswith("dagster")}
+    # no figure library either: the `report` extra brings it
+    assert "matplotlib" not in names
 
 
 def test_the_light_cli_builds_what_the_dagster_path_builds(
@@ -74,6 +76,12 @@ def test_the_light_cli_builds_what_the_dagster_path_builds(
         cwd=tmp_path,
     )
     assert built.returncode == 0, built.stderr
+    # no report without the figure library: said once, and recorded in each manifest
+    notes = [line for line in built.stderr.splitlines() if "no report.html written" in line]
+    assert len(notes) == 1, built.stderr
+    for manifest in sorted(light_out.glob("step=*/manifest.json")):
+        assert json.loads(manifest.read_text())["report"] is None
+    assert sorted(roots.output.glob("step=*/report.html"))  # the Dagster side draws them
     dagster_digests = _digests(roots.output)
     assert len(dagster_digests) >= 4
     assert _digests(light_out) == dagster_digests

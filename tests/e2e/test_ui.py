@@ -449,7 +449,7 @@ def test_launched_run_succeeds_and_writes_the_step(
     manifest = _manifest(server.roots, RUN_STEP)
     ranks = [o for o in manifest["outputs"] if o["path"].startswith("rank=")]
     assert sorted(p.name for p in folder.iterdir()) == sorted(
-        [MANIFEST, *(o["path"] for o in ranks)]
+        [MANIFEST, *(o["path"] for o in ranks), manifest["report"]]
     )
     assert [o["path"] for o in ranks] == [
         writer.rank_file(r) for r in range(manifest["settings"]["dp_size"])
@@ -482,6 +482,8 @@ query Materializations($partition: String!) {
           ... on FloatMetadataEntry { floatValue }
           ... on BoolMetadataEntry { boolValue }
           ... on PathMetadataEntry { path }
+          ... on UrlMetadataEntry { url }
+          ... on MarkdownMetadataEntry { mdStr }
           ... on TableMetadataEntry { table { records } }
         }
       }
@@ -520,6 +522,10 @@ def test_materialization_metadata_matches_the_manifest(
         for o in manifest["outputs"]
         if o["path"].startswith("rank=")
     ]
+    # the step's report: linked, and three of its figures inline
+    report = writer.step_folder(server.roots.output, RUN_STEP) / manifest["report"]
+    assert entries["report"]["url"] == report.absolute().as_uri()
+    assert entries["report_figures"]["mdStr"].count("](data:image/svg+xml;base64,") == 3
 
 
 CHECK_EXECUTIONS = """
@@ -755,6 +761,9 @@ def test_browser_shows_the_partition_and_its_check_results(
             page.screenshot(path=tmp_path / "partition.png", full_page=True)
             page.get_by_text("num_rollouts", exact=True).first.scroll_into_view_if_needed()
             page.screenshot(path=tmp_path / "partition_tables.png")
+            # last on the partition's page: the check follows the report's link away from it
+            _shows_report_link_and_figures(page, server.roots)
+            page.screenshot(path=tmp_path / "partition_report.png", full_page=True)
 
             invalid = partition_key(INVALID_STEP)
             page.goto(f"{server.url}/assets/{ASSET}?view=partitions&partition={invalid}")
@@ -785,6 +794,7 @@ def test_browser_shows_the_partition_and_its_check_results(
     shots = [
         "first_page",
         "partition",
+        "partition_report",
         "partition_tables",
         "failed_partition",
         "failed_partition_reason",
@@ -811,6 +821,24 @@ def _shows_partition(page: Page, key: str, written: int) -> None:
     expect(metadata.first).to_contain_text(str(written))
     expect(page.get_by_text("rank=0.parquet", exact=True).first).to_be_visible()
     expect(page.get_by_text(key, exact=True).first).to_be_visible()
+
+
+def _shows_report_link_and_figures(page: Page, roots: Roots) -> None:
+    """The partition's metadata links the step's report and lists its figures; the link's
+    page, opened as a click on it would, renders its figures."""
+    report = writer.step_folder(roots.output, RUN_STEP) / "report.html"
+    link = page.locator(f'a[href="{report.absolute().as_uri()}"]').first
+    expect(link).to_be_attached()
+    # `report_figures` is Markdown metadata, shown behind its own button; its images are
+    # checked through GraphQL (test_materialization_metadata_matches_the_manifest)
+    expect(page.get_by_text("report_figures", exact=True).first).to_be_attached()
+    href = link.get_attribute("href")
+    assert href is not None
+    # an http page may not open a file: URL on a click (the browser's rule): go to it as a
+    # user does who opens the link in a tab of its own
+    page.goto(href)
+    expect(page.locator("h1")).to_have_text(f"Step {RUN_STEP}")
+    expect(page.locator("figure > svg")).to_have_count(5)
 
 
 def _shows_failed_partition(page: Page, key: str) -> None:

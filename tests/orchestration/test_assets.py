@@ -188,8 +188,13 @@ def test_materialization_metadata(instance: dg.DagsterInstance, roots: Roots) ->
     assert all(column.description for column in columns)
     ranks = [record.data for record in shards["ranks"].records]
     assert ranks == [
-        {"file": o["path"], "rows": o["rows"], "tokens": o["tokens"]} for o in manifest["outputs"]
+        {"file": o["path"], "rows": o["rows"], "tokens": o["tokens"]}
+        for o in manifest["outputs"]
+        if o["path"].startswith("rank=")
     ]
+    # the step's report: a link to it, and its figures inline
+    assert shards["report"] == (roots.output / "step=4" / "report.html").absolute().as_uri()
+    assert str(shards["report_figures"]).count("](data:image/svg+xml;base64,") == 3
     # every rollout metric of the manifest, as float metadata (the Plots tab charts them),
     # under its name without `rollout/`, first
     assert manifest["stats"]["rollout/response_len/mean"] > 0

@@ -384,7 +384,7 @@ def test_a_ray_job_sends_its_step_to_tasks_on_its_cluster(
         in_process = tmp_path / "in-process"
         monkeypatch.setenv("ROLLOUT_SHARDS_OUTPUT", str(in_process))
         assert materialize(instance, "00000001").success
-    for name in ("manifest.json", "rank=0.parquet", "rank=1.parquet"):
+    for name in ("manifest.json", "rank=0.parquet", "rank=1.parquet", "report.html"):
         built = (roots.output / "step=1" / name).read_bytes()
         assert built == (in_process / "step=1" / name).read_bytes()
     # the share reads and the rank writes were submitted as Ray tasks by the job

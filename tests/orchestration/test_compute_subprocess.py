@@ -103,6 +103,11 @@ def test_a_subprocess_worker_builds_the_step(instance: dg.DagsterInstance, roots
     assert shards["path"].value == str(folder)
 
 
+def _unrooted(value: object, root: Path) -> str:
+    """A metadata text without the output root it names (as a path or a file: URL)."""
+    return str(value).replace(root.absolute().as_uri(), "").replace(str(root.absolute()), "")
+
+
 def test_pipes_metadata_and_shards_match_in_process(
     instance: dg.DagsterInstance, roots: Roots
 ) -> None:
@@ -118,9 +123,13 @@ def test_pipes_metadata_and_shards_match_in_process(
             if key in ("path", "staged"):
                 relative = Path(there[key].value).relative_to(roots.output / "pipes")
                 assert Path(here[key].value).relative_to(roots.output) == relative
+            elif key in ("report", "report_figures"):  # the page's path, in each root
+                assert _unrooted(here[key].value, roots.output) == _unrooted(
+                    there[key].value, roots.output / "pipes"
+                ), (asset, key)
             else:
                 assert here[key] == there[key], (asset, key)
-    for name in ("rank=0.parquet", "rank=1.parquet"):
+    for name in ("rank=0.parquet", "rank=1.parquet", "report.html"):
         in_process_bytes = (roots.output / "step=4" / name).read_bytes()
         assert (roots.output / "pipes" / "step=4" / name).read_bytes() == in_process_bytes
 

@@ -203,10 +203,10 @@ def failed_at_the_batch(result: dg.ExecuteInProcessResult, roots: Roots, step: i
 
 
 def written_step(roots: Roots, step: int) -> dict[str, Any]:
-    """The manifest of step `step`'s folder, which holds it and two rank files."""
+    """The manifest of step `step`'s folder, which holds it, two rank files and the report."""
     folder = roots.output / f"step={step}"
     names = sorted(p.name for p in folder.iterdir())
-    assert names == ["manifest.json", "rank=0.parquet", "rank=1.parquet"]
+    assert names == ["manifest.json", "rank=0.parquet", "rank=1.parquet", "report.html"]
     manifest: dict[str, Any] = json.loads((folder / "manifest.json").read_text())
     return manifest
 

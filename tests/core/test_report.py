@@ -1,0 +1,207 @@
+"""A step's report (pipeline/report): the numbers of its figures from a small worked step,
+the page committed with the step (listed, checksummed, verified by the loader, ignored by
+the dataset readers, the same bytes on a rebuild), a build without the figure library, and
+`rollout-shards report ROOT`."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+
+from pipeline import columns as c
+from pipeline.io.checksums import sha256_of
+from pipeline.report import REPORT, data
+from pipeline.report.embed import figures_markdown
+from pipeline.step.tables import TrainBatch
+from tests.support.cli import cli, digests
+from tests.support.samples import REPO, build, plan, write_step
+from tests.support.samples import sample as row
+
+FIGURES = ("rewards", "lengths", "ranks", "staleness", "quarantine")
+
+
+def worked_step(folder: Path) -> Path:
+    """Step 5: three prompt groups of 4 (group 1's samples share one reward), two
+    truncated samples, weight versions 3 and 4 behind, and one row quarantined."""
+    rows = []
+    for i in range(12):
+        group = i // 4
+        reward = 1.0 if group == 1 else float(i % 2)
+        rows.append(
+            row(
+                i,
+                step=5,
+                group_index=group,
+                reward=reward,
+                response_length=2 + i,
+                status="truncated" if i in (3, 7) else "completed",
+                weight_versions=["2"] if i < 6 else ["1", "x"],
+            )
+        )
+    # a response longer than its tokens: quarantined by response_within_tokens
+    rows.append(
+        row(12, step=5, group_index=3, tokens=[1, 2], weight_versions=["2"])
+        | {"response_length": 9}
+    )
+    write_step(folder, rows, step=5)
+    return folder
+
+
+SETTINGS = {"global_batch_size": 4, "dp_size": 2, "on_invalid": "quarantine"}
+
+
+def test_the_figures_numbers_of_a_worked_step(tmp_path: Path) -> None:
+    batch = plan(worked_step(tmp_path / "in"), **SETTINGS)
+    rows = batch.report_rows()
+    numbers = data.step_figures(rows, batch.meta, batch.quarantine)
+    # every trained prompt group, in order: its mean raw reward, size, one reward or not
+    assert numbers.groups.to_dicts() == [
+        {data.GROUP_MEAN: 0.5, data.GROUP_SIZE: 4, data.ONE_REWARD: False},
+        {data.GROUP_MEAN: 1.0, data.GROUP_SIZE: 4, data.ONE_REWARD: True},
+        {data.GROUP_MEAN: 0.5, data.GROUP_SIZE: 4, data.ONE_REWARD: False},
+    ]
+    assert sorted(numbers.lengths.get_column(c.RESPONSE_LENGTHS).to_list()) == list(range(2, 14))
+    assert numbers.lengths.get_column(c.TRUNCATED).sum() == 2
+    # tokens per rank: 2 prompt tokens + response, the ranks' rows as the plan dealt them
+    per_rank = rows.group_by(c.RANK).agg(pl.col(c.TOTAL_LENGTHS).sum()).sort(c.RANK)
+    assert (
+        numbers.ranks.get_column(data.TOKENS).to_list()
+        == per_rank.get_column(c.TOTAL_LENGTHS).to_list()
+    )
+    assert numbers.ranks.get_column(data.TOKENS).sum() == sum(4 + i for i in range(12))
+    assert numbers.ranks.get_column(data.ROWS).to_list() == [6, 6]
+    # step 5 less the oldest numeric version: 6 rows of version 2, 6 of version 1
+    assert numbers.staleness.to_dicts() == [
+        {data.STALENESS: 3, data.ROWS: 6},
+        {data.STALENESS: 4, data.ROWS: 6},
+    ]
+    assert numbers.rules.to_dicts() == [{"rule": "response_within_tokens", data.ROWS: 1}]
+    assert numbers.quarantined.get_column(c.INDEX).to_list() == [12]
+    assert numbers.quarantined.get_column(c.REASON).str.contains("response_within_tokens").all()
+
+
+def test_a_rank_without_rows_and_rows_without_groups() -> None:
+    rows = pl.DataFrame(
+        {
+            c.RANK: [0, 0, 2],
+            c.TOTAL_LENGTHS: [5, 7, 11],
+            c.RAW_REWARD: [None, 1.0, 1.0],
+            c.REWARDS: [2.0, 0.0, 0.0],
+            c.REPORT_GROUP: [None, None, None],
+        },
+        schema_overrides={c.RANK: pl.Int32, c.REPORT_GROUP: pl.Int64},
+    )
+    assert data.rank_load(rows, 4).rows() == [(0, 2, 12), (1, 0, 0), (2, 1, 11), (3, 0, 0)]
+    # no group_index: one group, its raw rewards 2.0 (none given: the reward), 1.0, 1.0
+    assert data.group_rewards(rows).rows() == [(4.0 / 3.0, 3, False)]
+
+
+def test_the_report_is_committed_with_the_step(tmp_path: Path) -> None:
+    manifest = build(worked_step(tmp_path / "in"), tmp_path / "out", **SETTINGS)
+    folder = tmp_path / "out" / "step=5"
+    page = folder / REPORT
+    assert manifest["report"] == REPORT
+    (record,) = [o for o in manifest["outputs"] if o["path"] == REPORT]
+    assert record == {
+        "path": REPORT,
+        "sha256": sha256_of(page),
+        "rows": 0,
+        "tokens": None,
+        "raw_reward_sha256": None,
+    }
+    text = page.read_text()
+    # self-contained: no script, nothing loaded from elsewhere
+    assert "<script" not in text and not re.search(r'(src|href)="(https?:)?//', text)
+    for name in FIGURES:
+        assert re.search(f'<figure id="{name}"><svg', text), name
+    # the loader verifies it: tests/loader/test_report_verify.py
+    # the dataset readers see only rank files
+    dataset = pl.scan_parquet(tmp_path / "out" / "step=*" / "rank=*.parquet").collect()
+    assert dataset.height == 12
+    # the partition's Markdown carries three of the figures inline
+    markdown = figures_markdown(page)
+    assert markdown.count("](data:image/svg+xml;base64,") == 3
+    assert str(page) in markdown
+
+
+def test_a_rebuild_writes_the_same_report_and_a_current_step_is_kept(tmp_path: Path) -> None:
+    source = worked_step(tmp_path / "in")
+    flags = ["--global-batch-size", "4", "--dp-size", "2", "--on-invalid", "quarantine"]
+    first = cli("build", source, "--out", tmp_path / "a", *flags)
+    assert first.returncode == 0, first.stderr
+    again = cli("build", source, "--out", tmp_path / "a", *flags)
+    assert "up to date" in again.stdout, again.stdout
+    other = cli("build", source, "--out", tmp_path / "b", "--force", *flags)
+    assert other.returncode == 0, other.stderr
+    a, b = digests(tmp_path / "a"), digests(tmp_path / "b")
+    assert a["step=5/report.html"] == b["step=5/report.html"]
+    assert a["step=5/manifest.json"] == b["step=5/manifest.json"]
+
+
+def test_a_staged_batch_keeps_the_report_columns(tmp_path: Path) -> None:
+    batch = plan(worked_step(tmp_path / "in"), **SETTINGS)
+    want = batch.report_rows()
+    staged = batch.staged_frame()
+    assert set(c.REPORT_COLUMNS) <= set(staged.columns)
+    again = TrainBatch(batch.step, staged, batch.meta, batch.quarantine)
+    assert not set(c.REPORT_COLUMNS) & set(again.frame.columns)
+    assert again.report_rows().equals(want)
+
+
+# A build where the figure library is not installed (the core install): importing
+# `matplotlib` fails and `importlib.util.find_spec` finds none.
+NO_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None\n"
+
+
+def test_without_the_figure_library_a_build_says_so_once(tmp_path: Path) -> None:
+    source = worked_step(tmp_path / "in")
+    write_step(source, [row(i, step=6, group_index=i // 4) for i in range(8)], step=6)
+    code = NO_MATPLOTLIB + "from pipeline import cli; sys.exit(cli.main(sys.argv[1:]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "build", str(source), "--out", str(tmp_path / "out")]
+        + ["--global-batch-size", "4", "--dp-size", "2", "--on-invalid", "quarantine"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    notes = [line for line in done.stderr.splitlines() if "no report.html" in line]
+    assert len(notes) == 1 and "rollout-shards[report]" in notes[0], done.stderr
+    for step in (5, 6):
+        folder = tmp_path / "out" / f"step={step}"
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert manifest["report"] is None
+        assert not (folder / REPORT).exists()
+        assert REPORT not in {o["path"] for o in manifest["outputs"]}
+
+
+def test_the_index_links_every_step(tmp_path: Path) -> None:
+    source = worked_step(tmp_path / "in")
+    write_step(source, [row(i, step=6, group_index=i // 4) for i in range(8)], step=6)
+    out = tmp_path / "out"
+    flags = ["--global-batch-size", "4", "--dp-size", "2", "--on-invalid", "quarantine"]
+    assert cli("build", source, "--out", out, *flags).returncode == 0
+    done = cli("report", out)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"rollout-shards: report: {out / REPORT}\n"
+    text = (out / REPORT).read_text()
+    assert re.findall(r'<a href="([^"]+)"', text) == ["step=5/report.html", "step=6/report.html"]
+    assert text.count("<svg") == 7
+    elsewhere = tmp_path / "pages" / "index.html"
+    elsewhere.parent.mkdir()
+    assert cli("report", out, "--out", elsewhere).returncode == 0
+    assert re.findall(r'<a href="([^"]+)"', elsewhere.read_text())[0] == "../out/step=5/report.html"
+
+
+def test_the_index_of_no_root_is_one_line(tmp_path: Path) -> None:
+    for root in (tmp_path / "missing", tmp_path):
+        done = cli("report", root)
+        assert done.returncode == 1
+        assert done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr
+        assert done.stderr.startswith("rollout-shards: report: "), done.stderr

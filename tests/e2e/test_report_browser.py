@@ -1,0 +1,90 @@
+"""The reports in a real browser (the UI test's Chromium, through playwright): every built
+step's `report.html` and the root's index render with their figures, offline, and their
+links lead where they say."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+from tests.e2e.test_ui import CHROMIUM, CHROMIUM_ARGS, PAGE_TIMEOUT_MS
+from tests.support.cli import cli
+from tests.support.samples import REPO
+
+EMPTY = {
+    "staleness": "no numeric weight versions in this step",
+    "quarantine": "nothing quarantined",
+}
+TRENDS = 7
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("reports")
+    shutil.copytree(REPO / "data" / "rollouts", work / "in")
+    built = cli("build", work / "in", "--out", work / "out")
+    assert built.returncode == 0, built.stderr
+    indexed = cli("report", work / "out")
+    assert indexed.returncode == 0, indexed.stderr
+    return work / "out"
+
+
+def _drawn(page: Page, figure: str, marks: int = 10) -> None:
+    """The figure's SVG is there and laid out with a size (the browser drew it), with more
+    than `marks` marks and labels."""
+    svg = page.locator(f"figure#{figure} > svg")
+    expect(svg).to_have_count(1)
+    box = svg.bounding_box()
+    assert box is not None and box["width"] > 100 and box["height"] > 50, (figure, box)
+    # drawn marks and labels: paths, their uses (ticks) and text
+    assert svg.locator("path, use, text").count() > marks, figure
+
+
+def test_every_step_report_and_the_index_render_and_link(root: Path) -> None:
+    steps = sorted(int(p.name.removeprefix("step=")) for p in root.glob("step=*"))
+    assert steps == [1, 2, 3, 4]
+    assert Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing: `make browser` installs it"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            # no network: a page that needed one would not render its figures
+            context = browser.new_context(offline=True, viewport={"width": 1200, "height": 900})
+            page = context.new_page()
+            page.set_default_timeout(PAGE_TIMEOUT_MS)
+            expect.set_options(timeout=PAGE_TIMEOUT_MS)
+            failed: list[str] = []
+            page.on("requestfailed", lambda request: failed.append(request.url))
+
+            page.goto((root / "report.html").as_uri())
+            expect(page.locator("h1")).to_contain_text("Steps of")
+            expect(page.locator("figure > svg")).to_have_count(TRENDS)
+            for name in ("rewards", "lengths", "imbalance", "quarantined"):
+                _drawn(page, name)
+            # the sample data has no weight versions: the figure says so
+            _drawn(page, "staleness", marks=0)
+            expect(page.locator("figure#staleness text")).to_have_text("no step has this value")
+            links = page.locator("table a")
+            expect(links).to_have_count(len(steps))
+            for i, step in enumerate(steps):
+                page.goto((root / "report.html").as_uri())
+                page.locator("table a").nth(i).click()
+                expect(page.locator("h1")).to_have_text(f"Step {step}")
+                assert unquote(page.url) == unquote((root / f"step={step}/report.html").as_uri())
+                for figure in ("rewards", "lengths", "ranks"):
+                    _drawn(page, figure)
+                for figure, note in EMPTY.items():  # nothing of them in the sample data
+                    _drawn(page, figure, marks=0)
+                    expect(page.locator(f"figure#{figure} text")).to_have_text(note)
+                # and back to the index through the step's own link
+                page.get_by_role("link", name="all steps").click()
+                expect(page.locator("h1")).to_contain_text("Steps of")
+            assert failed == []
+            page.goto((root / "step=2" / "report.html").as_uri())
+            page.screenshot(path=root.parent / "step_report.png", full_page=True)
+            assert (root.parent / "step_report.png").stat().st_size > 0
+        finally:
+            browser.close()
