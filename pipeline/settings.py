@@ -94,6 +94,8 @@ class RowSettings:
     rollout_id_policy: str = "strict"
     require_success_marker: bool = False
     normalizes_rewards: bool = True  # the trainer's reading of its own settings
+    # input columns the trainer's settings have it ignore (miles' legacy_weight_versions)
+    dropped_columns: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -150,6 +152,8 @@ class Settings(CommonSettings):
             rollout_id_policy=self.rollout_id_policy,
             require_success_marker=self.require_success_marker,
             normalizes_rewards=self.own.normalizes_rewards,
+            # a trainer whose model has no such setting drops nothing
+            dropped_columns=getattr(self.own, "dropped_columns", ()),
         )
 
 

@@ -15,6 +15,7 @@ a quarantine sets aside take their lists back from the reader.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -96,7 +97,7 @@ def check(read: ReadStep, settings: Settings | RowSettings) -> SampleTable:
     and the rest goes on. Problems that name no rows (an unreadable file, a missing column,
     a column of an impossible type, a struct reward without reward_key) fail the step in
     both modes: there is nothing to set aside and nothing to count."""
-    loaded = read.loaded
+    loaded = dropped(read.loaded, getattr(settings, "dropped_columns", ()))
     step = loaded.step
     original = loaded.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(ROW_ID))
     type_errors = loaded.type_errors
@@ -136,6 +137,22 @@ def check(read: ReadStep, settings: Settings | RowSettings) -> SampleTable:
         quarantine=quarantine,
         light=verdict.light,
         columns=columns,
+    )
+
+
+def dropped(loaded: LoadedStep, names: Sequence[str]) -> LoadedStep:
+    """The step without the input columns its settings have the trainer ignore (miles'
+    `legacy_weight_versions: drop`): as absent from every rule, the plan, the rank files
+    and the metrics, and listed with the manifest's `ignored_columns`. A value of such a
+    column that its type refused stays refused (`type_violations`, `type_errors`): the
+    value is not read, but it is not another type's either."""
+    names = [name for name in names if name in loaded.frame.columns]
+    if not names:
+        return loaded
+    return dataclasses.replace(
+        loaded,
+        frame=loaded.frame.drop(names),
+        ignored_columns=sorted({*loaded.ignored_columns, *names}),
     )
 
 
