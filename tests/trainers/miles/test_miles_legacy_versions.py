@@ -22,6 +22,7 @@ import pytest
 from rollout_shards_loader import miles as hook
 from rollout_shards_loader.miles import read_rank
 
+from pipeline.settings import load_settings
 from tests.support import miles as ms
 from tests.support.cli import in_process
 from tests.support.miles_dump import sample_dict, write_dump
@@ -97,17 +98,14 @@ def test_dropped_strings_reach_train_as_miles_loads_them(
 ) -> None:
     monkeypatch.setattr(miles.data, "GeneralPGUtil", NoAllReduce)
     dicts = string_dicts(seed, spans_every=spans_every)
-    samples = loaded(miles, dicts)
-    strings = [d for d in dicts if d["weight_versions"] and isinstance(d["weight_versions"][0], str)]
-    assert strings and all(
-        s.legacy_weight_versions == d["weight_versions"]
-        for s, d in zip(samples, dicts, strict=True)
-        if d in strings
-    )
+    for one, d in zip(loaded(miles, dicts), dicts, strict=True):
+        if d["weight_versions"] and isinstance(d["weight_versions"][0], str):
+            assert one.legacy_weight_versions == d["weight_versions"]
+            assert one.weight_versions == []
     # miles' rollout side fed the Samples from_dict loads, not rows made anew
     monkeypatch.setattr(ms, "samples", lambda m, rows, with_metadata=False: loaded(m, dicts))
-    args = ms.miles_args(build_settings(CHOSEN))
-    config = ms.train_parallel_config(build_settings(CHOSEN))
+    settings = load_settings(**CHOSEN).to_dict()
+    args, config = ms.miles_args(settings), ms.train_parallel_config(settings)
     converted = ms.train_data(miles, args, [], config)
     assert ("weight_versions" in converted) == bool(spans_every)
 
@@ -126,12 +124,6 @@ def test_dropped_strings_reach_train_as_miles_loads_them(
         assert ms.comparable(got["weight_versions"]) == ms.comparable(want)
 
 
-def build_settings(chosen: dict[str, Any]) -> dict[str, Any]:
-    from pipeline.settings import load_settings
-
-    return load_settings(**chosen).to_dict()
-
-
 def test_carry_keeps_the_strings_and_refuses_a_mixed_step(tmp_path: Path) -> None:
     """The default is 31f1ca9's: the strings are the versions; a dump holding both forms
     is refused, as no commit of miles reads it so."""
@@ -143,7 +135,8 @@ def test_carry_keeps_the_strings_and_refuses_a_mixed_step(tmp_path: Path) -> Non
     got = read_rank(tmp_path / "out" / f"step={STEP}", 0)
     assert got["weight_versions"] == [dicts[i]["weight_versions"] for i in got["sample_indices"]]
     write_dump(tmp_path / "mixed" / f"{STEP}.pt", STEP, string_dicts(10, spans_every=3), {})
-    result = in_process(["build", str(tmp_path / "mixed"), "--out", str(tmp_path / "o2"), *flags(CHOSEN)])
+    mixed = ["build", str(tmp_path / "mixed"), "--out", str(tmp_path / "o2"), *flags(CHOSEN)]
+    result = in_process(mixed)
     assert result.returncode == 1 and "rule weight_versions_one_form" in result.stderr
 
 
