@@ -146,12 +146,22 @@ def dropped(loaded: LoadedStep, names: Sequence[str]) -> LoadedStep:
     and the metrics, and listed with the manifest's `ignored_columns`. A value of such a
     column that its type refused stays refused (`type_violations`, `type_errors`): the
     value is not read, but it is not another type's either."""
-    names = [name for name in names if name in loaded.frame.columns]
+    frame = loaded.frame
+    names = [name for name in names if name in frame.columns]
     if not names:
         return loaded
+    without = frame.drop(names)
+    # a read in parts reduced the lists already: what it reduced of a dropped column is
+    # made again as of a step without it (`_has_version_strings`: false)
+    again = s.list_reductions(without.schema)
+    stale = [
+        name
+        for name, made in s.list_reductions(frame.schema).items()
+        if name in frame.columns and set(made.meta.root_names()) & set(names)
+    ]
     return dataclasses.replace(
         loaded,
-        frame=loaded.frame.drop(names),
+        frame=without.with_columns(again[name].alias(name) for name in stale),
         ignored_columns=sorted({*loaded.ignored_columns, *names}),
     )
 

@@ -114,6 +114,15 @@ def test_dropped_strings_reach_train_as_miles_loads_them(
     assert manifest["settings"]["legacy_weight_versions"] == "drop"
     assert manifest["ignored_columns"] == ["weight_versions"]
     assert manifest["present_columns"] == (["weight_version_spans"] if spans_every else [])
+    # the rank-bounded build drops the column alike, byte for byte
+    bounded = build(
+        tmp_path / "in",
+        tmp_path / "bounded",
+        legacy_weight_versions="drop",
+        stream_above=0,
+        **CHOSEN,
+    )
+    assert [o["sha256"] for o in bounded["outputs"]] == [o["sha256"] for o in manifest["outputs"]]
     both_paths(miles, rows_of(dicts), CHOSEN, tmp_path / "out", rollout_id=STEP)
     for rank in range(CHOSEN["dp_size"]):
         got = read_rank(tmp_path / "out" / f"step={STEP}", rank)
