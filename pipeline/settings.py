@@ -96,6 +96,8 @@ class RowSettings:
     normalizes_rewards: bool = True  # the trainer's reading of its own settings
     ray_address: str | None = None  # `validate --ray`: the checks run as tasks there
     ray_above: int = 256
+    # input columns the trainer's settings have it ignore (miles' legacy_weight_versions)
+    dropped_columns: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -154,6 +156,8 @@ class Settings(CommonSettings):
             normalizes_rewards=self.own.normalizes_rewards,
             ray_address=self.ray_address,
             ray_above=self.ray_above,
+            # a trainer whose model has no such setting drops nothing
+            dropped_columns=getattr(self.own, "dropped_columns", ()),
         )
 
 

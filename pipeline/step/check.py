@@ -15,6 +15,7 @@ a quarantine sets aside take their lists back from the reader.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -96,7 +97,7 @@ def check(read: ReadStep, settings: Settings | RowSettings) -> SampleTable:
     and the rest goes on. Problems that name no rows (an unreadable file, a missing column,
     a column of an impossible type, a struct reward without reward_key) fail the step in
     both modes: there is nothing to set aside and nothing to count."""
-    loaded = read.loaded
+    loaded = dropped(read.loaded, getattr(settings, "dropped_columns", ()))
     step = loaded.step
     original = loaded.frame.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(ROW_ID))
     type_errors = loaded.type_errors
@@ -136,6 +137,32 @@ def check(read: ReadStep, settings: Settings | RowSettings) -> SampleTable:
         quarantine=quarantine,
         light=verdict.light,
         columns=columns,
+    )
+
+
+def dropped(loaded: LoadedStep, names: Sequence[str]) -> LoadedStep:
+    """The step without the input columns its settings have the trainer ignore (miles'
+    `legacy_weight_versions: drop`): as absent from every rule, the plan, the rank files
+    and the metrics, and listed with the manifest's `ignored_columns`. A value of such a
+    column that its type refused stays refused (`type_violations`, `type_errors`): the
+    value is not read, but it is not another type's either."""
+    frame = loaded.frame
+    names = [name for name in names if name in frame.columns]
+    if not names:
+        return loaded
+    without = frame.drop(names)
+    # a read in parts reduced the lists already: what it reduced of a dropped column is
+    # made again as of a step without it (`_has_version_strings`: false)
+    again = s.list_reductions(without.schema)
+    stale = [
+        name
+        for name, made in s.list_reductions(frame.schema).items()
+        if name in frame.columns and set(made.meta.root_names()) & set(names)
+    ]
+    return dataclasses.replace(
+        loaded,
+        frame=without.with_columns(again[name].alias(name) for name in stale),
+        ignored_columns=sorted({*loaded.ignored_columns, *names}),
     )
 
 

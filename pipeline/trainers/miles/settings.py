@@ -6,7 +6,8 @@ the DP split and micro-batches), then the data-path flags (`MilesFlags`):
 `--balance-by-flops` with the model's shape under Megatron's own flag names, the
 fully-async weight-staleness budget, the flags that move miles' DP split to the trainer
 (`--delay-split-train-data-by-dp`, fault tolerance of the trainer), `--num-steps-per-rollout`,
-and the flags rollout-shards refuses (a user's Python, multi-LoRA adapters). Each is
+and the flags rollout-shards refuses (a user's Python, multi-LoRA adapters); last
+(`MilesVersions`) whether the old string form of `weight_versions` reaches the trainer. Each is
 named and typed as in `miles/utils/arguments.py` or Megatron's parser; a flag not given
 is None here (`transforms.flops.miles_model_shape` applies what Megatron's parser then
 puts in miles' args). docs/miles.md lists every data-path flag and what happens to it.
@@ -170,10 +171,34 @@ class MilesFlags:
         return self.delay_split_train_data_by_dp or train_ft
 
 
+LegacyVersions = Literal["carry", "drop"]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MilesSettings(MilesFlags, MilesBatch):
+class MilesVersions:
+    """Which miles commit's reading of the old string form of `weight_versions` the step
+    follows: up to 31f1ca9 the strings are the sample's versions (`carry`); since PR #1892
+    (`Sample.from_dict` at 204b0f904) they load as `legacy_weight_versions`, the sample's
+    `weight_versions` is `[]`, and neither its trainer, its buffer's staleness filter nor
+    its metrics see them (`drop`)."""
+
+    legacy_weight_versions: LegacyVersions = setting(
+        "The string form of weight_versions: carry (miles up to 31f1ca9) or drop (miles "
+        "since PR #1892, which loads it as legacy_weight_versions and trains without it).",
+        "carry",
+    )
+
+    @property
+    def dropped_columns(self) -> tuple[str, ...]:
+        """Input columns these settings have the trainer ignore (`RowSettings`)."""
+        return ("weight_versions",) if self.legacy_weight_versions == "drop" else ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MilesSettings(MilesVersions, MilesFlags, MilesBatch):
     """Everything the miles trainer reads besides the common settings: its batch settings,
-    then its data-path flags (base classes' fields come first)."""
+    its data-path flags, then which commit's reading of the string weight versions it
+    follows (base classes' fields come first)."""
 
     @staticmethod
     def derived(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -213,9 +213,10 @@ def test_a_dump_miles_writes_builds_as_miles_loads_it(
 
 
 def test_an_old_dump_s_strings_are_pin_s_weight_versions(tmp_path: Path) -> None:
-    """A dump of the string form (miles up to 31f1ca9) keeps PIN's behaviour: the strings
-    are `weight_versions` (miles since #1892 would set them aside as legacy_weight_versions
-    and hand its trainer none: docs/miles.md)."""
+    """A dump of the string form (miles up to 31f1ca9) keeps PIN's behaviour by default
+    (`legacy_weight_versions: carry`): the strings are `weight_versions`. miles since #1892
+    sets them aside as legacy_weight_versions and hands its trainer none: `drop`, tested in
+    test_miles_legacy_versions.py."""
     dicts = [sample_dict(index=i, group_index=i, weight_versions=["3", "4"]) for i in range(4)]
     write_dump(tmp_path / "in" / f"{STEP}.pt", STEP, dicts, metadata={})
     manifest = build(tmp_path / "in", tmp_path / "out", global_batch_size=4, dp_size=2)
