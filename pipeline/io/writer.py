@@ -328,6 +328,8 @@ def replace_folder(final: Path, fill: Callable[[Path], None]) -> None:
 
 
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")
+# Polars' word for an I/O failure while it writes a Parquet footer (thrift's transport)
+_LOST_IO_ERROR = "Invalid thrift: transport error"
 
 
 def write_staged(frame: pl.DataFrame, path: Path, **options: Any) -> None:
@@ -338,10 +340,14 @@ def write_staged(frame: pl.DataFrame, path: Path, **options: Any) -> None:
         frame.write_parquet(path, **options)
     except pl.exceptions.PolarsError as exc:
         code = _OS_ERROR.search(str(exc))
-        if code is None:
-            raise
-        number = int(code.group(1))
-        raise OSError(number, os.strerror(number), str(path)) from None
+        if code is not None:
+            number = int(code.group(1))
+            raise OSError(number, os.strerror(number), str(path)) from None
+        if _LOST_IO_ERROR in str(exc):
+            # a file small enough to sit in the writer's buffer first fails in the footer,
+            # where Polars loses the OS error: the write failed, its cause unnamed
+            raise OSError(errno.EIO, f"the write failed ({_LOST_IO_ERROR})", str(path)) from None
+        raise
 
 
 def write_parquet(frame: pl.DataFrame, path: Path) -> None:

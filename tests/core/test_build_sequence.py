@@ -28,7 +28,13 @@ def test_a_broken_rule_fails_the_step_before_it_is_planned(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    path = write_step(rows_dir, [sample(0), sample(0), sample(1), sample(2)])  # unique_leaf
+    # unique_leaf; a group_index per prompt, so quarantine (the hint) could build the rest
+    rows = [
+        sample(0, group_index=0),
+        sample(0, group_index=0),
+        *(sample(i, group_index=i) for i in (1, 2)),
+    ]
+    path = write_step(rows_dir, rows)
     planned: list[int] = []
     real = build.plan_batch
     monkeypatch.setattr(build, "plan_batch", lambda *a: planned.append(1) or real(*a))

@@ -20,7 +20,7 @@ from pipeline.io.load import group_steps
 from pipeline.settings import load_settings
 from pipeline.step import write
 from pipeline.step.freshness import current_manifest
-from tests.support.samples import only_refused, sample, write_step
+from tests.support.samples import REPO, only_refused, sample, write_step
 
 GBS = ["--global-batch-size", "2"]
 
@@ -71,6 +71,21 @@ def test_a_real_full_disk_is_an_os_error_naming_the_file(write: Callable[..., An
 
     assert raised.value.errno == errno.ENOSPC
     assert raised.value.filename == "/dev/full"
+
+
+def test_a_full_disk_polars_does_not_name_is_an_os_error_too(tmp_path: Path) -> None:
+    """A rank file small enough to sit in Polars' write buffer first fails in the Parquet
+    footer, where Polars (2.1) loses the OS error ("Invalid thrift: transport error"):
+    still an OSError naming the file, the command line's one line, never a traceback. The
+    rows of a rank of the embedded step 1, cut at every length, cover both."""
+    step = str(REPO / "data" / "rollouts" / "step=1.parquet")
+    assert main(["build", step, "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    frame = pl.read_parquet(tmp_path / "out" / "step=1" / "rank=0.parquet")
+    for rows in range(1, frame.height + 1):
+        with pytest.raises(OSError) as raised:
+            writer.write_parquet(frame.head(rows), Path("/dev/full"))
+        assert raised.value.filename == "/dev/full"
+        assert raised.value.errno in (errno.ENOSPC, errno.EIO)
 
 
 def test_a_dataset_card_that_does_not_fit_publishes_no_step(

@@ -234,8 +234,10 @@ def test_a_full_disk_in_the_worker_is_the_command_lines_one_line(
     assert not result.success
     _, failure = step_failure(result)
     line = failure.description
-    assert line.startswith(
-        f"rollout-shards: build: step 1: rule os_error: no space left on {roots.output}"
+    # Polars names the OS error, or for a file its buffer held whole, loses it
+    assert line.startswith("rollout-shards: build: step 1: rule os_error: ")
+    assert f"no space left on {roots.output}" in line or (
+        f"the write failed (Invalid thrift: transport error) on {roots.output}" in line
     )
     assert "\n" not in line and "AttributeError" not in line
     assert not (roots.output / "step=1").exists()
