@@ -154,14 +154,14 @@ def test_a_staged_batch_keeps_the_report_columns(tmp_path: Path) -> None:
 
 
 # A build where the figure library is not installed (the core install): importing
-# `matplotlib` fails and `importlib.util.find_spec` finds none.
-NO_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None\n"
+# `leather` fails and `importlib.util.find_spec` finds none.
+NO_FIGURE_LIBRARY = "import sys; sys.modules['leather'] = None\n"
 
 
 def test_without_the_figure_library_a_build_says_so_once(tmp_path: Path) -> None:
     source = worked_step(tmp_path / "in")
     write_step(source, [row(i, step=6, group_index=i // 4) for i in range(8)], step=6)
-    code = NO_MATPLOTLIB + "from pipeline import cli; sys.exit(cli.main(sys.argv[1:]))"
+    code = NO_FIGURE_LIBRARY + "from pipeline import cli; sys.exit(cli.main(sys.argv[1:]))"
     done = subprocess.run(
         [sys.executable, "-c", code, "build", str(source), "--out", str(tmp_path / "out")]
         + ["--global-batch-size", "4", "--dp-size", "2", "--on-invalid", "quarantine"],
