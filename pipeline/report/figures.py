@@ -17,7 +17,6 @@ from __future__ import annotations
 import html
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
-from decimal import Decimal
 from typing import Any
 
 import leather
@@ -43,7 +42,7 @@ for _part, _size in (("title", 13), ("legend", 11), ("axis_title", 11), ("tick",
     setattr(theme, f"{_part}_font_size", _size)
     setattr(theme, f"{_part}_font_char_height", _size)
     setattr(theme, f"{_part}_font_char_width", round(_size * 0.6))
-theme.axis_title_gap = 10
+theme.axis_title_gap = 16
 theme.tick_color = "#e6e6e6"
 theme.label_color = "#555555"
 theme.axis_title_color = "#333333"
@@ -53,6 +52,13 @@ theme.title_color = "#222222"
 
 class _Marks(leather.Dots):  # type: ignore[misc]
     """Dots on a line's points, not listed again in the legend (the line is)."""
+
+    def legend_to_svg(self, series: Any, palette: Any) -> list[Any]:
+        return []
+
+
+class _QuietLine(leather.Line):  # type: ignore[misc]
+    """The line of a chart's one series: the axis names it, no legend."""
 
     def legend_to_svg(self, series: Any, palette: Any) -> list[Any]:
         return []
@@ -104,10 +110,16 @@ def _empty(what: str) -> str:
 
 
 def _short(value: float) -> str:
-    """A tick label: at most four significant digits, thousands as k."""
+    """A tick label: at most four significant digits, thousands as k, millions as M."""
+    if abs(value) >= 1_000_000:
+        return f"{value / 1_000_000:.4g}M"
     if abs(value) >= 10_000:
         return f"{value / 1000:.4g}k"
     return f"{value:.4g}"
+
+
+def _tick(value: Any, index: int, count: int) -> str:
+    return _short(float(value))
 
 
 def _y_scale(chart: Any, top: float) -> None:
@@ -149,7 +161,7 @@ def _stacked(
     chart = leather.Chart(title)
     _y_scale(chart, max(totals))
     chart.add_x_axis(ticks=labels[::4], name=x)
-    chart.add_y_axis(name=y)
+    chart.add_y_axis(name=y, tick_formatter=_tick)
     chart.add_columns(list(zip(labels, totals, strict=True)), name=names[1], fill_color=top)
     chart.add_columns(list(zip(labels, lower, strict=True)), name=names[0], fill_color=low)
     return _svg(chart)
@@ -197,7 +209,7 @@ def rank_load(ranks: pl.DataFrame) -> str:
     chart = leather.Chart(f"largest rank / mean = {ratio}")
     _y_scale(chart, most)
     chart.add_x_axis(name="data-parallel rank")
-    chart.add_y_axis(name="tokens")
+    chart.add_y_axis(name="tokens", tick_formatter=_tick)
     chart.add_columns(list(zip(names, tokens, strict=True)), name="tokens", fill_color=TRAINED)
     chart.add_series(
         leather.Series([(names[0], mean)], name=f"mean {mean:,.0f}"), _Level(TRUNCATED)
@@ -213,7 +225,7 @@ def staleness(lags: pl.DataFrame) -> str:
     chart = leather.Chart()
     _y_scale(chart, max(rows))
     chart.add_x_axis(name="weight versions behind the step (oldest version of the sample)")
-    chart.add_y_axis(name="samples")
+    chart.add_y_axis(name="samples", tick_formatter=_tick)
     lag = [str(v) for v in lags.get_column(d.STALENESS).to_list()]
     chart.add_columns(list(zip(lag, rows, strict=True)), fill_color=TRAINED)
     return _svg(chart)
@@ -226,7 +238,7 @@ def quarantine(rules: pl.DataFrame) -> str:
     rows = rules.get_column(d.ROWS).to_list()
     chart = leather.Chart()
     chart.add_x_scale(0, max(rows))
-    chart.add_x_axis(name="quarantined rows")
+    chart.add_x_axis(name="quarantined rows", tick_formatter=_tick)
     names = rules.get_column("rule").to_list()
     chart.add_bars(list(zip(rows, names, strict=True)), fill_color=TRUNCATED)
     return _svg(chart)
@@ -242,16 +254,19 @@ def trend(steps: Sequence[int], series: dict[str, list[float | None]], ylabel: s
     chart.add_x_scale(first, last if last > first else first + 1)
     chart.add_x_axis(
         ticks=list(steps) if len(steps) <= 12 else None,
-        tick_formatter=lambda v, i, n: f"{Decimal(v):f}".rstrip("0").rstrip(".") or "0",
+        tick_formatter=_tick,
         name="step",
     )
     low, high = min(0.0, *known), max(known)
     chart.add_y_scale(low, high if high > low else low + 1)
-    chart.add_y_axis(name=ylabel, tick_formatter=lambda v, i, n: _short(float(v)))
+    chart.add_y_axis(name=ylabel, tick_formatter=_tick)
     colors = iter((TRAINED, TRUNCATED, MUTED))
     for label, values in series.items():
         points = list(zip(steps, values, strict=True))
         color = next(colors)
-        chart.add_line(points, name=label or ylabel, stroke_color=color)
+        if len(series) > 1:
+            chart.add_line(points, name=label, stroke_color=color)
+        else:
+            chart.add_series(leather.Series(points), _QuietLine(stroke_color=color))
         chart.add_series(leather.Series(points), _Marks(fill_color=color))
     return _svg(chart)
