@@ -127,6 +127,12 @@ def _y_scale(chart: Any, top: float) -> None:
     chart.add_y_scale(0, top if top > 0 else 1)
 
 
+def _finite(frame: pl.DataFrame, value: str) -> pl.DataFrame:
+    """The rows whose `value` can be binned: a NaN, infinite or null reward (a group of
+    rows without one) is counted in the title but has no bin."""
+    return frame.filter(pl.col(value).cast(pl.Float64).is_finite().fill_null(False))
+
+
 def _histogram(frame: pl.DataFrame, value: str, upper: pl.Expr, bins: int) -> pl.DataFrame:
     """`bins` equal bins over `value`'s range: each bin's start (`label`), its rows where
     `upper` holds and all its rows (`total`)."""
@@ -171,9 +177,12 @@ def group_rewards(groups: pl.DataFrame) -> str:
     """Histogram of the prompt groups' mean rewards, groups of one reward stacked on top."""
     if groups.is_empty():
         return _empty("no rows written")
+    binned = _finite(groups, d.GROUP_MEAN)
+    if binned.is_empty():
+        return _empty("no prompt group has a finite mean reward")
     one = int(groups.get_column(d.ONE_REWARD).sum())
     return _stacked(
-        _histogram(groups, d.GROUP_MEAN, pl.col(d.ONE_REWARD), 20),
+        _histogram(binned, d.GROUP_MEAN, pl.col(d.ONE_REWARD), 20),
         f"{one} of {groups.height} prompt groups have one reward",
         "mean raw reward of the prompt group",
         "prompt groups",
@@ -189,7 +198,9 @@ def response_lengths(lengths: pl.DataFrame) -> str:
         return _empty("no rows written")
     cut = int(lengths.get_column(c.TRUNCATED).sum())
     return _stacked(
-        _histogram(lengths, c.RESPONSE_LENGTHS, pl.col(c.TRUNCATED), 24),
+        _histogram(
+            _finite(lengths, c.RESPONSE_LENGTHS), c.RESPONSE_LENGTHS, pl.col(c.TRUNCATED), 24
+        ),
         f"{cut} of {lengths.height} samples truncated",
         "response length (tokens)",
         "samples",
