@@ -146,12 +146,6 @@ def thread_pool(threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=threads)
 
 
-def one_at_a_time() -> threading.Lock:
-    """A lock for work that shares global state across threads (the report's figures:
-    Matplotlib's rc settings)."""
-    return threading.Lock()
-
-
 def read_threads() -> int:
     """Threads of one file's read: its decoders and its digest (1: all on the caller's)."""
     return max(2, os.cpu_count() or 1) if on("read_threads") else 1

@@ -1,6 +1,6 @@
 """A step's report page (`step=N/report.html`) and the index across steps.
 
-The figure library (Matplotlib) comes with the `report` extra, never with the core or the
+The figure library (leather) comes with the `report` extra, never with the core or the
 loader: `render_step` is called by the writer only where it is installed, and everything
 that draws is imported inside it, so a build that writes no report never loads it.
 """
@@ -23,7 +23,7 @@ _TOLD: list[bool] = []
 
 def available() -> bool:
     """Whether the figure library is installed."""
-    return importlib.util.find_spec("matplotlib") is not None
+    return importlib.util.find_spec("leather") is not None
 
 
 def tell_missing() -> None:

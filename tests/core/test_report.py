@@ -154,14 +154,14 @@ def test_a_staged_batch_keeps_the_report_columns(tmp_path: Path) -> None:
 
 
 # A build where the figure library is not installed (the core install): importing
-# `matplotlib` fails and `importlib.util.find_spec` finds none.
-NO_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None\n"
+# `leather` fails and `importlib.util.find_spec` finds none.
+NO_FIGURE_LIBRARY = "import sys; sys.modules['leather'] = None\n"
 
 
 def test_without_the_figure_library_a_build_says_so_once(tmp_path: Path) -> None:
     source = worked_step(tmp_path / "in")
     write_step(source, [row(i, step=6, group_index=i // 4) for i in range(8)], step=6)
-    code = NO_MATPLOTLIB + "from pipeline import cli; sys.exit(cli.main(sys.argv[1:]))"
+    code = NO_FIGURE_LIBRARY + "from pipeline import cli; sys.exit(cli.main(sys.argv[1:]))"
     done = subprocess.run(
         [sys.executable, "-c", code, "build", str(source), "--out", str(tmp_path / "out")]
         + ["--global-batch-size", "4", "--dp-size", "2", "--on-invalid", "quarantine"],
@@ -205,3 +205,23 @@ def test_the_index_of_no_root_is_one_line(tmp_path: Path) -> None:
         assert done.returncode == 1
         assert done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr
         assert done.stderr.startswith("rollout-shards: report: "), done.stderr
+
+
+def test_a_group_without_a_finite_mean_reward_is_counted_but_not_binned() -> None:
+    from pipeline.report import figures
+
+    groups = pl.DataFrame(
+        {
+            data.GROUP_MEAN: [float("nan"), None, 0.25, 0.75],
+            data.GROUP_SIZE: [2, 2, 2, 2],
+            data.ONE_REWARD: [True, None, False, True],
+        }
+    )
+    svg = figures.group_rewards(groups)
+    assert "2 of 4 prompt groups have one reward" in svg
+    binned = figures._histogram(
+        figures._finite(groups, data.GROUP_MEAN), data.GROUP_MEAN, pl.col(data.ONE_REWARD), 20
+    )
+    assert binned.get_column("total").sum() == 2 and binned.get_column("upper").sum() == 1
+    assert binned.get_column("label").to_list()[:2] == ["0.25", "0.275"]
+    assert "no prompt group has a finite mean reward" in figures.group_rewards(groups.head(2))

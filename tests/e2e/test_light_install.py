@@ -53,7 +53,7 @@ def test_the_light_install_has_no_dagster(light_venv: Path) -> None:
     assert "rollout-shards" in names
     assert not {name for name in names if name.startswith("dagster")}
     # no figure library either: the `report` extra brings it
-    assert "matplotlib" not in names
+    assert "leather" not in names
 
 
 def test_the_light_cli_builds_what_the_dagster_path_builds(
