@@ -354,4 +354,4 @@ def by_tasks(job: Any, tasks: Tasks) -> Any:
     def reader(_: Any, stack: ExitStack) -> SharesReader:
         return SharesReader(tasks)
 
-    return replace(job, reader=reader, write_batch=write_by(tasks))
+    return replace(job, reader=reader, write_batch=write_by(tasks), tasks=tasks)
