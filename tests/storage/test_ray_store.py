@@ -159,3 +159,111 @@ def test_a_worker_dying_mid_write_leaves_no_manifest_and_no_file(
     rerun = _drive(cluster, inputs=inputs, out=f"s3://{bucket}/p")
     assert rerun["error"] is None
     assert _stored(server, bucket, "p") == _local(inputs, tmp_path / "local", SETTINGS)
+
+
+def _upload(server: S3Server, bucket: str, folder: Path, prefix: str) -> None:
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            key = f"{prefix}/{path.relative_to(folder)}"
+            server.client().put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+
+
+def test_inputs_in_the_store_are_read_by_the_tasks(
+    cluster: ray_cluster.RayCluster, server: S3Server, inputs: Path, tmp_path: Path
+) -> None:
+    """`build --ray` and `validate --ray` of inputs in the store: each object one share,
+    read by a task; the same bytes and the same report as from the local inputs."""
+    bucket = server.bucket()
+    _upload(server, bucket, inputs, "rollouts")
+    stored_inputs = f"s3://{bucket}/rollouts"
+    command = [sys.executable, "-m", "pipeline.cli"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*command, *args],
+            env=cluster.environment(),
+            capture_output=True,
+            text=True,
+            timeout=2 * start_timeout(),
+        )
+
+    built = run(
+        "build", stored_inputs, "--out", f"s3://{bucket}/p", *FLAGS, "--ray", cluster.address
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    local = _local(inputs, tmp_path / "local", SETTINGS)
+    stored = _stored(server, bucket, "p")
+    manifest, expected = (
+        json.loads(stored.pop("manifest.json")),
+        json.loads(local.pop("manifest.json")),
+    )
+    assert stored == local  # the rank files
+    assert manifest["outputs"] == expected["outputs"] and manifest["counts"] == expected["counts"]
+    assert [i["sha256"] for i in manifest["inputs"]] == [i["sha256"] for i in expected["inputs"]]
+
+    checked = ["validate", stored_inputs, "--global-batch-size", "64", "--dp-size", "4"]
+    here = run(*checked)
+    assert here.returncode == 0, here.stderr
+    on_ray = run(*checked, "--ray", cluster.address, "--ray-above", "0")
+    assert (on_ray.returncode, on_ray.stdout, on_ray.stderr) == (0, here.stdout, here.stderr)
+
+
+DAGSTER_DRIVER = """
+import json, sys
+import dagster as dg
+from tests.support.dagster_roots import materialize
+config = {"ops": {"rollout_samples": {"config": json.loads(sys.argv[1])}}}
+with dg.instance_for_test() as instance:
+    print(json.dumps(materialize(instance, "00000003", config).success))
+"""
+
+
+def test_a_dagster_materialization_commits_to_the_store_across_the_cluster(
+    cluster: ray_cluster.RayCluster, server: S3Server, tmp_path: Path
+) -> None:
+    """Both roots in the store, `ray_address` in the run config: the step the command line
+    builds from those inputs, byte for byte."""
+    from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV
+    from tests.support.samples import REPO
+
+    bucket = server.bucket()
+    _upload(server, bucket, REPO / "data" / "rollouts", "rollouts")
+    env = cluster.environment() | {
+        INPUT_ENV: f"s3://{bucket}/rollouts",
+        OUTPUT_ENV: f"s3://{bucket}/shards",
+    }
+    env.pop(CONFIG_ENV, None)
+    config = json.dumps({"ray_address": cluster.address, "ray_above": 0})
+    result = subprocess.run(
+        [sys.executable, "-c", DAGSTER_DRIVER, config],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2 * start_timeout(),
+    )
+    assert result.returncode == 0 and result.stdout.strip().endswith("true"), result.stderr[-3000:]
+    local = tmp_path / "local"
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "build",
+            f"s3://{bucket}/rollouts",
+            "--out",
+            str(local),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert built.returncode == 0, built.stderr
+    manifest = (local / "step=3" / "manifest.json").read_bytes()
+    assert server.body(bucket, "shards/step=3/manifest.json") == manifest
+    attempt = json.loads(manifest)["manifest_sha256"][:16]
+    ranks = [o["path"] for o in json.loads(manifest)["outputs"] if o["path"].startswith("rank=")]
+    assert ranks
+    for name in ranks:
+        key = f"shards/step=3/_attempts/{attempt}/{name}"
+        assert server.body(bucket, key) == (local / "step=3" / name).read_bytes()
