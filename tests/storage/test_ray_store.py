@@ -267,3 +267,28 @@ def test_a_dagster_materialization_commits_to_the_store_across_the_cluster(
     for name in ranks:
         key = f"shards/step=3/_attempts/{attempt}/{name}"
         assert server.body(bucket, key) == (local / "step=3" / name).read_bytes()
+
+
+def test_a_failed_check_on_what_the_tasks_report_sends_nothing(
+    server: S3Server, inputs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver's blocking checks run on the tasks' reports before any PUT: a rank whose
+    footer disagrees with its rows (here the tasks run in this process) stores nothing."""
+    from pipeline.errors import StepError
+    from pipeline.io.storage import ObjectRoot
+    from pipeline.step import store_ranks
+    from pipeline.step.readers.shares import LocalTasks, by_tasks
+    from pipeline.step.store_commit import build_to_store
+
+    monkeypatch.setattr(store_ranks, "footer_rows", lambda _: 1)
+    bucket = server.bucket()
+    files = group_steps(find_sources([inputs]))[0]
+    with pytest.raises(StepError, match="rule shards_verified: .*rank=0.parquet: 1 rows"):
+        build_to_store(
+            0,
+            files,
+            Settings(**SETTINGS),
+            ObjectRoot(f"s3://{bucket}/p"),
+            route=lambda job: by_tasks(job, LocalTasks()),
+        )
+    assert server.keys(bucket) == []
