@@ -190,7 +190,15 @@ def _build_one(
     try:
         if is_remote(args.out):
             manifest = build_to_store(
-                step, sources, settings, args.out, args.force, report, skipped, args.early_digests
+                step,
+                sources,
+                settings,
+                args.out,
+                args.force,
+                report,
+                skipped,
+                args.early_digests,
+                route,
             )
         else:
             manifest = build_step(
@@ -261,8 +269,6 @@ def run_build(args: argparse.Namespace) -> int:
     _inputs_exist(args.inputs)
     settings = _settings(args)
     if is_remote(args.out):
-        if settings.ray_address is not None:
-            raise UsageError("--ray writes to a local output root only, not to an object store")
         check_reachable(args.out, "--out")
     else:
         check_out(args.out, args.inputs)

@@ -60,6 +60,16 @@ class StoreError(OSError):
     """A request to the store failed (network, credentials, a missing bucket): one line."""
 
 
+# What a client's configuration is read from (obstore's, from the environment): handed to
+# the processes that reach the store for a driver (Ray's workers, `ray_ranks.connected`).
+CLIENT_ENV = ("AWS_", "GOOGLE_")
+
+
+def client_environment() -> dict[str, str]:
+    """The variables of this environment that configure a store's client."""
+    return {name: value for name, value in os.environ.items() if name.startswith(CLIENT_ENV)}
+
+
 def _store(uri: str) -> Any:
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     return _store_at(uri, endpoint)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from pipeline import trainers
 from pipeline.errors import StepError
@@ -87,6 +87,9 @@ class StepJob:
     early: EarlyDigests | None = None  # digests of input files taken before the build
     write_batch: Callable[[TrainBatch, Path], Manifest] = write_shards
     reader: OpenReader | None = None
+    # the tasks a routed job runs on (`readers.shares.by_tasks`): an object-store write
+    # asks them too (`store_commit`), having no `write_batch` of a local root
+    tasks: Any = None
 
     def open_reader(self, stack: ExitStack, writes: bool) -> Reader:
         """The reader of a run that `writes` the step (through to its shards) or not."""

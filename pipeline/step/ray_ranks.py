@@ -27,6 +27,7 @@ import ray
 import ray.exceptions
 
 from pipeline.errors import StepError, UsageError, Violation
+from pipeline.io import storage
 from pipeline.step.build import StepJob
 from pipeline.step.readers import shares
 from pipeline.step.readers.shares import Call, by_tasks
@@ -213,6 +214,10 @@ def connected(
         options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
         if node_ip_address is not None:
             options["_node_ip_address"] = node_ip_address
+        if client := storage.client_environment():
+            # a task PUTs an object-store output's files (`store_ranks`) with the driver's
+            # endpoint and credentials, not whatever its worker node was started with
+            options["runtime_env"] = {"env_vars": client}
         try:
             ray.init(address=address, **options)
         except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as error:

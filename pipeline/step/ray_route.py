@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
 from pipeline.errors import UsageError
 
 if TYPE_CHECKING:
+    from pipeline.io.discovery import SourceFile
     from pipeline.settings import RowSettings, Settings
     from pipeline.step.build import StepJob
 
@@ -51,6 +52,19 @@ def check_ray_installed() -> None:
         raise UsageError(f"--ray (ray_address) needs Ray, which is not installed: {INSTALL_RAY}")
 
 
+def _object_bytes(sources: Sequence[SourceFile]) -> int:
+    """The bytes of the step's objects in a store (one HEAD each), which `input_bytes`,
+    reading the disk, counts as none."""
+    from pipeline.io.storage import ObjectPath, head_of
+
+    total = 0
+    for source in sources:
+        if isinstance(source.path, ObjectPath):
+            found = head_of(source.path)
+            total += found.size if found is not None else 0  # its reader reports it
+    return total
+
+
 @contextmanager
 def ray_route(
     settings: Settings | RowSettings | None, in_ray_job: bool = False
@@ -74,7 +88,7 @@ def ray_route(
 
         def route(job: StepJob) -> StepJob:
             above = getattr(job.settings, "ray_above", 0) << 20
-            if input_bytes(job.sources) <= above:
+            if input_bytes(job.sources) + _object_bytes(job.sources) <= above:
                 return job
             if not joined:
                 try:

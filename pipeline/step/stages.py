@@ -66,7 +66,7 @@ def run_stages(
     `step/ray_ranks.py`)."""
     stages = selected_stages(names)
     if isinstance(roots.output_root, ObjectRoot):  # no lock file: the conditional PUT decides
-        yield from _run_to_store(stages, roots, roots.output_root, step, settings)
+        yield from _run_to_store(stages, roots, roots.output_root, step, settings, route)
         return
     with writer.step_lock(roots.output_root, step):
         yield from _run_selected(stages, roots, step, settings, route)
@@ -127,10 +127,16 @@ def _run_selected(
 
 
 def _run_to_store(
-    stages: list[str], roots: StepRoots, root: ObjectRoot, step: int, settings: Settings | None
+    stages: list[str],
+    roots: StepRoots,
+    root: ObjectRoot,
+    step: int,
+    settings: Settings | None,
+    route: Callable[[StepJob], StepJob] | None = None,
 ) -> Iterator[tuple[str, StageDone]]:
     """The three stages together to an object-store output root: read and plan in this
-    process, then `store_commit` uploads the files and commits the manifest. Anything else
+    process (or by Ray's tasks, `route`), then `store_commit` uploads the files (from
+    those tasks) and commits the manifest. Anything else
     would stage an asset there, or read one staged (`StepRoots.staging_folder` says why not).
     """
     if stages != list(STAGES):
@@ -141,16 +147,16 @@ def _run_to_store(
         )
     if settings is None:
         raise UsageError(f"step {step}: {ROLLOUT_SAMPLES} needs the run's settings")
-    if settings.ray_address is not None:
-        raise UsageError("ray_address builds to a local output root only, not to an object store")
     job = StepJob(step, roots.step_sources(step), settings, None)  # no refusal record there
+    if route is not None:  # Ray's tasks read the step and encode and PUT its files
+        job = route(job)
     folder = roots.step_folder(step)
     batch: TrainBatch | None = None
     for name, value in run_step(job, ROLLOUT_SAMPLES, TRAIN_BATCH):
         batch = value if isinstance(value, TrainBatch) else batch
         yield name, StageDone(value, None, batch, folder)
     assert batch is not None
-    yield TRAINING_SHARDS, StageDone(commit_step(batch, root), None, batch, folder)
+    yield TRAINING_SHARDS, StageDone(commit_step(batch, root, job.tasks), None, batch, folder)
 
 
 def _hand_on_or_stage(

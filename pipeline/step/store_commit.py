@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from datetime import UTC, datetime
 
 import polars as pl
@@ -33,9 +34,10 @@ from pipeline.io.store_layout import attempt_of, attempts_prefix, manifest_key, 
 from pipeline.manifest import Manifest, OutputFile, input_path
 from pipeline.settings import Settings
 from pipeline.speed import EarlyDigests, thread_pool
-from pipeline.step import TRAIN_BATCH
+from pipeline.step import TRAIN_BATCH, store_ranks
 from pipeline.step.build import StageReporter, StepJob, _Silent, run_step
 from pipeline.step.freshness import shards_are_current
+from pipeline.step.readers.shares import Tasks
 from pipeline.step.tables import TrainBatch
 from pipeline.step.verify import footer_rows, written_problems
 from pipeline.transforms.layout import rank_bounds
@@ -98,6 +100,14 @@ def encode_step(batch: TrainBatch) -> tuple[Manifest, dict[str, bytes]]:
         files[name] = data
         outputs.append(OutputFile(name, _sha256(data), batch.quarantine.height))
     manifest.outputs = outputs
+    _verified(manifest, footers, rank_rows)
+    return manifest, files
+
+
+def _verified(
+    manifest: Manifest, footers: dict[str, int | str], rank_rows: Sequence[pl.LazyFrame]
+) -> None:
+    """Refuse, before anything is sent, a step that fails a blocking check."""
     problems = written_problems(manifest, footers, rank_rows)
     if problems:
         raise StepError(
@@ -106,25 +116,61 @@ def encode_step(batch: TrainBatch) -> tuple[Manifest, dict[str, bytes]]:
                     rule="shards_verified",
                     message="the written step fails a blocking check and is not published: "
                     + "; ".join(f"{what}: {problem}" for what, problem in problems),
-                    step=batch.step,
+                    step=manifest.step,
                 )
             ]
         )
-    return manifest, files
 
 
-def commit_to_store(batch: TrainBatch, root: ObjectRoot, seen: str | None) -> Manifest:
+def _upload_here(batch: TrainBatch) -> tuple[Manifest, store_ranks.Upload]:
+    """The step encoded in this process, and the upload of its files from here."""
+    manifest, files = encode_step(batch)
+
+    def upload(root: ObjectRoot, attempt: str) -> list[str]:
+        keys = [output_key(batch.step, attempt, name) for name in files]
+        with thread_pool(UPLOADS) as pool:
+            list(pool.map(storage.put, [root] * len(keys), keys, files.values()))
+        return keys
+
+    return manifest, upload
+
+
+def _upload_by_tasks(batch: TrainBatch, tasks: Tasks) -> tuple[Manifest, store_ranks.Upload]:
+    """The step encoded by `tasks` (a Ray cluster's), checked here on what they report."""
+    manifest, footers, rank_rows, upload = store_ranks.encode_by_tasks(batch, tasks)
+    _verified(manifest, footers, rank_rows)
+    return manifest, upload
+
+
+def _discard(root: ObjectRoot, step: int, attempt: str) -> None:
+    """Remove what a failed upload left of `attempt`, unless the committed manifest names
+    that attempt (the same step built again: its files are the committed ones)."""
+    committed, _ = stored_manifest(root, step)
+    if committed is not None and attempt_of(committed.to_json()) == attempt:
+        return
+    prefix = f"{attempts_prefix(step)}{attempt}/"
+    storage.delete(root, [listed.key for listed in storage.listing(root, prefix)])
+
+
+def commit_to_store(
+    batch: TrainBatch, root: ObjectRoot, seen: str | None, tasks: Tasks | None = None
+) -> Manifest:
     """Upload the step's files under its attempt prefix, then commit its manifest: created
     when the build found none (`seen` None), or replacing the version it found (`seen`,
-    its etag). A build that loses the commit to another one removes its files and fails
-    with one line, unless the manifest committed is byte for byte its own."""
-    manifest, files = encode_step(batch)
+    its etag). The files are encoded and PUT here, or by `tasks` (`store_ranks`). An upload
+    that fails (a dead worker, the store) removes what it wrote. A build that loses the
+    commit to another one removes its files and fails with one line, unless the manifest
+    committed is byte for byte its own."""
+    manifest, upload = _upload_here(batch) if tasks is None else _upload_by_tasks(batch, tasks)
     text = manifest.to_json().encode()
     attempt = attempt_of(text)
     step = batch.step
-    with thread_pool(UPLOADS) as pool:
-        keys = [output_key(step, attempt, name) for name in files]
-        list(pool.map(storage.put, [root] * len(keys), keys, files.values()))
+    try:
+        keys = upload(root, attempt)
+    except BaseException:
+        with suppress(OSError):  # the upload's failure is the one to report
+            _discard(root, step, attempt)
+        raise
     if storage.put_if(root, manifest_key(step), text, seen):
         return manifest
     committed = storage.get(root, manifest_key(step))
@@ -195,13 +241,13 @@ def clean_abandoned(root: ObjectRoot, step: int, keep: str | None) -> list[str]:
     return removed
 
 
-def commit_step(batch: TrainBatch, root: ObjectRoot) -> Manifest:
+def commit_step(batch: TrainBatch, root: ObjectRoot, tasks: Tasks | None = None) -> Manifest:
     """A planned step committed whether or not it was current (a Dagster materialization
     builds what it is asked to): the abandoned attempts of the step removed first, then the
     manifest found replaced, or created when there is none."""
     manifest, etag = stored_manifest(root, batch.step)
     clean_abandoned(root, batch.step, attempt_of(manifest.to_json()) if manifest else None)
-    return commit_to_store(batch, root, etag)
+    return commit_to_store(batch, root, etag, tasks)
 
 
 def build_to_store(
@@ -213,10 +259,12 @@ def build_to_store(
     reporter: StageReporter | None = None,
     skipped: Sequence[str] = (),
     early: EarlyDigests | None = None,
+    route: Callable[[StepJob], StepJob] | None = None,
 ) -> Manifest:
     """`build.build_step` to an object store: the one driver reads, checks and plans the
     step (`run_step`), then `commit_to_store` writes and commits it. A current step is kept
-    unless `force`; abandoned attempts of the step are removed first."""
+    unless `force`; abandoned attempts of the step are removed first. `route` may give the
+    job Ray's tasks (`step/ray_route.py`), which then read the step and write its files."""
     report = reporter or _Silent()
     manifest, etag = stored_manifest(root, step)
     clean_abandoned(root, step, attempt_of(manifest.to_json()) if manifest else None)
@@ -225,11 +273,13 @@ def build_to_store(
         report.up_to_date(step, root.url(f"step={step}"))
         return manifest
     job = StepJob(step, sources, settings, None, skipped, early)
+    if route is not None:
+        job = route(job)
     batch = None
     for _, stage in run_step(job, last=TRAIN_BATCH, reporter=report):
         batch = stage
     assert isinstance(batch, TrainBatch)
     report.begin(step, "write")
-    built = commit_to_store(batch, root, etag)
+    built = commit_to_store(batch, root, etag, job.tasks)
     report.end(step, "write", f"{len(built.outputs)} files")
     return built

@@ -269,17 +269,3 @@ def test_run_configs_prefix_stays_inside_the_store_root(
     )
     with pytest.raises(UsageError, match=re.escape(f"output_root {value} {problem}")):
         RolloutStorage(output_root=value).output_path  # noqa: B018 - the property checks
-
-
-def test_ray_address_with_a_store_output_is_one_usage_line(
-    server: S3Server, bucket: str, instance: dg.DagsterInstance
-) -> None:
-    config = {"ops": {"rollout_samples": {"config": {"ray_address": "127.0.0.1:6379"}}}}
-    result = materialize(instance, "00000001", run_config=config)
-    _, failure = step_failure(result)
-    assert failure.description == (
-        "rollout-shards: usage error: ray_address builds to a local output root only, "
-        "not to an object store"
-    )
-    assert materialized(result) == []
-    assert server.keys(bucket, "shards/") == []

@@ -321,7 +321,6 @@ def test_parity_of_builds_and_inputs_in_the_store(server: S3Server, tmp_path: Pa
         (["build", str(ROLLOUTS), "--out", "s3://no-such-bucket/x"], "--out s3://no-such"),
         (["build", "s3://no-such-bucket/in", "--out", "OUT"], "input s3://no-such-bucket/in"),
         (["build", str(ROLLOUTS), "--out", "s3://"], "name a bucket"),
-        (["build", str(ROLLOUTS), "--out", "s3://b/x", "--ray", "auto"], "--ray writes to a"),
     ],
 )
 def test_a_store_it_cannot_reach_is_one_line(

@@ -36,6 +36,7 @@ from pipeline.errors import StepError, Violation
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import is_parquet, read_in_parts, read_source
 from pipeline.io.step_files import StepFiles
+from pipeline.io.storage import ObjectPath
 from pipeline.step.check import ReadStep, split_lists
 from pipeline.step.readers.spill import PART_BYTES
 from pipeline.step.tables import RankRows, TrainBatch, compact
@@ -96,6 +97,13 @@ def identity(path: Path) -> Identity:
     return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
+def _in_shares(source: SourceFile) -> bool:
+    """Whether a file is read in shares of its row groups, hashed by a task of its own: a
+    local Parquet file. Any other, an object in a store too, is one share read whole (one
+    GET, `storage.fetch`), which hashes it as the in-memory read does."""
+    return is_parquet(source) and not isinstance(source.path, ObjectPath)
+
+
 def split_shares(
     step: int, sources: Sequence[SourceFile], share_bytes: int = SHARE_BYTES
 ) -> list[Share]:
@@ -107,7 +115,7 @@ def split_shares(
     shares = []
     for place, source in enumerate(sources):
         try:
-            meta = pq.ParquetFile(str(source.path)).metadata if is_parquet(source) else None
+            meta = pq.ParquetFile(str(source.path)).metadata if _in_shares(source) else None
         except (pa.ArrowException, OSError, UnicodeEncodeError):  # pyarrow opens by name
             meta = None
         if meta is None or meta.num_row_groups == 0:
@@ -279,13 +287,13 @@ class SharesReader:
         self.shares = split_shares(step, job.sources, self.share_bytes or SHARE_BYTES)
         calls: list[Call] = []
         for place, source in enumerate(job.sources):
-            if is_parquet(source):
+            if _in_shares(source):
                 calls.append((file_digest, (source.path,)))
             calls += [(read_share, (share,)) for share in self.shares if share.file == place]
         results = iter(self.tasks.run(calls))
         files, places = StepFiles(step), []
         for place, source in enumerate(job.sources):
-            digest = next(results) if is_parquet(source) else None
+            digest = next(results) if _in_shares(source) else None
             mine = [i for i, share in enumerate(self.shares) if share.file == place]
             rows, seen = 0, {digest[1]} if digest else set()
             sha256 = digest[0] if digest else None
@@ -354,4 +362,4 @@ def by_tasks(job: Any, tasks: Tasks) -> Any:
     def reader(_: Any, stack: ExitStack) -> SharesReader:
         return SharesReader(tasks)
 
-    return replace(job, reader=reader, write_batch=write_by(tasks))
+    return replace(job, reader=reader, write_batch=write_by(tasks), tasks=tasks)

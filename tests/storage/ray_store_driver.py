@@ -1,0 +1,78 @@
+"""A driver process of `test_ray_store.py`: builds every step of its inputs to an
+object-store output root (`store_commit.build_to_store`) routed to the cluster
+(`ray_ranks.connected`), each task asking for the workers' custom resource, and prints what
+happened as one JSON line.
+
+Run as `python ray_store_driver.py SPEC`, SPEC a JSON object: inputs, out (an s3:// URL),
+settings, address, and optionally die_task and die_rank (the task of that function for
+that rank kills its worker process: a worker dying mid-write).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import StepError
+from pipeline.io.discovery import find_sources
+from pipeline.io.load import group_steps
+from pipeline.io.storage import root_of
+from pipeline.settings import Settings
+from pipeline.step import ray_ranks
+from pipeline.step.store_commit import build_to_store
+
+RESOURCE = "rollout_worker"
+
+
+def _die(*_: Any) -> None:
+    os._exit(1)  # the worker process dies as a killed or crashed one does
+
+
+def _rank(function: Any, arguments: tuple[Any, ...]) -> int:
+    """The rank a rank task works for: its second argument, or the rank file it PUTs."""
+    if function.__name__ == "put_object":
+        return int(str(arguments[1]).rpartition("rank=")[2].partition(".")[0] or -1)
+    return int(arguments[1])
+
+
+class DyingTasks(ray_ranks.RayTasks):
+    """Tasks whose `die_task` of one rank (`die_rank`) dies."""
+
+    die_task = ""
+    die_rank = -1
+
+    def _swap(self, function: Any, arguments: tuple[Any, ...]) -> Any:
+        if function.__name__ == self.die_task and _rank(function, arguments) == self.die_rank:
+            return _die
+        return function
+
+    def run(self, calls: Any) -> list[Any]:
+        return super().run([(self._swap(f, a), a) for f, a in calls])
+
+    def scatter(self, calls: Any) -> list[list[Any]]:
+        return super().scatter([((self._swap(f, a), a), ways) for (f, a), ways in calls])
+
+
+def main(spec: dict[str, Any]) -> dict[str, Any]:
+    import ray
+
+    tasks = DyingTasks(resources={RESOURCE: 1})
+    tasks.die_task, tasks.die_rank = spec.get("die_task", ""), spec.get("die_rank", -1)
+    settings = Settings(**spec["settings"])
+    root = root_of(spec["out"])
+    error = None
+    with ray_ranks.connected(spec["address"], tasks, node_ip_address="127.0.0.1") as route:
+        driver = ray.get_runtime_context().get_node_id()
+        for step, files in group_steps(find_sources([Path(spec["inputs"])])).items():
+            try:
+                build_to_store(step, files, settings, root, route=route)  # type: ignore[arg-type]
+            except StepError as failed:
+                error = str(failed)
+    return {"driver": driver, "ran": [[r.task, r.node, r.pid] for r in tasks.ran], "error": error}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))
