@@ -7,14 +7,10 @@ that a usage error needs no heavy import and the process settings are in place f
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import numbers
 import os
 import re
 import sys
 from collections.abc import Sequence
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +19,10 @@ from pipeline.io.discovery import SourceFile, find_sources
 from pipeline.io.load import group_steps
 from pipeline.io.storage import ObjectRoot, check_reachable, is_remote, root_of
 from pipeline.io.writer import clean_stale, step_folder
+from pipeline.json_text import strict_json
 from pipeline.manifest import Manifest
 from pipeline.progress import Progress
+from pipeline.root_commands import run_metrics, run_parity, run_report
 from pipeline.settings import (
     RowSettings,
     Settings,
@@ -114,34 +112,6 @@ def _steps(
     if not steps and not incomplete and not refused:
         raise UsageError(f"no rollout tables found under {', '.join(inputs)}")
     return steps
-
-
-def strict_json(value: Any) -> str:
-    """JSON that strict parsers accept: a non-finite number (a NaN index named in a
-    violation, say) is the string "nan", "inf" or "-inf"; a Decimal is its text, which
-    keeps every digit; any other value JSON has no type for is its text too."""
-    return json.dumps(_jsonable(value), indent=2, allow_nan=False)
-
-
-def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, str | bool):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        number = float(value)
-        return number if math.isfinite(number) else _non_finite(number)
-    if isinstance(value, Decimal):
-        return str(value) if value.is_finite() else _non_finite(float(value))
-    if isinstance(value, dict):
-        return {str(key): _jsonable(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(item) for item in value]
-    return str(value)
-
-
-def _non_finite(value: float) -> str:
-    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
 def print_violations(command: str, violations: list[Violation]) -> None:
@@ -411,51 +381,6 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         print(planner.text_table(plans, measure))
     return 1 if failed else 0
-
-
-def run_parity(args: argparse.Namespace) -> int:
-    from pipeline.parity.payloads import parity
-
-    report = parity(args.left, args.right)
-    if args.format == "json":
-        print(strict_json(report.to_json()))
-    else:
-        print(report.text())
-    return 0 if report.identical else 1
-
-
-def run_metrics(args: argparse.Namespace) -> int:
-    from pipeline import metrics_export
-
-    jsonl = None if args.jsonl in (None, "-") else Path(args.jsonl)
-    metrics_export.check_targets(args.tensorboard, jsonl)
-    if not is_remote(args.root):  # no refusal records in an object store
-        for note in refused.refused_notes("metrics", Path(args.root)):
-            print(note, file=sys.stderr)
-    steps = metrics_export.root_metrics(args.root)
-    if args.tensorboard is None and args.jsonl is None:  # ROOT alone: a table to read
-        sys.stdout.write(metrics_export.table_text(steps))
-        return 0
-    written = []
-    if args.tensorboard is not None:
-        written.append(str(metrics_export.write_tensorboard(steps, args.tensorboard)))
-    if args.jsonl == "-":
-        sys.stdout.write(metrics_export.jsonl_text(steps))
-        return 0
-    if args.jsonl is not None:
-        metrics_export.write_jsonl(steps, Path(args.jsonl))
-        written.append(args.jsonl)
-    first, last = steps[0].step, steps[-1].step
-    span = f"step {first}" if len(steps) == 1 else f"{len(steps)} steps ({first}..{last})"
-    print(f"{PROG}: metrics: {span} of {args.root} to {' and '.join(written)}")
-    return 0
-
-
-def run_report(args: argparse.Namespace) -> int:
-    from pipeline.report.index import write_index
-
-    print(f"{PROG}: report: {write_index(args.root, args.out)}")
-    return 0
 
 
 COMMANDS = {

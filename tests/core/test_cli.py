@@ -53,7 +53,8 @@ def test_build_is_byte_identical_on_rerun(tmp_path: Path) -> None:
     for name in ("a", "b"):
         assert cli("build", DATA, "--out", tmp_path / name).returncode == 0
     assert digests(tmp_path / "a") == digests(tmp_path / "b")
-    assert len(digests(tmp_path / "a")) == 13  # 4 manifests, 8 rank files, the dataset card
+    # 4 manifests, 8 rank files, 4 reports, the dataset card
+    assert len(digests(tmp_path / "a")) == 17
 
 
 def test_validate_embedded_data_json(tmp_path: Path) -> None:

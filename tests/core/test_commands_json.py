@@ -10,8 +10,8 @@ import math
 from decimal import Decimal
 from typing import Any
 
-from pipeline.commands import strict_json
 from pipeline.errors import Violation
+from pipeline.json_text import strict_json
 
 
 def strict_loads(text: str) -> Any:
