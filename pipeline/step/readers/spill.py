@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
+from concurrent.futures import Future, wait
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -36,6 +37,7 @@ from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import read_in_parts
 from pipeline.io.step_files import StepFiles
+from pipeline.speed import read_threads, thread_pool
 from pipeline.step.check import ReadStep, typed_part
 from pipeline.step.tables import RankRows, TrainBatch, compact
 from pipeline.transforms.shard_columns import loss_masks, optional_shard_columns
@@ -116,20 +118,42 @@ class SpillReader:
     def read(self, job: StepJob) -> ReadStep:
         step, spill = job.step, self.spill
         files = StepFiles(step)
-        for source in job.sources:
-            rows = 0
+        # A part is typed and spilled on a thread of its own while the next part decodes
+        # (pyarrow and Polars both work without the GIL): on the caller's thread the two
+        # take turns and each leaves a core idle. One part at a time, in order, so the
+        # parts are typed and spilled as on one thread; a part waits for the one before.
+        with thread_pool(1) as typing:
+            for source in job.sources:
+                rows = 0
+                pending: Future[None] | None = None
 
-            def take(frame: pl.DataFrame, first: int, source: SourceFile = source) -> None:
-                nonlocal rows
-                light, lists = typed_part(files, source, frame, first)
-                spill.add(lists)
-                files.frames.append(light)
-                rows += light.height
+                def part(frame: pl.DataFrame, first: int, source: SourceFile = source) -> None:
+                    nonlocal rows
+                    light, lists = typed_part(files, source, frame, first)
+                    spill.add(lists)
+                    files.frames.append(light)
+                    rows += light.height
 
-            taken = job.early(source.path) if job.early is not None else None
-            sha256 = read_in_parts(source, step, self.part_bytes or PART_BYTES, take, taken)
-            assert sha256 is not None, "a whole file is hashed"
-            files.add_file(source, sha256, rows)
+                def take(frame: pl.DataFrame, first: int) -> None:
+                    nonlocal pending
+                    if pending is not None:
+                        pending.result()  # the part before, typed and spilled (or its error)
+                    if read_threads() > 1:
+                        pending = typing.submit(part, frame, first)
+                    else:
+                        part(frame, first)
+
+                taken = job.early(source.path) if job.early is not None else None
+                try:
+                    sha256 = read_in_parts(source, step, self.part_bytes or PART_BYTES, take, taken)
+                except BaseException:
+                    if pending is not None:  # the read's error first; the part's is later
+                        wait([pending])
+                    raise
+                if pending is not None:
+                    pending.result()  # the last part (its error, a full spill disk, say)
+                assert sha256 is not None, "a whole file is hashed"
+                files.add_file(source, sha256, rows)
         return ReadStep(files.loaded(), spill)
 
     def planned(self, batch: TrainBatch) -> TrainBatch:
@@ -181,7 +205,10 @@ class SpilledRows(RankRows):
     """`RankRows` whose lists wait in the spilled parts (`take_rows`); the writer takes one
     rank at a time, so that the build holds one rank's lists."""
 
-    parallel_ranks = 1
+    # Two ranks at once, as in memory: one rank's gather from the spill overlaps the
+    # other's encode (each alone leaves a core idle). The build then holds two ranks'
+    # lists, still well under half the floor's memory.
+    parallel_ranks = 2
 
     def __init__(
         self,
