@@ -1,5 +1,5 @@
-"""The step read in parts, its per-token lists spilled: the build holds one part, or one rank,
-of lists at a time.
+"""The step read in parts, its per-token lists spilled: the build holds a few parts, or two
+ranks, of lists at a time.
 
 The in-memory build holds the whole step; nearly all of its bytes are the lists with a value
 per token (`c.PER_TOKEN_COLUMNS`), which only the writer needs whole, and only one rank at a
@@ -202,8 +202,8 @@ def spilled(batch: TrainBatch, spill: Spill) -> TrainBatch:
 
 
 class SpilledRows(RankRows):
-    """`RankRows` whose lists wait in the spilled parts (`take_rows`); the writer takes one
-    rank at a time, so that the build holds one rank's lists."""
+    """`RankRows` whose lists wait in the spilled parts (`take_rows`); the writer takes two
+    ranks at a time, so that the build holds two ranks' lists."""
 
     # Two ranks at once, as in memory: one rank's gather from the spill overlaps the
     # other's encode (each alone leaves a core idle). The build then holds two ranks'
