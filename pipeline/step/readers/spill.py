@@ -48,6 +48,10 @@ if TYPE_CHECKING:
 # Decoded bytes of one part of an input file: what the read holds at once beside the
 # rows without their lists.
 PART_BYTES = 16 << 20
+# Spilled bytes per rank from which two ranks are written at once (`SpilledRows`): below
+# it a second rank's lists weigh more against the process's fixed memory than the overlap
+# saves in time (at 128k samples and dp 8 they took the build past half the floor's peak).
+TWO_RANKS_FROM = 256 << 20
 
 
 def input_bytes(sources: Sequence[SourceFile]) -> int:
@@ -197,18 +201,18 @@ def spilled(batch: TrainBatch, spill: Spill) -> TrainBatch:
     assert rows is not None, "a planned batch holds its rows in batch order"
     # the loaded position of each batch position
     loaded = spill.kept if spill.kept is not None else pl.int_range(spill.rows, eager=True)
-    rank_rows = SpilledRows(rows, spill.parts, loaded, spill.schema)
+    spilled_bytes = sum(os.stat(path).st_size for path, _, _ in spill.parts)
+    big = spilled_bytes // max(batch.meta.dp_size, 1) >= TWO_RANKS_FROM
+    rank_rows = (BigSpilledRows if big else SpilledRows)(rows, spill.parts, loaded, spill.schema)
     return TrainBatch(batch.step, rank_rows, batch.meta, batch.quarantine)
 
 
 class SpilledRows(RankRows):
-    """`RankRows` whose lists wait in the spilled parts (`take_rows`); the writer takes two
-    ranks at a time, so that the build holds two ranks' lists."""
+    """`RankRows` whose lists wait in the spilled parts (`take_rows`); the writer takes one
+    rank at a time, so that the build holds one rank's lists, or two where ranks are big
+    (`BigSpilledRows`)."""
 
-    # Two ranks at once, as in memory: one rank's gather from the spill overlaps the
-    # other's encode (each alone leaves a core idle). The build then holds two ranks'
-    # lists, still well under half the floor's memory.
-    parallel_ranks = 2
+    parallel_ranks = 1
 
     def __init__(
         self,
@@ -252,3 +256,11 @@ class SpilledRows(RankRows):
             pl.col(c.TOKENS), loss_masks(picked), *optional_shard_columns(self.optional)
         )
         return compact(self.scalars, start, length).hstack(written).select(*self.columns)
+
+
+class BigSpilledRows(SpilledRows):
+    """`SpilledRows` of ranks of `TWO_RANKS_FROM` spilled bytes or more, written two at once
+    as in memory: one rank's gather from the spill overlaps the other's encode (each alone
+    leaves a core idle), for a second rank's lists in memory."""
+
+    parallel_ranks = 2
