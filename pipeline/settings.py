@@ -70,8 +70,8 @@ class CommonSettings:
         "Read a step folder only once its producer wrote step=<N>/_SUCCESS.", False
     )
     stream_above: NonNegative | None = setting(
-        "MiB of input files on disk above which a step holds its per-token lists one part "
-        "or one rank at a time (0: every step; null: never).",
+        "MiB of input files on disk above which a step holds its per-token lists a few parts "
+        "or two ranks at a time (0: every step; null: never).",
         256,
         recorded=False,
     )

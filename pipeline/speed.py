@@ -8,8 +8,9 @@ list or `all`, so one tree can be measured against itself
 
 - `head_start`: `build` and `validate` hash their input files on a thread while the
   program loads (`HeadStart`): loading is single-threaded and leaves a core idle.
-- `read_threads`: a file's sha256 is taken while its columns decode, and a large Parquet
-  file's list columns decode side by side (`thread_pool`, `io.parquet`).
+- `read_threads`: a file's sha256 is taken while its columns decode, a large Parquet
+  file's list columns decode side by side (`thread_pool`, `io.parquet`), and a read in
+  parts types and spills a part while the next decodes (`step.readers.spill`).
 - `write_threads`: two ranks gathered and encoded at once, and each written file sealed
   (sha256, fsync, footer) on other threads while the next ranks are written.
 - `arrow_pool`: a read in parts allocates from Arrow's jemalloc pool, set to give pages

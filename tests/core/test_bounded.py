@@ -112,6 +112,30 @@ def test_non_compact_step_is_trimmed_alike(tmp_path: Path, streamed: list[str]) 
     assert manifest["counts"]["trimmed"] > 0
 
 
+@pytest.mark.parametrize("two_from", [0, 1 << 60])
+def test_ranks_written_two_at_once_or_one_alike(
+    two_from: int, tmp_path: Path, streamed: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Big ranks are written two at once (`BigSpilledRows`), small ones one at a time: the
+    same bytes as in memory either way."""
+    chosen: list[str] = []
+    made = spill.spilled
+
+    def spilled(batch: Any, kept: spill.Spill) -> Any:
+        planned = made(batch, kept)
+        chosen.append(type(planned.rank_rows).__name__)
+        return planned
+
+    monkeypatch.setattr(spill, "TWO_RANKS_FROM", two_from)
+    monkeypatch.setattr(spill, "spilled", spilled)
+    folder = generated_step(tmp_path / "in", non_compact=True)
+    settings = Settings(global_batch_size=64, dp_size=4)
+    memory, bounded = _build_both(folder, tmp_path / "out", settings)
+    assert streamed == ["memory", "spill"]
+    assert chosen == ["BigSpilledRows" if two_from == 0 else "SpilledRows"]
+    assert memory == bounded
+
+
 def _changed_step(tmp_path: Path, column: str, value: pl.Expr) -> Path:
     """A folder holding the generated step with `column` set to `value`."""
     table = pl.read_parquet(generated_step(tmp_path / "gen") / "step=0.parquet")
