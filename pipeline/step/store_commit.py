@@ -39,7 +39,7 @@ from pipeline.step.build import StageReporter, StepJob, _Silent, run_step
 from pipeline.step.freshness import shards_are_current
 from pipeline.step.readers.shares import Tasks
 from pipeline.step.tables import TrainBatch
-from pipeline.step.verify import footer_rows, written_problems
+from pipeline.step.verify import footer_rows, refuse_unverified, written_problems
 from pipeline.transforms.layout import rank_bounds
 
 # Files of an attempt no manifest names are removed once this old: a build writing its
@@ -108,18 +108,7 @@ def _verified(
     manifest: Manifest, footers: dict[str, int | str], rank_rows: Sequence[pl.LazyFrame]
 ) -> None:
     """Refuse, before anything is sent, a step that fails a blocking check."""
-    problems = written_problems(manifest, footers, rank_rows)
-    if problems:
-        raise StepError(
-            [
-                Violation(
-                    rule="shards_verified",
-                    message="the written step fails a blocking check and is not published: "
-                    + "; ".join(f"{what}: {problem}" for what, problem in problems),
-                    step=manifest.step,
-                )
-            ]
-        )
+    refuse_unverified(written_problems(manifest, footers, rank_rows), manifest.step)
 
 
 def _upload_here(batch: TrainBatch) -> tuple[Manifest, store_ranks.Upload]:

@@ -14,7 +14,7 @@ from typing import IO
 import polars as pl
 
 from pipeline import columns as c
-from pipeline.errors import first_line
+from pipeline.errors import StepError, Violation, first_line
 from pipeline.io import writer
 from pipeline.io.checksums import sha256_of
 from pipeline.manifest import Manifest
@@ -154,3 +154,18 @@ def written_problems(
     if not problems and manifest.settings.get("cp_size") is not None:
         problems += _split_problems(split_rollouts_of(pl.concat(rank_rows)))
     return problems
+
+
+def refuse_unverified(problems: Sequence[tuple[str, str]], step: int) -> None:
+    """Refuse, before it is published, a written step that fails a blocking check."""
+    if problems:
+        raise StepError(
+            [
+                Violation(
+                    rule="shards_verified",
+                    message="the written step fails a blocking check and is not published: "
+                    + "; ".join(f"{what}: {problem}" for what, problem in problems),
+                    step=step,
+                )
+            ]
+        )

@@ -23,7 +23,7 @@ from pipeline.speed import thread_pool, write_threads
 from pipeline.step.one_trainer import RULE as ONE_TRAINER
 from pipeline.step.one_trainer import other_trainer
 from pipeline.step.tables import TrainBatch
-from pipeline.step.verify import blocking_problems, footer_rows
+from pipeline.step.verify import blocking_problems, footer_rows, refuse_unverified
 from pipeline.transforms.layout import rank_bounds
 
 # The output root's dataset card: `datasets.load_dataset(<root>)` reads every committed
@@ -131,17 +131,7 @@ def commit_shards(
             manifest.report = REPORT
         manifest.outputs = outputs
         problems = blocking_problems(manifest, staged, hash_files=False, footers=footers)
-        if problems:
-            raise StepError(
-                [
-                    Violation(
-                        rule="shards_verified",
-                        message="the written step fails a blocking check and is not published: "
-                        + "; ".join(f"{what}: {problem}" for what, problem in problems),
-                        step=batch.step,
-                    )
-                ]
-            )
+        refuse_unverified(problems, batch.step)
         manifest.write(staged / MANIFEST)
         # The card's lock from here to the commit: no other build commits in between, so
         # the root's steps checked here are the ones this step is published beside.
