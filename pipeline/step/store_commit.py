@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 import polars as pl
 
 from pipeline import columns as c
+from pipeline import report
 from pipeline.errors import StepError, Violation
 from pipeline.io import storage, writer
 from pipeline.io.checksums import input_digest
@@ -32,6 +33,7 @@ from pipeline.io.discovery import SourceFile
 from pipeline.io.storage import ObjectRoot
 from pipeline.io.store_layout import attempt_of, attempts_prefix, manifest_key, output_key
 from pipeline.manifest import Manifest, OutputFile, input_path
+from pipeline.report import REPORT
 from pipeline.settings import Settings
 from pipeline.speed import EarlyDigests, thread_pool
 from pipeline.step import TRAIN_BATCH, store_ranks
@@ -131,6 +133,28 @@ def _upload_by_tasks(batch: TrainBatch, tasks: Tasks) -> tuple[Manifest, store_r
     return manifest, upload
 
 
+def _with_report(
+    batch: TrainBatch, manifest: Manifest, upload: store_ranks.Upload
+) -> store_ranks.Upload:
+    """The step's report page drawn and listed last in the manifest's outputs, as
+    `write.commit_shards` lists it on disk (so the manifests are the same bytes), and
+    `upload` that also PUTs it; `upload` as it is where no figure library is installed."""
+    if not report.available():
+        report.tell_missing()
+        return upload
+    page = report.render_step(batch.report_rows(), batch.meta, batch.quarantine)
+    manifest.outputs = [*manifest.outputs, OutputFile(REPORT, _sha256(page), 0)]
+    manifest.report = REPORT
+
+    def with_page(root: ObjectRoot, attempt: str) -> list[str]:
+        keys = upload(root, attempt)
+        key = output_key(batch.step, attempt, REPORT)
+        storage.put(root, key, page)
+        return [*keys, key]
+
+    return with_page
+
+
 def _discard(root: ObjectRoot, step: int, attempt: str) -> None:
     """Remove what a failed upload left of `attempt`, unless the committed manifest names
     that attempt (the same step built again: its files are the committed ones)."""
@@ -151,6 +175,7 @@ def commit_to_store(
     commit to another one removes its files and fails with one line, unless the manifest
     committed is byte for byte its own."""
     manifest, upload = _upload_here(batch) if tasks is None else _upload_by_tasks(batch, tasks)
+    upload = _with_report(batch, manifest, upload)
     text = manifest.to_json().encode()
     attempt = attempt_of(text)
     step = batch.step

@@ -89,14 +89,15 @@ def test_the_three_assets_and_checks_commit_the_cli_builds_bytes(
     # byte for byte the command line's step: its manifest, and the files it names
     assert server.body(bucket, f"shards/{manifest_key(3)}") == manifest
     attempt = attempt_of(manifest)
-    for rank in (0, 1):
-        key = f"shards/{output_key(3, attempt, f'rank={rank}.parquet')}"
-        assert server.body(bucket, key) == (local / f"step=3/rank={rank}.parquet").read_bytes()
+    names = ("rank=0.parquet", "rank=1.parquet", "report.html")
+    for name in names:
+        key = f"shards/{output_key(3, attempt, name)}"
+        assert server.body(bucket, key) == (local / f"step=3/{name}").read_bytes()
     # the manifest lies where the trainer reads it, the files under the attempt only
     assert server.keys(bucket, "shards/") == sorted(
         [
             f"shards/{manifest_key(3)}",
-            *(f"shards/{output_key(3, attempt, f'rank={r}.parquet')}" for r in (0, 1)),
+            *(f"shards/{output_key(3, attempt, name)}" for name in names),
         ]
     )
 

@@ -78,11 +78,11 @@ def test_a_build_to_s3_stores_the_local_builds_bytes(
         # the manifest, byte for byte the local one, names the attempt its files are under
         assert manifest == on_disk[f"step={step}/manifest.json"]
         attempt = attempt_of(manifest)
-        for rank in (0, 1):
-            key = output_key(step, attempt, f"rank={rank}.parquet")
-            assert stored[key] == on_disk[f"step={step}/rank={rank}.parquet"]
+        for name in ("rank=0.parquet", "rank=1.parquet", "report.html"):
+            key = output_key(step, attempt, name)
+            assert stored[key] == on_disk[f"step={step}/{name}"]
     # nothing else: no card, no lock, no staging
-    assert len(stored) == 3 * len(STEPS)
+    assert len(stored) == 4 * len(STEPS)
 
     again = _build(server, f"s3://{bucket}/shards", *flags)
     assert again.returncode == 0
@@ -136,7 +136,7 @@ def test_a_crash_before_the_manifest_leaves_no_step(server: S3Server) -> None:
     remaining = server.keys(bucket, "crash/")
     assert not set(left) & set(remaining)
     step_1 = [key for key in remaining if key.startswith("crash/step=1/")]
-    assert len(step_1) == 3  # the manifest and the two rank files it names
+    assert len(step_1) == 4  # the manifest and the two rank files and report it names
     assert miles_loader.read_rank(f"{root}/step=1", 1)["tokens"]
 
 
@@ -175,6 +175,7 @@ def test_two_builds_racing_commit_one_step_and_one_line(server: S3Server) -> Non
     assert keys == sorted(
         ["race/" + manifest_key(1)]
         + ["race/" + output_key(1, attempt, f"rank={r}.parquet") for r in range(4)]
+        + ["race/" + output_key(1, attempt, "report.html")]
     )
     assert len(miles_loader.read_rank(f"{root}/step=1", 3)["tokens"]) > 0
 
@@ -413,8 +414,9 @@ def test_the_requests_per_step_are_the_documented_ones(
     caplog.clear()
     assert _build(server, root).returncode == 0
     steps = len(STEPS)
-    # the root's reachability; per step: GET manifest (404), LIST attempts, 2 + 1 PUTs
-    assert _requests(caplog) == Counter({"GET LIST": 1 + steps, "GET": steps, "PUT": 3 * steps})
+    # the root's reachability; per step: GET manifest (404), LIST attempts, 2 ranks + the
+    # report + the manifest PUT
+    assert _requests(caplog) == Counter({"GET LIST": 1 + steps, "GET": steps, "PUT": 4 * steps})
     assert _build(server, root).returncode == 0
     # per step: GET manifest, LIST attempts, LIST the manifest's attempt
     assert _requests(caplog) == Counter({"GET LIST": 1 + 2 * steps, "GET": steps})

@@ -83,6 +83,7 @@ def _stored(server: S3Server, bucket: str, prefix: str) -> dict[str, bytes]:
     assert keys == sorted(
         [f"{prefix}/step=0/manifest.json"]
         + [f"{prefix}/step=0/_attempts/{attempt}/rank={r}.parquet" for r in range(4)]
+        + [f"{prefix}/step=0/_attempts/{attempt}/report.html"]
     )
     return {key.rpartition("/")[2]: server.body(bucket, key) for key in keys}
 
