@@ -58,9 +58,8 @@ def test_a_whole_trajectory_goes_to_quarantine(rows_dir: Path, tmp_path: Path) -
         "untrained": 0,
     }
     assert manifest["is_compact"] is False
-    assert {"path": "../_quarantine/step=1.parquet", "rows": 3}.items() <= manifest["outputs"][
-        -1
-    ].items()
+    (quarantined,) = [o for o in manifest["outputs"] if o["path"].startswith("../_quarantine/")]
+    assert {"path": "../_quarantine/step=1.parquet", "rows": 3}.items() <= quarantined.items()
     shard = pl.read_parquet(tmp_path / "out" / "step=1" / "rank=0.parquet")
     assert shard.get_column("sample_indices").to_list() == [0, 1, 2, 3]
 
@@ -146,7 +145,7 @@ def test_a_valid_step_has_no_quarantine(rows_dir: Path, tmp_path: Path) -> None:
     manifest = build(rows_dir, tmp_path / "out", **Q)
     assert manifest["counts"]["quarantined"] == 0
     assert not (tmp_path / "out" / "_quarantine" / "step=1.parquet").exists()
-    assert [o["path"] for o in manifest["outputs"]] == ["rank=0.parquet"]
+    assert [o["path"] for o in manifest["outputs"]] == ["rank=0.parquet", "report.html"]
 
 
 def test_counts_add_up_with_repair_trim_and_quarantine(rows_dir: Path, tmp_path: Path) -> None:
