@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = 2
@@ -135,3 +136,17 @@ def _serve(state: Path) -> None:
 
 if __name__ == "__main__":
     _serve(Path(sys.argv[1]))
+
+
+def run_driver(cluster: RayCluster, driver: Path, spec: dict[str, Any], timeout: float) -> Any:
+    """Run `driver` (a script joining `cluster`, given `spec` as JSON) in a process of its
+    own; what it printed last, as JSON."""
+    result = subprocess.run(
+        [sys.executable, str(driver), json.dumps(spec)],
+        env=cluster.environment(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])

@@ -86,15 +86,8 @@ def _broken(inputs: Path) -> Path:
 def _drive(cluster: ray_cluster.RayCluster, **spec: Any) -> dict[str, Any]:
     spec = {"address": cluster.address, **spec}
     spec = {k: str(v) if isinstance(v, Path) else v for k, v in spec.items()}
-    result = subprocess.run(
-        [sys.executable, str(HERE / "ray_driver.py"), json.dumps(spec)],
-        env=cluster.environment(),
-        capture_output=True,
-        text=True,
-        timeout=2 * start_timeout(),
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    driver = HERE / "ray_driver.py"
+    report: dict[str, Any] = ray_cluster.run_driver(cluster, driver, spec, 2 * start_timeout())
     return report
 
 
