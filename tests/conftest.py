@@ -13,10 +13,9 @@ import pytest
 # missing from the list runs after them, as collected.
 SLOW_FIRST = (
     "tests/orchestration/test_team_deploy.py",
-    "tests/e2e/test_light_install.py",
+    "tests/e2e/test_installs.py",
     "tests/e2e/test_ui.py",
     "tests/trainers/verl/test_verl_v1.py",
-    "tests/loader/test_install.py",
     "tests/core/test_bad_inputs.py",
     "tests/trainers/miles/test_flops_shapes.py",
     "tests/orchestration/test_backfill.py",

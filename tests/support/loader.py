@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 from tests.reference import micro_batch_runs, miles_rank_dict, reference_build
 from tests.support.samples import sample
 
-# The packages of a miles environment the loader is installed into (test_install and
-# test_light_install).
+# The packages of a miles environment the loader and the CLI are installed into
+# (tests/e2e/test_installs.py).
 MILES_PINS = ["polars==1.42.1", "numpy", "pyarrow"]
 
 

@@ -1,0 +1,47 @@
+"""Clean virtualenvs for the install tests, as a user's `python -m venv` and `pip install`
+make them. The venvs are made without pip of their own (ensurepip copies and installs pip
+into each); this interpreter's pip installs into them with `--python`, the same resolver
+and the same package index a user's pip would use."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+
+def bare_venv(folder: Path) -> Path:
+    """A new, empty virtualenv at `folder`; its python."""
+    venv.EnvBuilder(with_pip=False, clear=True).create(folder)
+    return folder / "bin" / "python"
+
+
+def pip(python: Path, *args: str) -> str:
+    """`pip ARGS` against the venv of `python`; its stdout."""
+    run = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check"]
+        + list(args),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return run.stdout
+
+
+def installed(python: Path) -> set[str]:
+    """name==version of every package in the venv (`pip list --format=freeze`)."""
+    return set(pip(python, "list", "--format=freeze").split())
+
+
+def wheel(source: Path, into: Path) -> Path:
+    """The wheel `pip install SOURCE` would build (no dependencies), built into `into`."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(into)]
+        + [str(source)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (built,) = into.glob("*.whl")
+    return built
