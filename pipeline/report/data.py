@@ -86,7 +86,9 @@ def row_flops(rows: pl.DataFrame, manifest: Manifest) -> pl.Series | None:
     `rollout-shards plan` and `--balance-by-flops` run), from its `total_lengths` and the
     model's shape the step was built with; None without a shape (nothing computed)."""
     profile = trainers.profile(str(manifest.settings.get("trainer", trainers.DEFAULT)))
-    lengths = rows.get_column(c.TOTAL_LENGTHS).cast(pl.Int64).to_numpy()
+    # handed as a Series, which the estimate reads with numpy.asarray: a trainer without a
+    # shape answers None first, so a build without one never imports numpy here
+    lengths: Any = rows.get_column(c.TOTAL_LENGTHS).cast(pl.Int64)
     flops = profile.row_flops(lengths, _Recorded(manifest.settings))
     return None if flops is None else pl.Series(FLOPS, flops, dtype=pl.Float64)
 
