@@ -70,6 +70,8 @@ class ReportHandler(http.server.BaseHTTPRequestHandler):
             folder = self._inside("/" + found.group(1))
             if folder is not None and folder.is_dir():
                 return _index(folder)
+            if folder == self.root:  # `make ui` serves the root before a step is built
+                return _not_found(f"nothing built under {self.root} yet"), 404
         return _not_found(f"{path}: not a report of {self.root}"), 404
 
     def _inside(self, path: str) -> Path | None:
