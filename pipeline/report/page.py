@@ -78,7 +78,8 @@ def step_page(numbers: d.StepFigures) -> str:
     return (
         head(f"rollout-shards step {numbers.step}")
         + f"<h1>Step {numbers.step}</h1>\n"
-        + '<p><a href="../report.html">all steps</a> (where `rollout-shards report` wrote it)</p>\n'
+        + '<p><a href="../report.html">all steps</a> (the index `rollout-shards report` '
+        + "writes, or its `--serve` draws)</p>\n"
         + "<h2>Rows</h2>\n"
         + counts
         + shown
