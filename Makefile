@@ -45,12 +45,18 @@ POLARS1_TESTS := $(addprefix tests/core/,test_bad_inputs.py test_bounded.py \
 # start once, in the order tests/conftest.py collects them (the slowest files first).
 TEST_WORKERS ?= 2
 FORCE ?=
+# The step reports' server (`rollout-shards report ROOT --serve`, started by `make ui` and
+# `make team-reports`): the partitions' `report` links point there, so `make run`'s open in
+# `make ui` on a click (docs/report.md).
+REPORT_PORT ?= 3001
+ROLLOUT_SHARDS_REPORT_URL ?= http://127.0.0.1:$(REPORT_PORT)
 DAGSTER_ENV = DAGSTER_HOME=$(DAGSTER_HOME) ROLLOUT_SHARDS_INPUT=$(ROLLOUT_SHARDS_INPUT) \
-	ROLLOUT_SHARDS_OUTPUT=$(ROLLOUT_SHARDS_OUTPUT) ROLLOUT_SHARDS_FORCE=$(FORCE)
+	ROLLOUT_SHARDS_OUTPUT=$(ROLLOUT_SHARDS_OUTPUT) ROLLOUT_SHARDS_FORCE=$(FORCE) \
+	ROLLOUT_SHARDS_REPORT_URL=$(ROLLOUT_SHARDS_REPORT_URL)
 # dg expects the project's venv to be the active one; say it is, as `source .venv/bin/activate` would.
 DG_ENV = $(DAGSTER_ENV) VIRTUAL_ENV=$(CURDIR)/$(VENV)
 
-.PHONY: run ui test peers install lint browser data clean team-db team-code-server team-daemon team-webserver
+.PHONY: run ui test peers install lint browser data clean team-db team-code-server team-daemon team-webserver team-reports
 
 $(BIN)/python:
 	@echo "make: creating $(VENV) (first run only)"
@@ -91,7 +97,11 @@ $(DAGSTER_HOME)/dagster.yaml:
 run: install $(DAGSTER_HOME)/dagster.yaml
 	$(DAGSTER_ENV) $(BIN)/python -m pipeline.orchestration.run_all
 
+# The reports' server runs beside dg dev and stops with it (Ctrl-C included: a background
+# job of make's shell ignores SIGINT, so the shell's exit stops it).
 ui: install $(DAGSTER_HOME)/dagster.yaml
+	@$(BIN)/rollout-shards report $(ROLLOUT_SHARDS_OUTPUT) --serve --port $(REPORT_PORT) & \
+	reports=$$!; trap 'kill $$reports 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
 	$(DG_ENV) $(BIN)/dg dev -h 127.0.0.1 -p $(UI_PORT)
 
 # A team's deployment (docs/deploy.md): the code server, the daemon and the webserver, each a
@@ -102,7 +112,7 @@ ROLLOUT_SHARDS_CODE_PORT ?= 4266
 ROLLOUT_SHARDS_MAX_RUNS ?= 4
 TEAM_ENV = DAGSTER_HOME=$(TEAM_HOME) ROLLOUT_SHARDS_INPUT=$(ROLLOUT_SHARDS_INPUT) \
 	ROLLOUT_SHARDS_OUTPUT=$(ROLLOUT_SHARDS_OUTPUT) ROLLOUT_SHARDS_CODE_PORT=$(ROLLOUT_SHARDS_CODE_PORT) \
-	ROLLOUT_SHARDS_MAX_RUNS=$(ROLLOUT_SHARDS_MAX_RUNS)
+	ROLLOUT_SHARDS_MAX_RUNS=$(ROLLOUT_SHARDS_MAX_RUNS) ROLLOUT_SHARDS_REPORT_URL=$(ROLLOUT_SHARDS_REPORT_URL)
 NEED_PG_URL = @test -n "$$DAGSTER_PG_URL" || { echo "make: set DAGSTER_PG_URL to the team's postgresql:// URL (make team-db starts one on this machine)" >&2; exit 1; }
 
 $(TEAM_HOME)/dagster.yaml: deploy/dagster.yaml
@@ -124,6 +134,10 @@ team-daemon: install $(TEAM_HOME)/dagster.yaml
 team-webserver: install $(TEAM_HOME)/dagster.yaml
 	$(NEED_PG_URL)
 	$(TEAM_ENV) $(BIN)/dagster-webserver -h 127.0.0.1 -p $(UI_PORT) -w deploy/workspace.yaml
+
+# The step reports the partitions link (ROLLOUT_SHARDS_REPORT_URL), read-only, on REPORT_PORT.
+team-reports: install
+	$(BIN)/rollout-shards report $(ROLLOUT_SHARDS_OUTPUT) --serve --port $(REPORT_PORT)
 
 lint: install
 	$(BIN)/ruff check pipeline tests bench loader deploy

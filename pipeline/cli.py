@@ -335,8 +335,15 @@ def parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report", help="an HTML index of every committed step's report, with trends"
     )
-    report.add_argument("root", type=Path, metavar="ROOT", help="output root of build")
+    report.add_argument("root", type=_root, metavar="ROOT", help="output root of build")
     report.add_argument("--out", type=Path, metavar="FILE", help="default: ROOT/report.html")
+    report.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve ROOT's reports and its index over HTTP (read-only) until Ctrl-C",
+    )
+    report.add_argument("--host", default="127.0.0.1", help="--serve's address (127.0.0.1)")
+    report.add_argument("--port", type=int, default=3001, help="--serve's port (3001)")
     return root
 
 

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.errors import PROG
+from pipeline.errors import PROG, UsageError
 from pipeline.io.storage import is_remote
 from pipeline.json_text import strict_json
 from pipeline.step import refused
@@ -52,6 +52,17 @@ def run_metrics(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    if is_remote(args.root):
+        raise UsageError(
+            f"report: {args.root} is an object store: its step pages are objects of their "
+            "own; serve them with the store's https or website endpoint and set "
+            "ROLLOUT_SHARDS_REPORT_URL to it (docs/report.md)"
+        )
+    if args.serve:
+        from pipeline.report.serve import serve
+
+        serve(args.root, args.host, args.port)
+        return 0
     from pipeline.report.index import write_index
 
     print(f"{PROG}: report: {write_index(args.root, args.out)}")

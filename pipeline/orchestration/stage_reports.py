@@ -6,20 +6,27 @@ a Pipes worker formats its reports with this module alone."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import polars as pl
 
 from pipeline import columns as c
 from pipeline.manifest import Manifest
 from pipeline.report.embed import figures_markdown
+from pipeline.report.serve import URL_ENV
 from pipeline.step.check import PROVENANCE
 from pipeline.step.stages import StageDone
 from pipeline.step.tables import SampleTable, TrainBatch
 
 Metadata = dict[str, dict[str, Any]]
+# resources.OUTPUT_ENV and its default: resources imports Dagster, which a Pipes worker
+# formatting its reports does not load
+OUTPUT_ENV = "ROLLOUT_SHARDS_OUTPUT"
+DEFAULT_OUTPUT = "data/shards"
 
 # What each column of a step's rows holds, from the contract's column table: the
 # `rollout_samples` column schema in the UI shows these.
@@ -181,15 +188,32 @@ def _shards_report(batch: TrainBatch, manifest: Manifest, folder: Path) -> Stage
     )
 
 
+def report_url(page: Path) -> str:
+    """Where the UI links a step's report: under `ROLLOUT_SHARDS_REPORT_URL` where the
+    reports are served (`rollout-shards report ROOT --serve`, or a store's https endpoint),
+    by the page's path under the output root; else its `file://` URI, which a browser opens
+    only when pasted or opened in a tab of its own (docs/report.md)."""
+    base = os.environ.get(URL_ENV, "").strip().rstrip("/")
+    if not base:
+        return page.as_uri()
+    root = Path(os.environ.get(OUTPUT_ENV) or DEFAULT_OUTPUT).resolve()
+    try:
+        under = page.resolve().relative_to(root).as_posix()
+    except ValueError:  # a folder outside the configured root: its step folder and page
+        under = f"{page.parent.name}/{page.name}"
+    return f"{base}/{quote(under, safe='/=')}"
+
+
 def _report(manifest: Manifest, folder: Path) -> Metadata:
     """The step's report page (a link, and its figures inline), or null where the build had
     no figure library (`manifest.report` null)."""
     if manifest.report is None:
         return {"report": scalar(None)}
     page = (folder / manifest.report).absolute()
+    url = report_url(page)
     return {
-        "report": {"type": "url", "raw_value": page.as_uri()},
-        "report_figures": {"type": "md", "raw_value": figures_markdown(page)},
+        "report": {"type": "url", "raw_value": url},
+        "report_figures": {"type": "md", "raw_value": figures_markdown(page, url)},
     }
 
 

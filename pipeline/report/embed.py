@@ -13,9 +13,10 @@ SHOWN = ("rewards", "lengths", "ranks")
 _FIGURE = re.compile(r'<figure id="([a-z-]+)">(<svg.*?</svg>)', re.DOTALL)
 
 
-def figures_markdown(page: Path, shown: tuple[str, ...] = SHOWN) -> str:
+def figures_markdown(page: Path, link: str | None = None, shown: tuple[str, ...] = SHOWN) -> str:
     """Markdown with the page's figures named in `shown` as inline SVG images, and a line
-    naming the page; a page that cannot be read gives that line alone."""
+    naming the page (a link to `link` where it is served over http); a page that cannot be
+    read gives that line alone."""
     try:
         text = page.read_text()
     except (OSError, UnicodeDecodeError):
@@ -26,4 +27,7 @@ def figures_markdown(page: Path, shown: tuple[str, ...] = SHOWN) -> str:
         for name in shown
         if name in found
     ]
-    return "\n\n".join([*images, f"The whole report: `{page}`"])
+    where = (
+        f"[{page}]({link})" if link and link.startswith(("http://", "https://")) else f"`{page}`"
+    )
+    return "\n\n".join([*images, f"The whole report: {where}"])

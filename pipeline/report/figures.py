@@ -110,7 +110,11 @@ def _empty(what: str) -> str:
 
 
 def _short(value: float) -> str:
-    """A tick label: at most four significant digits, thousands as k, millions as M."""
+    """A tick label: at most four significant digits, thousands as k, millions as M, then
+    G, T and P (a rank's FLOPs)."""
+    for scale, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G")):
+        if abs(value) >= scale:
+            return f"{value / scale:.4g}{suffix}"
     if abs(value) >= 1_000_000:
         return f"{value / 1_000_000:.4g}M"
     if abs(value) >= 10_000:
@@ -210,21 +214,22 @@ def response_lengths(lengths: pl.DataFrame) -> str:
     )
 
 
-def rank_load(ranks: pl.DataFrame) -> str:
-    """Tokens per data-parallel rank against their mean."""
-    stats = ranks.select(pl.col(d.TOKENS).mean().alias("mean"), pl.col(d.TOKENS).max())
-    mean, most = float(stats.item(0, 0) or 0.0), int(stats.item(0, 1) or 0)
+def rank_load(ranks: pl.DataFrame, measure: str = d.TOKENS) -> str:
+    """A measure per data-parallel rank (`tokens`, or `flops` where the step has them)
+    against their mean."""
+    stats = ranks.select(pl.col(measure).mean().alias("mean"), pl.col(measure).max())
+    mean, most = float(stats.item(0, 0) or 0.0), float(stats.item(0, 1) or 0.0)
     names = [str(rank) for rank in ranks.get_column(c.RANK).to_list()]
-    tokens = ranks.get_column(d.TOKENS).to_list()
+    values = ranks.get_column(measure).to_list()
     ratio = f"{most / mean:.3f}" if mean else "-"
     chart = leather.Chart(f"largest rank / mean = {ratio}")
     _y_scale(chart, most)
     chart.add_x_axis(name="data-parallel rank")
-    chart.add_y_axis(name="tokens", tick_formatter=_tick)
-    chart.add_columns(list(zip(names, tokens, strict=True)), name="tokens", fill_color=TRAINED)
-    chart.add_series(
-        leather.Series([(names[0], mean)], name=f"mean {mean:,.0f}"), _Level(TRUNCATED)
-    )
+    axis = "forward FLOPs" if measure == d.FLOPS else measure
+    chart.add_y_axis(name=axis, tick_formatter=_tick)
+    chart.add_columns(list(zip(names, values, strict=True)), name=measure, fill_color=TRAINED)
+    level = f"mean {mean:,.0f}" if measure == d.TOKENS else f"mean {_short(mean)}"
+    chart.add_series(leather.Series([(names[0], mean)], name=level), _Level(TRUNCATED))
     return _svg(chart)
 
 

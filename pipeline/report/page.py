@@ -35,6 +35,22 @@ def figure(name: str, caption: str, svg: str) -> str:
     return f'<figure id="{name}">{svg}<figcaption>{html.escape(caption)}</figcaption></figure>\n'
 
 
+def _flops(numbers: d.StepFigures) -> str:
+    """FLOPs per rank where the step was built with the model's shape, else why not."""
+    if not numbers.has_flops:
+        return (
+            "<p>FLOPs per rank need the model's shape: build with the shape flags "
+            "(<code>--num-layers --hidden-size --ffn-hidden-size --num-attention-heads "
+            "--vocab-size</code>, miles and slime) to draw them here.</p>\n"
+        )
+    return figure(
+        "flops",
+        "Forward FLOPs each data-parallel rank trains on (the trainer's estimate from the "
+        "model's shape, as `rollout-shards plan` counts them), against their mean.",
+        figures.rank_load(numbers.ranks, d.FLOPS),
+    )
+
+
 def step_page(numbers: d.StepFigures) -> str:
     """The report of one step."""
     manifest = numbers.manifest
@@ -62,7 +78,8 @@ def step_page(numbers: d.StepFigures) -> str:
     return (
         head(f"rollout-shards step {numbers.step}")
         + f"<h1>Step {numbers.step}</h1>\n"
-        + '<p><a href="../report.html">all steps</a> (where `rollout-shards report` wrote it)</p>\n'
+        + '<p><a href="../report.html">all steps</a> (the index `rollout-shards report` '
+        + "writes, or its `--serve` draws)</p>\n"
         + "<h2>Rows</h2>\n"
         + counts
         + shown
@@ -84,7 +101,8 @@ def step_page(numbers: d.StepFigures) -> str:
             "Tokens (total lengths) each data-parallel rank trains on, against their mean.",
             figures.rank_load(numbers.ranks),
         )
-        + table(["rank", "rows", "tokens"], [list(row) for row in numbers.ranks.rows()])
+        + _flops(numbers)
+        + table(numbers.ranks.columns, [list(row) for row in numbers.ranks.rows()])
         + "<h2>Staleness</h2>\n"
         + figure(
             "staleness",

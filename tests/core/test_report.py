@@ -101,6 +101,55 @@ def test_a_rank_without_rows_and_rows_without_groups() -> None:
     assert data.group_rewards(rows).rows() == [(4.0 / 3.0, 3, False)]
 
 
+# A miles MoE shape, balanced by FLOPs (tests/trainers/miles/test_flops_shapes.py's kind).
+MOE = {
+    "num_layers": 4,
+    "hidden_size": 256,
+    "ffn_hidden_size": 1024,
+    "num_attention_heads": 8,
+    "num_query_groups": 2,
+    "vocab_size": 32000,
+    "num_experts": 8,
+    "moe_ffn_hidden_size": 128,
+    "moe_layer_freq": [0, 1, 1, 1],
+    "use_dynamic_batch_size": True,
+    "balance_by_flops": True,
+    "cp_size": 1,
+    "max_tokens_per_gpu": 40,
+}
+
+
+def test_flops_per_rank_are_the_planners_for_the_built_layout(tmp_path: Path) -> None:
+    from pipeline import planner
+    from pipeline.settings import load_settings
+
+    source = worked_step(tmp_path / "in")
+    settings = {**SETTINGS, **MOE}
+    batch = plan(source, **settings)
+    numbers = data.step_figures(batch.report_rows(), batch.meta, batch.quarantine)
+    planned = planner.rank_figures(batch, load_settings(**settings))
+    assert numbers.has_flops
+    assert numbers.ranks.get_column(data.FLOPS).to_list() == (
+        planned.get_column(planner.FLOPS).to_list()
+    )
+    assert all(flops > 0 for flops in planned.get_column(planner.FLOPS).to_list())
+    # the page built with the shape draws them, and its table has a flops column
+    build(source, tmp_path / "out", **settings)
+    text = (tmp_path / "out" / "step=5" / REPORT).read_text()
+    assert re.search('<figure id="flops"><svg', text)
+    assert "<th>flops</th>" in text and "need the model" not in text
+
+
+def test_without_a_shape_the_page_says_what_flops_need(tmp_path: Path) -> None:
+    batch = plan(worked_step(tmp_path / "in"), **SETTINGS)
+    numbers = data.step_figures(batch.report_rows(), batch.meta, batch.quarantine)
+    assert not numbers.has_flops and numbers.ranks.columns == [c.RANK, data.ROWS, data.TOKENS]
+    build(worked_step(tmp_path / "in2"), tmp_path / "out", **SETTINGS)
+    text = (tmp_path / "out" / "step=5" / REPORT).read_text()
+    assert 'id="flops"' not in text and "<th>flops</th>" not in text
+    assert "FLOPs per rank need the model's shape" in text
+
+
 def test_the_report_is_committed_with_the_step(tmp_path: Path) -> None:
     manifest = build(worked_step(tmp_path / "in"), tmp_path / "out", **SETTINGS)
     folder = tmp_path / "out" / "step=5"

@@ -1,10 +1,13 @@
 """The reports in a real browser (the UI test's Chromium, through playwright): every built
 step's `report.html` and the root's index render with their figures, offline, and their
-links lead where they say."""
+links lead where they say; and the same served over http by `report --serve`."""
 
 from __future__ import annotations
 
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -88,3 +91,64 @@ def test_every_step_report_and_the_index_render_and_link(root: Path) -> None:
             assert (root.parent / "step_report.png").stat().st_size > 0
         finally:
             browser.close()
+
+
+# A dense miles shape: the step pages draw FLOPs per rank too.
+SHAPE = ["--num-layers", "4", "--hidden-size", "256", "--ffn-hidden-size", "1024"]
+SHAPE += ["--num-attention-heads", "8", "--vocab-size", "32000"]
+
+
+def test_served_reports_open_by_clicks_and_draw_flops_with_a_shape(tmp_path: Path) -> None:
+    """`rollout-shards report ROOT --serve`, as `make ui` starts it: its one line names the
+    URL; from the index at `/`, each step's link opens its page over http, FLOPs per rank
+    drawn (built with the model's shape), and its link back leads to the index."""
+    shutil.copytree(REPO / "data" / "rollouts", tmp_path / "in")
+    out = tmp_path / "out"
+    built = cli("build", tmp_path / "in", "--out", out, *SHAPE)
+    assert built.returncode == 0, built.stderr
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    served = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "report", str(out), "--serve", "--port", str(port)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert served.stdout is not None
+        line = served.stdout.readline()
+        base = f"http://127.0.0.1:{port}"
+        assert (
+            line
+            == f"rollout-shards: report: serving the reports of {out} at {base}/ (Ctrl-C stops)\n"
+        )
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1200, "height": 900})
+                page.set_default_timeout(PAGE_TIMEOUT_MS)
+                expect.set_options(timeout=PAGE_TIMEOUT_MS)
+                for step in (1, 2, 3, 4):
+                    page.goto(f"{base}/")
+                    expect(page.locator("h1")).to_contain_text("Steps of")
+                    page.get_by_role("link", name=f"step {step}", exact=True).click()
+                    expect(page.locator("h1")).to_have_text(f"Step {step}")
+                    assert page.url == f"{base}/step={step}/report.html"
+                    for figure in ("rewards", "lengths", "ranks", "flops"):
+                        _drawn(page, figure)
+                    expect(page.locator("th", has_text="flops")).to_have_count(1)
+                    page.get_by_role("link", name="all steps").click()
+                    expect(page.locator("h1")).to_contain_text("Steps of")
+                    assert page.url == f"{base}/report.html"
+                page.goto(f"{base}/step=2/report.html")
+                page.screenshot(path=tmp_path / "served_step.png", full_page=True)
+                # a shard is not served
+                answer = page.goto(f"{base}/step=2/rank=0.parquet")
+                assert answer is not None and answer.status == 404
+            finally:
+                browser.close()
+    finally:
+        served.terminate()
+        served.wait(timeout=30)
+    assert not (out / "report.html").exists()  # the index was drawn per request, not written

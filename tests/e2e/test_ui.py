@@ -12,6 +12,7 @@ stops (SIGTERM, a short wait, then SIGKILL) whether or not the tests passed.
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -40,6 +42,7 @@ from pipeline.orchestration import stage_reports as stages
 from pipeline.orchestration.partitions import partition_key, rollout_steps
 from pipeline.orchestration.reporting import FAILURE_TAG
 from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV
+from pipeline.report.serve import URL_ENV, make_server
 from pipeline.transforms import metrics
 from tests.support.dagster_roots import DATA, Roots, break_step_1, makefile_instance
 
@@ -116,6 +119,13 @@ class DagsterDev:
     process: subprocess.Popen[bytes]
     log: Path
     roots: Roots
+    # `rollout-shards report ROOT --serve` beside it, as `make ui` starts it
+    reports: http.server.HTTPServer
+
+    @property
+    def report_url(self) -> str:
+        """ROLLOUT_SHARDS_REPORT_URL: where the reports' server answers."""
+        return f"http://127.0.0.1:{self.reports.server_address[1]}"
 
     def log_tail(self) -> str:
         lines = self.log.read_text(errors="replace").splitlines()
@@ -150,11 +160,15 @@ def _start(tmp: Path) -> DagsterDev:
     break_step_1(roots)
     # the instance `make ui` serves: the Makefile's dagster.yaml (no sign-up modal)
     home = makefile_instance(tmp / "dagster_home")
+    # the output root's reports served before anything is built, as `make ui` does
+    reports = make_server(roots.output, port=0)
+    threading.Thread(target=reports.serve_forever, daemon=True).start()
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),
         INPUT_ENV: str(roots.input),
         OUTPUT_ENV: str(roots.output),
+        URL_ENV: f"http://127.0.0.1:{reports.server_address[1]}",
     }
     env.pop(CONFIG_ENV, None)
     port = _free_port()
@@ -171,7 +185,9 @@ def _start(tmp: Path) -> DagsterDev:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    return DagsterDev(url=f"http://127.0.0.1:{port}", process=process, log=log, roots=roots)
+    return DagsterDev(
+        url=f"http://127.0.0.1:{port}", process=process, log=log, roots=roots, reports=reports
+    )
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -255,6 +271,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev]:
         yield server
     finally:
         _stop(server.process)
+        server.reports.shutdown()
+        server.reports.server_close()
 
 
 ADD_PARTITION = """
@@ -522,9 +540,9 @@ def test_materialization_metadata_matches_the_manifest(
         for o in manifest["outputs"]
         if o["path"].startswith("rank=")
     ]
-    # the step's report: linked, and three of its figures inline
-    report = writer.step_folder(server.roots.output, RUN_STEP) / manifest["report"]
-    assert entries["report"]["url"] == report.absolute().as_uri()
+    # the step's report: linked where the reports are served (ROLLOUT_SHARDS_REPORT_URL;
+    # unset, a file URI: tests/core/test_report_serve.py), and three of its figures inline
+    assert entries["report"]["url"] == f"{server.report_url}/step={RUN_STEP}/{manifest['report']}"
     assert entries["report_figures"]["mdStr"].count("](data:image/svg+xml;base64,") == 3
 
 
@@ -762,7 +780,7 @@ def test_browser_shows_the_partition_and_its_check_results(
             page.get_by_text("num_rollouts", exact=True).first.scroll_into_view_if_needed()
             page.screenshot(path=tmp_path / "partition_tables.png")
             # last on the partition's page: the check follows the report's link away from it
-            _shows_report_link_and_figures(page, server.roots)
+            _shows_report_link_and_figures(page, server)
             page.screenshot(path=tmp_path / "partition_report.png", full_page=True)
 
             invalid = partition_key(INVALID_STEP)
@@ -823,22 +841,38 @@ def _shows_partition(page: Page, key: str, written: int) -> None:
     expect(page.get_by_text(key, exact=True).first).to_be_visible()
 
 
-def _shows_report_link_and_figures(page: Page, roots: Roots) -> None:
-    """The partition's metadata links the step's report and lists its figures; the link's
-    page, opened as a click on it would, renders its figures."""
-    report = writer.step_folder(roots.output, RUN_STEP) / "report.html"
-    link = page.locator(f'a[href="{report.absolute().as_uri()}"]').first
-    expect(link).to_be_attached()
-    # `report_figures` is Markdown metadata, shown behind its own button; its images are
-    # checked through GraphQL (test_materialization_metadata_matches_the_manifest)
+def _shows_report_link_and_figures(page: Page, server: DagsterDev) -> None:
+    """The partition's `report_figures` Markdown, opened, shows its three figures drawn; its
+    `report` link, clicked, opens the step's page in a new tab from the reports' server,
+    with its five figures."""
+    url = f"{server.report_url}/step={RUN_STEP}/report.html"
     expect(page.get_by_text("report_figures", exact=True).first).to_be_attached()
-    href = link.get_attribute("href")
-    assert href is not None
-    # an http page may not open a file: URL on a click (the browser's rule): go to it as a
-    # user does who opens the link in a tab of its own
-    page.goto(href)
-    expect(page.locator("h1")).to_have_text(f"Step {RUN_STEP}")
-    expect(page.locator("figure > svg")).to_have_count(5)
+    # Markdown metadata is shown behind its own button, in a dialog
+    show = page.get_by_text("[Show Markdown]", exact=True)
+    expect(show).to_have_count(1)  # report_figures is the asset's only Markdown entry
+    show.click()
+    dialog = page.get_by_role("dialog")
+    images = dialog.locator('img[src^="data:image/svg+xml;base64,"]')
+    expect(images).to_have_count(3)
+    drawn = images.evaluate_all("(all) => all.map((img) => img.complete && img.naturalWidth)")
+    assert len(drawn) == 3 and all(width > 0 for width in drawn), drawn
+    expect(dialog.locator(f'a[href="{url}"]')).to_have_count(1)  # the whole report
+    page.keyboard.press("Escape")
+    expect(dialog).to_have_count(0)
+
+    link = page.locator(f'a[href="{url}"]').first
+    expect(link).to_be_visible()
+    with page.context.expect_page() as opened:
+        link.click()
+    report = opened.value
+    report.wait_for_load_state()
+    assert report.url == url
+    expect(report.locator("h1")).to_have_text(f"Step {RUN_STEP}")
+    figures = report.locator("figure > svg")
+    expect(figures).to_have_count(5)
+    sizes = figures.evaluate_all("(all) => all.map((svg) => svg.getBBox().width)")
+    assert all(width > 0 for width in sizes), sizes
+    report.close()
 
 
 def _shows_failed_partition(page: Page, key: str) -> None:
