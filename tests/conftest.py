@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from pipeline.report.serve import URL_ENV
 
 # The files whose tests take tens of seconds each (pip installs, a browser, Dagster's
 # daemon, Ray clusters, the corpus, drawn trainer cases), slowest first. `make test` runs
@@ -28,6 +31,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     # a stable sort: within a file, and among the other files, the collected order stays
     items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_report_url_from_the_shell() -> Iterator[None]:
+    """A developer's shell may export `make ui`'s ROLLOUT_SHARDS_REPORT_URL; the tests that
+    link reports under a URL set it themselves, the others expect the file: link."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(URL_ENV, raising=False)
+        yield
 
 
 @pytest.fixture
