@@ -56,17 +56,26 @@ class RecordingTasks(ray_ranks.RayTasks):
 
 
 def validate(spec: dict[str, Any]) -> dict[str, Any]:
-    """`rollout-shards validate` with the arguments `validate` names, in this process; its
-    output goes to stderr, the report is the last line of stdout."""
-    from contextlib import redirect_stdout
+    """`rollout-shards validate` with each argument list of `validate`, one after another in
+    this process, as the command line runs it: per run its exit status, what it printed on
+    stdout and on stderr, and the tasks it ran."""
+    from contextlib import redirect_stderr, redirect_stdout
+    from io import StringIO
 
     from pipeline.cli import main as cli
 
     ray_ranks.RayTasks = RecordingTasks  # type: ignore[misc]
-    with redirect_stdout(sys.stderr):
-        status = cli(["validate", *spec["validate"]])
-    ran = [[r.task, r.node, r.pid] for made in RecordingTasks.made for r in made.ran]
-    return {"status": status, "ran": ran}
+    runs = []
+    for argv in spec["validate"]:
+        RecordingTasks.made.clear()
+        out, err = StringIO(), StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            status = cli(["validate", *argv])
+        ran = [[r.task, r.node, r.pid] for made in RecordingTasks.made for r in made.ran]
+        runs.append(
+            {"status": status, "stdout": out.getvalue(), "stderr": err.getvalue(), "ran": ran}
+        )
+    return {"runs": runs}
 
 
 def main(spec: dict[str, Any]) -> dict[str, Any]:

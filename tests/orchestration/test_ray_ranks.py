@@ -231,40 +231,59 @@ def test_a_cluster_that_does_not_answer_is_a_usage_error(inputs: Path, tmp_path:
     assert not (tmp_path / "out" / "step=0").exists()
 
 
-@pytest.mark.parametrize(
-    ("case", "flags"),
-    [
-        ("valid", ["--global-batch-size", "64", "--dp-size", "4", "--balance-data"]),
-        ("broken", ["--global-batch-size", "64", "--dp-size", "4"]),
-        ("broken", ["--on-invalid", "quarantine", "--global-batch-size", "64", "--dp-size", "4"]),
-        ("valid", []),  # the rows alone (no global batch size)
-    ],
-    ids=["valid", "broken", "quarantined", "rows only"],
-)
-def test_validate_on_the_cluster_says_what_it_says_in_process(
-    cluster: ray_cluster.RayCluster, inputs: Path, case: str, flags: list[str]
-) -> None:
-    """`validate --ray`: its reads and checks run as tasks on the cluster (a driver that
-    records them), and its output and exit status are the in-process run's."""
-    folder = _broken(inputs) if case == "broken" else inputs
-    command = [sys.executable, "-m", "pipeline.cli", "validate", str(folder), *flags]
+VALIDATE_CASES = {
+    "valid": ("valid", ["--global-batch-size", "64", "--dp-size", "4", "--balance-data"]),
+    "broken": ("broken", ["--global-batch-size", "64", "--dp-size", "4"]),
+    "quarantined": (
+        "broken",
+        ["--on-invalid", "quarantine", "--global-batch-size", "64", "--dp-size", "4"],
+    ),
+    "rows only": ("valid", []),  # the rows alone (no global batch size)
+}
+
+
+def _validate_argv(inputs: Path, name: str) -> list[str]:
+    case, flags = VALIDATE_CASES[name]
+    return [str(_broken(inputs) if case == "broken" else inputs), *flags]
+
+
+@pytest.fixture(scope="module")
+def validated_on_the_cluster(
+    cluster: ray_cluster.RayCluster, inputs: Path
+) -> dict[str, dict[str, Any]]:
+    """Every case's `validate --ray` run by one driver (which records the tasks), as the
+    command line runs it: its exit status, stdout and stderr, per case."""
     on_ray = ["--ray", cluster.address, "--ray-above", "0"]
+    runs = [_validate_argv(inputs, name) + on_ray for name in VALIDATE_CASES]
+    report = _drive(cluster, validate=runs)
+    return dict(zip(VALIDATE_CASES, report["runs"], strict=True))
 
-    def run(extra: list[str]) -> tuple[int, str, str]:
-        done = subprocess.run(
-            [*command, *extra],
-            env=cluster.environment(),
-            capture_output=True,
-            text=True,
-            timeout=2 * start_timeout(),
-        )
-        return done.returncode, done.stdout, done.stderr
 
-    here = run([])
-    assert here[0] == (1 if case == "broken" and "quarantine" not in flags else 0), here
-    assert run(on_ray) == here
-    report = _drive(cluster, validate=[str(folder), *flags, *on_ray])
-    assert report["status"] == here[0]
-    tasks = {task for task, _, _ in report["ran"]}
+@pytest.mark.parametrize("name", list(VALIDATE_CASES))
+def test_validate_on_the_cluster_says_what_it_says_in_process(
+    cluster: ray_cluster.RayCluster,
+    inputs: Path,
+    validated_on_the_cluster: dict[str, dict[str, Any]],
+    name: str,
+) -> None:
+    """`validate --ray`: its reads and checks run as tasks on the cluster, and its output
+    and exit status are the in-process run's (a process of its own)."""
+    argv = _validate_argv(inputs, name)
+    here = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "validate", *argv],
+        env=cluster.environment(),
+        capture_output=True,
+        text=True,
+        timeout=2 * start_timeout(),
+    )
+    refused = name == "broken"
+    assert here.returncode == (1 if refused else 0), here
+    there = validated_on_the_cluster[name]
+    assert (there["status"], there["stdout"], there["stderr"]) == (
+        here.returncode,
+        here.stdout,
+        here.stderr,
+    )
+    tasks = {task for task, _, _ in there["ran"]}
     assert "read_share" in tasks and not tasks & {"split_share", "write_rank_pieces"}
-    assert {node for _, node, _ in report["ran"]} <= set(cluster.workers)
+    assert {node for _, node, _ in there["ran"]} <= set(cluster.workers)
