@@ -80,6 +80,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.ipc
 import pyarrow.parquet as pq
+import yaml
 
 # The contract's column types (CONTRACT.md section 1), written out here so the corpus
 # states the contract independently of the pipeline's code.
@@ -259,6 +260,26 @@ def json_invalid(name: str, what: str, rows: list[Row], rule: str, where: list, 
     return Case(name, what, {files[0]: jsonl(rows)}, 1, [error(rule, where, files, text)])
 
 
+TABLE = Path(__file__).with_name("cases.yaml")
+
+
+def table_cases(group: str) -> list[Case]:
+    """The cases of `group` in cases.yaml: the valid step with the fields of a few rows
+    replaced, as Parquet (`invalid`) or JSON Lines (`json_invalid`), one rule broken."""
+    build = {"parquet": invalid, "jsonl": json_invalid}
+    return [
+        build[case["file"]](
+            case["name"],
+            case["what"],
+            base(**{f"row{k}": fields for k, fields in case["rows"].items()}),
+            case["rule"],
+            [tuple(pair) for pair in case["named"]],
+            case.get("text", ""),
+        )
+        for case in yaml.safe_load(TABLE.read_text())[group]
+    ]
+
+
 def quarantined(
     name: str,
     what: str,
@@ -306,94 +327,7 @@ def column_cases() -> list[Case]:
     """Each contract column with a value of the wrong type or an impossible value."""
     nan, inf = math.nan, math.inf
     return [
-        json_invalid(
-            "step_not_a_number",
-            "a step that is not a number",
-            base(row3={"step": "seven"}),
-            "column_type",
-            [(3, 0)],
-            'column step must be Int64, got "seven" at file row 4',
-        ),
-        json_invalid(
-            "group_index_not_a_number",
-            "a group_index that is a string",
-            base(row2={"group_index": "g1"}),
-            "column_type",
-            [(2, 0)],
-            "column group_index",
-        ),
-        json_invalid(
-            "index_not_an_integer",
-            "an index of 2.5",
-            base(row2={"index": 2.5}),
-            "column_type",
-            [(2.5, 0)],
-            "column index must be Int64, got 2.5",
-        ),
-        invalid(
-            "index_null",
-            "a row without an index",
-            base(row5={"index": None}),
-            "index_not_nullable",
-            [(None, 0)],
-            "index must not be null",
-        ),
-        invalid(
-            "leaf_negative",
-            "a leaf of -1",
-            base(row1={"leaf": -1}),
-            "leaf_greater_than_or_equal_to",
-            [(1, -1)],
-            "leaf must be >= 0",
-        ),
-        json_invalid(
-            "leaf_overflows_int32",
-            "a leaf beyond int32",
-            base(row4={"leaf": 2**40}),
-            "column_type",
-            [(4, 2**40)],
-            "column leaf must be Int32",
-        ),
-        json_invalid(
-            "rollout_id_not_a_number",
-            "a rollout_id that is a string",
-            base(row0={"rollout_id": "abc"}),
-            "column_type",
-            [(0, 0)],
-            "column rollout_id",
-        ),
-        invalid(
-            "session_version_unknown",
-            "session_version v3",
-            base(row6={"session_version": "v3"}),
-            "session_version_isin",
-            [(6, 0)],
-            "session_version must be v1, v2 or null",
-        ),
-        invalid(
-            "status_unknown",
-            "status done",
-            base(row1={"status": "done"}),
-            "status_isin",
-            [(1, 0)],
-            "status must be one of pending, completed",
-        ),
-        invalid(
-            "status_null",
-            "no status",
-            base(row2={"status": None}),
-            "status_not_nullable",
-            [(2, 0)],
-            "status must not be null",
-        ),
-        invalid(
-            "tokens_null",
-            "no tokens",
-            base(row3={"tokens": None}),
-            "tokens_not_nullable",
-            [(3, 0)],
-            "tokens must not be null",
-        ),
+        *table_cases("columns"),
         Case(
             "tokens_stored_as_text",
             "tokens written as one string per row",
@@ -441,54 +375,6 @@ def column_cases() -> list[Case]:
                 )
             ],
         ),
-        json_invalid(
-            "token_overflows_int32",
-            "a token id beyond int32",
-            base(row5={"tokens": [11, 12, 13, 2**40, 15, 16]}),
-            "column_type",
-            [(5, 0)],
-            "column tokens must be List(Int32)",
-        ),
-        json_invalid(
-            "token_not_an_integer",
-            "a token id of 12.5",
-            base(row0={"tokens": [11, 12.5, 13, 14, 15, 16]}),
-            "column_type",
-            [(0, 0)],
-            "column tokens",
-        ),
-        invalid(
-            "response_length_negative",
-            "a response_length of -1",
-            base(row4={"response_length": -1}),
-            "response_length_greater_than_or_equal_to",
-            [(4, 0)],
-            "response_length must be >= 0",
-        ),
-        invalid(
-            "response_longer_than_tokens",
-            "a response_length above len(tokens)",
-            base(row7={"response_length": 9}),
-            "response_within_tokens",
-            [(7, 0)],
-            "response_length must be within 0..len(tokens)",
-        ),
-        invalid(
-            "loss_mask_wrong_length",
-            "a loss mask of 1 for a response of 2",
-            base(row2={"loss_mask": [1]}),
-            "loss_mask_length",
-            [(2, 0)],
-            "loss_mask length must equal response_length",
-        ),
-        invalid(
-            "loss_mask_not_binary",
-            "a loss mask holding 2",
-            base(row3={"loss_mask": [1, 2]}),
-            "loss_mask_binary",
-            [(3, 0)],
-            "loss_mask values must be 0 or 1",
-        ),
         Case(
             "loss_mask_text_in_json",
             "a loss mask written as a string on line 3",
@@ -522,14 +408,6 @@ def column_cases() -> list[Case]:
             ],
         ),
         json_invalid(
-            "reward_not_a_number",
-            'a reward of "good"',
-            base(row5={"reward": "good"}),
-            "column_type",
-            [(5, 0)],
-            'column reward must be Float64, got "good"',
-        ),
-        json_invalid(
             "reward_nan_in_json",
             "a NaN reward as Python's json.dumps writes it",
             base(row1={"reward": nan}),
@@ -538,27 +416,11 @@ def column_cases() -> list[Case]:
             "reward must be a finite number",
         ),
         invalid(
-            "reward_infinite",
-            "an infinite reward",
-            base(row6={"reward": inf}),
-            "reward_finite",
-            [(6, 0)],
-            "reward must be a finite number",
-        ),
-        invalid(
             "reward_negative_infinite_and_nan",
             "a -inf and a NaN reward",
             base(row0={"reward": -inf}, row3={"reward": nan}),
             "reward_finite",
             [(0, 0), (3, 0)],
-            "reward must be a finite number",
-        ),
-        invalid(
-            "reward_null",
-            "a row without a reward",
-            base(row4={"reward": None}),
-            "reward_finite",
-            [(4, 0)],
             "reward must be a finite number",
         ),
         Case(
@@ -692,14 +554,7 @@ def rule_cases() -> list[Case]:
     """Each rule across rows broken once."""
     v2_pair = [sample(2, 0, rollout_id=2, **V2), sample(2, 1, rollout_id=2, **V2)]
     return [
-        invalid(
-            "step_column_disagrees_with_file_name",
-            "step 8 inside step=7.parquet",
-            base(row2={"step": 8}),
-            "step_matches_path",
-            [(2, 0)],
-            "step column disagrees with the step in the file path",
-        ),
+        *table_cases("rules"),
         Case(
             "step_column_disagrees_with_folder_name",
             "step 9 inside step=7/part-1.parquet",
@@ -725,22 +580,6 @@ def rule_cases() -> list[Case]:
             "one_session_version",
             [(2, 0), (2, 1)],
             "one session_version",
-        ),
-        invalid(
-            "rollout_id_on_v1_row",
-            "a v1 row with a rollout id",
-            base(row4={"session_version": "v1", "rollout_id": 4}),
-            "rollout_id_only_on_v2_multi_leaf",
-            [(4, 0)],
-            "file row 5 has rollout_id 4, session_version v1, leaves 1",
-        ),
-        invalid(
-            "rollout_id_on_v2_singleton",
-            "a v2 singleton with a rollout id",
-            base(row5={"session_version": "v2", "rollout_id": 5}),
-            "rollout_id_only_on_v2_multi_leaf",
-            [(5, 0)],
-            "v2 singletons keep it null",
         ),
         invalid(
             "v2_multi_leaf_without_rollout_id",
@@ -793,14 +632,6 @@ def rule_cases() -> list[Case]:
             "rollout_shares_reward",
             [(2, 0), (2, 1)],
             "all samples in rollout 2 must share one reward; rows [2, 3] have rewards [1.0, 0.0]",
-        ),
-        invalid(
-            "rollout_log_probs_on_one_row",
-            "log probs on one row of eight",
-            base(row3={"rollout_log_probs": [-0.5, -0.5]}),
-            "rollout_log_probs_all_or_none",
-            [(3, 0)],
-            "null on some rows and set on others",
         ),
         invalid(
             "teacher_log_probs_missing_on_one_row",
@@ -1157,6 +988,7 @@ def round_two_cases() -> list[Case]:
     raw = {f"row{i}": {"raw_reward": 0.5} for i in range(8)}
     dup_key = json.dumps(sample(6))[:-1] + ', "index": 9}'
     return [
+        *table_cases("round_two"),
         Case(
             "rows_repeated_in_a_second_file",
             "rows 2 and 3 again in a second file, without leaf: they became leaves 1",
@@ -1219,30 +1051,6 @@ def round_two_cases() -> list[Case]:
                 ),
                 ("remove_sample", "false", "string", '"false"'),
             ]
-        ),
-        json_invalid(
-            "json_index_true",
-            "a JSON true as index",
-            base(row2={"index": True}),
-            "column_type",
-            [(None, 0)],
-            "column index must be Int64, got true at file row 3",
-        ),
-        json_invalid(
-            "json_step_true",
-            "a JSON true as step",
-            base(row2={"step": True}),
-            "column_type",
-            [(2, 0)],
-            "column step must be Int64, got true at file row 3",
-        ),
-        json_invalid(
-            "json_leaf_false",
-            "a JSON false as leaf",
-            base(row2={"leaf": False}),
-            "column_type",
-            [(2, None)],
-            "column leaf must be Int32, got false at file row 3",
         ),
         Case(
             "json_duplicate_key",
@@ -1619,6 +1427,7 @@ def round_three_cases() -> list[Case]:
     last = json.dumps(sample(6))[:-1]
     weird = ["Step=7", "STEP=7", "step=+7", "step=7 ", "step=7.0"]
     return [
+        *table_cases("round_three"),
         stored_as(
             "parquet_index_as_strings",
             "index stored as text",
@@ -1779,30 +1588,6 @@ def round_three_cases() -> list[Case]:
                 (2, 1, "column_type: column rollout_id must be Int64"),
                 (3, 0, kept_whole(2, 0, "column_type")),
             ],
-        ),
-        json_invalid(
-            "json_weight_versions_numbers",
-            "weight_versions [3, 4] in JSON (was read as strings)",
-            base(row1={"weight_versions": [3, 4]}),
-            "column_type",
-            [(1, 0)],
-            "column weight_versions must be List(String), got [3, 4] at file row 2",
-        ),
-        json_invalid(
-            "json_status_number",
-            "status 1 in JSON (was read as the string 1)",
-            base(row4={"status": 1}),
-            "column_type",
-            [(4, 0)],
-            "column status must be String, got 1 at file row 5",
-        ),
-        json_invalid(
-            "json_remove_sample_one",
-            "remove_sample 1 in JSON: a number is not a boolean",
-            base(row3={"remove_sample": 1}),
-            "column_type",
-            [(3, 0)],
-            "column remove_sample must be Boolean, got 1 at file row 4",
         ),
         Case(
             "json_duplicate_key_escaped",
