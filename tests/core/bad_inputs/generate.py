@@ -363,38 +363,6 @@ def column_cases() -> list[Case]:
             "List(Struct({'id': Int32})); file row 1 holds",
         ),
         Case(
-            "loss_mask_text_in_json",
-            "a loss mask written as a string on line 3",
-            {
-                f"step={STEP}.jsonl": jsonl(
-                    base(row2={"loss_mask": "1,1"}, row0={"loss_mask": [1, 1]})
-                )
-            },
-            1,
-            [
-                error(
-                    "column_type",
-                    [(2, 0)],
-                    [f"step={STEP}.jsonl"],
-                    'column loss_mask must be List(Int8), got "1,1" at file row 3',
-                )
-            ],
-        ),
-        Case(
-            "reward_object_on_one_line",
-            "a JSON object as the reward on line 4, numbers elsewhere",
-            {f"step={STEP}.jsonl": jsonl(base(row3={"reward": {"score": 1.0}}))},
-            1,
-            [
-                error(
-                    "unreadable_file",
-                    [],
-                    [f"step={STEP}.jsonl"],
-                    "line 4: reward is an object where line 1 has a number",
-                )
-            ],
-        ),
-        Case(
             "reward_struct_without_reward_key",
             "a struct reward and no reward_key setting",
             {
@@ -406,24 +374,6 @@ def column_cases() -> list[Case]:
             1,
             [error("reward_key", [], None, "set reward_key to the field to train on")],
         ),
-        Case(
-            "remove_sample_text",
-            'remove_sample written as "no" on four rows',
-            {
-                f"step={STEP}.jsonl": jsonl(
-                    base(**{f"row{i}": {"remove_sample": "no"} for i in range(4)})
-                )
-            },
-            1,
-            [
-                error(
-                    "column_type",
-                    [(0, 0), (1, 0), (2, 0), (3, 0)],
-                    [f"step={STEP}.jsonl"],
-                    'column remove_sample must be Boolean, got "no" at file row 1',
-                )
-            ],
-        ),
         stored_as(
             "remove_sample_two",
             "remove_sample stored as integers (2 on row 3): an integer is not a boolean",
@@ -432,24 +382,6 @@ def column_cases() -> list[Case]:
             pl.Int64(),
             "column remove_sample must be Boolean, but the file stores it as Int64; "
             "file row 1 holds 0",
-        ),
-        Case(
-            "weight_versions_not_a_list",
-            "weight_versions as a plain string on four rows",
-            {
-                f"step={STEP}.jsonl": jsonl(
-                    base(**{f"row{i}": {"weight_versions": "w3"} for i in range(4)})
-                )
-            },
-            1,
-            [
-                error(
-                    "column_type",
-                    [(0, 0), (1, 0), (2, 0), (3, 0)],
-                    [f"step={STEP}.jsonl"],
-                    'column weight_versions must be List(String), got "w3" at file row 1',
-                )
-            ],
         ),
     ]
 
