@@ -280,15 +280,19 @@ Loader.add_constructor("tag:yaml.org,2002:float", _float)
 
 
 def table_cases(group: str) -> list[Case]:
-    """The cases of `group` in cases.yaml: the valid step with the fields of every row
-    (`every`) and of a few rows (`rows`) replaced, as Parquet (`invalid`) or JSON Lines
-    (`json_invalid`), one rule broken."""
+    """The cases of `group` in cases.yaml, each the valid step with fields replaced on every
+    row (`every`) and on a few (`rows`), and rows replaced by several (`leaves`), written
+    as Parquet (`invalid`) or JSON Lines (`json_invalid`), with one rule broken."""
     build = {"parquet": invalid, "jsonl": json_invalid}
     listed = []
     for case in yaml.load(TABLE.read_text(), Loader)[group]:
-        rows = base(**{f"row{i}": dict(case.get("every", {})) for i in range(8)})
-        for k, fields in case["rows"].items():
-            rows[k].update(fields)
+        every, changed, leaves = case.get("every", {}), case.get("rows", {}), case.get("leaves", {})
+        rows = []
+        for i in range(8):
+            if i in leaves:
+                rows += [sample(i, **fields) for fields in leaves[i]]
+            else:
+                rows.append({**sample(i), **every, **changed.get(i, {})})
         named = [tuple(pair) for pair in case["named"]]
         text = case.get("text", "")
         listed.append(
@@ -388,7 +392,6 @@ def column_cases() -> list[Case]:
 
 def rule_cases() -> list[Case]:
     """Each rule across rows broken once."""
-    v2_pair = [sample(2, 0, rollout_id=2, **V2), sample(2, 1, rollout_id=2, **V2)]
     return [
         *table_cases("rules"),
         Case(
@@ -400,74 +403,6 @@ def rule_cases() -> list[Case]:
             },
             1,
             [error("step_matches_path", [(5, 0)], ["step=7/part-1.parquet"])],
-        ),
-        invalid(
-            "duplicate_step_index_leaf",
-            "row 3 written twice",
-            [*base()[:4], sample(3), *base()[4:]],
-            "unique_leaf",
-            [(3, 0), (3, 0)],
-            "(step, index, leaf) must be unique",
-        ),
-        invalid(
-            "leaves_disagree_on_session_version",
-            "a trajectory of a plain and a v1 leaf",
-            [*base()[:2], sample(2, 0), sample(2, 1, session_version="v1"), *base()[3:]],
-            "one_session_version",
-            [(2, 0), (2, 1)],
-            "one session_version",
-        ),
-        invalid(
-            "v2_multi_leaf_without_rollout_id",
-            "v2 siblings without an id",
-            [*base()[:2], sample(2, 0, **V2), sample(2, 1, **V2), *base()[3:]],
-            "rollout_id_only_on_v2_multi_leaf",
-            [(2, 0), (2, 1)],
-            "exactly on the leaves",
-        ),
-        invalid(
-            "v2_siblings_disagree_on_rollout_id",
-            "v2 siblings with ids 2 and 3",
-            [
-                *base()[:2],
-                sample(2, 0, rollout_id=2, **V2),
-                sample(2, 1, rollout_id=30, **V2),
-                *base()[3:],
-            ],
-            "rollout_id_shared_by_siblings",
-            [(2, 0), (2, 1)],
-            "share one rollout_id",
-        ),
-        invalid(
-            "two_trajectories_share_a_rollout_id",
-            "trajectories 2 and 5 both use id 40",
-            [
-                *base()[:2],
-                *(dict(r, rollout_id=40) for r in v2_pair),
-                *base()[3:5],
-                sample(5, 0, rollout_id=40, **V2),
-                sample(5, 1, rollout_id=40, **V2),
-                *base()[6:],
-            ],
-            "rollout_key_unique_per_trajectory",
-            [(2, 0), (2, 1), (5, 0), (5, 1)],
-            "two trajectories share it",
-        ),
-        invalid(
-            "rollout_id_equals_another_index",
-            "trajectory 2 uses id 6, row 6's index",
-            [*base()[:2], *(dict(r, rollout_id=6) for r in v2_pair), *base()[3:]],
-            "rollout_key_unique_per_trajectory",
-            [(2, 0), (2, 1), (6, 0)],
-            "a rollout key (rollout_id, else index)",
-        ),
-        invalid(
-            "siblings_disagree_on_reward",
-            "v2 siblings scored 1.0 and 0.0",
-            [*base()[:2], dict(v2_pair[0], reward=1.0), dict(v2_pair[1], reward=0.0), *base()[3:]],
-            "rollout_shares_reward",
-            [(2, 0), (2, 1)],
-            "all samples in rollout 2 must share one reward; rows [2, 3] have rewards [1.0, 0.0]",
         ),
         Case(
             "two_rules_in_one_file",
@@ -801,14 +736,6 @@ def round_two_cases() -> list[Case]:
                     "several rows share this index without session_version v2",
                 )
             ],
-        ),
-        invalid(
-            "v1_trajectory_of_two_leaves",
-            "a v1 trajectory of two rows",
-            [*base()[:4], sample(3, 1), *base()[4:]],
-            "multi_leaf_only_in_v2",
-            [(3, 0), (3, 1)],
-            "duplicated rows",
         ),
         Case(
             "byte_identical_files",
