@@ -344,6 +344,13 @@ def kept_whole(index: int, leaf: int, rules: str) -> str:
     )
 
 
+def group_aside(index: int, rule: str, reason: str) -> list[tuple[int, int, str]]:
+    """The quarantine of row (index, 0) for `reason`, with the rest of its reward group (the
+    four rows sharing its group_index) set aside whole for `rule`."""
+    group = range(index // 4 * 4, index // 4 * 4 + 4)
+    return [(i, 0, reason if i == index else kept_whole(index, 0, rule)) for i in group]
+
+
 def column_cases() -> list[Case]:
     """Each contract column with a value of the wrong type or an impossible value."""
     return [
@@ -598,12 +605,7 @@ def quarantine_cases() -> list[Case]:
             'a reward of "good" on row 5',
             {f"step={STEP}.jsonl": jsonl(base(row5={"reward": "good"}))},
             counts(8, 4, 0, 4),
-            [
-                (4, 0, kept_whole(5, 0, "column_type")),
-                (5, 0, "column_type: column reward must be Float64"),
-                (6, 0, kept_whole(5, 0, "column_type")),
-                (7, 0, kept_whole(5, 0, "column_type")),
-            ],
+            group_aside(5, "column_type", "column_type: column reward must be Float64"),
         ),
         quarantined(
             "quarantine_nan_and_step_mismatch",
@@ -795,24 +797,16 @@ def round_two_cases() -> list[Case]:
             "a JSON true as reward, quarantined",
             {json_file: jsonl(base(row5={"reward": True}))},
             counts(8, 4, 0, 4),
-            [
-                (4, 0, kept_whole(5, 0, "column_type")),
-                (5, 0, "column_type: column reward must be Float64"),
-                (6, 0, kept_whole(5, 0, "column_type")),
-                (7, 0, kept_whole(5, 0, "column_type")),
-            ],
+            group_aside(5, "column_type", "column_type: column reward must be Float64"),
         ),
         quarantined(
             "quarantine_a_duplicate_key",
             "a key given twice, quarantined",
             {json_file: json_lines(base(), {6: dup_key})},
             counts(8, 4, 0, 4),
-            [
-                (4, 0, kept_whole(6, 0, "duplicate_key")),
-                (5, 0, kept_whole(6, 0, "duplicate_key")),
-                (6, 0, "duplicate_key: key index must appear once in each JSON object"),
-                (7, 0, kept_whole(6, 0, "duplicate_key")),
-            ],
+            group_aside(
+                6, "duplicate_key", "duplicate_key: key index must appear once in each JSON object"
+            ),
         ),
         Case(
             "dp_size_beyond_the_rows",
@@ -1112,6 +1106,9 @@ def round_three_cases() -> list[Case]:
     n = len(rows)
     last = json.dumps(sample(6))[:-1]
     weird = ["Step=7", "STEP=7", "step=+7", "step=7 ", "step=7.0"]
+    # rollout_id stored as text, set on the two v2 leaves of trajectory 2
+    leaves = [sample(2, 0, rollout_id="2", **V2), sample(2, 1, rollout_id="2", **V2)]
+    text_ids = parquet([*rows[:2], *leaves, *rows[3:]], {"rollout_id": pl.String()})
     return [
         *table_cases("round_three"),
         stored_as(
@@ -1230,17 +1227,7 @@ def round_three_cases() -> list[Case]:
         Case(
             "parquet_rollout_id_as_strings_on_two_rows",
             "rollout_id stored as text, set on v2 leaves 2 and 3 only",
-            {
-                f"step={STEP}.parquet": parquet(
-                    [
-                        *rows[:2],
-                        sample(2, 0, rollout_id="2", **V2),
-                        sample(2, 1, rollout_id="2", **V2),
-                        *rows[3:],
-                    ],
-                    {"rollout_id": pl.String()},
-                )
-            },
+            {f"step={STEP}.parquet": text_ids},
             1,
             [
                 error(
@@ -1255,17 +1242,7 @@ def round_three_cases() -> list[Case]:
         quarantined(
             "quarantine_a_column_stored_as_text",
             "rollout_id stored as text on the two leaves of trajectory 2, quarantined",
-            {
-                f"step={STEP}.parquet": parquet(
-                    [
-                        *rows[:2],
-                        sample(2, 0, rollout_id="2", **V2),
-                        sample(2, 1, rollout_id="2", **V2),
-                        *rows[3:],
-                    ],
-                    {"rollout_id": pl.String()},
-                )
-            },
+            {f"step={STEP}.parquet": text_ids},
             counts(9, 5, 0, 4),
             [
                 (0, 0, kept_whole(2, 0, "column_type")),
@@ -2348,12 +2325,7 @@ def reader_cases() -> list[Case]:
             "a uint64 token above 2^63 on row 0 (and so its prompt group)",
             {f"step={STEP}.parquet": arrow_parquet(rows, {"tokens": tokens})},
             counts(8, 4, 0, 4),
-            [
-                (0, 0, "column_type: column tokens must be List(Int32)"),
-                (1, 0, kept_whole(0, 0, "column_type")),
-                (2, 0, kept_whole(0, 0, "column_type")),
-                (3, 0, kept_whole(0, 0, "column_type")),
-            ],
+            group_aside(0, "column_type", "column_type: column tokens must be List(Int32)"),
         ),
         Case(
             "zero_row_step_beside_a_valid_one",
