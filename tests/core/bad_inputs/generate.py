@@ -2204,23 +2204,20 @@ def round_four_cases() -> list[Case]:
             case_fifos=["metrics.jsonl"],
         ),
         # 7. A stdout that is closed or goes away.
-        Case(
-            "stdout_closed",
-            "build ... >&-: steps 7 and 8 built and committed, step 9 refused, exit 1",
-            three_steps(),
-            1,
-            stdout="closed",
-            built=[STEP, 8],
-            lines=[STEP_9_LINE],
-        ),
-        Case(
-            "stdout_reader_goes_away",
-            "build ... | head -1: steps 7 and 8 built and committed, step 9 refused, exit 1",
-            three_steps(),
-            1,
-            stdout="broken",
-            built=[STEP, 8],
-            lines=[STEP_9_LINE],
+        *(
+            Case(
+                f"stdout_{name}",
+                f"build ... {how}: steps 7 and 8 built and committed, step 9 refused, exit 1",
+                three_steps(),
+                1,
+                stdout=stdout,
+                built=[STEP, 8],
+                lines=[STEP_9_LINE],
+            )
+            for name, how, stdout in [
+                ("closed", ">&-", "closed"),
+                ("reader_goes_away", "| head -1", "broken"),
+            ]
         ),
         Case(
             "stdout_reader_goes_away_all_valid",
