@@ -2247,23 +2247,25 @@ def round_four_cases() -> list[Case]:
             json_file, json_lines(rows, {6: last + ', "raw_reward": null, "raw_reward": null}'})
         ),
         # 9. Interrupted while it waits for the step's lock: SIGINT ends it as SIGTERM does.
-        Case(
-            "interrupted_by_sigint",
-            "SIGINT (Ctrl-C) during a build: ended by the signal, no traceback, nothing written",
-            {f"step={STEP}.parquet": valid},
-            -2,
-            signal="SIGINT",
-            built=[],
-            folders=["out"],
-        ),
-        Case(
-            "interrupted_by_sigterm",
-            "SIGTERM during a build, the same",
-            {f"step={STEP}.parquet": valid},
-            -15,
-            signal="SIGTERM",
-            built=[],
-            folders=["out"],
+        *(
+            Case(
+                f"interrupted_by_{signal.lower()}",
+                what,
+                {f"step={STEP}.parquet": valid},
+                status,
+                signal=signal,
+                built=[],
+                folders=["out"],
+            )
+            for signal, status, what in [
+                (
+                    "SIGINT",
+                    -2,
+                    "SIGINT (Ctrl-C) during a build: ended by the signal, no traceback, nothing "
+                    "written",
+                ),
+                ("SIGTERM", -15, "SIGTERM during a build, the same"),
+            ]
         ),
         # 10. Settings files: unknown keys, miles' dashed spelling.
         refused_settings_file(
