@@ -22,6 +22,7 @@ import pytest
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
 from pipeline.settings import Settings
+from pipeline.step.build import build_step
 from tests.orchestration import ray_cluster
 from tests.support.ray_head import start_timeout
 from tests.support.s3_server import S3Server, s3_server
@@ -223,13 +224,12 @@ def test_a_failed_check_on_what_the_tasks_report_sends_nothing(
     from pipeline.io.storage import ObjectRoot
     from pipeline.step import store_ranks
     from pipeline.step.readers.shares import LocalTasks, by_tasks
-    from pipeline.step.store_commit import build_to_store
 
     monkeypatch.setattr(store_ranks, "footer_rows", lambda _: 1)
     bucket = server.bucket()
     files = group_steps(find_sources([inputs]))[0]
     with pytest.raises(StepError, match="rule shards_verified: .*rank=0.parquet: 1 rows"):
-        build_to_store(
+        build_step(
             0,
             files,
             Settings(**SETTINGS),
