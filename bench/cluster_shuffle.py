@@ -20,7 +20,6 @@ loaded machine the times mean little, the CPU sums somewhat more.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -32,6 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests" / "orchestration")]
 
+import bench_record  # noqa: E402
 import ray_cluster  # noqa: E402
 import ray_tasks  # noqa: E402
 
@@ -147,24 +147,20 @@ def main(argv: list[str] | None = None) -> int:
         f"{small}_ray_wall_over_in_process": figures[f"{small}_ray"]["process_wall_s"]
         / figures[f"{small}_in_process"]["wall_s"],
     }
-    result = {
-        "command": " ".join(["python", "bench/cluster_shuffle.py", *(argv or sys.argv[1:])]),
-        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": f"{os.cpu_count()} cores, shared; the cluster's three nodes on 127.0.0.1",
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "samples": args.samples,
-        "input_mib": round(size / 2**20, 1),
-        "global_batch_size": args.global_batch_size,
-        "row_group_rows": args.row_group_rows,
+    machine = f"{os.cpu_count()} cores, shared; the cluster's three nodes on 127.0.0.1"
+    result = bench_record.record(
+        "cluster_shuffle.py",
+        argv,
+        {"machine": machine},
+        load_before,
+        samples=args.samples,
+        input_mib=round(size / 2**20, 1),
+        global_batch_size=args.global_batch_size,
+        row_group_rows=args.row_group_rows,
         **{name: round(value, 3) for name, value in ratios.items()},
         **figures,
-    }
-    args.results.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M")
-    path = args.results / f"{stamp}-cluster-shuffle-{args.samples}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    )
+    bench_record.save(result, args.results, f"cluster-shuffle-{args.samples}")
     return 0
 
 

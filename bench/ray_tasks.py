@@ -14,9 +14,7 @@ peak RSS is its `VmHWM`, read every tenth of a second. The driver's read bytes a
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -28,6 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests" / "orchestration")]
 
+import bench_record  # noqa: E402
 import ray_cluster  # noqa: E402
 
 DRIVER = (
@@ -193,24 +192,19 @@ def main(argv: list[str] | None = None) -> int:
             figures[f"{name}_input_mib"] = round(size / 2**20, 1)
     finally:
         ray_cluster.stop(cluster.pid)
-    result = {
-        "command": " ".join(["python", "bench/ray_tasks.py", *(argv or sys.argv[1:])]),
-        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "cpus": os.cpu_count(),
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "samples": args.samples,
-        "backfill_samples": args.backfill_samples,
-        "dp_size": args.dp_size,
-        "global_batch_size": args.global_batch_size,
-        "row_group_rows": args.row_group_rows,
+    result = bench_record.record(
+        "ray_tasks.py",
+        argv,
+        {"cpus": os.cpu_count()},
+        load_before,
+        samples=args.samples,
+        backfill_samples=args.backfill_samples,
+        dp_size=args.dp_size,
+        global_batch_size=args.global_batch_size,
+        row_group_rows=args.row_group_rows,
         **figures,
-    }
-    args.results.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M")
-    path = args.results / f"{stamp}-ray-cluster-{args.samples}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    )
+    bench_record.save(result, args.results, f"ray-cluster-{args.samples}")
     return 0
 
 

@@ -20,7 +20,6 @@ stage CPU seconds mean more than the wall times.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import bench_record  # noqa: E402
 from run import PYTHON, timed  # noqa: E402  (bench/run.py, beside this script)
 
 PROFILED = """
@@ -185,19 +185,16 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         print(json.dumps(cases[-1]), flush=True)
-    result = {
-        "command": " ".join(["python", "bench/stage_profile.py", *(argv or sys.argv[1:])]),
-        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": f"{os.cpu_count()} cores, shared",
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "dp_size": args.dp_size,
-        "global_batch_size": args.global_batch_size,
-        "cases": cases,
-    }
-    args.results.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M")
-    (args.results / f"{stamp}-stage-profile.json").write_text(json.dumps(result, indent=2) + "\n")
+    result = bench_record.record(
+        "stage_profile.py",
+        argv,
+        {"machine": f"{os.cpu_count()} cores, shared"},
+        load_before,
+        dp_size=args.dp_size,
+        global_batch_size=args.global_batch_size,
+        cases=cases,
+    )
+    bench_record.save(result, args.results, "stage-profile", show=False)
     return 0
 
 

@@ -133,52 +133,32 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     readers = flag_readers()
     for name, annotation, help_text in setting_fields():
         if name in DISABLE_FLAGS:
-            group.add_argument(
-                _flag(DISABLE_FLAGS[name]),
-                dest=name,
-                action="store_false",
-                default=argparse.SUPPRESS,
-                help=f"turn off {name}",
-            )
+            _add_setting(group, name, f"turn off {name}", DISABLE_FLAGS[name], action="store_false")
             continue
         base = non_null(annotation)
+        how: dict[str, Any]
         if name in valued:
             # a text the settings model reads as a boolean ("true", "false", "yes", ...)
-            group.add_argument(
-                _flag(name),
-                dest=name,
-                metavar="true|false",
-                default=argparse.SUPPRESS,
-                help=help_text,
-            )
+            how = {"metavar": "true|false"}
         elif name in readers or typing.get_origin(base) is list:
             _add_shaped_flag(group, name, base, help_text)
+            continue
         elif base is bool:
-            group.add_argument(
-                _flag(name),
-                dest=name,
-                action="store_true",
-                default=argparse.SUPPRESS,
-                help=help_text,
-            )
+            how = {"action": "store_true"}
         elif typing.get_origin(base) is typing.Literal:
-            group.add_argument(
-                _flag(name),
-                dest=name,
-                choices=typing.get_args(base),
-                default=argparse.SUPPRESS,
-                help=help_text,
-            )
+            how = {"choices": typing.get_args(base)}
         else:
-            group.add_argument(
-                _flag(name),
-                *SHORT_FLAGS.get(name, ()),
-                dest=name,
-                type=typing.cast(Callable[[str], Any], base),
-                metavar=name.upper(),
-                default=argparse.SUPPRESS,
-                help=help_text,
-            )
+            how = {"type": typing.cast(Callable[[str], Any], base), "metavar": name.upper()}
+        _add_setting(group, name, help_text, **how)
+
+
+def _add_setting(
+    group: argparse._ArgumentGroup, name: str, help_text: str, flag: str = "", **how: Any
+) -> None:
+    """The flag of setting `name` (`flag`, else the name's; and its SHORT_FLAGS), absent
+    from the namespace unless given, so that only what the command line says overrides."""
+    flags = (_flag(flag or name), *SHORT_FLAGS.get(name, ()))
+    group.add_argument(*flags, dest=name, default=argparse.SUPPRESS, help=help_text, **how)
 
 
 def _add_shaped_flag(group: argparse._ArgumentGroup, name: str, base: Any, help_text: str) -> None:
@@ -193,25 +173,11 @@ def _add_shaped_flag(group: argparse._ArgumentGroup, name: str, base: Any, help_
             except ValueError as exc:
                 raise argparse.ArgumentTypeError(str(exc)) from None
 
-        group.add_argument(
-            _flag(name),
-            dest=name,
-            type=reader,
-            metavar=name.upper(),
-            default=argparse.SUPPRESS,
-            help=help_text,
-        )
+        _add_setting(group, name, help_text, type=reader, metavar=name.upper())
         return
     (item,) = typing.get_args(base)
     choices = typing.get_args(item) if typing.get_origin(item) is typing.Literal else None
-    group.add_argument(
-        _flag(name),
-        dest=name,
-        nargs="+",
-        choices=choices,
-        default=argparse.SUPPRESS,
-        help=help_text,
-    )
+    _add_setting(group, name, help_text, nargs="+", choices=choices)
 
 
 # The layout settings `plan` takes as comma lists (`--dp-size 8,16,32`): each combination

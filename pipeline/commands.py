@@ -46,7 +46,6 @@ from pipeline.step.build import (
 from pipeline.step.one_trainer import other_trainer
 from pipeline.step.plan import plan_batch
 from pipeline.step.ray_route import Route, ray_route
-from pipeline.step.store_commit import build_to_store
 from pipeline.step.tables import SampleTable, TrainBatch
 
 PROG = "rollout-shards"
@@ -158,30 +157,17 @@ def _build_one(
     """Build one step unless it is current; False (after printing why) when it fails."""
     report = _StepReport(progress)
     try:
-        if is_remote(args.out):
-            manifest = build_to_store(
-                step,
-                sources,
-                settings,
-                args.out,
-                args.force,
-                report,
-                skipped,
-                args.early_digests,
-                route,
-            )
-        else:
-            manifest = build_step(
-                step,
-                sources,
-                settings,
-                args.out,
-                args.force,
-                reporter=report,
-                skipped=skipped,
-                early=args.early_digests,
-                route=route,
-            )
+        manifest = build_step(
+            step,
+            sources,
+            settings,
+            args.out,
+            args.force,
+            reporter=report,
+            skipped=skipped,
+            early=args.early_digests,
+            route=route,
+        )
     except StepError as exc:
         progress.step_done()
         for violation in exc.violations:

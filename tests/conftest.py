@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pipeline.report.serve import URL_ENV
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 # The files whose tests take tens of seconds each (pip installs, a browser, Dagster's
 # daemon, Ray clusters, the corpus, drawn trainer cases), slowest first. `make test` runs
@@ -45,3 +49,13 @@ def _no_report_url_from_the_shell() -> Iterator[None]:
 @pytest.fixture
 def rows_dir(tmp_path: Path) -> Path:
     return tmp_path / "rollouts"
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    """A throwaway Dagster instance (temporary home, in-process runs)."""
+    # Imported here: Dagster is seconds of imports that only the Dagster tests need.
+    import dagster as dg
+
+    with dg.instance_for_test() as instance:
+        yield instance

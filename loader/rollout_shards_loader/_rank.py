@@ -15,6 +15,22 @@ import pyarrow.parquet as pq
 from rollout_shards_loader._convert import scalar_array
 from rollout_shards_loader._verify import BATCH_POSITION, RAW_REWARD
 
+# The per-row keys both trainers gather first, in their order (slime's
+# `_split_train_data_by_dp` and miles' `_package_shards`, its descendant); each adds its own
+# after them.
+FAMILY_ROW_KEYS = (
+    "tokens",
+    "response_lengths",
+    "rewards",
+    "truncated",
+    "loss_masks",
+    "round_number",
+    "sample_indices",
+    "rollout_ids",
+    "rollout_mask_sums",
+    "rollout_log_probs",
+)
+
 
 def present(
     manifest: dict[str, Any], files: list[pq.ParquetFile], optional: Sequence[str]

@@ -38,7 +38,12 @@ from rollout_shards_loader._hook import (
     WAIT_S,
     LateInstallError,
 )
-from rollout_shards_loader._rank import batch_raw_reward, micro_batch_indices, present
+from rollout_shards_loader._rank import (
+    FAMILY_ROW_KEYS,
+    batch_raw_reward,
+    micro_batch_indices,
+    present,
+)
 from rollout_shards_loader._step import RankFiles, read_rank_files
 from rollout_shards_loader._verify import BATCH_POSITION, RAW_REWARD
 
@@ -56,35 +61,19 @@ __all__ = [
     "uninstall",
 ]
 
-# Per-row keys in the order miles' `_package_shards` gathers them (those the shards carry),
-# as the rank-file columns they are read from (KEY_OF: a column handed under another key).
-ROW_KEYS = (
-    "tokens",
-    "response_lengths",
-    "rewards",
-    "truncated",
-    "loss_masks",
-    "round_number",
-    "sample_indices",
-    "rollout_ids",
-    "rollout_mask_sums",
-    "rollout_log_probs",
+# Per-row keys in the order miles' `_package_shards` gathers them (those the shards carry):
+# the family's (`_rank.FAMILY_ROW_KEYS`), then miles' own; as the rank-file columns they are
+# read from (KEY_OF: a column handed under another key).
+_OWN_KEYS = (
     "rollout_sampling_mask_ids",
     "rollout_sampling_mask_offsets",
     "teacher_log_probs",
     "weight_versions",
     "weight_version_spans",
 )
+ROW_KEYS = (*FAMILY_ROW_KEYS, *_OWN_KEYS)
 # Shard columns miles hands the trainer only when the batch has them.
-OPTIONAL = (
-    "round_number",
-    "rollout_log_probs",
-    "rollout_sampling_mask_ids",
-    "rollout_sampling_mask_offsets",
-    "teacher_log_probs",
-    "weight_versions",
-    "weight_version_spans",
-)
+OPTIONAL = ("round_number", "rollout_log_probs", *_OWN_KEYS)
 # miles' `weight_versions` is one version string per generation call up to its PR #1891,
 # per call a list of `{"version", "abs_start", "abs_end"}` dicts since (`to_dicts`); a step
 # holds one form, in the column of that form. None of a row's spans is `[]`, as miles

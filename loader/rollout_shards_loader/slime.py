@@ -28,7 +28,12 @@ import pyarrow.parquet as pq
 
 from rollout_shards_loader import _hook
 from rollout_shards_loader._convert import ragged, scalars
-from rollout_shards_loader._rank import batch_raw_reward, micro_batch_indices, present
+from rollout_shards_loader._rank import (
+    FAMILY_ROW_KEYS,
+    batch_raw_reward,
+    micro_batch_indices,
+    present,
+)
 from rollout_shards_loader._step import RankFiles, read_rank_files
 from rollout_shards_loader._verify import BATCH_POSITION, RAW_REWARD
 
@@ -40,20 +45,7 @@ SOURCE_NAMES = "source_names"
 
 # Per-row keys in the order slime's `_split_train_data_by_dp` gathers them (those the
 # shards carry), and the dtype of the tensors `tensorize_rollout_data_for_training` makes.
-ROW_KEYS = (
-    "tokens",
-    "response_lengths",
-    "rewards",
-    "truncated",
-    "loss_masks",
-    "round_number",
-    "sample_indices",
-    "rollout_ids",
-    "rollout_mask_sums",
-    "rollout_log_probs",
-    SOURCE_NAMES,
-    "teacher_log_probs",
-)
+ROW_KEYS = (*FAMILY_ROW_KEYS, SOURCE_NAMES, "teacher_log_probs")
 # slime copies these only when the batch's first sample has them (all rows or none here).
 OPTIONAL = ("round_number", "rollout_log_probs", "teacher_log_probs")
 TENSOR_LISTS = {

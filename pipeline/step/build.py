@@ -183,7 +183,7 @@ def build_step(
     step: int,
     sources: Sequence[SourceFile],
     settings: Settings,
-    out_root: Path,
+    out_root: Path | ObjectRoot,
     force: bool = False,
     reporter: StageReporter | None = None,
     skipped: Sequence[str] = (),
@@ -194,8 +194,14 @@ def build_step(
     current (`current_manifest`) is kept as it is unless `force`; any other is replaced
     whole. Builds of one step run one at a time (`writer.step_lock`), so the last published
     read the newest inputs. `route` may give the job another reader and writer (the Ray
-    route of `step/ray_ranks.py`)."""
+    route of `step/ray_ranks.py`). An object-store root is built by
+    `store_commit.build_to_store`, with the same meaning."""
     report = reporter or _Silent()
+    if isinstance(out_root, ObjectRoot):
+        from pipeline.step.store_commit import build_to_store  # it builds on this module
+
+        job = StepJob(step, sources, settings, None, skipped, early)
+        return build_to_store(job, out_root, force, report, route)
     with writer.step_lock(out_root, step):
         if not force and (manifest := current_manifest(step, sources, settings, out_root)):
             with suppress(OSError):  # those inputs are back: the step stands

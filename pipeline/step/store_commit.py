@@ -35,9 +35,9 @@ from pipeline.io.store_layout import attempt_of, attempts_prefix, manifest_key, 
 from pipeline.manifest import Manifest, OutputFile, input_path
 from pipeline.report import REPORT
 from pipeline.settings import Settings
-from pipeline.speed import EarlyDigests, thread_pool
+from pipeline.speed import thread_pool
 from pipeline.step import TRAIN_BATCH, store_ranks
-from pipeline.step.build import StageReporter, StepJob, _Silent, run_step
+from pipeline.step.build import StageReporter, StepJob, run_step
 from pipeline.step.freshness import shards_are_current
 from pipeline.step.readers.shares import Tasks
 from pipeline.step.tables import TrainBatch
@@ -265,28 +265,25 @@ def commit_step(batch: TrainBatch, root: ObjectRoot, tasks: Tasks | None = None)
 
 
 def build_to_store(
-    step: int,
-    sources: Sequence[SourceFile],
-    settings: Settings,
+    job: StepJob,
     root: ObjectRoot,
-    force: bool = False,
-    reporter: StageReporter | None = None,
-    skipped: Sequence[str] = (),
-    early: EarlyDigests | None = None,
-    route: Callable[[StepJob], StepJob] | None = None,
+    force: bool,
+    report: StageReporter,
+    route: Callable[[StepJob], StepJob] | None,
 ) -> Manifest:
-    """`build.build_step` to an object store: the one driver reads, checks and plans the
-    step (`run_step`), then `commit_to_store` writes and commits it. A current step is kept
-    unless `force`; abandoned attempts of the step are removed first. `route` may give the
-    job Ray's tasks (`step/ray_route.py`), which then read the step and write its files."""
-    report = reporter or _Silent()
+    """`build.build_step` of `job` to an object store: the one driver reads, checks and
+    plans the step (`run_step`), then `commit_to_store` writes and commits it. A current
+    step is kept unless `force`; abandoned attempts of the step are removed first. `route`
+    may give the job Ray's tasks (`step/ray_route.py`), which then read the step and write
+    its files."""
+    step = job.step
     manifest, etag = stored_manifest(root, step)
     clean_abandoned(root, step, attempt_of(manifest.to_json()) if manifest else None)
-    if not force and current_in_store(manifest, sources, settings, root):
+    assert isinstance(job.settings, Settings), "a build has the batch's settings"
+    if not force and current_in_store(manifest, job.sources, job.settings, root):
         assert manifest is not None
         report.up_to_date(step, root.url(f"step={step}"))
         return manifest
-    job = StepJob(step, sources, settings, None, skipped, early)
     if route is not None:
         job = route(job)
     batch = None

@@ -19,6 +19,22 @@ def _stderr(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int,
     return status, capsys.readouterr().err.splitlines()
 
 
+# The line of eleven rows validated with a global batch size of 16, up to its suggestion.
+NOT_ENOUGH = (
+    "rollout-shards: validate: step 1: rule not_enough_samples: not enough samples 11 for "
+    "global_batch_size 16; "
+)
+
+
+def _eleven_rows(
+    capsys: pytest.CaptureFixture[str], folder: Path, per_prompt: int, dp_size: int, batch: int
+) -> tuple[int, list[str]]:
+    """`validate` of eleven rows in prompts of `per_prompt` samples, with those sizes."""
+    write_step(folder, [sample(i, group_index=i // per_prompt) for i in range(11)])
+    flags = ("--global-batch-size", str(batch), "--dp-size", str(dp_size))
+    return _stderr(capsys, "validate", folder, *flags)
+
+
 def test_a_nan_reward_names_its_value_file_row_and_quarantine(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -60,40 +76,45 @@ def test_a_row_of_a_second_file_names_that_file(
     assert "; file row 3 has response_length 40, tokens " in line  # row 3 of part-1
 
 
+SUGGESTED = "--global-batch-size {} is the largest this step fills (a multiple of dp_size {} "
+
+
+@pytest.mark.parametrize(
+    ("per_prompt", "dp_size", "told"),
+    [
+        # prompts of four samples: the suggested batch of 8 trims the last prompt whole
+        (4, 4, SUGGESTED.format(8, 4) + "whose trim cuts no reward group)"),
+        # prompts of three samples: 10 (the largest multiple of dp_size 2) would trim row
+        # 10 out of the last prompt, and 8 (kept 8) would cut the third; 6 keeps two
+        # prompts whole
+        (3, 2, SUGGESTED.format(6, 2) + "whose trim cuts no reward group)"),
+        # prompts of three samples, dp_size 4: batches of 4 or 8 both keep 8 rows, inside
+        # a prompt
+        (
+            3,
+            4,
+            "no multiple of dp_size 4 up to 11 rows ends on a reward group's edge: give "
+            "every row its group_index, or set disable_rollout_trim_samples",
+        ),
+    ],
+    ids=["suggested", "one whose trim cuts no group", "none"],
+)
 def test_too_few_samples_suggest_the_largest_batch_the_step_fills(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], per_prompt: int, dp_size: int, told: str
 ) -> None:
-    # prompts of four samples: the suggested batch of 8 trims the last prompt whole
-    write_step(tmp_path / "in", [sample(i, group_index=i // 4) for i in range(11)])
-    status, lines = _stderr(
-        capsys, "validate", tmp_path / "in", "--global-batch-size", "16", "--dp-size", "4"
+    assert _eleven_rows(capsys, tmp_path / "in", per_prompt, dp_size, 16) == (
+        1,
+        [NOT_ENOUGH + told],
     )
-    assert status == 1
-    assert lines == [
-        "rollout-shards: validate: step 1: rule not_enough_samples: not enough samples 11 for "
-        "global_batch_size 16; --global-batch-size 8 is the largest this step fills "
-        "(a multiple of dp_size 4 whose trim cuts no reward group)"
-    ]
-    status, _ = _stderr(
-        capsys, "validate", tmp_path / "in", "--global-batch-size", "8", "--dp-size", "4"
-    )
-    assert status == 0
 
 
 def test_the_suggested_batch_size_is_one_whose_trim_cuts_no_reward_group(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # prompts of three samples: 10 (the largest multiple of dp_size 2) would trim row 10
-    # out of the last prompt, and 8 (kept 8) would cut the third; 6 keeps two prompts whole
+    assert _eleven_rows(capsys, tmp_path / "in", 4, 4, 8)[0] == 0  # as suggested above
+    # prompts of three samples: 10, 8 and 4 each trim into a prompt (the suggestion: 6)
     write_step(tmp_path / "in", [sample(i, group_index=i // 3) for i in range(11)])
     args = ("validate", tmp_path / "in", "--dp-size", "2", "--global-batch-size")
-    status, lines = _stderr(capsys, *args, "16")
-    assert status == 1
-    assert lines == [
-        "rollout-shards: validate: step 1: rule not_enough_samples: not enough samples 11 for "
-        "global_batch_size 16; --global-batch-size 6 is the largest this step fills "
-        "(a multiple of dp_size 2 whose trim cuts no reward group)"
-    ]
     status, lines = _stderr(capsys, *args, "10")
     assert status == 1
     (line,) = lines
@@ -102,22 +123,6 @@ def test_the_suggested_batch_size_is_one_whose_trim_cuts_no_reward_group(
     for size in ("8", "4"):  # each trims into a prompt
         assert _stderr(capsys, *args, size)[0] == 1
     assert _stderr(capsys, *args, "6")[0] == 0  # the suggestion holds
-
-
-def test_no_batch_size_is_suggested_when_every_trim_cuts_a_group(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # prompts of three samples, dp_size 4: batches of 4 or 8 both keep 8 rows, inside a prompt
-    write_step(tmp_path / "in", [sample(i, group_index=i // 3) for i in range(11)])
-    status, lines = _stderr(
-        capsys, "validate", tmp_path / "in", "--global-batch-size", "16", "--dp-size", "4"
-    )
-    assert status == 1
-    assert lines == [
-        "rollout-shards: validate: step 1: rule not_enough_samples: not enough samples 11 for "
-        "global_batch_size 16; no multiple of dp_size 4 up to 11 rows ends on a reward "
-        "group's edge: give every row its group_index, or set disable_rollout_trim_samples"
-    ]
 
 
 def test_quarantine_is_not_suggested_when_the_batch_is_one_reward_group(

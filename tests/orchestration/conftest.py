@@ -1,5 +1,5 @@
-"""Fixtures of the Dagster-level tests: a throwaway instance, configured roots, and the
-session's Ray head."""
+"""Fixtures of the Dagster-level tests: configured roots and the session's Ray head (the
+throwaway instance is tests/conftest.py's)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import dagster as dg
 import pytest
 
 from tests.support.dagster_roots import Roots, configured_roots
 
 if TYPE_CHECKING:
     from tests.support.ray_head import RayHead
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    """A throwaway Dagster instance (temporary home, in-process runs)."""
-    with dg.instance_for_test() as instance:
-        yield instance
 
 
 @pytest.fixture

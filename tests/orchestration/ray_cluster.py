@@ -19,6 +19,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,16 @@ def start(state: Path, timeout: float) -> RayCluster:
         time.sleep(0.5)
     up = json.loads(state.read_text())
     return RayCluster(up["address"], token, up["head"], up["workers"], process.pid)
+
+
+@contextmanager
+def running(folder: Path, timeout: float) -> Iterator[RayCluster]:
+    """The cluster, its state kept in `folder`, stopped on leaving."""
+    up = start(folder / "cluster.json", timeout)
+    try:
+        yield up
+    finally:
+        stop(up.pid)
 
 
 def stop(pid: int) -> None:
@@ -150,3 +162,19 @@ def run_driver(cluster: RayCluster, driver: Path, spec: dict[str, Any], timeout:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_python(
+    args: list[str], env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` in a process of its own with the environment `env`."""
+    return subprocess.run(
+        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def run_cli(
+    cluster: RayCluster, args: list[str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """`rollout-shards ARGS` in a process of its own with the cluster's environment."""
+    return run_python(["-m", "pipeline.cli", *args], cluster.environment(), timeout)

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import pyarrow.parquet as pq
 import pytest
 import ray_cluster
 
@@ -26,7 +25,7 @@ from pipeline.io.load import group_steps
 from pipeline.settings import Settings
 from pipeline.step.build import StepJob, build_step
 from tests.support.ray_head import start_timeout
-from tests.support.samples import generated_step
+from tests.support.samples import build_in_process, generated_step, step_in_three_files
 
 HERE = Path(__file__).resolve().parent
 # balance_data: each rank's rows lie in every share, out of batch order
@@ -35,26 +34,14 @@ SETTINGS = {"global_batch_size": 64, "dp_size": 4, "balance_data": True}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ray_cluster.RayCluster]:
-    state = tmp_path_factory.mktemp("ray-cluster") / "cluster.json"
-    up = ray_cluster.start(state, start_timeout())
-    try:
+    with ray_cluster.running(tmp_path_factory.mktemp("ray-cluster"), start_timeout()) as up:
         yield up
-    finally:
-        ray_cluster.stop(up.pid)
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Step 0 in three files: Parquet of several row groups, Arrow IPC and JSON Lines."""
-    folder = tmp_path_factory.mktemp("ray-inputs")
-    table = pl.read_parquet(generated_step(folder / "gen") / "step=0.parquet")
-    root = folder / "rollouts" / "step=0"
-    root.mkdir(parents=True)
-    first, second, third = (table.slice(i * 1000, 1000) for i in range(3))
-    pq.write_table(first.to_arrow(), root / "a.parquet", row_group_size=250)
-    second.write_ipc(root / "b.arrow")
-    third.write_ndjson(root / "c.jsonl")
-    return folder / "rollouts"
+    return step_in_three_files(tmp_path_factory.mktemp("ray-inputs"))
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -66,8 +53,7 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 def _in_process(inputs: Path, out: Path, settings: dict[str, Any]) -> dict[str, bytes]:
-    for step, files in group_steps(find_sources([inputs])).items():
-        build_step(step, files, Settings(**settings), out)
+    build_in_process(inputs, out, settings)
     return _files(out)
 
 
@@ -94,15 +80,9 @@ def _drive(cluster: ray_cluster.RayCluster, **spec: Any) -> dict[str, Any]:
 def test_the_cli_builds_a_step_across_the_cluster(
     cluster: ray_cluster.RayCluster, inputs: Path, tmp_path: Path
 ) -> None:
-    command = [sys.executable, "-m", "pipeline.cli", "build", str(inputs)]
     flags = ["--global-batch-size", "64", "--dp-size", "4", "--balance-data", "--ray-above", "0"]
-    result = subprocess.run(
-        [*command, "--out", str(tmp_path / "ray"), *flags, "--ray", cluster.address],
-        env=cluster.environment(),
-        capture_output=True,
-        text=True,
-        timeout=2 * start_timeout(),
-    )
+    args = ["build", str(inputs), "--out", str(tmp_path / "ray"), *flags, "--ray", cluster.address]
+    result = ray_cluster.run_cli(cluster, args, 2 * start_timeout())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step 0: 3000 rows in" in result.stdout
     assert _files(tmp_path / "ray") == _in_process(inputs, tmp_path / "local", SETTINGS)
@@ -183,18 +163,8 @@ def test_a_dagster_materialization_builds_its_step_across_the_cluster(
     env = cluster.environment() | {"PYTHONPATH": f"{HERE}:{cluster.environment()['PYTHONPATH']}"}
     for name in ("ROLLOUT_SHARDS_INPUT", "ROLLOUT_SHARDS_OUTPUT"):
         env[name] = str(roots.input if name.endswith("INPUT") else roots.output)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            DAGSTER_DRIVER,
-            json.dumps({"ray_address": address, "ray_above": 0}),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=2 * start_timeout(),
-    )
+    config = json.dumps({"ray_address": address, "ray_above": 0})
+    result = ray_cluster.run_python(["-c", DAGSTER_DRIVER, config], env, 2 * start_timeout())
     assert result.returncode == 0 and result.stdout.strip().endswith("true"), result.stderr[-3000:]
     local = tmp_path / "local"
     step = group_steps(find_sources([roots.input]))[1]
@@ -269,13 +239,7 @@ def test_validate_on_the_cluster_says_what_it_says_in_process(
     """`validate --ray`: its reads and checks run as tasks on the cluster, and its output
     and exit status are the in-process run's (a process of its own)."""
     argv = _validate_argv(inputs, name)
-    here = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "validate", *argv],
-        env=cluster.environment(),
-        capture_output=True,
-        text=True,
-        timeout=2 * start_timeout(),
-    )
+    here = ray_cluster.run_cli(cluster, ["validate", *argv], 2 * start_timeout())
     refused = name == "broken"
     assert here.returncode == (1 if refused else 0), here
     there = validated_on_the_cluster[name]

@@ -12,37 +12,10 @@ import pytest
 
 from pipeline.orchestration import sensors
 from pipeline.orchestration.partitions import rollout_steps
-from pipeline.orchestration.resources import CONFIG_ENV, RolloutStorage
-from pipeline.orchestration.schedules import REASON_TAG, stale_shards_schedule
-from pipeline.orchestration.sensors import rollout_steps_sensor
+from pipeline.orchestration.resources import CONFIG_ENV
+from pipeline.orchestration.schedules import REASON_TAG
 from tests.support.dagster_roots import EMBEDDED_KEYS, Roots, materialize
-
-
-def _tick(instance: dg.DagsterInstance, cursor: str | None = None) -> dg.SensorResult:
-    """One sensor evaluation; its partition requests applied as the daemon would."""
-    # Entered, so that whatever the context opens (resources, an instance from its ref)
-    # is closed here and not when it is garbage collected.
-    with dg.build_sensor_context(
-        instance=instance,
-        cursor=cursor,
-        resources={"rollout_storage": RolloutStorage.from_env()},
-    ) as context:
-        result = rollout_steps_sensor(context)
-    assert isinstance(result, dg.SensorResult)
-    for request in result.dynamic_partitions_requests or []:
-        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
-    return result
-
-
-def _requested(result: dg.SensorResult) -> list[str]:
-    return [request.partition_key for request in result.run_requests or []]
-
-
-def _schedule(instance: dg.DagsterInstance) -> list[dg.RunRequest] | dg.SkipReason:
-    with dg.build_schedule_context(
-        instance=instance, resources={"rollout_storage": RolloutStorage.from_env()}
-    ) as context:
-        return stale_shards_schedule(context)
+from tests.support.dagster_sensor import requested, schedule, tick
 
 
 def _rewrite_step_2(roots: Roots) -> None:
@@ -60,12 +33,12 @@ def _touch(path: Path) -> None:
 def test_first_tick_registers_and_requests_every_step(
     instance: dg.DagsterInstance, roots: Roots
 ) -> None:
-    result = _tick(instance)
+    result = tick(instance)
 
     (request,) = result.dynamic_partitions_requests
     assert request.partitions_def_name == rollout_steps.name
     assert list(request.partition_keys) == EMBEDDED_KEYS
-    assert _requested(result) == EMBEDDED_KEYS
+    assert requested(result) == EMBEDDED_KEYS
     assert all(r.run_key.startswith(f"{r.partition_key}:") for r in result.run_requests)
     assert result.cursor
 
@@ -73,35 +46,35 @@ def test_first_tick_registers_and_requests_every_step(
 def test_unchanged_steps_are_not_requested_again(
     instance: dg.DagsterInstance, roots: Roots
 ) -> None:
-    first = _tick(instance)
+    first = tick(instance)
     _touch(roots.input / "step=1.parquet")  # new mtime, same bytes
 
-    second = _tick(instance, first.cursor)
+    second = tick(instance, first.cursor)
 
-    assert _requested(second) == []
+    assert requested(second) == []
     assert not second.dynamic_partitions_requests
 
 
 def test_a_changed_step_gets_a_new_run_key(instance: dg.DagsterInstance, roots: Roots) -> None:
-    first = _tick(instance)
+    first = tick(instance)
     _rewrite_step_2(roots)
 
-    second = _tick(instance, first.cursor)
+    second = tick(instance, first.cursor)
 
-    assert _requested(second) == ["00000002"]
+    assert requested(second) == ["00000002"]
     old_key = next(r.run_key for r in first.run_requests if r.partition_key == "00000002")
     assert second.run_requests[0].run_key != old_key
 
 
 def test_a_new_step_is_registered_and_requested(instance: dg.DagsterInstance, roots: Roots) -> None:
-    first = _tick(instance)
+    first = tick(instance)
     shutil.copy(roots.input / "step=1.parquet", roots.input / "step=12.parquet")
 
-    second = _tick(instance, first.cursor)
+    second = tick(instance, first.cursor)
 
     (request,) = second.dynamic_partitions_requests
     assert list(request.partition_keys) == ["00000012"]
-    assert _requested(second) == ["00000012"]
+    assert requested(second) == ["00000012"]
 
 
 def test_steps_with_current_shards_are_not_requested(
@@ -109,22 +82,22 @@ def test_steps_with_current_shards_are_not_requested(
 ) -> None:
     assert materialize(instance, "00000001").success
 
-    result = _tick(instance)
+    result = tick(instance)
 
-    assert _requested(result) == ["00000002", "00000003", "00000004"]
+    assert requested(result) == ["00000002", "00000003", "00000004"]
 
 
 def test_changed_settings_request_every_step(
     instance: dg.DagsterInstance, roots: Roots, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = _tick(instance)
+    first = tick(instance)
     settings = tmp_path / "settings.yaml"
     settings.write_text("dp_size: 4\n")
     monkeypatch.setenv(CONFIG_ENV, str(settings))
 
-    second = _tick(instance, first.cursor)
+    second = tick(instance, first.cursor)
 
-    assert _requested(second) == EMBEDDED_KEYS
+    assert requested(second) == EMBEDDED_KEYS
 
 
 def test_schedule_requests_registered_steps_without_shards(
@@ -132,7 +105,7 @@ def test_schedule_requests_registered_steps_without_shards(
 ) -> None:
     instance.add_dynamic_partitions(rollout_steps.name, ["00000001", "00000003"])
 
-    requests = _schedule(instance)
+    requests = schedule(instance)
 
     assert isinstance(requests, list)
     assert [r.partition_key for r in requests] == ["00000001", "00000003"]
@@ -144,10 +117,10 @@ def test_schedule_skips_current_steps_and_requests_stale_ones(
 ) -> None:
     for key in ("00000001", "00000002"):
         assert materialize(instance, key).success
-    assert isinstance(_schedule(instance), dg.SkipReason)
+    assert isinstance(schedule(instance), dg.SkipReason)
 
     _rewrite_step_2(roots)
-    requests = _schedule(instance)
+    requests = schedule(instance)
 
     assert isinstance(requests, list)
     assert [(r.partition_key, r.tags[REASON_TAG]) for r in requests] == [("00000002", "stale")]
@@ -161,7 +134,7 @@ def test_schedule_requests_steps_built_with_other_settings(
     settings.write_text("dp_size: 4\n")
     monkeypatch.setenv(CONFIG_ENV, str(settings))
 
-    requests = _schedule(instance)
+    requests = schedule(instance)
 
     assert isinstance(requests, list)
     assert [(r.partition_key, r.tags[REASON_TAG]) for r in requests] == [("00000001", "stale")]
@@ -175,12 +148,12 @@ def test_a_quiet_tick_hashes_nothing_and_a_big_folder_is_hashed_in_slices(
     monkeypatch.setattr(sensors, "input_digest", lambda path: hashed.append(path) or real(path))
     monkeypatch.setattr(sensors, "MAX_STEPS_HASHED_PER_TICK", 3)
 
-    first = _tick(instance)
-    second = _tick(instance, first.cursor)
+    first = tick(instance)
+    second = tick(instance, first.cursor)
     hashed.clear()
-    third = _tick(instance, second.cursor)
+    third = tick(instance, second.cursor)
 
-    assert _requested(first) == EMBEDDED_KEYS[:3]
-    assert _requested(second) == EMBEDDED_KEYS[3:]
-    assert _requested(third) == []
+    assert requested(first) == EMBEDDED_KEYS[:3]
+    assert requested(second) == EMBEDDED_KEYS[3:]
+    assert requested(third) == []
     assert hashed == []

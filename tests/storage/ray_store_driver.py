@@ -1,7 +1,7 @@
 """A driver process of `test_ray_store.py`: builds every step of its inputs to an
-object-store output root (`store_commit.build_to_store`) routed to the cluster
-(`ray_ranks.connected`), each task asking for the workers' custom resource, and prints what
-happened as one JSON line.
+object-store output root (`build_step`, which hands it to `store_commit.build_to_store`)
+routed to the cluster (`ray_ranks.connected`), each task asking for the workers' custom
+resource, and prints what happened as one JSON line.
 
 Run as `python ray_store_driver.py SPEC`, SPEC a JSON object: inputs, out (an s3:// URL),
 settings, address, and optionally die_task and die_rank (the task of that function for
@@ -22,7 +22,7 @@ from pipeline.io.load import group_steps
 from pipeline.io.storage import root_of
 from pipeline.settings import Settings
 from pipeline.step import ray_ranks
-from pipeline.step.store_commit import build_to_store
+from pipeline.step.build import build_step
 
 RESOURCE = "rollout_worker"
 
@@ -68,7 +68,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         driver = ray.get_runtime_context().get_node_id()
         for step, files in group_steps(find_sources([Path(spec["inputs"])])).items():
             try:
-                build_to_store(step, files, settings, root, route=route)  # type: ignore[arg-type]
+                build_step(step, files, settings, root, route=route)  # type: ignore[arg-type]
             except StepError as failed:
                 error = str(failed)
     return {"driver": driver, "ran": [[r.task, r.node, r.pid] for r in tasks.ran], "error": error}

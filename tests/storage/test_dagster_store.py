@@ -20,7 +20,6 @@ from pipeline.io.store_layout import attempt_of, manifest_key, output_key
 from pipeline.orchestration import run_all
 from pipeline.orchestration.compute import Compute, StepCompute
 from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV, RolloutStorage
-from pipeline.orchestration.schedules import stale_shards_schedule
 from pipeline.orchestration.sensors import rollout_steps_sensor
 from tests.support.cli import cli
 from tests.support.dagster_roots import (
@@ -30,6 +29,7 @@ from tests.support.dagster_roots import (
     run_checks,
     step_failure,
 )
+from tests.support.dagster_sensor import schedule, tick
 from tests.support.s3_server import S3Server, s3_server
 from tests.support.samples import REPO
 
@@ -40,12 +40,6 @@ ROLLOUTS = REPO / "data" / "rollouts"
 def server() -> Iterator[S3Server]:
     with s3_server() as running:
         yield running
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
 
 
 @pytest.fixture
@@ -163,39 +157,21 @@ def test_a_refused_step_fails_with_its_line_and_publishes_nothing(
     assert rules.check_name == "step_keeps_every_rule"
 
 
-def _tick(instance: dg.DagsterInstance) -> dg.SensorResult:
-    with dg.build_sensor_context(
-        instance=instance, resources={"rollout_storage": RolloutStorage.from_env()}
-    ) as context:
-        result = rollout_steps_sensor(context)
-    assert isinstance(result, dg.SensorResult)
-    for request in result.dynamic_partitions_requests or []:
-        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
-    return result
-
-
-def _schedule(instance: dg.DagsterInstance) -> list[dg.RunRequest] | dg.SkipReason:
-    with dg.build_schedule_context(
-        instance=instance, resources={"rollout_storage": RolloutStorage.from_env()}
-    ) as context:
-        return stale_shards_schedule(context)
-
-
 def test_the_sensor_and_the_schedule_read_the_store(
     server: S3Server, bucket: str, instance: dg.DagsterInstance
 ) -> None:
-    first = _tick(instance)
+    first = tick(instance)
     assert [r.partition_key for r in first.run_requests or []] == EMBEDDED_KEYS
     assert sorted(instance.get_dynamic_partitions("rollout_steps")) == EMBEDDED_KEYS
     assert materialize(instance, "00000002").success
     # a tick without a cursor hashes every step: step 2's stored manifest makes it current
-    again = _tick(instance)
+    again = tick(instance)
     assert [r.partition_key for r in again.run_requests or []] == [
         "00000001",
         "00000003",
         "00000004",
     ]
-    requests = _schedule(instance)
+    requests = schedule(instance)
     assert isinstance(requests, list)
     assert [(r.partition_key, r.tags["rollout_shards/reason"]) for r in requests] == [
         ("00000001", "missing"),
@@ -204,12 +180,12 @@ def test_the_sensor_and_the_schedule_read_the_store(
     ]
     # step 2's rollouts rewritten after the commit: the schedule finds the step stale, and
     # the sensor's cursor (size and entity tag per object) sees the change
-    cursor_tick = _tick(instance)
+    cursor_tick = tick(instance)
     frame = pl.read_ipc(ROLLOUTS / "step=2.arrow")
     body = io.BytesIO()
     frame.with_columns((1.0 - pl.col("reward")).alias("reward")).write_ipc(body)
     server.client().put_object(Bucket=bucket, Key="rollouts/step=2.arrow", Body=body.getvalue())
-    requests = _schedule(instance)
+    requests = schedule(instance)
     assert isinstance(requests, list)
     assert ("00000002", "stale") in [
         (r.partition_key, r.tags["rollout_shards/reason"]) for r in requests

@@ -27,6 +27,7 @@ from pipeline.io.storage import ObjectRoot
 from pipeline.io.store_layout import attempt_of, attempts_prefix, manifest_key, output_key
 from pipeline.settings import make_settings
 from pipeline.step import store_commit
+from pipeline.step.build import build_step
 from tests.support.cli import cli, digests
 from tests.support.loader import bits
 from tests.support.s3_server import S3Server, s3_server
@@ -236,7 +237,7 @@ def test_a_lost_race_in_process_removes_its_files(
     sources = group_steps(find_sources([ROLLOUTS / "step=1.parquet"]))[1]
     settings = make_settings({"global_batch_size": 8, "dp_size": 2, "reward_key": "score"})
     with pytest.raises(StepError) as refused:
-        store_commit.build_to_store(1, sources, settings, root)
+        build_step(1, sources, settings, root)
     assert [v.rule for v in refused.value.violations] == [store_commit.RACE_RULE]
     # its two rank files were uploaded, then removed: the keys are the winner's alone
     assert set(server.keys(bucket, "inproc/")) == before

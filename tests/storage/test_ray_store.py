@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-import pyarrow.parquet as pq
 import pytest
 
 from pipeline.io.discovery import find_sources
@@ -29,7 +26,7 @@ from pipeline.step.build import build_step
 from tests.orchestration import ray_cluster
 from tests.support.ray_head import start_timeout
 from tests.support.s3_server import S3Server, s3_server
-from tests.support.samples import generated_step
+from tests.support.samples import build_in_process, step_in_three_files
 
 HERE = Path(__file__).resolve().parent
 # balance_data: each rank's rows lie in every share, out of batch order
@@ -39,12 +36,8 @@ FLAGS = ["--global-batch-size", "64", "--dp-size", "4", "--balance-data", "--ray
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ray_cluster.RayCluster]:
-    state = tmp_path_factory.mktemp("ray-cluster") / "cluster.json"
-    up = ray_cluster.start(state, start_timeout())
-    try:
+    with ray_cluster.running(tmp_path_factory.mktemp("ray-cluster"), start_timeout()) as up:
         yield up
-    finally:
-        ray_cluster.stop(up.pid)
 
 
 @pytest.fixture(scope="module")
@@ -57,21 +50,12 @@ def server(cluster: ray_cluster.RayCluster) -> Iterator[S3Server]:
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Step 0 in three files: Parquet of several row groups, Arrow IPC and JSON Lines."""
-    folder = tmp_path_factory.mktemp("ray-inputs")
-    table = pl.read_parquet(generated_step(folder / "gen") / "step=0.parquet")
-    root = folder / "rollouts" / "step=0"
-    root.mkdir(parents=True)
-    first, second, third = (table.slice(i * 1000, 1000) for i in range(3))
-    pq.write_table(first.to_arrow(), root / "a.parquet", row_group_size=250)
-    second.write_ipc(root / "b.arrow")
-    third.write_ndjson(root / "c.jsonl")
-    return folder / "rollouts"
+    return step_in_three_files(tmp_path_factory.mktemp("ray-inputs"))
 
 
 def _local(inputs: Path, out: Path, settings: dict[str, Any]) -> dict[str, bytes]:
     """The in-process local build's step files, by name."""
-    for step, files in group_steps(find_sources([inputs])).items():
-        build_step(step, files, Settings(**settings), out)
+    build_in_process(inputs, out, settings)
     return {path.name: path.read_bytes() for path in sorted((out / "step=0").iterdir())}
 
 
@@ -101,15 +85,9 @@ def test_the_cli_builds_a_step_across_the_cluster_into_the_store(
     cluster: ray_cluster.RayCluster, server: S3Server, inputs: Path, tmp_path: Path
 ) -> None:
     bucket = server.bucket()
-    command = [sys.executable, "-m", "pipeline.cli", "build", str(inputs)]
     out = f"s3://{bucket}/shards"
-    result = subprocess.run(
-        [*command, "--out", out, *FLAGS, "--ray", cluster.address],
-        env=cluster.environment(),
-        capture_output=True,
-        text=True,
-        timeout=2 * start_timeout(),
-    )
+    args = ["build", str(inputs), "--out", out, *FLAGS, "--ray", cluster.address]
+    result = ray_cluster.run_cli(cluster, args, 2 * start_timeout())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step 0: 3000 rows in" in result.stdout and out in result.stdout
     assert _stored(server, bucket, "shards") == _local(inputs, tmp_path / "local", SETTINGS)
@@ -170,16 +148,9 @@ def test_inputs_in_the_store_are_read_by_the_tasks(
     bucket = server.bucket()
     _upload(server, bucket, inputs, "rollouts")
     stored_inputs = f"s3://{bucket}/rollouts"
-    command = [sys.executable, "-m", "pipeline.cli"]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*command, *args],
-            env=cluster.environment(),
-            capture_output=True,
-            text=True,
-            timeout=2 * start_timeout(),
-        )
+        return ray_cluster.run_cli(cluster, list(args), 2 * start_timeout())
 
     built = run(
         "build", stored_inputs, "--out", f"s3://{bucket}/p", *FLAGS, "--ray", cluster.address
@@ -228,30 +199,11 @@ def test_a_dagster_materialization_commits_to_the_store_across_the_cluster(
     }
     env.pop(CONFIG_ENV, None)
     config = json.dumps({"ray_address": cluster.address, "ray_above": 0})
-    result = subprocess.run(
-        [sys.executable, "-c", DAGSTER_DRIVER, config],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=2 * start_timeout(),
-    )
+    result = ray_cluster.run_python(["-c", DAGSTER_DRIVER, config], env, 2 * start_timeout())
     assert result.returncode == 0 and result.stdout.strip().endswith("true"), result.stderr[-3000:]
     local = tmp_path / "local"
-    built = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.cli",
-            "build",
-            f"s3://{bucket}/rollouts",
-            "--out",
-            str(local),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    args = ["-m", "pipeline.cli", "build", f"s3://{bucket}/rollouts", "--out", str(local)]
+    built = ray_cluster.run_python(args, env, 600)
     assert built.returncode == 0, built.stderr
     manifest = (local / "step=3" / "manifest.json").read_bytes()
     assert server.body(bucket, "shards/step=3/manifest.json") == manifest
@@ -272,13 +224,12 @@ def test_a_failed_check_on_what_the_tasks_report_sends_nothing(
     from pipeline.io.storage import ObjectRoot
     from pipeline.step import store_ranks
     from pipeline.step.readers.shares import LocalTasks, by_tasks
-    from pipeline.step.store_commit import build_to_store
 
     monkeypatch.setattr(store_ranks, "footer_rows", lambda _: 1)
     bucket = server.bucket()
     files = group_steps(find_sources([inputs]))[0]
     with pytest.raises(StepError, match="rule shards_verified: .*rank=0.parquet: 1 rows"):
-        build_to_store(
+        build_step(
             0,
             files,
             Settings(**SETTINGS),

@@ -16,7 +16,7 @@ import polars as pl
 from pipeline.columns import INPUT_SCHEMA
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
-from pipeline.settings import load_settings
+from pipeline.settings import Settings, load_settings
 from pipeline.step.build import build_step
 from pipeline.step.plan import plan_batch
 from pipeline.step.readers.memory import load_samples
@@ -120,6 +120,27 @@ def generated_step(folder: Path, samples: int = 3000, non_compact: bool = False)
     folder.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, folder / "step=0.parquet")
     return folder
+
+
+def step_in_three_files(folder: Path) -> Path:
+    """`folder/rollouts`, holding step 0 of `generated_step` in three files: Parquet of
+    several row groups, Arrow IPC and JSON Lines."""
+    import pyarrow.parquet as pq
+
+    table = pl.read_parquet(generated_step(folder / "gen") / "step=0.parquet")
+    root = folder / "rollouts" / "step=0"
+    root.mkdir(parents=True)
+    first, second, third = (table.slice(i * 1000, 1000) for i in range(3))
+    pq.write_table(first.to_arrow(), root / "a.parquet", row_group_size=250)
+    second.write_ipc(root / "b.arrow")
+    third.write_ndjson(root / "c.jsonl")
+    return folder / "rollouts"
+
+
+def build_in_process(inputs: Path, out: Path, settings: dict[str, Any]) -> None:
+    """Every step under `inputs`, built in this process into `out` with `settings`."""
+    for step, files in group_steps(find_sources([inputs])).items():
+        build_step(step, files, Settings(**settings), out)
 
 
 # Each trainer's profile on a step without rollout ids (verl's groups are whole prompts).

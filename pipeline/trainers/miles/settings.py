@@ -85,8 +85,9 @@ class MilesBatch:
         return self.cp_size is not None
 
 
-# The model-shape flags `--balance-by-flops` reads, as miles' FLOPs model reads them.
-MODEL_SHAPE = (
+# The model-shape flags `--balance-by-flops` reads, as miles' FLOPs model reads them: the
+# dense and MoE ones (slime's FLOPs model reads these too), then multi-latent attention's.
+DENSE_AND_MOE_SHAPE = (
     "num_layers",
     "hidden_size",
     "ffn_hidden_size",
@@ -99,6 +100,9 @@ MODEL_SHAPE = (
     "moe_ffn_hidden_size",
     "moe_layer_freq",
     "moe_shared_expert_intermediate_size",
+)
+MODEL_SHAPE = (
+    *DENSE_AND_MOE_SHAPE,
     "q_lora_rank",
     "kv_lora_rank",
     "qk_head_dim",

@@ -11,7 +11,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from pipeline.trainers.miles.settings import MilesSettings, normalizes
+from pipeline.trainers.miles.settings import DENSE_AND_MOE_SHAPE, MilesSettings, normalizes
 
 # The settings slime reads, named as its flags (and Megatron's for the model's shape).
 READ = frozenset(
@@ -33,18 +33,7 @@ READ = frozenset(
         "rewards_normalization",
         "grpo_std_normalization",
         "reward_key",
-        "num_layers",
-        "hidden_size",
-        "ffn_hidden_size",
-        "num_attention_heads",
-        "num_query_groups",
-        "kv_channels",
-        "vocab_size",
-        "num_experts",
-        "moe_ffn_hidden_size",
-        "moe_router_topk",
-        "moe_layer_freq",
-        "moe_shared_expert_intermediate_size",
+        *DENSE_AND_MOE_SHAPE,  # slime counts multi-latent attention only under a flag
     )
 )
 

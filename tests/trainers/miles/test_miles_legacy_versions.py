@@ -9,22 +9,19 @@ own (none for the strings); with `carry` (the default) the strings stay the vers
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import importlib
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pandera.polars  # noqa: F401  (before miles' stand-ins take pydantic's name)
 import pytest
-from rollout_shards_loader import miles as hook
 from rollout_shards_loader.miles import read_rank
 
 from pipeline.settings import load_settings
 from tests.support import miles as ms
 from tests.support.cli import in_process
+from tests.support.miles_buffer import buffer_kept, version_metrics
 from tests.support.miles_dump import sample_dict, write_dump
 from tests.support.miles_hook import NoAllReduce, both_paths
 from tests.support.samples import build
@@ -34,20 +31,12 @@ VERSIONS = ("1", "3", "5", "6", "7", "007", "w3")
 CHOSEN = {"global_batch_size": 4, "dp_size": 2}
 
 
+pytestmark = pytest.mark.usefixtures("no_hook")
+
+
 @pytest.fixture(scope="module")
-def miles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    source = ms.head_source(tmp_path_factory.mktemp("miles"), ms.SPANS_PIN)
-    with ms.miles_modules(source) as modules:
-        modules.buffer = importlib.import_module("miles.rollout.fully_async_data_buffer")
-        modules.metrics = importlib.import_module("miles.ray.rollout.metrics")
-        yield modules
-
-
-@pytest.fixture(autouse=True)
-def no_hook() -> Iterator[None]:
-    hook.uninstall()
-    yield
-    hook.uninstall()
+def miles(spans_miles: Any) -> Any:
+    return spans_miles
 
 
 def string_dicts(seed: int, n: int = 12, spans_every: int = 0) -> list[dict[str, Any]]:
@@ -155,28 +144,11 @@ def flags(chosen: dict[str, Any]) -> list[str]:
 
 def miles_kept(miles: Any, samples: list[Any], budget: int) -> list[int]:
     """The group_index of each group miles' buffer keeps at engine version STEP."""
-    b = miles.buffer
-    args = ms.Args(
-        async_data_buffer_capacity_factor=1.0,
-        rollout_batch_size=len(samples) + 1,
-        dynamic_sampling_filter_path=None,
-        max_weight_staleness=budget,
-    )
-    buffer = b.DefaultDataBuffer(b.DataBufferConstructorInput(args, lambda group: None))
     groups: dict[int, list[Any]] = {}
     for one in samples:
         groups.setdefault(one.group_index, []).append(one)
     (last,) = loaded(miles, [sample_dict(index=10**6, group_index=10**6)])
-
-    async def run() -> list[int]:
-        for group in [*groups.values(), [last]]:
-            await buffer.put(b.DataBufferInput(prompt_group=[], group=group))
-        kept = []
-        while (entry := await buffer.get(current_version=STEP)).group[0] is not last:
-            kept.append(entry.group[0].group_index)
-        return kept
-
-    return asyncio.run(run())
+    return buffer_kept(miles, groups, last, STEP, budget)[0]
 
 
 @pytest.mark.parametrize("budget", [0, 2, 5])
@@ -209,18 +181,9 @@ def test_weight_version_metrics_are_miles_own_on_dropped_strings(
     miles: Any, tmp_path: Path, seed: int
 ) -> None:
     dicts = string_dicts(30 + seed, spans_every=seed % 2 * 4)
-    args = ms.Args(n_samples_per_prompt=2, advantage_estimator="grpo", reward_key=None)
-    theirs = miles.metrics._compute_metrics_from_samples(args, loaded(miles, dicts))
-    want = {k: v for k, v in theirs.items() if k.startswith("weight_version/")}
     write_dump(tmp_path / "in" / f"{STEP}.pt", STEP, dicts, metadata={})
     meta = build(tmp_path / "in", tmp_path / "drop", legacy_weight_versions="drop", **CHOSEN)
-    ours = {
-        k.removeprefix("rollout/"): v
-        for k, v in meta["stats"].items()
-        if k.startswith("rollout/weight_version/")
-    }
-    if "weight_version/mean" not in want:  # miles logs the ratio beside numeric versions
-        ours.pop("weight_version/mixed_version_ratio", None)
+    want, ours = version_metrics(miles, loaded(miles, dicts), meta["stats"])
     assert ours == want
     if not seed % 2:  # strings only: miles measures none, 31f1ca9's reading measures them
         carried = build(tmp_path / "in", tmp_path / "carry", **CHOSEN)

@@ -10,21 +10,18 @@ line."""
 
 from __future__ import annotations
 
-import asyncio
-import importlib
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pandera.polars  # noqa: F401  (before miles' stand-ins take pydantic's name)
 import pytest
-from rollout_shards_loader import miles as hook
 from rollout_shards_loader.miles import read_rank
 
 from pipeline.errors import StepError
 from tests import reference
 from tests.support import miles as ms
+from tests.support.miles_buffer import buffer_kept, version_metrics
 from tests.support.miles_dump import sample_dict, write_dump
 from tests.support.miles_hook import NoAllReduce, both_paths
 from tests.support.samples import build, sample, write_step
@@ -33,22 +30,12 @@ STEP = 7
 VERSIONS = ("1", "2", "3", "4", "5", "6", "7", "007", "w3")
 
 
+pytestmark = pytest.mark.usefixtures("no_hook")
+
+
 @pytest.fixture(scope="module")
-def miles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    source = ms.head_source(tmp_path_factory.mktemp("miles"), ms.SPANS_PIN)
-    with ms.miles_modules(source) as modules:
-        assert hasattr(modules.types, "WeightVersionsPerCall")
-        modules.buffer = importlib.import_module("miles.rollout.fully_async_data_buffer")
-        modules.metrics = importlib.import_module("miles.ray.rollout.metrics")
-        yield modules
-
-
-@pytest.fixture(autouse=True)
-def no_hook() -> Iterator[None]:
-    """No hook from an earlier test (of this module or another) reads another folder."""
-    hook.uninstall()
-    yield
-    hook.uninstall()
+def miles(spans_miles: Any) -> Any:
+    return spans_miles
 
 
 def random_spans(rng: random.Random, n_tokens: int) -> list[list[dict[str, Any]]]:
@@ -116,29 +103,11 @@ def test_spans_reach_train_as_from_miles(
 
 def miles_dropped(miles: Any, rows: list[dict[str, Any]], budget: int) -> list[int]:
     """The group_index of each group miles' buffer drops at engine version STEP."""
-    b = miles.buffer
-    args = ms.Args(
-        async_data_buffer_capacity_factor=1.0,
-        rollout_batch_size=len(rows) + 1,
-        dynamic_sampling_filter_path=None,
-        max_weight_staleness=budget,
-    )
-    buffer = b.DataBufferConstructorInput(args, lambda group: None)
-    buffer = b.DefaultDataBuffer(buffer)
     groups: dict[int, list[Any]] = {}
     for row, one in zip(rows, ms.samples(miles, rows), strict=True):
         groups.setdefault(row["group_index"], []).append(one)
-    last = ms.samples(miles, [sample(10**6, group_index=10**6)])
-
-    async def run() -> list[int]:
-        for group in [*groups.values(), last]:
-            await buffer.put(b.DataBufferInput(prompt_group=[], group=group))
-        kept = []
-        while (entry := await buffer.get(current_version=STEP)).group is not last:
-            kept.append(entry.group[0].group_index)
-        return kept
-
-    kept = asyncio.run(run())
+    (last,) = ms.samples(miles, [sample(10**6, group_index=10**6)])
+    kept, _ = buffer_kept(miles, groups, last, STEP, budget)
     return [g for g in groups if g not in kept]
 
 
@@ -173,16 +142,7 @@ def test_weight_version_metrics_are_miles_own_on_spans(
     rows = spanned_rows(200 + seed)
     write_step(tmp_path / "in", rows, step=STEP)
     meta = build(tmp_path / "in", tmp_path / "out", global_batch_size=4, dp_size=2)
-    args = ms.Args(n_samples_per_prompt=2, advantage_estimator="grpo", reward_key=None)
-    theirs = miles.metrics._compute_metrics_from_samples(args, ms.samples(miles, rows))
-    want = {k: v for k, v in theirs.items() if k.startswith("weight_version/")}
-    ours = {
-        k.removeprefix("rollout/"): v
-        for k, v in meta["stats"].items()
-        if k.startswith("rollout/weight_version/")
-    }
-    if "weight_version/mean" not in want:  # miles logs the ratio beside numeric versions
-        ours.pop("weight_version/mixed_version_ratio", None)
+    want, ours = version_metrics(miles, ms.samples(miles, rows), meta["stats"])
     assert ours == want
     chosen = {"global_batch_size": 4, "dp_size": 2}
     per_sample = reference.reference_metrics(rows, chosen)

@@ -6,7 +6,6 @@ whatever on_invalid says, and the rank files are those of a build of the kept ro
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from pipeline.settings import load_settings
 from pipeline.step.build import summary_line
 from tests import reference
 from tests.support import miles as ms
+from tests.support.miles_buffer import buffer_kept
 from tests.support.samples import build, sample, trajectory, write_step
 
 STEP = 9
@@ -69,32 +69,13 @@ VERSIONS = [
 def miles_dropped(miles: Any, rows: list[dict[str, Any]], budget: int) -> tuple[list[int], float]:
     """The group_index of each group miles' buffer drops at engine version STEP, and its
     stale_groups_filtered metric."""
-    b = miles.buffer
-    args = ms.Args(
-        async_data_buffer_capacity_factor=1.0,
-        rollout_batch_size=len(rows) + 1,
-        dynamic_sampling_filter_path=None,
-        max_weight_staleness=budget,
-    )
-    buffer = b.DefaultDataBuffer(b.DataBufferConstructorInput(args, lambda group: None))
     groups: dict[int, list[Any]] = {}
     for row, one in zip(rows, ms.samples(miles, rows), strict=True):
         groups.setdefault(row["group_index"], []).append(one)
-    last = ms.samples(miles, [sample(10**6, group_index=10**6)])
-
-    async def run() -> list[int]:
-        for group in [*groups.values(), last]:
-            await buffer.put(b.DataBufferInput(prompt_group=[], group=group))
-        kept = []
-        while (entry := await buffer.get(current_version=STEP)).group is not last:
-            kept.append(entry.group[0].group_index)
-        return kept
-
-    kept = asyncio.run(run())
-    metrics = buffer.get_metrics()
-    return [g for g in groups if g not in kept], metrics[
-        "rollout/fully_async/stale_groups_filtered"
-    ]
+    (last,) = ms.samples(miles, [sample(10**6, group_index=10**6)])
+    kept, metrics = buffer_kept(miles, groups, last, STEP, budget)
+    dropped = [g for g in groups if g not in kept]
+    return dropped, metrics["rollout/fully_async/stale_groups_filtered"]
 
 
 @pytest.mark.parametrize("on_invalid", ["fail", "quarantine"])
