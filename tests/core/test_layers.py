@@ -456,3 +456,27 @@ def test_verl_is_imported_by_the_loaders_verl_module_alone() -> None:
         "loader/rollout_shards_loader/verl.py",
         "loader/rollout_shards_loader/verl_v1.py",
     ]
+
+
+def _test_module_imports(path: Path) -> list[str]:
+    """The modules a test file imports whose own name is a test file's (`test_*`)."""
+    import ast
+
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    return [name for name in names if name.rpartition(".")[2].startswith("test_")]
+
+
+def test_no_test_imports_another_test_file(tmp_path: Path) -> None:
+    """Shared test helpers live in tests/support/ (or a conftest fixture), never in a test
+    file another one imports; the check itself finds such an import."""
+    tests = Path(__file__).resolve().parents[1]
+    found = {str(p.relative_to(tests)): _test_module_imports(p) for p in tests.rglob("*.py")}
+    assert {path: names for path, names in found.items() if names} == {}
+    sample = tmp_path / "test_sample.py"
+    sample.write_text("from test_backfill import launch\nimport tests.core.test_report\n")
+    assert _test_module_imports(sample) == ["test_backfill", "tests.core.test_report"]

@@ -16,27 +16,7 @@ import pytest
 
 from pipeline.manifest import Counts, InputFile, Manifest, OutputFile, ShapeError
 from pipeline.step.freshness import manifest_at
-
-
-def manifest() -> Manifest:
-    return Manifest(
-        step=3,
-        settings={"global_batch_size": 4, "dp_size": 2},
-        inputs=[InputFile(path="in/step=3.parquet", sha256="ab" * 32, rows=5)],
-        counts=Counts(ingested=5, quarantined=0, repaired=0, trimmed=1, dropped=0, written=4),
-        repaired={"cleared": 0, "stamped": 0},
-        is_compact=False,
-        global_batch_size=4,
-        dynamic_global_batch_size=None,
-        num_train_steps=1,
-        num_rollouts=[4],
-        num_microbatches=None,
-        equal_reward_groups=0,
-        ignored_columns=[],
-        stats={"rollout/raw_reward": 0.5, "untrained_ratio": 0.0},
-        outputs=[OutputFile(path="rank=0.parquet", sha256="cd" * 32, rows=2, tokens=40)],
-        dropped_raw_reward=[None, 1.5],
-    )
+from tests.support.manifests import manifest
 
 
 def test_a_manifest_reads_back_what_it_wrote(tmp_path: Path) -> None:
@@ -113,7 +93,7 @@ def test_writing_a_manifest_does_not_load_pydantic(tmp_path: Path) -> None:
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from tests.core.test_manifest import manifest\n"
+        "from tests.support.manifests import manifest\n"
         "manifest().write(Path(sys.argv[1]))\n"
         "print('pydantic' in sys.modules)\n"
     )

@@ -15,8 +15,8 @@ import pytest
 from pipeline.orchestration.stage_reports import OUTPUT_ENV, report_url
 from pipeline.report import REPORT
 from pipeline.report.serve import URL_ENV, make_server
-from tests.core.test_report import SETTINGS, worked_step
 from tests.support.cli import cli
+from tests.support.report_step import SETTINGS, worked_step
 from tests.support.samples import build
 
 # No HTTP(S)_PROXY from the environment between the test and a loopback server.

@@ -14,7 +14,7 @@ from urllib.parse import unquote
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from tests.e2e.test_ui import CHROMIUM, CHROMIUM_ARGS, PAGE_TIMEOUT_MS
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, PAGE_TIMEOUT_MS
 from tests.support.cli import cli
 from tests.support.samples import REPO
 

@@ -44,6 +44,7 @@ from pipeline.orchestration.reporting import FAILURE_TAG
 from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV
 from pipeline.report.serve import URL_ENV, make_server
 from pipeline.transforms import metrics
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, PAGE_TIMEOUT_MS
 from tests.support.dagster_roots import DATA, Roots, break_step_1, makefile_instance
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +85,6 @@ LOAD_TIMEOUT_S = 240.0
 RUN_TIMEOUT_S = 300.0
 STOP_GRACE_S = 20.0
 POLL_S = 0.5
-PAGE_TIMEOUT_MS = 60_000
 LOG_TAIL_LINES = 60
 
 # `dagster dev` maps SIGTERM onto its SIGINT handler. A shell's background job starts with
@@ -93,18 +93,6 @@ EXEC_WITH_DEFAULT_SIGINT = (
     "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
     "os.execv(sys.argv[1], sys.argv[1:])"
 )
-# Debian's chromium, or the one `make test CHROMIUM=...` names.
-CHROMIUM = os.environ.get("ROLLOUT_SHARDS_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 TERMINAL_RUN_STATUSES = {"SUCCESS", "FAILURE", "CANCELED"}
 REPOSITORY_SELECTOR = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}
 # The server is on loopback: no HTTP(S)_PROXY from the environment in between.

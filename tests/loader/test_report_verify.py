@@ -10,7 +10,7 @@ import pytest
 from rollout_shards_loader import ShardVerificationError, read_manifest, read_rank
 
 from pipeline.report import REPORT
-from tests.core.test_report import SETTINGS, worked_step
+from tests.support.report_step import SETTINGS, worked_step
 from tests.support.samples import build
 
 

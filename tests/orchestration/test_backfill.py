@@ -8,68 +8,18 @@ step that builds the three assets, then the five checks.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import pytest
-import yaml
 from kube_stand_in import kube_stand_in
 
-from pipeline.orchestration.compute import COMPUTE_ENV
 from pipeline.orchestration.partitions import rollout_steps, step_of
 from pipeline.orchestration.resources import RolloutStorage
 from pipeline.orchestration.step_pool import STEP_POOL
 from pipeline.step.freshness import current_manifest
+from tests.support.dagster_backfill import backfill
 from tests.support.dagster_roots import EMBEDDED_KEYS, Roots, most_at_once
-
-DAGSTER = Path(sys.executable).with_name("dagster")
-# Four run processes share two cores (and whatever else runs).
-TIMEOUT_S = 400
-
-
-def _launch(key: str, config: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    command = [
-        str(DAGSTER),
-        *("job", "execute", "-m", "pipeline.definitions", "-j", "rollout_step_job"),
-        *("--tags", json.dumps({"dagster/partition": key}), "-c", str(config)),
-    ]
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-
-def _backfill(
-    home: Path,
-    tmp_path: Path,
-    keys: list[str],
-    compute: str,
-    resources: dict[str, Any] | None = None,
-) -> None:
-    """One run per partition, all launched at once; waits for every one (bounded)."""
-    config = tmp_path / "run_config.yaml"
-    config.write_text(yaml.safe_dump({"resources": resources or {}}))
-    env = {**os.environ, "DAGSTER_HOME": str(home), COMPUTE_ENV: compute}
-    logs = {key: tmp_path / f"run-{key}.log" for key in keys}
-    runs = {key: _launch(key, config, env, logs[key]) for key in keys}
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        for run in runs.values():
-            run.wait(timeout=max(deadline - time.monotonic(), 0.1))
-    finally:
-        for run in runs.values():
-            if run.poll() is None:
-                os.killpg(run.pid, signal.SIGKILL)
-                run.wait()
-    failed = {key: logs[key].read_text()[-3000:] for key, run in runs.items() if run.returncode}
-    assert not failed, failed
 
 
 def _check_results(instance: dg.DagsterInstance, run_id: str) -> dict[str, bool]:
@@ -85,7 +35,7 @@ def test_four_partitions_build_concurrently(roots: Roots, tmp_path: Path, comput
     with dg.instance_for_test(temp_dir=str(home)) as instance:
         instance.add_dynamic_partitions(rollout_steps.name, EMBEDDED_KEYS)
 
-        _backfill(home, tmp_path, EMBEDDED_KEYS, compute)
+        backfill(home, tmp_path, EMBEDDED_KEYS, compute)
 
         runs = instance.get_runs()
         assert sorted(run.tags["dagster/partition"] for run in runs) == EMBEDDED_KEYS
@@ -124,7 +74,7 @@ def test_the_step_pool_bounds_the_pods_of_a_backfill(roots: Roots, tmp_path: Pat
             "step_compute": {"config": {"compute": "k8s", "k8s": {**k8s, "poll_interval": 0.1}}}
         }
 
-        _backfill(home, tmp_path, EMBEDDED_KEYS, "k8s", resources)
+        backfill(home, tmp_path, EMBEDDED_KEYS, "k8s", resources)
 
         runs = instance.get_runs()
         assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs)

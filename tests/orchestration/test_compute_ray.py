@@ -21,13 +21,13 @@ from typing import Any
 import dagster as dg
 import pytest
 from ray.job_submission import JobSubmissionClient
-from test_backfill import _backfill
 
 from pipeline.orchestration.compute import RAY_ENTRYPOINT, Compute, RayCompute, StepCompute
 from pipeline.orchestration.partitions import rollout_steps
 from pipeline.orchestration.pipes_worker import WORKER_FILE
 from pipeline.orchestration.ray_jobs import RayJobs, RayJobsError
 from pipeline.orchestration.step_pool import STEP_POOL
+from tests.support.dagster_backfill import backfill
 from tests.support.dagster_roots import (
     PIPES_WARNINGS,
     STAND_IN,
@@ -117,7 +117,7 @@ def _ray_backfill(tmp_path: Path, **ray: Any) -> Iterator[dg.DagsterInstance]:
         instance.add_dynamic_partitions(rollout_steps.name, BACKFILL)
         instance.event_log_storage.set_concurrency_slots(STEP_POOL, len(BACKFILL))
         compute = {"step_compute": {"config": {"compute": "ray", "ray": ray}}}
-        _backfill(home, tmp_path, BACKFILL, "ray", compute)
+        backfill(home, tmp_path, BACKFILL, "ray", compute)
         assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in instance.get_runs())
         yield instance
 
