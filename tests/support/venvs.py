@@ -5,10 +5,15 @@ and the same package index a user's pip would use."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import venv
 from pathlib import Path
+
+# pip runs as a user's would: no PYTHONPATH of the test run's (a checkout on it would show
+# the project as installed already, and pip would skip installing it)
+CLEAN_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 def bare_venv(folder: Path) -> Path:
@@ -25,6 +30,7 @@ def pip(python: Path, *args: str) -> str:
         check=True,
         capture_output=True,
         text=True,
+        env=CLEAN_ENV,
     )
     return run.stdout
 
@@ -42,6 +48,7 @@ def wheel(source: Path, into: Path) -> Path:
         check=True,
         capture_output=True,
         text=True,
+        env=CLEAN_ENV,
     )
     (built,) = into.glob("*.whl")
     return built
