@@ -104,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dp-sizes", type=int, nargs=2, default=[8, 32])
     parser.add_argument("--global-batch-size", type=int, default=1024)
     parser.add_argument("--row-group-rows", type=int, default=16_384)
+    # Each worker node's object store, where the shuffle's pieces wait for their rank's
+    # task: a cluster_utils node's default store is small and spills the pieces to disk,
+    # which a real cluster (30% of a node's memory by default) would not (0: that default).
+    parser.add_argument("--object-store-mib", type=int, default=4096)
     parser.add_argument("--work", type=Path, default=Path("/tmp/rollout-shards-bench-shuffle"))
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
@@ -113,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     inputs = args.work / "step"
     state = args.work / "cluster.json"
     state.unlink(missing_ok=True)
-    cluster = ray_cluster.start(state, 600)
+    cluster = ray_cluster.start(state, 600, args.object_store_mib << 20 or None)
     figures: dict[str, Any] = {}
     outs: dict[str, dict[str, str]] = {}
     try:
@@ -157,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         input_mib=round(size / 2**20, 1),
         global_batch_size=args.global_batch_size,
         row_group_rows=args.row_group_rows,
+        object_store_mib_per_worker=args.object_store_mib or None,
         **{name: round(value, 3) for name, value in ratios.items()},
         **figures,
     )

@@ -62,14 +62,16 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start(state: Path, timeout: float) -> RayCluster:
-    """The cluster, up with its three nodes, or an AssertionError with its output."""
+def start(state: Path, timeout: float, object_store_bytes: int | None = None) -> RayCluster:
+    """The cluster, up with its three nodes, or an AssertionError with its output; each
+    worker node's object store of `object_store_bytes` (None: Ray's own choice for a
+    `cluster_utils` node, a small store that spills a large step's pieces to disk)."""
     token = secrets.token_hex(32)
     probe = RayCluster("", token, "", [], 0)
     log = state.with_suffix(".log")
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, __file__, str(state)],
+            [sys.executable, __file__, str(state), str(object_store_bytes or 0)],
             env=probe.environment(),
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -115,7 +117,7 @@ def stop(pid: int) -> None:
         pass
 
 
-def _serve(state: Path) -> None:
+def _serve(state: Path, object_store_bytes: int) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
@@ -125,8 +127,12 @@ def _serve(state: Path) -> None:
         head_node_args={"num_cpus": 0, "node_ip_address": loopback, "include_dashboard": False},
     )
     for _ in range(WORKERS):
+        store = {"object_store_memory": object_store_bytes} if object_store_bytes else {}
         cluster.add_node(
-            num_cpus=WORKER_CPUS, node_ip_address=loopback, resources={RESOURCE: WORKER_CPUS}
+            num_cpus=WORKER_CPUS,
+            node_ip_address=loopback,
+            resources={RESOURCE: WORKER_CPUS},
+            **store,
         )
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, _node_ip_address=loopback)
@@ -147,7 +153,7 @@ def _serve(state: Path) -> None:
 
 
 if __name__ == "__main__":
-    _serve(Path(sys.argv[1]))
+    _serve(Path(sys.argv[1]), int(sys.argv[2]))
 
 
 def run_driver(cluster: RayCluster, driver: Path, spec: dict[str, Any], timeout: float) -> Any:
