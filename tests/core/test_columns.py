@@ -25,14 +25,27 @@ BATCH_WIDE_KEYS = ("raw_reward", "total_lengths")
 
 
 def loader_constants() -> dict[str, tuple[str, ...]]:
-    """The loader's module-level tuples of names, read from its source."""
-    found = {}
-    for node in ast.parse(LOADER.read_text()).body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple):
-            (target,) = node.targets
-            assert isinstance(target, ast.Name)
-            found[target.id] = tuple(ast.literal_eval(node.value))
+    """The loader's module-level tuples of names, read from its source (a tuple may spell
+    out another's names, its own or those of `_rank.py`, the keys miles and slime share)."""
+    found: dict[str, tuple[str, ...]] = {}
+    for source in (LOADER.with_name("_rank.py"), LOADER):
+        for node in ast.parse(source.read_text()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple):
+                (target,) = node.targets
+                assert isinstance(target, ast.Name)
+                found[target.id] = _names(node.value, found)
     return found
+
+
+def _names(value: ast.Tuple, known: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    names: list[str] = []
+    for element in value.elts:
+        if isinstance(element, ast.Starred):
+            assert isinstance(element.value, ast.Name)
+            names.extend(known[element.value.id])
+        else:
+            names.append(ast.literal_eval(element))
+    return tuple(names)
 
 
 def test_names_are_unique_on_each_side() -> None:
