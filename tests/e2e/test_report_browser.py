@@ -14,7 +14,7 @@ from urllib.parse import unquote
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, PAGE_TIMEOUT_MS
+from tests.support.browser import launch, open_page
 from tests.support.cli import cli
 from tests.support.samples import REPO
 
@@ -50,15 +50,11 @@ def _drawn(page: Page, figure: str, marks: int = 10) -> None:
 def test_every_step_report_and_the_index_render_and_link(root: Path) -> None:
     steps = sorted(int(p.name.removeprefix("step=")) for p in root.glob("step=*"))
     assert steps == [1, 2, 3, 4]
-    assert Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing: `make browser` installs it"
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         try:
             # no network: a page that needed one would not render its figures
-            context = browser.new_context(offline=True, viewport={"width": 1200, "height": 900})
-            page = context.new_page()
-            page.set_default_timeout(PAGE_TIMEOUT_MS)
-            expect.set_options(timeout=PAGE_TIMEOUT_MS)
+            page = open_page(browser, 1200, 900, offline=True)
             failed: list[str] = []
             page.on("requestfailed", lambda request: failed.append(request.url))
 
@@ -124,11 +120,9 @@ def test_served_reports_open_by_clicks_and_draw_flops_with_a_shape(tmp_path: Pat
             == f"rollout-shards: report: serving the reports of {out} at {base}/ (Ctrl-C stops)\n"
         )
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            browser = launch(playwright)
             try:
-                page = browser.new_page(viewport={"width": 1200, "height": 900})
-                page.set_default_timeout(PAGE_TIMEOUT_MS)
-                expect.set_options(timeout=PAGE_TIMEOUT_MS)
+                page = open_page(browser, 1200, 900)
                 for step in (1, 2, 3, 4):
                     page.goto(f"{base}/")
                     expect(page.locator("h1")).to_contain_text("Steps of")

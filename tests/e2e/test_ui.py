@@ -44,7 +44,7 @@ from pipeline.orchestration.reporting import FAILURE_TAG
 from pipeline.orchestration.resources import CONFIG_ENV, INPUT_ENV, OUTPUT_ENV
 from pipeline.report.serve import URL_ENV, make_server
 from pipeline.transforms import metrics
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, PAGE_TIMEOUT_MS
+from tests.support.browser import launch, open_page
 from tests.support.dagster_roots import DATA, Roots, break_step_1, makefile_instance
 
 REPO = Path(__file__).resolve().parents[2]
@@ -746,17 +746,10 @@ def test_browser_shows_the_partition_and_its_check_results(
     assert finished_run["status"] == "SUCCESS", server.log_tail()
     key = partition_key(RUN_STEP)
     written = _manifest(server.roots, RUN_STEP)["counts"]["written"]
-    assert Path(CHROMIUM).is_file(), (
-        f"{CHROMIUM} is missing: `make browser` installs Debian's chromium, or name another "
-        "with ROLLOUT_SHARDS_CHROMIUM"
-    )
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(PAGE_TIMEOUT_MS)
-            # `expect` has a timeout of its own (5 s), too short for a loaded CI machine.
-            expect.set_options(timeout=PAGE_TIMEOUT_MS)
+            page = open_page(browser, 1400, 1000)
 
             page.goto(f"{server.url}/assets")
             _shows_no_onboarding_prompt(page)
