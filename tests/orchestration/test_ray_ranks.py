@@ -57,7 +57,8 @@ def _in_process(inputs: Path, out: Path, settings: dict[str, Any]) -> dict[str, 
     return _files(out)
 
 
-def _broken(inputs: Path) -> Path:
+@pytest.fixture(scope="module")
+def broken(inputs: Path) -> Path:
     """`inputs` with one row of the Arrow IPC file broken (a response_length of 10**6)."""
     path = inputs.parent / "broken" / "step=0"
     path.mkdir(parents=True, exist_ok=True)
@@ -90,14 +91,18 @@ def test_the_cli_builds_a_step_across_the_cluster(
 
 @pytest.mark.parametrize("quarantine", [False, True], ids=["valid", "quarantined"])
 def test_every_task_runs_on_a_worker_node(
-    cluster: ray_cluster.RayCluster, inputs: Path, tmp_path: Path, quarantine: bool
+    cluster: ray_cluster.RayCluster,
+    inputs: Path,
+    broken: Path,
+    tmp_path: Path,
+    quarantine: bool,
 ) -> None:
     """Shares of a few row groups each, so the Parquet file is read by several tasks; with
     a broken row, its trajectory's lists are read back from the files for the quarantine."""
     settings = dict(SETTINGS)
     if quarantine:  # the rows left are trimmed to whole batches, not balanced
         settings = {"global_batch_size": 64, "dp_size": 4, "on_invalid": "quarantine"}
-        inputs = _broken(inputs)
+        inputs = broken
     report = _drive(
         cluster, inputs=inputs, out=tmp_path / "ray", settings=settings, share_bytes=200 << 10
     )
@@ -212,19 +217,19 @@ VALIDATE_CASES = {
 }
 
 
-def _validate_argv(inputs: Path, name: str) -> list[str]:
+def _validate_argv(inputs: Path, broken: Path, name: str) -> list[str]:
     case, flags = VALIDATE_CASES[name]
-    return [str(_broken(inputs) if case == "broken" else inputs), *flags]
+    return [str(broken if case == "broken" else inputs), *flags]
 
 
 @pytest.fixture(scope="module")
 def validated_on_the_cluster(
-    cluster: ray_cluster.RayCluster, inputs: Path
+    cluster: ray_cluster.RayCluster, inputs: Path, broken: Path
 ) -> dict[str, dict[str, Any]]:
     """Every case's `validate --ray` run by one driver (which records the tasks), as the
     command line runs it: its exit status, stdout and stderr, per case."""
     on_ray = ["--ray", cluster.address, "--ray-above", "0"]
-    runs = [_validate_argv(inputs, name) + on_ray for name in VALIDATE_CASES]
+    runs = [_validate_argv(inputs, broken, name) + on_ray for name in VALIDATE_CASES]
     report = _drive(cluster, validate=runs)
     return dict(zip(VALIDATE_CASES, report["runs"], strict=True))
 
@@ -233,12 +238,13 @@ def validated_on_the_cluster(
 def test_validate_on_the_cluster_says_what_it_says_in_process(
     cluster: ray_cluster.RayCluster,
     inputs: Path,
+    broken: Path,
     validated_on_the_cluster: dict[str, dict[str, Any]],
     name: str,
 ) -> None:
     """`validate --ray`: its reads and checks run as tasks on the cluster, and its output
     and exit status are the in-process run's (a process of its own)."""
-    argv = _validate_argv(inputs, name)
+    argv = _validate_argv(inputs, broken, name)
     here = ray_cluster.run_cli(cluster, ["validate", *argv], 2 * start_timeout())
     refused = name == "broken"
     assert here.returncode == (1 if refused else 0), here

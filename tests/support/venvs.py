@@ -22,17 +22,21 @@ def bare_venv(folder: Path) -> Path:
     return folder / "bin" / "python"
 
 
-def pip(python: Path, *args: str) -> str:
-    """`pip ARGS` against the venv of `python`; its stdout."""
+def _pip(*args: str) -> str:
+    """This interpreter's `pip ARGS`, without the test run's PYTHONPATH; its stdout."""
     run = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check"]
-        + list(args),
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
         check=True,
         capture_output=True,
         text=True,
         env=CLEAN_ENV,
     )
     return run.stdout
+
+
+def pip(python: Path, *args: str) -> str:
+    """`pip ARGS` against the venv of `python`; its stdout."""
+    return _pip("--python", str(python), *args)
 
 
 def installed(python: Path) -> set[str]:
@@ -42,13 +46,6 @@ def installed(python: Path) -> set[str]:
 
 def wheel(source: Path, into: Path) -> Path:
     """The wheel `pip install SOURCE` would build (no dependencies), built into `into`."""
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(into)]
-        + [str(source)],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=CLEAN_ENV,
-    )
+    _pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(into), str(source))
     (built,) = into.glob("*.whl")
     return built
