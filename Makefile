@@ -30,20 +30,31 @@ POLARS1_VENV := .venv-polars1
 # miles dump tests. Left to the main pass alone: tests of what Polars does not compute
 # (the reference and packing, pure Python and numpy; docs, layers, settings, manifest
 # records; the command line's plumbing, locks, signals, crashes, reruns and refusal
-# records; progress bars and metric event files).
-POLARS1_TESTS := $(addprefix tests/core/,test_bad_inputs.py test_bounded.py \
+# records; progress bars and metric event files), and the grids that compare one reader of
+# the project with another on the same Polars (in parts, in shares, the speed switches):
+# each of those paths runs here on a step of its own against the in-memory build.
+POLARS1_TESTS := $(addprefix tests/core/,test_bad_inputs.py \
 	test_build_sequence.py test_columns.py test_commands_json.py test_dataset.py \
 	test_differential.py test_dump_pickle.py test_flops.py test_messages.py test_metrics.py \
 	test_parity.py test_parquet_pages.py test_parquet_reader.py test_plan.py test_quarantine.py \
-	test_rank_writes.py test_readers.py test_readers_agree.py test_repair.py \
+	test_rank_writes.py test_readers.py test_repair.py \
 	test_reward_groups.py test_schedule.py test_schema_rules.py test_shard_bytes.py \
-	test_shares.py test_speed.py test_torch_float.py test_validate_query.py \
-	test_worked_cases.py) \
+	test_torch_float.py test_validate_query.py test_worked_cases.py \
+	test_bounded.py::test_non_compact_step_is_trimmed_alike \
+	test_bounded.py::test_ranks_written_two_at_once_or_one_alike \
+	test_shares.py::test_non_compact_step_is_trimmed_alike \
+	test_shares.py::test_every_trainer_profile_alike) \
 	tests/trainers/miles/test_miles_dump.py tests/trainers/miles/test_miles_dump_build.py \
 	tests/trainers/miles/test_miles_flags.py tests/trainers/miles/test_staleness.py
+
 # pytest workers; each takes whole test files, so a module's fixtures (a Ray head, dagster dev)
-# start once, in the order tests/conftest.py collects them (the slowest files first).
-TEST_WORKERS ?= 2
+# start once, in the order tests/conftest.py collects them (the slowest files first). Many of
+# those files wait on services more than they compute: three workers keep both cores busy.
+TEST_WORKERS ?= 3
+# The Polars pass runs beside the main one, in one worker of its own: it computes while the
+# main pass's workers wait on Ray, Dagster and the browser. Its output is kept in a file
+# under its own pytest temporary folder and printed when the main pass is done.
+POLARS1_WORKERS ?= 1
 FORCE ?=
 # The step reports' server (`rollout-shards report ROOT --serve`, started by `make ui` and
 # `make team-reports`): the partitions' `report` links point there, so `make run`'s open in
@@ -175,17 +186,24 @@ endif
 peers:
 	@:
 
-# Both pytest passes run whatever the first gives; the last line says which failed.
+# Both pytest passes run, side by side, whatever either gives; the last line says which failed.
+# They may write bytecode (PYTHONDONTWRITEBYTECODE emptied): with it set, every worker and
+# every test's subprocess compiled the test modules, and pytest rewrote their asserts, anew.
 test: peers install lint browser $(DAGSTER_HOME)/dagster.yaml $(POLARS1_VENV)/.installed
 	$(BIN)/rollout-shards validate $(INPUT)
 	$(DG_ENV) $(BIN)/dg check defs
-	@main=0; polars1=0; \
+	@main=0; polars1=0; version=$$($(POLARS1_VENV)/bin/python -c 'import polars; print("Polars", polars.__version__)'); \
+	scratch=$$(mktemp -d); polars1_pid=; \
+	trap 'kill $$polars1_pid 2>/dev/null; rm -rf "$$scratch"' EXIT; trap 'exit 130' INT TERM; \
+	echo "make: the tests of what Polars computes (POLARS1_TESTS) on $$version, beside the main pass"; \
+	PYTHONDONTWRITEBYTECODE= $(POLARS1_VENV)/bin/python -m pytest $(POLARS1_TESTS) -n $(POLARS1_WORKERS) --dist loadfile \
+		--no-loadscope-reorder --basetemp "$$scratch/tmp" >"$$scratch/polars1.log" 2>&1 & polars1_pid=$$!; \
 	echo "ROLLOUT_SHARDS_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15"; \
-	ROLLOUT_SHARDS_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 || main=$$?; \
-	version=$$($(POLARS1_VENV)/bin/python -c 'import polars; print("Polars", polars.__version__)'); \
-	echo "make: the tests of what Polars computes (POLARS1_TESTS) again on $$version"; \
-	$(POLARS1_VENV)/bin/python -m pytest $(POLARS1_TESTS) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder || polars1=$$?; \
+	PYTHONDONTWRITEBYTECODE= ROLLOUT_SHARDS_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 || main=$$?; \
+	wait $$polars1_pid || polars1=$$?; \
+	echo "make: the tests of what Polars computes on $$version: $$(tail -n 1 "$$scratch/polars1.log")"; \
 	if [ $$main -ne 0 ] || [ $$polars1 -ne 0 ]; then \
+		[ $$polars1 -eq 0 ] || cat "$$scratch/polars1.log"; \
 		echo "make: test failed: the tests $$([ $$main -eq 0 ] && echo passed || echo "failed (pytest status $$main)"), the Polars tests on $$version $$([ $$polars1 -eq 0 ] && echo passed || echo "failed (pytest status $$polars1)")" >&2; \
 		exit 1; \
 	fi

@@ -1,5 +1,6 @@
 """Several partitions at once: four runs, each in its own process, on one Dagster
-instance, one input root and one output root.
+instance, one input root and one output root; two build their step in the run's process,
+two in a Pipes worker of their own (`compute: subprocess`).
 
 Each run is what the daemon starts for one partition of a backfill: `dagster job execute`
 of the project's definitions in a process of its own, whose executor (in process) runs the
@@ -11,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import dagster as dg
-import pytest
 from kube_stand_in import kube_stand_in
 
 from pipeline.orchestration.partitions import rollout_steps, step_of
@@ -21,6 +21,12 @@ from pipeline.step.freshness import current_manifest
 from tests.support.dagster_backfill import backfill
 from tests.support.dagster_roots import EMBEDDED_KEYS, Roots, most_at_once
 
+PIPES_OPENED = "[pipes] external process successfully opened dagster pipes."
+
+
+def _messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    return [record.user_message for record in instance.all_logs(run_id)]
+
 
 def _check_results(instance: dg.DagsterInstance, run_id: str) -> dict[str, bool]:
     records = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
@@ -28,14 +34,14 @@ def _check_results(instance: dg.DagsterInstance, run_id: str) -> dict[str, bool]
     return {e.check_name: e.passed for e in evaluations}  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("compute", ["in_process", "subprocess"])
-def test_four_partitions_build_concurrently(roots: Roots, tmp_path: Path, compute: str) -> None:
+def test_four_partitions_build_concurrently(roots: Roots, tmp_path: Path) -> None:
     home = tmp_path / "dagster_home"
     home.mkdir()
+    computes = {key: ("in_process", "subprocess")[i % 2] for i, key in enumerate(EMBEDDED_KEYS)}
     with dg.instance_for_test(temp_dir=str(home)) as instance:
         instance.add_dynamic_partitions(rollout_steps.name, EMBEDDED_KEYS)
 
-        backfill(home, tmp_path, EMBEDDED_KEYS, compute)
+        backfill(home, tmp_path, EMBEDDED_KEYS, computes)
 
         runs = instance.get_runs()
         assert sorted(run.tags["dagster/partition"] for run in runs) == EMBEDDED_KEYS
@@ -49,6 +55,9 @@ def test_four_partitions_build_concurrently(roots: Roots, tmp_path: Path, comput
             checks = _check_results(instance, run.run_id)
             # the five checks on training_shards and the step's own step_keeps_every_rule
             assert len(checks) == 6 and all(checks.values()), (run.tags, checks)
+            # a Pipes worker opened exactly where the partition's compute says
+            worker = [m for m in _messages(instance, run.run_id) if PIPES_OPENED in m]
+            assert len(worker) == (computes[run.tags["dagster/partition"]] == "subprocess")
 
     storage = RolloutStorage.from_env()
     settings = storage.settings()

@@ -38,15 +38,17 @@ def backfill(
     home: Path,
     tmp_path: Path,
     keys: list[str],
-    compute: str,
+    compute: str | dict[str, str],
     resources: dict[str, Any] | None = None,
 ) -> None:
-    """One run per partition, all launched at once; waits for every one (bounded)."""
+    """One run per partition, all launched at once; waits for every one (bounded). `compute`
+    is every run's, or each partition's by key."""
     config = tmp_path / "run_config.yaml"
     config.write_text(yaml.safe_dump({"resources": resources or {}}))
-    env = {**os.environ, "DAGSTER_HOME": str(home), COMPUTE_ENV: compute}
+    computes = compute if isinstance(compute, dict) else dict.fromkeys(keys, compute)
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
     logs = {key: tmp_path / f"run-{key}.log" for key in keys}
-    runs = {key: launch(key, config, env, logs[key]) for key in keys}
+    runs = {key: launch(key, config, env | {COMPUTE_ENV: computes[key]}, logs[key]) for key in keys}
     deadline = time.monotonic() + TIMEOUT_S
     try:
         for run in runs.values():

@@ -63,6 +63,7 @@ The corpus is deterministic: the same script writes the same bytes.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -265,12 +266,13 @@ def json_invalid(name: str, what: str, rows: list[Row], rule: str, where: list, 
 TABLE = Path(__file__).with_name("cases.yaml")
 
 
-class Loader(yaml.SafeLoader):
+class Loader(yaml.CSafeLoader):
     """YAML with `.nan` read as Python's NaN: PyYAML's is a negative NaN, whose sign bit a
-    Parquet file would keep."""
+    Parquet file would keep. (libyaml's parser: the table is read when the tests are
+    collected, by every pytest worker.)"""
 
 
-def _float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
+def _float(loader: yaml.CSafeLoader, node: yaml.ScalarNode) -> float:
     if loader.construct_scalar(node).lower() == ".nan":
         return math.nan
     return float(loader.construct_yaml_float(node))
@@ -279,13 +281,19 @@ def _float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
 Loader.add_constructor("tag:yaml.org,2002:float", _float)
 
 
+@functools.cache
+def _table() -> dict[str, list[dict[str, Any]]]:
+    table: dict[str, list[dict[str, Any]]] = yaml.load(TABLE.read_text(), Loader)
+    return table
+
+
 def table_cases(group: str) -> list[Case]:
     """The cases of `group` in cases.yaml, each the valid step with fields replaced on every
     row (`every`) and on a few (`rows`), and rows replaced by several (`leaves`), written
     as Parquet (`invalid`) or JSON Lines (`json_invalid`), with one rule broken."""
     build = {"parquet": invalid, "jsonl": json_invalid}
     listed = []
-    for case in yaml.load(TABLE.read_text(), Loader)[group]:
+    for case in _table()[group]:
         every, changed, leaves = case.get("every", {}), case.get("rows", {}), case.get("leaves", {})
         rows = []
         for i in range(8):
