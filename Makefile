@@ -49,8 +49,8 @@ POLARS1_TESTS := $(addprefix tests/core/,test_bad_inputs.py \
 
 # pytest workers; each takes whole test files, so a module's fixtures (a Ray head, dagster dev)
 # start once, in the order tests/conftest.py collects them (the slowest files first). Many of
-# those files wait on services more than they compute: three workers keep both cores busy.
-TEST_WORKERS ?= 3
+# those files wait on services more than they compute: four workers keep both cores busy.
+TEST_WORKERS ?= 4
 # The Polars pass runs beside the main one, in one worker of its own: it computes while the
 # main pass's workers wait on Ray, Dagster and the browser. Its output is kept in a file
 # under its own pytest temporary folder and printed when the main pass is done.
@@ -67,7 +67,7 @@ DAGSTER_ENV = DAGSTER_HOME=$(DAGSTER_HOME) ROLLOUT_SHARDS_INPUT=$(ROLLOUT_SHARDS
 # dg expects the project's venv to be the active one; say it is, as `source .venv/bin/activate` would.
 DG_ENV = $(DAGSTER_ENV) VIRTUAL_ENV=$(CURDIR)/$(VENV)
 
-.PHONY: run ui test peers install lint browser data clean team-db team-code-server team-daemon team-webserver team-reports
+.PHONY: run ui test peers install lint style browser data clean team-db team-code-server team-daemon team-webserver team-reports
 
 $(BIN)/python:
 	@echo "make: creating $(VENV) (first run only)"
@@ -150,10 +150,12 @@ team-webserver: install $(TEAM_HOME)/dagster.yaml
 team-reports: install
 	$(BIN)/rollout-shards report $(ROLLOUT_SHARDS_OUTPUT) --serve --port $(REPORT_PORT)
 
-lint: install
+lint: style
+	$(BIN)/mypy
+
+style: install
 	$(BIN)/ruff check pipeline tests bench loader deploy
 	$(BIN)/ruff format --check pipeline tests bench loader deploy
-	$(BIN)/mypy
 
 # The browser test drives a Chromium (Debian's package by default) through the playwright
 # wheel; playwright cannot download its own browser builds here. A Chromium that starts is
@@ -186,25 +188,31 @@ endif
 peers:
 	@:
 
-# Both pytest passes run, side by side, whatever either gives; the last line says which failed.
-# They may write bytecode (PYTHONDONTWRITEBYTECODE emptied): with it set, every worker and
-# every test's subprocess compiled the test modules, and pytest rewrote their asserts, anew.
-test: peers install lint browser $(DAGSTER_HOME)/dagster.yaml $(POLARS1_VENV)/.installed
+# mypy, the Polars pass and the main pass run side by side (each waits on the others' idle
+# moments: the main pass's workers wait on Ray, Dagster and the browser), whatever any of them
+# gives; the last line says which failed. The passes may write bytecode
+# (PYTHONDONTWRITEBYTECODE emptied): with it set, every worker and every test's subprocess
+# compiled the test modules, and pytest rewrote their asserts, anew.
+test: peers install style browser $(DAGSTER_HOME)/dagster.yaml $(POLARS1_VENV)/.installed
 	$(BIN)/rollout-shards validate $(INPUT)
 	$(DG_ENV) $(BIN)/dg check defs
-	@main=0; polars1=0; version=$$($(POLARS1_VENV)/bin/python -c 'import polars; print("Polars", polars.__version__)'); \
-	scratch=$$(mktemp -d); polars1_pid=; \
-	trap 'kill $$polars1_pid 2>/dev/null; rm -rf "$$scratch"' EXIT; trap 'exit 130' INT TERM; \
-	echo "make: the tests of what Polars computes (POLARS1_TESTS) on $$version, beside the main pass"; \
+	@main=0; polars1=0; typed=0; version=$$($(POLARS1_VENV)/bin/python -c 'import polars; print("Polars", polars.__version__)'); \
+	scratch=$$(mktemp -d); polars1_pid=; mypy_pid=; \
+	trap 'kill $$polars1_pid $$mypy_pid 2>/dev/null; rm -rf "$$scratch"' EXIT; trap 'exit 130' INT TERM; \
+	echo "make: mypy, and the tests of what Polars computes (POLARS1_TESTS) on $$version, beside the main pass"; \
+	$(BIN)/mypy >"$$scratch/mypy.log" 2>&1 & mypy_pid=$$!; \
 	PYTHONDONTWRITEBYTECODE= $(POLARS1_VENV)/bin/python -m pytest $(POLARS1_TESTS) -n $(POLARS1_WORKERS) --dist loadfile \
 		--no-loadscope-reorder --basetemp "$$scratch/tmp" >"$$scratch/polars1.log" 2>&1 & polars1_pid=$$!; \
 	echo "ROLLOUT_SHARDS_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15"; \
 	PYTHONDONTWRITEBYTECODE= ROLLOUT_SHARDS_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 || main=$$?; \
+	wait $$mypy_pid || typed=$$?; \
 	wait $$polars1_pid || polars1=$$?; \
+	echo "make: mypy: $$(tail -n 1 "$$scratch/mypy.log")"; \
 	echo "make: the tests of what Polars computes on $$version: $$(tail -n 1 "$$scratch/polars1.log")"; \
-	if [ $$main -ne 0 ] || [ $$polars1 -ne 0 ]; then \
+	if [ $$main -ne 0 ] || [ $$polars1 -ne 0 ] || [ $$typed -ne 0 ]; then \
+		[ $$typed -eq 0 ] || cat "$$scratch/mypy.log"; \
 		[ $$polars1 -eq 0 ] || cat "$$scratch/polars1.log"; \
-		echo "make: test failed: the tests $$([ $$main -eq 0 ] && echo passed || echo "failed (pytest status $$main)"), the Polars tests on $$version $$([ $$polars1 -eq 0 ] && echo passed || echo "failed (pytest status $$polars1)")" >&2; \
+		echo "make: test failed: mypy $$([ $$typed -eq 0 ] && echo passed || echo failed), the tests $$([ $$main -eq 0 ] && echo passed || echo "failed (pytest status $$main)"), the Polars tests on $$version $$([ $$polars1 -eq 0 ] && echo passed || echo "failed (pytest status $$polars1)")" >&2; \
 		exit 1; \
 	fi
 
