@@ -49,8 +49,8 @@ POLARS1_TESTS := $(addprefix tests/core/,test_bad_inputs.py \
 
 # pytest workers; each takes whole test files, so a module's fixtures (a Ray head, dagster dev)
 # start once, in the order tests/conftest.py collects them (the slowest files first). Many of
-# those files wait on services more than they compute: four workers keep both cores busy.
-TEST_WORKERS ?= 4
+# those files wait on services more than they compute: three workers keep both cores busy (a fourth only adds its own start and contention).
+TEST_WORKERS ?= 3
 # The Polars pass runs beside the main one, in one worker of its own: it computes while the
 # main pass's workers wait on Ray, Dagster and the browser. Its output is kept in a file
 # under its own pytest temporary folder and printed when the main pass is done.
@@ -74,16 +74,21 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# An editable install leaves the package's bytecode to be compiled on first import, and
-# where PYTHONDONTWRITEBYTECODE is set (this machine) on every import of every
-# `rollout-shards` process. compileall does what a wheel install does.
+# Bytecode, compiled once here: where PYTHONDONTWRITEBYTECODE is set (this machine) a module
+# without it is compiled again on every import by every process. pip compiles what it
+# installs one file at a time (some 22,000 files here); compileall -j 0 does it on every
+# core. As pip does, a file that does not compile (a package's Python 2 test data) is left
+# to fail where it is imported, if it ever is. An editable install leaves the project's own
+# package uncompiled: compileall does what a wheel install does, and there no file may fail.
+SITE_PACKAGES = $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 	@echo "make: installing into $(VENV), a few minutes on a first run (1/3: $(TORCH), CPU build)"
-	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet --no-compile "$(TORCH)"
 	@echo "make: installing (2/3: rollout-shards with its extras: Dagster, reports, Ray, verl, object storage, test tools)"
-	$(BIN)/pip install --quiet -e ".[dev,dagster,report,miles,ray,k8s,verl,deploy,s3]"
-	$(BIN)/pip install --quiet --no-deps "$(VERL)"
-	@echo "make: installing (3/3: compiling the package's bytecode)"
+	$(BIN)/pip install --quiet --no-compile -e ".[dev,dagster,report,miles,ray,k8s,verl,deploy,s3]"
+	$(BIN)/pip install --quiet --no-compile --no-deps "$(VERL)"
+	@echo "make: installing (3/3: compiling the packages' bytecode on every core)"
+	$(BIN)/python -m compileall -q -j 0 $(SITE_PACKAGES) >/dev/null || true
 	$(BIN)/python -m compileall -q pipeline loader
 	touch $@
 
