@@ -32,8 +32,8 @@ from tests.support.layouts import (
 )
 from tests.support.samples import generated_step
 
-# A few KiB per part: every generated step comes in many parts.
-SMALL_PARTS = 64 << 10
+# 256 KiB per part: every generated step (7 MB of Parquet) comes in about thirty parts.
+SMALL_PARTS = 256 << 10
 
 
 @pytest.fixture
