@@ -48,12 +48,13 @@ POLARS1_TESTS := $(addprefix tests/core/,test_bad_inputs.py \
 	tests/trainers/miles/test_miles_flags.py tests/trainers/miles/test_staleness.py
 
 # pytest workers; each takes whole test files, so a module's fixtures (a Ray head, dagster dev)
-# start once, in the order tests/conftest.py collects them (the slowest files first). Many of
-# those files wait on services more than they compute: three workers keep both cores busy (a fourth only adds its own start and contention).
+# start once, in the order tests/conftest.py collects them (the slowest files first). Three,
+# with the Polars pass beside them, keep both cores busy to the end; a fourth measured slower
+# (each worker collects the whole suite and starts its own services).
 TEST_WORKERS ?= 3
-# The Polars pass runs beside the main one, in one worker of its own: it computes while the
-# main pass's workers wait on Ray, Dagster and the browser. Its output is kept in a file
-# under its own pytest temporary folder and printed when the main pass is done.
+# The Polars pass runs beside the main one, in one worker of its own, not after it. Its
+# output goes to a temporary file: its last line is printed when the main pass is done, the
+# whole of it if it failed.
 POLARS1_WORKERS ?= 1
 FORCE ?=
 # The step reports' server (`rollout-shards report ROOT --serve`, started by `make ui` and
@@ -193,9 +194,8 @@ endif
 peers:
 	@:
 
-# mypy, the Polars pass and the main pass run side by side (each waits on the others' idle
-# moments: the main pass's workers wait on Ray, Dagster and the browser), whatever any of them
-# gives; the last line says which failed. The passes may write bytecode
+# mypy, the Polars pass and the main pass run side by side, whatever any of them gives; the
+# last line says which failed. The passes may write bytecode
 # (PYTHONDONTWRITEBYTECODE emptied): with it set, every worker and every test's subprocess
 # compiled the test modules, and pytest rewrote their asserts, anew.
 test: peers install style browser $(DAGSTER_HOME)/dagster.yaml $(POLARS1_VENV)/.installed
