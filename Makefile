@@ -85,8 +85,8 @@ SITE_PACKAGES = $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path(
 $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 	@echo "make: installing into $(VENV), a few minutes on a first run (1/3: $(TORCH), CPU build)"
 	$(BIN)/pip install --quiet --no-compile "$(TORCH)"
-	@echo "make: installing (2/3: rollout-shards with its extras: Dagster, reports, Ray, verl, object storage, test tools)"
-	$(BIN)/pip install --quiet --no-compile -e ".[dev,dagster,report,miles,ray,k8s,verl,deploy,s3]"
+	@echo "make: installing (2/3: rollout-shards with its extras: Dagster, Ray, verl, object storage, test tools)"
+	$(BIN)/pip install --quiet --no-compile -e ".[dev,dagster,miles,ray,k8s,verl,deploy,s3]"
 	$(BIN)/pip install --quiet --no-compile --no-deps "$(VERL)"
 	@echo "make: installing (3/3: compiling the packages' bytecode on every core)"
 	$(BIN)/python -m compileall -q -j 0 $(SITE_PACKAGES) >/dev/null || true

@@ -205,8 +205,9 @@ def report_url(page: Path) -> str:
 
 
 def _report(manifest: Manifest, folder: Path) -> Metadata:
-    """The step's report page (a link, and its figures inline), or null where the build had
-    no figure library (`manifest.report` null)."""
+    """The step's report page (a link, and its figures inline), or null for a step built
+    without one (`manifest.report` null: by a version that needed the `report` extra for
+    it, or one before reports)."""
     if manifest.report is None:
         return {"report": scalar(None)}
     page = (folder / manifest.report).absolute()

@@ -1,14 +1,11 @@
 """A step's report page (`step=N/report.html`) and the index across steps.
 
-The figure library (leather) comes with the `report` extra, never with the core or the
-loader: `render_step` is called by the writer only where it is installed, and everything
-that draws is imported inside it, so a build that writes no report never loads it.
+Drawn by the project's own SVG code (`figures`, `svg`), so every install writes it; the
+writer imports this package for its name, and what draws is imported when a page is drawn.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -17,25 +14,6 @@ if TYPE_CHECKING:
     from pipeline.manifest import Manifest
 
 REPORT = "report.html"
-EXTRA = "report"
-_TOLD: list[bool] = []
-
-
-def available() -> bool:
-    """Whether the figure library is installed."""
-    return importlib.util.find_spec("leather") is not None
-
-
-def tell_missing() -> None:
-    """Say once per process, on stderr, that steps are built without their report."""
-    if not _TOLD:
-        _TOLD.append(True)
-        print(
-            f"rollout-shards: no {REPORT} written for the steps built here: the figure "
-            f"library is not installed (pip install 'rollout-shards[{EXTRA}]' writes one); "
-            "their manifests say report: null",
-            file=sys.stderr,
-        )
 
 
 def render_step(rows: pl.DataFrame, meta: Manifest, quarantine: pl.DataFrame | None) -> bytes:

@@ -87,13 +87,13 @@ def step_page(numbers: d.StepFigures) -> str:
         + figure(
             "rewards",
             "Mean raw reward of each prompt group; grey: groups whose samples share one reward.",
-            figures.group_rewards(numbers.groups),
+            figures.group_rewards(numbers.reward_bins),
         )
         + "<h2>Response lengths and truncation</h2>\n"
         + figure(
             "lengths",
             "Response length of each written sample; truncated samples stacked on top.",
-            figures.response_lengths(numbers.lengths),
+            figures.response_lengths(numbers.length_bins),
         )
         + "<h2>Load per rank</h2>\n"
         + figure(

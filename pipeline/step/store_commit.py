@@ -138,10 +138,7 @@ def _with_report(
 ) -> store_ranks.Upload:
     """The step's report page drawn and listed last in the manifest's outputs, as
     `write.commit_shards` lists it on disk (so the manifests are the same bytes), and
-    `upload` that also PUTs it; `upload` as it is where no figure library is installed."""
-    if not report.available():
-        report.tell_missing()
-        return upload
+    `upload` that also PUTs it."""
     page = report.render_step(batch.report_rows(), batch.meta, batch.quarantine)
     manifest.outputs = [*manifest.outputs, OutputFile(REPORT, _sha256(page), 0)]
     manifest.report = REPORT

@@ -99,7 +99,7 @@ def commit_shards(
         with thread_pool(1) as drawer:
             drawing = _draw_report(batch, drawer if write_threads()[1] else None)
             written = write_ranks(staged)
-            page = drawing.result() if drawing is not None else None
+            page = drawing.result()
         outputs = [
             writer.file_record(
                 staged / rank.name, rank.name, rank.rows, rank.tokens, rank.sha256, rank.rewards
@@ -124,11 +124,10 @@ def commit_shards(
                     sha256=writer.seal(quarantined),
                 )
             )
-        if page is not None:
-            path = staged / REPORT
-            path.write_bytes(page)
-            outputs.append(writer.file_record(path, REPORT, 0, sha256=writer.seal(path)))
-            manifest.report = REPORT
+        path = staged / REPORT
+        path.write_bytes(page)
+        outputs.append(writer.file_record(path, REPORT, 0, sha256=writer.seal(path)))
+        manifest.report = REPORT
         manifest.outputs = outputs
         problems = blocking_problems(manifest, staged, hash_files=False, footers=footers)
         refuse_unverified(problems, batch.step)
@@ -162,12 +161,8 @@ def commit_shards(
     return manifest
 
 
-def _draw_report(batch: TrainBatch, drawer: Executor | None) -> Future[bytes] | None:
-    """The step's report page being drawn on `drawer` (None: drawn here), or None (said
-    once on stderr) where the figure library is not installed."""
-    if not report.available():
-        report.tell_missing()
-        return None
+def _draw_report(batch: TrainBatch, drawer: Executor | None) -> Future[bytes]:
+    """The step's report page being drawn on `drawer` (None: drawn here)."""
     rows = batch.report_rows()  # here: a gathered batch is not gathered twice at once
     if drawer is not None:
         return drawer.submit(report.render_step, rows, batch.meta, batch.quarantine)

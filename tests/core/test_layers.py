@@ -134,7 +134,7 @@ def test_a_build_without_the_rollout_side_schedule_never_loads_numpy(tmp_path: P
     """Strided ranks and reward normalization plan with Polars alone (0.1 cpu-s of numpy's
     import off every build); the rollout-side schedule (cp_size) loads numpy."""
     write_sample_data(tmp_path / "in")
-    # the report is drawn (leather, the `report` extra, is installed): it needs no numpy
+    # every build draws its report (the project's own SVG, no figure library): no numpy
     script = (
         "import sys\n"
         "from pipeline.cli import main\n"

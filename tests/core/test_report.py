@@ -1,6 +1,6 @@
 """A step's report (pipeline/report): the numbers of its figures from a small worked step,
 the page committed with the step (listed, checksummed, verified by the loader, ignored by
-the dataset readers, the same bytes on a rebuild), a build without the figure library, and
+the dataset readers, the same bytes on a rebuild), drawn without any figure library, and
 `rollout-shards report ROOT`."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import polars as pl
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline import columns as c
 from pipeline.io.checksums import sha256_of
@@ -67,9 +69,45 @@ def test_a_rank_without_rows_and_rows_without_groups() -> None:
         },
         schema_overrides={c.RANK: pl.Int32, c.REPORT_GROUP: pl.Int64},
     )
-    assert data.rank_load(rows, 4).rows() == [(0, 2, 12), (1, 0, 0), (2, 1, 11), (3, 0, 0)]
+    assert data.rank_load(rows.lazy(), 4).collect().rows() == [
+        (0, 2, 12),
+        (1, 0, 0),
+        (2, 1, 11),
+        (3, 0, 0),
+    ]
     # no group_index: one group, its raw rewards 2.0 (none given: the reward), 1.0, 1.0
-    assert data.group_rewards(rows).rows() == [(4.0 / 3.0, 3, False)]
+    assert data.group_rewards(rows.lazy()).collect().rows() == [(4.0 / 3.0, 3, False)]
+
+
+REWARDS = st.one_of(st.none(), st.sampled_from([0.0, 0.5, 1.0, float("nan")]), st.floats())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([None, 0, 1, 2]), REWARDS, REWARDS), min_size=1, max_size=24)
+)
+def test_one_reward_is_every_reward_equal_to_the_first(
+    given_rows: list[tuple[int | None, float | None, float | None]],
+) -> None:
+    """A group has one reward where each of its rewards equals its first (Polars' `==`:
+    NaN equals NaN, a null is skipped): the plain expression, against the aggregations
+    `group_rewards` computes it from."""
+    rows = pl.DataFrame(
+        given_rows,
+        schema={c.REPORT_GROUP: pl.Int64, c.RAW_REWARD: pl.Float64, c.REWARDS: pl.Float64},
+        orient="row",
+    )
+    reward = pl.coalesce(c.RAW_REWARD, c.REWARDS)
+    plain = (
+        rows.group_by(c.REPORT_GROUP, maintain_order=True)
+        .agg(
+            reward.mean().alias(data.GROUP_MEAN),
+            pl.len().alias(data.GROUP_SIZE),
+            (reward == reward.first()).all().alias(data.ONE_REWARD),
+        )
+        .drop(c.REPORT_GROUP)
+    )
+    assert data.group_rewards(rows.lazy()).collect(engine=data.ENGINE).equals(plain)
 
 
 # A miles MoE shape, balanced by FLOPs (tests/trainers/miles/test_flops_shapes.py's kind).
@@ -173,12 +211,15 @@ def test_a_staged_batch_keeps_the_report_columns(tmp_path: Path) -> None:
     assert again.report_rows().equals(want)
 
 
-# A build where the figure library is not installed (the core install): importing
-# `leather` fails and `importlib.util.find_spec` finds none.
-NO_FIGURE_LIBRARY = "import sys; sys.modules['leather'] = None\n"
+# No figure library can be imported: the report's figures are the project's own SVG.
+NO_FIGURE_LIBRARY = (
+    "import sys\n"
+    "for name in ('leather', 'matplotlib', 'plotly', 'altair', 'pygal'):\n"
+    "    sys.modules[name] = None\n"
+)
 
 
-def test_without_the_figure_library_a_build_says_so_once(tmp_path: Path) -> None:
+def test_every_build_writes_its_report_without_a_figure_library(tmp_path: Path) -> None:
     source = worked_step(tmp_path / "in")
     write_step(source, [row(i, step=6, group_index=i // 4) for i in range(8)], step=6)
     code = NO_FIGURE_LIBRARY + "from pipeline import cli; sys.exit(cli.main(sys.argv[1:]))"
@@ -191,14 +232,14 @@ def test_without_the_figure_library_a_build_says_so_once(tmp_path: Path) -> None
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    notes = [line for line in done.stderr.splitlines() if "no report.html" in line]
-    assert len(notes) == 1 and "rollout-shards[report]" in notes[0], done.stderr
+    assert REPORT not in done.stderr, done.stderr
     for step in (5, 6):
         folder = tmp_path / "out" / f"step={step}"
         manifest = json.loads((folder / "manifest.json").read_text())
-        assert manifest["report"] is None
-        assert not (folder / REPORT).exists()
-        assert REPORT not in {o["path"] for o in manifest["outputs"]}
+        assert manifest["report"] == REPORT
+        assert REPORT in {o["path"] for o in manifest["outputs"]}
+        for name in FIGURES:
+            assert re.search(f'<figure id="{name}"><svg', (folder / REPORT).read_text()), name
 
 
 def test_the_index_links_every_step(tmp_path: Path) -> None:
@@ -227,6 +268,10 @@ def test_the_index_of_no_root_is_one_line(tmp_path: Path) -> None:
         assert done.stderr.startswith("rollout-shards: report: "), done.stderr
 
 
+def _reward_bins(groups: pl.DataFrame) -> data.Histogram:
+    return data.histogram_of(groups, data.GROUP_MEAN, data.ONE_REWARD, data.REWARD_BINS)
+
+
 def test_a_group_without_a_finite_mean_reward_is_counted_but_not_binned() -> None:
     from pipeline.report import figures
 
@@ -237,11 +282,66 @@ def test_a_group_without_a_finite_mean_reward_is_counted_but_not_binned() -> Non
             data.ONE_REWARD: [True, None, False, True],
         }
     )
-    svg = figures.group_rewards(groups)
+    binned = _reward_bins(groups)
+    svg = figures.group_rewards(binned)
     assert "2 of 4 prompt groups have one reward" in svg
-    binned = figures._histogram(
-        figures._finite(groups, data.GROUP_MEAN), data.GROUP_MEAN, pl.col(data.ONE_REWARD), 20
+    assert sum(binned.total) == 2 and sum(binned.marked) == 1
+    assert len(binned.total) == data.REWARD_BINS
+    assert binned.total[0] == binned.total[-1] == 1 and binned.marked[-1] == 1
+    assert figures.bin_labels(binned.starts)[:2] == ["0.25", "0.275"]
+    no_bins = figures.group_rewards(_reward_bins(groups.head(2)))
+    assert "no prompt group has a finite mean reward" in no_bins
+
+
+def test_a_value_on_a_bin_edge_is_in_the_bin_it_starts() -> None:
+    """0.75 of 0..3 in 20 bins is the start of bin 5, where the eager code put it: with the
+    range's ends and width computed as expressions of the binning query, it went to bin 4."""
+    groups = pl.DataFrame(
+        {data.GROUP_MEAN: [0.0, 0.75, 0.8, 3.0, float("nan")], data.ONE_REWARD: [False] * 5}
     )
-    assert binned.get_column("total").sum() == 2 and binned.get_column("upper").sum() == 1
-    assert binned.get_column("label").to_list()[:2] == ["0.25", "0.275"]
-    assert "no prompt group has a finite mean reward" in figures.group_rewards(groups.head(2))
+    binned = _reward_bins(groups)
+    assert [i for i, total in enumerate(binned.total) if total] == [0, 5, 19]
+    assert binned.total[5] == 2 and binned.rows == 5
+
+
+def test_the_histograms_of_a_worked_step(tmp_path: Path) -> None:
+    batch = plan(worked_step(tmp_path / "in"), **SETTINGS)
+    numbers = data.step_figures(batch.report_rows(), batch.meta, batch.quarantine)
+    # mean rewards 0.5, 1.0 (one reward), 0.5: 20 bins from 0.5 to 1.0
+    rewards = numbers.reward_bins
+    assert (rewards.rows, rewards.marked_rows) == (3, 1)
+    assert rewards.starts == [0.5 + i * 0.025 for i in range(20)]
+    assert rewards.total == [2] + [0] * 18 + [1] and rewards.marked == [0] * 19 + [1]
+    # response lengths 2..13, the samples 3 and 7 (lengths 5 and 9) truncated
+    lengths = numbers.length_bins
+    assert (lengths.rows, lengths.marked_rows) == (12, 2)
+    assert [i for i, total in enumerate(lengths.total) if total] == [
+        *range(0, 12, 2),
+        *range(13, 24, 2),
+    ]
+    assert sum(lengths.total) == 12 and [i for i, n in enumerate(lengths.marked) if n] == [6, 15]
+
+
+def test_a_figure_is_the_same_bytes_for_the_same_numbers() -> None:
+    from pipeline.report import figures
+
+    ranks = pl.DataFrame(
+        {c.RANK: [0, 1, 2], data.ROWS: [3, 3, 2], data.TOKENS: [1234567, 1000001, 999]}
+    )
+    drawn = figures.rank_load(ranks)
+    assert drawn == figures.rank_load(ranks.clone())
+    assert "id=" not in drawn and "<script" not in drawn
+    # coordinates rounded to one decimal, text escaped
+    coordinates = re.findall(r' (?:x|y|x1|y1|x2|y2|width|height)="([^"]+)"', drawn)
+    assert len(coordinates) > 20
+    assert all(re.fullmatch(r"-?\d+(\.\d)?", value) for value in coordinates), coordinates
+    lags = pl.DataFrame({data.STALENESS: [1], data.ROWS: [5]})
+    assert figures.staleness(lags) == figures.staleness(lags)
+    rules = pl.DataFrame({data.RULE: ["a<b & c"], data.ROWS: [2]})
+    assert "a&lt;b &amp; c" in figures.quarantine(rules)
+    series: dict[str, list[float | None]] = {"a<": [1.0, None, 2.5], "b": [0.5, 0.5, 0.5]}
+    trend = figures.trend([1, 2, 3], series, "x & y")
+    assert "a&lt;" in trend and "x &amp; y" in trend
+    assert trend == figures.trend([1, 2, 3], dict(series), "x & y")
+    # the step without a value breaks the line in two
+    assert re.search(r'<path d="M[^"]*M[^"]*" fill="none" stroke="#4c72b0"', trend)
