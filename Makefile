@@ -11,6 +11,12 @@ TORCH ?= torch==2.13.0
 # than the one installed), peft, accelerate, wandb and more that the tests never import; the
 # few its trainer-side modules import come with the `verl` extra.
 VERL ?= verl==0.9.1
+# The rest of the install goes through uv: it resolves the same versions as pip, and
+# downloads and unpacks in parallel where pip takes one package at a time (pip took most of
+# a fresh clone's install). torch stays with pip, which finds the CPU build the machine
+# carries (its index settings); uv then keeps that torch, which every range here admits.
+UV ?= uv>=0.5
+UV_PIP = $(BIN)/uv pip --quiet --python $(BIN)/python
 
 # Dagster reads its roots from the environment; INPUT and OUTPUT fill them in when unset.
 ROLLOUT_SHARDS_INPUT ?= $(INPUT)
@@ -73,7 +79,6 @@ DG_ENV = $(DAGSTER_ENV) VIRTUAL_ENV=$(CURDIR)/$(VENV)
 $(BIN)/python:
 	@echo "make: creating $(VENV) (first run only)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
 
 # Bytecode, compiled once here: where PYTHONDONTWRITEBYTECODE is set (this machine) a module
 # without it is compiled again on every import by every process. pip compiles what it
@@ -84,10 +89,10 @@ $(BIN)/python:
 SITE_PACKAGES = $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 	@echo "make: installing into $(VENV), a few minutes on a first run (1/3: $(TORCH), CPU build)"
-	$(BIN)/pip install --quiet --no-compile "$(TORCH)"
+	$(BIN)/pip install --quiet --no-compile "$(TORCH)" "$(UV)"
 	@echo "make: installing (2/3: rollout-shards with its extras: Dagster, Ray, verl, object storage, test tools)"
-	$(BIN)/pip install --quiet --no-compile -e ".[dev,dagster,miles,ray,k8s,verl,deploy,s3]"
-	$(BIN)/pip install --quiet --no-compile --no-deps "$(VERL)"
+	$(UV_PIP) install -e ".[dev,dagster,miles,ray,k8s,verl,deploy,s3]"
+	$(UV_PIP) install --no-deps "$(VERL)"
 	@echo "make: installing (3/3: compiling the packages' bytecode on every core)"
 	$(BIN)/python -m compileall -q -j 0 $(SITE_PACKAGES) >/dev/null || true
 	$(BIN)/python -m compileall -q pipeline loader

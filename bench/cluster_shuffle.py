@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests" / "orchestration")]
+# the repository too: the cluster module imports tests.support
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests" / "orchestration"), str(ROOT)]
 
 import bench_record  # noqa: E402
 import ray_cluster  # noqa: E402

@@ -1,7 +1,7 @@
 """A step read and written by tasks (`pipeline.step.readers.shares`), here in this process
 (`LocalTasks`): the bytes of the in-memory build for every layout and kind of input, the
 in-memory build's exact report and quarantine for a bad step, and a driver that never holds
-a per-token list. tests/orchestration/test_ray_cluster.py runs the same tasks on Ray."""
+a per-token list. tests/orchestration/test_ray_ranks.py runs the same tasks on Ray."""
 
 from __future__ import annotations
 

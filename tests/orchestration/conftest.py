@@ -3,7 +3,6 @@ throwaway instance is tests/conftest.py's)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,6 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.support.dagster_roots import Roots, configured_roots
+from tests.support.shared import session_folder
 
 if TYPE_CHECKING:
     from tests.support.ray_head import RayHead
@@ -22,18 +22,16 @@ def roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Roots:
     return configured_roots(tmp_path, monkeypatch)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
-    """One Ray head for the whole test session, shared by the pytest workers (a head takes
-    tens of seconds to start, minutes on a busy machine). It asks for Ray's token
-    (`RAY_AUTH_MODE=token`), so every Ray test goes through the jobs client's token."""
+    """One Ray head for the test modules that run at the same time, shared by the pytest
+    workers (a head takes tens of seconds to start, minutes on a busy machine), and stopped
+    when the last of them ends, not left idle to the end of the session. It asks for Ray's
+    token (`RAY_AUTH_MODE=token`), so every Ray test goes through the jobs client's token."""
     # Imported here: Ray is a second of imports that only the Ray tests need.
     from tests.support.ray_head import shared_head
 
-    base = tmp_path_factory.getbasetemp()
-    # Under xdist each worker has its own base temp; their parent is the session's.
-    folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    with shared_head(folder, auth=True) as head:
+    with shared_head(session_folder(tmp_path_factory), auth=True) as head:
         yield head
 
 

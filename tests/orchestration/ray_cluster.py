@@ -18,12 +18,15 @@ import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.support.shared import shared as shared_service
 
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = 2
@@ -87,14 +90,20 @@ def start(state: Path, timeout: float, object_store_bytes: int | None = None) ->
     return RayCluster(up["address"], token, up["head"], up["workers"], process.pid)
 
 
+STATE_FILE = "ray-cluster.json"
+
+
 @contextmanager
-def running(folder: Path, timeout: float) -> Iterator[RayCluster]:
-    """The cluster, its state kept in `folder`, stopped on leaving."""
-    up = start(folder / "cluster.json", timeout)
-    try:
+def shared(folder: Path, timeout: float) -> Iterator[RayCluster]:
+    """The cluster of the test modules that run at the same time, on any pytest worker
+    (`tests.support.shared`), its state kept in `folder`: the session's folder."""
+
+    def begin() -> RayCluster:
+        state = Path(tempfile.mkdtemp(prefix="cluster-", dir=folder)) / "cluster.json"
+        return start(state, timeout)
+
+    with shared_service(folder / STATE_FILE, RayCluster, begin, lambda up: stop(up.pid)) as up:
         yield up
-    finally:
-        stop(up.pid)
 
 
 def stop(pid: int) -> None:

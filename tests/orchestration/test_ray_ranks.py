@@ -26,6 +26,7 @@ from pipeline.settings import Settings
 from pipeline.step.build import StepJob, build_step
 from tests.support.ray_head import start_timeout
 from tests.support.samples import build_in_process, generated_step, step_in_three_files
+from tests.support.shared import session_folder
 
 HERE = Path(__file__).resolve().parent
 # balance_data: each rank's rows lie in every share, out of batch order
@@ -34,7 +35,7 @@ SETTINGS = {"global_batch_size": 64, "dp_size": 4, "balance_data": True}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ray_cluster.RayCluster]:
-    with ray_cluster.running(tmp_path_factory.mktemp("ray-cluster"), start_timeout()) as up:
+    with ray_cluster.shared(session_folder(tmp_path_factory), start_timeout()) as up:
         yield up
 
 

@@ -27,6 +27,7 @@ from tests.orchestration import ray_cluster
 from tests.support.ray_head import start_timeout
 from tests.support.s3_server import S3Server, s3_server
 from tests.support.samples import build_in_process, step_in_three_files
+from tests.support.shared import session_folder
 
 HERE = Path(__file__).resolve().parent
 # balance_data: each rank's rows lie in every share, out of batch order
@@ -36,7 +37,7 @@ FLAGS = ["--global-batch-size", "64", "--dp-size", "4", "--balance-data", "--ray
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ray_cluster.RayCluster]:
-    with ray_cluster.running(tmp_path_factory.mktemp("ray-cluster"), start_timeout()) as up:
+    with ray_cluster.shared(session_folder(tmp_path_factory), start_timeout()) as up:
         yield up
 
 

@@ -8,7 +8,6 @@ core, and a start that fails or stalls is retried on fresh ports.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import secrets
@@ -22,11 +21,13 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 from ray.job_submission import JobSubmissionClient
+
+from tests.support.shared import alive, shared
 
 # What a start may take on an idle machine, before scaling by the load.
 BASE_START_S = 120.0
@@ -186,15 +187,6 @@ def start(auth: bool = False) -> RayHead:
     raise HeadStartError("\n".join(failures))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            # A zombie (state Z) has exited; only its parent has not reaped it yet.
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def stop(head: RayHead) -> None:
     """Stop the head through its process group: SIGTERM, then SIGKILL after a grace."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -203,9 +195,9 @@ def stop(head: RayHead) -> None:
         except ProcessLookupError:
             break
         deadline = time.monotonic() + STOP_GRACE_S
-        while _alive(head.pid) and time.monotonic() < deadline:
+        while alive(head.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if not _alive(head.pid):
+        if not alive(head.pid):
             break
     try:  # reap it when this process started it
         os.waitpid(head.pid, os.WNOHANG)
@@ -215,38 +207,7 @@ def stop(head: RayHead) -> None:
 
 
 @contextmanager
-def _locked(folder: Path) -> Iterator[Path]:
-    """The state file of the session's head, held under an exclusive lock."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / f"{STATE_FILE}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield folder / STATE_FILE
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-@contextmanager
 def shared_head(folder: Path, auth: bool = False) -> Iterator[RayHead]:
-    """The head of the session whose workers share `folder`: the first user starts it, each
-    user counts itself in and out, and the last one out stops it."""
-    with _locked(folder) as state_file:
-        state = json.loads(state_file.read_text()) if state_file.exists() else None
-        if state is not None and _alive(state["head"]["pid"]):
-            head = RayHead(**state["head"])
-            state["users"] += 1
-        else:
-            head = start(auth)
-            state = {"head": asdict(head), "users": 1}
-        state_file.write_text(json.dumps(state))
-    try:
+    """The head of the session whose workers share `folder` (`tests.support.shared`)."""
+    with shared(folder / STATE_FILE, RayHead, lambda: start(auth), stop) as head:
         yield head
-    finally:
-        with _locked(folder) as state_file:
-            state = json.loads(state_file.read_text())
-            state["users"] -= 1
-            if state["users"] == 0:
-                stop(head)
-                state_file.unlink()
-            else:
-                state_file.write_text(json.dumps(state))
