@@ -16,7 +16,7 @@ VERL ?= verl==0.9.1
 # a fresh clone's install). torch stays with pip, which finds the CPU build the machine
 # carries (its index settings); uv then keeps that torch, which every range here admits.
 UV ?= uv>=0.5
-UV_PIP = $(BIN)/uv pip --quiet --python $(BIN)/python
+UV_INSTALL = $(BIN)/uv pip install --quiet --python $(BIN)/python
 
 # Dagster reads its roots from the environment; INPUT and OUTPUT fill them in when unset.
 ROLLOUT_SHARDS_INPUT ?= $(INPUT)
@@ -91,8 +91,8 @@ $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 	@echo "make: installing into $(VENV), a few minutes on a first run (1/3: $(TORCH), CPU build)"
 	$(BIN)/pip install --quiet --no-compile "$(TORCH)" "$(UV)"
 	@echo "make: installing (2/3: rollout-shards with its extras: Dagster, Ray, verl, object storage, test tools)"
-	$(UV_PIP) install -e ".[dev,dagster,miles,ray,k8s,verl,deploy,s3]"
-	$(UV_PIP) install --no-deps "$(VERL)"
+	$(UV_INSTALL) -e ".[dev,dagster,miles,ray,k8s,verl,deploy,s3]"
+	$(UV_INSTALL) --no-deps "$(VERL)"
 	@echo "make: installing (3/3: compiling the packages' bytecode on every core)"
 	$(BIN)/python -m compileall -q -j 0 $(SITE_PACKAGES) >/dev/null || true
 	$(BIN)/python -m compileall -q pipeline loader
