@@ -26,6 +26,7 @@ SLOW_FIRST = (
     "tests/e2e/test_ui.py",
     "tests/trainers/verl/test_verl_v1.py",
     "tests/orchestration/test_compute_ray.py",
+    "tests/orchestration/test_ray_jobs.py",  # the Ray head's other users beside it
     "tests/core/test_bad_inputs.py",
     "tests/orchestration/test_ray_ranks.py",
     "tests/storage/test_ray_store.py",
