@@ -1,10 +1,12 @@
-"""A driver process of the Ray tests (`test_ray_ranks.py`): builds every step of its inputs
-with `build_step` routed to the cluster (`ray_ranks.connected`), each task asking for the
-workers' custom resource, and prints what happened as one JSON line.
+"""A driver process of the Ray tests (`test_ray_ranks.py`): builds every step of the inputs
+of each of its builds, one after another in one connection to the cluster (one Ray job, so
+its workers start once), with `build_step` routed to the cluster (`ray_ranks.connected`),
+each task asking for the workers' custom resource, and prints what happened as one JSON line.
 
-Run as `python ray_driver.py SPEC`, SPEC a JSON object: inputs, out, settings, address,
-and optionally share_bytes (smaller shares), die_rank (the task writing that rank kills
-its worker process: a worker dying mid-step).
+Run as `python ray_driver.py SPEC`, SPEC a JSON object: address and builds, each inputs,
+out, settings, and optionally share_bytes (smaller shares) and die_rank (the task writing
+that rank kills its worker process: a worker dying mid-step); or address and validate
+(`validate`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pipeline.step.build import build_step
 from pipeline.step.readers import shares
 
 RESOURCE = "rollout_worker"
+DEFAULT_SHARE_BYTES = shares.SHARE_BYTES
 
 
 def _die(*_: Any) -> None:
@@ -78,32 +81,39 @@ def validate(spec: dict[str, Any]) -> dict[str, Any]:
     return {"runs": runs}
 
 
+def _build(route: Any, tasks: DyingTasks, build: dict[str, Any]) -> dict[str, Any]:
+    """One build's steps: the tasks it ran, its error (None: built) and what its output root
+    holds right after it (None: no root)."""
+    shares.SHARE_BYTES = build.get("share_bytes", DEFAULT_SHARE_BYTES)
+    tasks.die_rank = build.get("die_rank", -1)
+    first = len(tasks.ran)
+    settings = Settings(**build["settings"])
+    error = None
+    for step, files in group_steps(find_sources([Path(build["inputs"])])).items():
+        try:
+            build_step(step, files, settings, Path(build["out"]), route=route)
+        except StepError as failed:
+            error = str(failed)
+    out = Path(build["out"])
+    left = sorted(p.name for p in out.iterdir()) if out.exists() else None
+    return {
+        "ran": [[r.task, r.node, r.pid] for r in tasks.ran[first:]],
+        "error": error,
+        "left": left,
+    }
+
+
 def main(spec: dict[str, Any]) -> dict[str, Any]:
     import ray
 
     if "validate" in spec:
         return validate(spec)
 
-    if "share_bytes" in spec:
-        shares.SHARE_BYTES = spec["share_bytes"]
     tasks = DyingTasks(resources={RESOURCE: 1})
-    tasks.die_rank = spec.get("die_rank", -1)
-    settings = Settings(**spec["settings"])
-    error = None
     with ray_ranks.connected(spec["address"], tasks, node_ip_address="127.0.0.1") as route:
         driver = ray.get_runtime_context().get_node_id()
-        for step, files in group_steps(find_sources([Path(spec["inputs"])])).items():
-            try:
-                build_step(step, files, settings, Path(spec["out"]), route=route)
-            except StepError as failed:
-                error = str(failed)
-    io = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
-    return {
-        "driver": driver,
-        "ran": [[r.task, r.node, r.pid] for r in tasks.ran],
-        "error": error,
-        "rchar": int(io["rchar"]),
-    }
+        builds = [_build(route, tasks, build) for build in spec["builds"]]
+    return {"driver": driver, "builds": builds}
 
 
 if __name__ == "__main__":

@@ -90,24 +90,57 @@ def test_the_cli_builds_a_step_across_the_cluster(
     assert _files(tmp_path / "ray") == _in_process(inputs, tmp_path / "local", SETTINGS)
 
 
-@pytest.mark.parametrize("quarantine", [False, True], ids=["valid", "quarantined"])
-def test_every_task_runs_on_a_worker_node(
+# Builds of several tests, run by one driver (one Ray job: its workers start once, where a
+# job each would start theirs), each with its inputs and settings. With a broken row
+# quarantined, the rows left are trimmed to whole batches, not balanced.
+QUARANTINE = {"global_batch_size": 64, "dp_size": 4, "on_invalid": "quarantine"}
+
+
+@pytest.fixture(scope="module")
+def built_in_one_job(
     cluster: ray_cluster.RayCluster,
     inputs: Path,
     broken: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[Path, Path, dict[str, Any], dict[str, Any]]]:
+    """Per case: its inputs, its output root, its settings and what its build did. `valid`
+    and `quarantined` in shares of a few row groups each, so the Parquet file is read by
+    several tasks; `slime` and `verl`: a generated non-compact step with that profile."""
+    from tests.support.samples import TRAINERS
+
+    root = tmp_path_factory.mktemp("ray-one-job")
+    generated = generated_step(root / "generated", non_compact=True)
+    cases = {
+        "valid": (inputs, SETTINGS, {"share_bytes": 200 << 10}),
+        "quarantined": (broken, QUARANTINE, {"share_bytes": 200 << 10}),
+        "slime": (generated, TRAINERS["slime"], {}),
+        "verl": (generated, TRAINERS["verl"], {}),
+    }
+    builds = [
+        {"inputs": str(source), "out": str(root / name), "settings": settings, **extra}
+        for name, (source, settings, extra) in cases.items()
+    ]
+    report = _drive(cluster, builds=builds)
+    return {
+        name: (source, root / name, settings, report | build)
+        for (name, (source, settings, _)), build in zip(
+            cases.items(), report["builds"], strict=True
+        )
+    }
+
+
+@pytest.mark.parametrize("case", ["valid", "quarantined"])
+def test_every_task_runs_on_a_worker_node(
+    cluster: ray_cluster.RayCluster,
+    built_in_one_job: dict[str, tuple[Path, Path, dict[str, Any], dict[str, Any]]],
     tmp_path: Path,
-    quarantine: bool,
+    case: str,
 ) -> None:
-    """Shares of a few row groups each, so the Parquet file is read by several tasks; with
-    a broken row, its trajectory's lists are read back from the files for the quarantine."""
-    settings = dict(SETTINGS)
-    if quarantine:  # the rows left are trimmed to whole batches, not balanced
-        settings = {"global_batch_size": 64, "dp_size": 4, "on_invalid": "quarantine"}
-        inputs = broken
-    report = _drive(
-        cluster, inputs=inputs, out=tmp_path / "ray", settings=settings, share_bytes=200 << 10
-    )
-    built = _files(tmp_path / "ray")
+    """With a broken row, its trajectory's lists are read back from the files for the
+    quarantine."""
+    inputs, out, settings, report = built_in_one_job[case]
+    quarantine = case == "quarantined"
+    built = _files(out)
     assert report["error"] is None
     assert built == _in_process(inputs, tmp_path / "local", settings)
     assert ("_quarantine/step=0.parquet" in built) is quarantine
@@ -122,15 +155,14 @@ def test_every_task_runs_on_a_worker_node(
 
 @pytest.mark.parametrize("trainer", ["slime", "verl"])
 def test_every_trainer_profile_across_the_cluster(
-    cluster: ray_cluster.RayCluster, tmp_path: Path, trainer: str
+    cluster: ray_cluster.RayCluster,
+    built_in_one_job: dict[str, tuple[Path, Path, dict[str, Any], dict[str, Any]]],
+    tmp_path: Path,
+    trainer: str,
 ) -> None:
-    from tests.support.samples import TRAINERS
-
-    inputs = generated_step(tmp_path / "in", non_compact=True)
-    settings = TRAINERS[trainer]
-    report = _drive(cluster, inputs=inputs, out=tmp_path / "ray", settings=settings)
+    inputs, out, settings, report = built_in_one_job[trainer]
     assert report["error"] is None
-    assert _files(tmp_path / "ray") == _in_process(inputs, tmp_path / "local", settings)
+    assert _files(out) == _in_process(inputs, tmp_path / "local", settings)
     assert {node for _, node, _ in report["ran"]} <= set(cluster.workers)
 
 
@@ -138,13 +170,14 @@ def test_a_worker_dying_mid_step_publishes_nothing_and_a_rerun_the_same_bytes(
     cluster: ray_cluster.RayCluster, inputs: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "ray"
-    died = _drive(cluster, inputs=inputs, out=out, settings=SETTINGS, die_rank=2)
+    build = {"inputs": str(inputs), "out": str(out), "settings": SETTINGS}
+    # one job: the dying build, then the rerun (its workers started again by Ray)
+    died, rerun = _drive(cluster, builds=[build | {"die_rank": 2}, build])["builds"]
     assert died["error"] is not None and "rule ray_tasks" in died["error"], died
     assert "nothing was published" in died["error"] and "\n" not in died["error"]
     # no step folder, no staged one: the output root the failed build made is gone again
-    assert not out.exists(), sorted(p.name for p in out.iterdir())
+    assert died["left"] is None, died["left"]
 
-    rerun = _drive(cluster, inputs=inputs, out=out, settings=SETTINGS)
     assert rerun["error"] is None
     assert _files(out) == _in_process(inputs, tmp_path / "local", SETTINGS)
 
