@@ -1,11 +1,12 @@
-"""A driver process of `test_ray_store.py`: builds every step of its inputs to an
-object-store output root (`build_step`, which hands it to `store_commit.build_to_store`)
-routed to the cluster (`ray_ranks.connected`), each task asking for the workers' custom
-resource, and prints what happened as one JSON line.
+"""A driver process of `test_ray_store.py`: for each of its builds, one after another in
+one connection to the cluster (one Ray job, so its workers start once), builds every step
+of the build's inputs to an object-store output root (`build_step`, which hands it to
+`store_commit.build_to_store`) routed to the cluster (`ray_ranks.connected`), each task
+asking for the workers' custom resource, and prints what happened as one JSON line.
 
-Run as `python ray_store_driver.py SPEC`, SPEC a JSON object: inputs, out (an s3:// URL),
-settings, address, and optionally die_task and die_rank (the task of that function for
-that rank kills its worker process: a worker dying mid-write).
+Run as `python ray_store_driver.py SPEC`, SPEC a JSON object: address, settings and builds,
+each inputs, out (an s3:// URL), and optionally die_task and die_rank (the task of that
+function for that rank kills its worker process: a worker dying mid-write).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from pipeline.errors import StepError
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
-from pipeline.io.storage import root_of
+from pipeline.io.storage import listing, root_of
 from pipeline.settings import Settings
 from pipeline.step import ray_ranks
 from pipeline.step.build import build_step
@@ -56,22 +57,32 @@ class DyingTasks(ray_ranks.RayTasks):
         return super().scatter([((self._swap(f, a), a), ways) for (f, a), ways in calls])
 
 
+def _build(route: Any, tasks: DyingTasks, settings: Settings, build: dict[str, Any]) -> Any:
+    """One build's steps: the tasks it ran, its error (None: built) and the keys its root
+    holds right after it."""
+    tasks.die_task, tasks.die_rank = build.get("die_task", ""), build.get("die_rank", -1)
+    first = len(tasks.ran)
+    root = root_of(build["out"])
+    error = None
+    for step, files in group_steps(find_sources([Path(build["inputs"])])).items():
+        try:
+            build_step(step, files, settings, root, route=route)  # type: ignore[arg-type]
+        except StepError as failed:
+            error = str(failed)
+    left = [listed.key for listed in listing(root, "")]  # type: ignore[arg-type]
+    ran = [[r.task, r.node, r.pid] for r in tasks.ran[first:]]
+    return {"ran": ran, "error": error, "left": left}
+
+
 def main(spec: dict[str, Any]) -> dict[str, Any]:
     import ray
 
     tasks = DyingTasks(resources={RESOURCE: 1})
-    tasks.die_task, tasks.die_rank = spec.get("die_task", ""), spec.get("die_rank", -1)
     settings = Settings(**spec["settings"])
-    root = root_of(spec["out"])
-    error = None
     with ray_ranks.connected(spec["address"], tasks, node_ip_address="127.0.0.1") as route:
         driver = ray.get_runtime_context().get_node_id()
-        for step, files in group_steps(find_sources([Path(spec["inputs"])])).items():
-            try:
-                build_step(step, files, settings, root, route=route)  # type: ignore[arg-type]
-            except StepError as failed:
-                error = str(failed)
-    return {"driver": driver, "ran": [[r.task, r.node, r.pid] for r in tasks.ran], "error": error}
+        builds = [_build(route, tasks, settings, build) for build in spec["builds"]]
+    return {"driver": driver, "builds": builds}
 
 
 if __name__ == "__main__":

@@ -73,10 +73,8 @@ def _stored(server: S3Server, bucket: str, prefix: str) -> dict[str, bytes]:
     return {key.rpartition("/")[2]: server.body(bucket, key) for key in keys}
 
 
-def _drive(cluster: ray_cluster.RayCluster, **spec: Any) -> dict[str, Any]:
-    spec = {"address": cluster.address, **{k: str(v) for k, v in spec.items() if k != "settings"}}
-    spec["settings"] = SETTINGS
-    spec["die_rank"] = int(spec.get("die_rank", -1))
+def _drive(cluster: ray_cluster.RayCluster, builds: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = {"address": cluster.address, "settings": SETTINGS, "builds": builds}
     driver = HERE / "ray_store_driver.py"
     report: dict[str, Any] = ray_cluster.run_driver(cluster, driver, spec, 2 * start_timeout())
     return report
@@ -94,11 +92,40 @@ def test_the_cli_builds_a_step_across_the_cluster_into_the_store(
     assert _stored(server, bucket, "shards") == _local(inputs, tmp_path / "local", SETTINGS)
 
 
+# The builds of the tests below, run by one driver (one Ray job: its workers start once),
+# each into a bucket of its own: a whole build, then per task that dies (encode: nothing was
+# PUT yet; put: the other ranks' files are stored, and the failed build removes them) the
+# dying build and its rerun.
+DYING = {"encode": ("encode_rank_pieces", 2), "put": ("put_object", 3)}
+
+
+@pytest.fixture(scope="module")
+def built_in_one_job(
+    cluster: ray_cluster.RayCluster, server: S3Server, inputs: Path
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Per build: its bucket and what it did (`whole`; `encode` and `put`, their dying
+    builds, with `... rerun` the builds after them)."""
+    buckets = {"whole": server.bucket()} | {name: server.bucket() for name in DYING}
+    builds = {"whole": {"inputs": str(inputs), "out": f"s3://{buckets['whole']}/p"}}
+    for name, (task, rank) in DYING.items():
+        build = {"inputs": str(inputs), "out": f"s3://{buckets[name]}/p"}
+        builds[name] = build | {"die_task": task, "die_rank": rank}
+        builds[f"{name} rerun"] = build
+    report = _drive(cluster, builds=list(builds.values()))
+    return {
+        name: (buckets[name.partition(" ")[0]], report | done)
+        for name, done in zip(builds, report["builds"], strict=True)
+    }
+
+
 def test_rank_tasks_encode_and_put_the_files_on_the_workers(
-    cluster: ray_cluster.RayCluster, server: S3Server, inputs: Path, tmp_path: Path
+    cluster: ray_cluster.RayCluster,
+    server: S3Server,
+    inputs: Path,
+    tmp_path: Path,
+    built_in_one_job: dict[str, tuple[str, dict[str, Any]]],
 ) -> None:
-    bucket = server.bucket()
-    report = _drive(cluster, inputs=inputs, out=f"s3://{bucket}/p")
+    bucket, report = built_in_one_job["whole"]
     assert report["error"] is None
     assert _stored(server, bucket, "p") == _local(inputs, tmp_path / "local", SETTINGS)
     assert report["driver"] == cluster.head
@@ -108,28 +135,24 @@ def test_rank_tasks_encode_and_put_the_files_on_the_workers(
     assert "write_rank_pieces" not in tasks
 
 
-@pytest.mark.parametrize(
-    ("task", "rank"), [("encode_rank_pieces", 2), ("put_object", 3)], ids=["encode", "put"]
-)
+@pytest.mark.parametrize("name", list(DYING))
 def test_a_worker_dying_mid_write_leaves_no_manifest_and_no_file(
-    cluster: ray_cluster.RayCluster,
     server: S3Server,
     inputs: Path,
     tmp_path: Path,
-    task: str,
-    rank: int,
+    built_in_one_job: dict[str, tuple[str, dict[str, Any]]],
+    name: str,
 ) -> None:
     """Killed while it encodes its file (nothing was PUT yet) or while it PUTs it (the
     other ranks' files are stored: the failed build removes them)."""
-    bucket = server.bucket()
-    died = _drive(cluster, inputs=inputs, out=f"s3://{bucket}/p", die_task=task, die_rank=rank)
+    bucket, died = built_in_one_job[name]
     assert died["error"] is not None and "rule ray_tasks" in died["error"], died
     assert "nothing was published" in died["error"] and "\n" not in died["error"]
-    assert server.keys(bucket) == []
-    if task == "put_object":  # the other ranks' PUTs ran before the one that died
+    assert died["left"] == []  # nothing stored when the dying build was done
+    if name == "put":  # the other ranks' PUTs ran before the one that died
         assert [t for t, _, _ in died["ran"]].count("put_object") == 3
 
-    rerun = _drive(cluster, inputs=inputs, out=f"s3://{bucket}/p")
+    _, rerun = built_in_one_job[f"{name} rerun"]
     assert rerun["error"] is None
     assert _stored(server, bucket, "p") == _local(inputs, tmp_path / "local", SETTINGS)
 
