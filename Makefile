@@ -79,6 +79,7 @@ DG_ENV = $(DAGSTER_ENV) VIRTUAL_ENV=$(CURDIR)/$(VENV)
 $(BIN)/python:
 	@echo "make: creating $(VENV) (first run only)"
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
 
 # Bytecode, compiled once here: where PYTHONDONTWRITEBYTECODE is set (this machine) a module
 # without it is compiled again on every import by every process. pip compiles what it
