@@ -1,5 +1,5 @@
-"""A one-node Ray head on 127.0.0.1 for the tests: started once per test session, shared by
-the pytest workers of that session, and stopped by the last one that used it.
+"""A one-node Ray head on 127.0.0.1 for the tests: started once for the test modules that run
+at the same time, on any pytest worker, and stopped by the last of them (`tests.support.shared`).
 
 A head takes tens of seconds to start on an idle 2-core
 machine and several times that on a busy one: the waits scale with the load average per
