@@ -84,21 +84,13 @@ def group_rewards(rows: pl.LazyFrame) -> pl.LazyFrame:
     rows without a group_index are one group, as miles counts them. Groups in order of
     first appearance."""
     reward = pl.col(REWARD)
-    first = reward.first()
-    # `(reward == first).all()` (Polars: NaN equals NaN, a null is skipped, and a group
-    # whose first reward is null counts as one reward), from aggregations that need no
-    # per-group comparison: min and max skip NaN where a group has another value, the max
-    # with NaN does not
-    one_reward = first.is_null() | (
-        (reward.min() == first) & (reward.max() == first) & (reward.nan_max() == first)
-    )
     return (
         rows.select(c.REPORT_GROUP, pl.coalesce(c.RAW_REWARD, c.REWARDS).alias(REWARD))
         .group_by(c.REPORT_GROUP, maintain_order=True)
         .agg(
             reward.mean().alias(GROUP_MEAN),
             pl.len().alias(GROUP_SIZE),
-            one_reward.alias(ONE_REWARD),
+            (reward == reward.first()).all().alias(ONE_REWARD),
         )
         .drop(c.REPORT_GROUP)
     )

@@ -12,8 +12,6 @@ import sys
 from pathlib import Path
 
 import polars as pl
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from pipeline import columns as c
 from pipeline.io.checksums import sha256_of
@@ -77,37 +75,6 @@ def test_a_rank_without_rows_and_rows_without_groups() -> None:
     ]
     # no group_index: one group, its raw rewards 2.0 (none given: the reward), 1.0, 1.0
     assert data.group_rewards(rows.lazy()).collect().rows() == [(4.0 / 3.0, 3, False)]
-
-
-REWARDS = st.one_of(st.none(), st.sampled_from([0.0, 0.5, 1.0, float("nan")]), st.floats())
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    st.lists(st.tuples(st.sampled_from([None, 0, 1, 2]), REWARDS, REWARDS), min_size=1, max_size=24)
-)
-def test_one_reward_is_every_reward_equal_to_the_first(
-    given_rows: list[tuple[int | None, float | None, float | None]],
-) -> None:
-    """A group has one reward where each of its rewards equals its first (Polars' `==`:
-    NaN equals NaN, a null is skipped): the plain expression, against the aggregations
-    `group_rewards` computes it from."""
-    rows = pl.DataFrame(
-        given_rows,
-        schema={c.REPORT_GROUP: pl.Int64, c.RAW_REWARD: pl.Float64, c.REWARDS: pl.Float64},
-        orient="row",
-    )
-    reward = pl.coalesce(c.RAW_REWARD, c.REWARDS)
-    plain = (
-        rows.group_by(c.REPORT_GROUP, maintain_order=True)
-        .agg(
-            reward.mean().alias(data.GROUP_MEAN),
-            pl.len().alias(data.GROUP_SIZE),
-            (reward == reward.first()).all().alias(data.ONE_REWARD),
-        )
-        .drop(c.REPORT_GROUP)
-    )
-    assert data.group_rewards(rows.lazy()).collect(engine=data.ENGINE).equals(plain)
 
 
 # A miles MoE shape, balanced by FLOPs (tests/trainers/miles/test_flops_shapes.py's kind).
