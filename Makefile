@@ -36,11 +36,13 @@ POLARS1_VENV := .venv-polars1
 # miles dump tests. Left to the main pass alone: tests of what Polars does not compute
 # (the reference and packing, pure Python and numpy; docs, layers, settings, manifest
 # records; the command line's plumbing, locks, signals, crashes, reruns and refusal
-# records; progress bars and metric event files), and the grids that compare one reader of
+# records; progress bars and metric event files; other readers of the shards: pyarrow, Ray
+# Data, Hugging Face datasets), and the grids that compare one reader of
 # the project with another on the same Polars (in parts, in shares, the speed switches):
 # each of those paths runs here on a step of its own against the in-memory build.
 POLARS1_TESTS := $(addprefix tests/core/,test_bad_inputs.py \
-	test_build_sequence.py test_columns.py test_commands_json.py test_dataset.py \
+	test_build_sequence.py test_columns.py test_commands_json.py \
+	test_dataset.py::test_scan_parquet_reads_every_committed_step \
 	test_differential.py test_dump_pickle.py test_flops.py test_messages.py test_metrics.py \
 	test_parity.py test_parquet_pages.py test_parquet_reader.py test_plan.py test_quarantine.py \
 	test_rank_writes.py test_readers.py test_repair.py \
@@ -81,22 +83,21 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# Bytecode, compiled once here: where PYTHONDONTWRITEBYTECODE is set (this machine) a module
-# without it is compiled again on every import by every process. pip compiles what it
-# installs one file at a time (some 22,000 files here); compileall -j 0 does it on every
-# core. As pip does, a file that does not compile (a package's Python 2 test data) is left
-# to fail where it is imported, if it ever is. An editable install leaves the project's own
-# package uncompiled: compileall does what a wheel install does, and there no file may fail.
-SITE_PACKAGES = $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+# Bytecode of what the commands import (the CLI, the Dagster definitions, the web UI, Ray's
+# client), written once here: where PYTHONDONTWRITEBYTECODE is set (this machine) a module
+# without it is compiled again by every process that imports it. Not every installed file
+# (some 23,000): most are never imported. The packages only the tests import are compiled
+# where they are first imported (`make test` lets its processes write bytecode).
+WARM_IMPORTS = pipeline.cli, pipeline.commands, pipeline.step.build, pipeline.definitions, \
+	pipeline.orchestration.run_all, dagster._cli, dagster_dg_cli.cli, dagster_webserver.cli, \
+	dagster_webserver.webserver, dagster_postgres, ray, ray.job_submission
 $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
-	@echo "make: installing into $(VENV), a few minutes on a first run (1/3: $(TORCH), CPU build)"
+	@echo "make: installing into $(VENV), a few minutes on a first run (1/2: $(TORCH), CPU build)"
 	$(BIN)/pip install --quiet --no-compile "$(TORCH)" "$(UV)"
-	@echo "make: installing (2/3: rollout-shards with its extras: Dagster, Ray, verl, object storage, test tools)"
+	@echo "make: installing (2/2: rollout-shards with its extras: Dagster, Ray, verl, object storage, test tools)"
 	$(UV_INSTALL) -e ".[dev,dagster,miles,ray,k8s,verl,deploy,s3]"
 	$(UV_INSTALL) --no-deps "$(VERL)"
-	@echo "make: installing (3/3: compiling the packages' bytecode on every core)"
-	$(BIN)/python -m compileall -q -j 0 $(SITE_PACKAGES) >/dev/null || true
-	$(BIN)/python -m compileall -q pipeline loader
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -c "import $(WARM_IMPORTS)"
 	touch $@
 
 install: $(VENV)/.installed

@@ -1,6 +1,6 @@
-"""Several partitions at once: four runs, each in its own process, on one Dagster
+"""Several partitions at once: three runs, each in its own process, on one Dagster
 instance, one input root and one output root; two build their step in the run's process,
-two in a Pipes worker of their own (`compute: subprocess`).
+one in a Pipes worker of its own (`compute: subprocess`).
 
 Each run is what the daemon starts for one partition of a backfill: `dagster job execute`
 of the project's definitions in a process of its own, whose executor (in process) runs the
@@ -22,6 +22,8 @@ from tests.support.dagster_backfill import backfill
 from tests.support.dagster_roots import EMBEDDED_KEYS, Roots, most_at_once
 
 PIPES_OPENED = "[pipes] external process successfully opened dagster pipes."
+# Three partitions: more than the step pool's two at once, and each kind of compute.
+KEYS = EMBEDDED_KEYS[:3]
 
 
 def _messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
@@ -34,19 +36,19 @@ def _check_results(instance: dg.DagsterInstance, run_id: str) -> dict[str, bool]
     return {e.check_name: e.passed for e in evaluations}  # type: ignore[union-attr]
 
 
-def test_four_partitions_build_concurrently(roots: Roots, tmp_path: Path) -> None:
+def test_three_partitions_build_concurrently(roots: Roots, tmp_path: Path) -> None:
     home = tmp_path / "dagster_home"
     home.mkdir()
-    computes = {key: ("in_process", "subprocess")[i % 2] for i, key in enumerate(EMBEDDED_KEYS)}
+    computes = {key: ("in_process", "subprocess")[i % 2] for i, key in enumerate(KEYS)}
     with dg.instance_for_test(temp_dir=str(home)) as instance:
-        instance.add_dynamic_partitions(rollout_steps.name, EMBEDDED_KEYS)
+        instance.add_dynamic_partitions(rollout_steps.name, KEYS)
 
-        backfill(home, tmp_path, EMBEDDED_KEYS, computes)
+        backfill(home, tmp_path, KEYS, computes)
 
         runs = instance.get_runs()
-        assert sorted(run.tags["dagster/partition"] for run in runs) == EMBEDDED_KEYS
+        assert sorted(run.tags["dagster/partition"] for run in runs) == KEYS
         assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs)
-        # All four were running at one moment: the last to start began before any ended.
+        # All three were running at one moment: the last to start began before any ended.
         stats = [instance.get_run_stats(run.run_id) for run in runs]
         assert max(s.start_time for s in stats) < min(s.end_time for s in stats)
         for run in runs:
@@ -61,7 +63,7 @@ def test_four_partitions_build_concurrently(roots: Roots, tmp_path: Path) -> Non
 
     storage = RolloutStorage.from_env()
     settings = storage.settings()
-    for key in EMBEDDED_KEYS:
+    for key in KEYS:
         step = step_of(key)
         # Complete: the manifest matches these inputs and settings, every file its sha256.
         assert current_manifest(step, storage.step_sources(step), settings, roots.output)
@@ -76,22 +78,22 @@ def test_the_step_pool_bounds_the_pods_of_a_backfill(roots: Roots, tmp_path: Pat
         kube_stand_in(tmp_path) as cluster,
         dg.instance_for_test(temp_dir=str(home)) as instance,
     ):
-        instance.add_dynamic_partitions(rollout_steps.name, EMBEDDED_KEYS)
+        instance.add_dynamic_partitions(rollout_steps.name, KEYS)
         instance.event_log_storage.set_concurrency_slots(STEP_POOL, 2)
         k8s = {"image": "rollout-shards:test", "kubeconfig_file": str(cluster.kubeconfig)}
         resources = {
             "step_compute": {"config": {"compute": "k8s", "k8s": {**k8s, "poll_interval": 0.1}}}
         }
 
-        backfill(home, tmp_path, EMBEDDED_KEYS, "k8s", resources)
+        backfill(home, tmp_path, KEYS, "k8s", resources)
 
         runs = instance.get_runs()
         assert all(run.status == dg.DagsterRunStatus.SUCCESS for run in runs)
         pods = list(cluster.pods.values())
         # One pod per step, and never more than the pool's two at once.
-        assert len(pods) == 4
+        assert len(pods) == len(KEYS)
         spans = [(pod.started, pod.ended) for pod in pods if pod.ended is not None]
-        assert len(spans) == 4
+        assert len(spans) == len(KEYS)
         assert most_at_once(spans) <= 2
-    for key in EMBEDDED_KEYS:
+    for key in KEYS:
         assert (roots.output / f"step={step_of(key)}" / "manifest.json").is_file()

@@ -104,7 +104,8 @@ def test_ray_jobs_build_the_step(ray_dashboard: str, roots: Roots) -> None:
     assert not (roots.output / ".staging").exists()
 
 
-BACKFILL = ["00000001", "00000002", "00000003"]
+# Two steps: enough for jobs side by side, and for one warm job taking more than one step.
+BACKFILL = ["00000001", "00000002"]
 
 
 @contextlib.contextmanager
@@ -314,7 +315,7 @@ def test_a_warm_ray_job_builds_every_step_of_a_backfill(
                 run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
             )
         }
-    # One Ray job built the three steps, then ended on its own once no step came.
+    # One Ray job built every step, then ended on its own once no step came.
     (job_id,) = job_ids
     assert job_id.startswith("rollout-shards-warm-")
     client = _client(ray_dashboard)
