@@ -74,6 +74,7 @@ class Team:
     web_port: int
     pg_data: Path
     services: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    opened: dg.DagsterInstance | None = None
 
     # The commands of docs/deploy.md (`make team-code-server`, `team-daemon`, `team-webserver`).
     def command(self, name: str) -> list[str]:
@@ -157,17 +158,24 @@ class Team:
 
     @contextlib.contextmanager
     def instance(self) -> Iterator[dg.DagsterInstance]:
-        """The deployment's instance, as the services open it (PostgreSQL from the env)."""
-        saved = os.environ.get("DAGSTER_PG_URL")
-        os.environ["DAGSTER_PG_URL"] = self.env["DAGSTER_PG_URL"]
-        try:
-            with dg.DagsterInstance.from_config(self.env["DAGSTER_HOME"]) as instance:
-                yield instance
-        finally:
-            if saved is None:
-                os.environ.pop("DAGSTER_PG_URL")
-            else:
-                os.environ["DAGSTER_PG_URL"] = saved
+        """The deployment's instance, as the services open it (PostgreSQL from the env),
+        opened once: every wait polls it, and each opening is a new PostgreSQL session."""
+        if self.opened is None:
+            saved = os.environ.get("DAGSTER_PG_URL")
+            os.environ["DAGSTER_PG_URL"] = self.env["DAGSTER_PG_URL"]
+            try:
+                self.opened = dg.DagsterInstance.from_config(self.env["DAGSTER_HOME"])
+            finally:
+                if saved is None:
+                    os.environ.pop("DAGSTER_PG_URL")
+                else:
+                    os.environ["DAGSTER_PG_URL"] = saved
+        yield self.opened
+
+    def close(self) -> None:
+        if self.opened is not None:
+            self.opened.dispose()
+            self.opened = None
 
     def runs(self) -> list[dg.RunRecord]:
         with self.instance() as instance:
@@ -304,6 +312,7 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
         )
         yield team
     finally:
+        team.close()
         for name in list(team.services):
             team.kill(name)
         subprocess.run(
