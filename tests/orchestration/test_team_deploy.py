@@ -156,21 +156,14 @@ class Team:
         assert not answer.get("errors"), f"{answer['errors']}\n{self.log('webserver')}"
         return answer["data"]
 
-    @contextlib.contextmanager
-    def instance(self) -> Iterator[dg.DagsterInstance]:
+    def instance(self) -> dg.DagsterInstance:
         """The deployment's instance, as the services open it (PostgreSQL from the env),
-        opened once: every wait polls it, and each opening is a new PostgreSQL session."""
+        opened once: every wait polls it, and each opening is new PostgreSQL sessions."""
         if self.opened is None:
-            saved = os.environ.get("DAGSTER_PG_URL")
-            os.environ["DAGSTER_PG_URL"] = self.env["DAGSTER_PG_URL"]
-            try:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("DAGSTER_PG_URL", self.env["DAGSTER_PG_URL"])
                 self.opened = dg.DagsterInstance.from_config(self.env["DAGSTER_HOME"])
-            finally:
-                if saved is None:
-                    os.environ.pop("DAGSTER_PG_URL")
-                else:
-                    os.environ["DAGSTER_PG_URL"] = saved
-        yield self.opened
+        return self.opened
 
     def close(self) -> None:
         if self.opened is not None:
@@ -178,8 +171,7 @@ class Team:
             self.opened = None
 
     def runs(self) -> list[dg.RunRecord]:
-        with self.instance() as instance:
-            return list(instance.get_run_records())
+        return list(self.instance().get_run_records())
 
 
 WORKSPACE = """{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus
@@ -358,13 +350,13 @@ def test_the_sensor_registers_steps_and_the_queue_runs_them_within_the_limit(tea
         ),
         team,
     )
-    with team.instance() as instance:
-        keys = instance.get_dynamic_partitions("rollout_steps")
-        enqueued = {
-            r.dagster_run.run_id
-            for r in records
-            if instance.all_logs(r.dagster_run.run_id, of_type=dg.DagsterEventType.RUN_ENQUEUED)
-        }
+    instance = team.instance()
+    keys = instance.get_dynamic_partitions("rollout_steps")
+    enqueued = {
+        r.dagster_run.run_id
+        for r in records
+        if instance.all_logs(r.dagster_run.run_id, of_type=dg.DagsterEventType.RUN_ENQUEUED)
+    }
     assert sorted(keys) == [partition_key(s) for s in STEPS]
     assert {r.dagster_run.status for r in records} == {dg.DagsterRunStatus.SUCCESS}
     assert {r.dagster_run.tags["dagster/partition"] for r in records} == set(keys)
