@@ -179,6 +179,11 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> int:
         "dp_size": args.dp_size,
         "stream_above": 0,
     }
+
+    def build_command(step: Path, out: Path, stream_above_mib: int) -> list[str | Path]:
+        return [PYTHON, "-m", "pipeline.cli", "build", step, "--out", out, *flags,
+                "--stream-above", str(stream_above_mib)]  # fmt: skip
+
     cases = []
     for step in args.steps:
         runs: dict[str, list[dict[str, float]]] = {"floor": [], "build": []}
@@ -199,12 +204,8 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> int:
                 inputs=step,
             )
             (args.work / "floor.parquet").unlink(missing_ok=True)
-            built_cmd = [
-                PYTHON, "-m", "pipeline.cli", "build", step, "--out", out, *flags,
-                "--stream-above", "0",
-            ]  # fmt: skip
             built = timed(
-                built_cmd,
+                build_command(step, out, 0),
                 args.work / "build.log",
                 env=env,
                 inputs=step,
@@ -212,7 +213,7 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> int:
             shutil.rmtree(out, ignore_errors=True)
             done = [("floor", floor), ("build", built)]
             if args.in_memory:
-                held = [*built_cmd[:-1], str(HELD_MIB)]
+                held = build_command(step, out, HELD_MIB)
                 done.append(
                     ("in_memory", timed(held, args.work / "held.log", env=env, inputs=step))
                 )
