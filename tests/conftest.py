@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,6 +60,16 @@ def _no_report_url_from_the_shell() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv(URL_ENV, raising=False)
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sigint_handled() -> None:
+    """A worker that a script started in the background (`make test &` under sh) has SIGINT
+    ignored, and a Dagster run in process points SIGTERM at SIGINT's handler: the servers a
+    test starts after such a run would ignore the SIGTERM that stops them. The worker takes
+    Python's handler, as in a terminal (`make run` puts SIGTERM back itself: run_all)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

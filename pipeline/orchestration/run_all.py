@@ -7,9 +7,13 @@ afterwards. Steps whose shards are current are skipped, as `rollout-shards build
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 
 import dagster as dg
 
@@ -99,6 +103,22 @@ def _where(instance: dg.DagsterInstance, run_id: str, storage: RolloutStorage) -
     return f"run {run_id} (an ephemeral instance: set DAGSTER_HOME to keep the logs)"
 
 
+@contextlib.contextmanager
+def _sigterm_kept() -> Iterator[None]:
+    """A Dagster run in process points SIGTERM at SIGINT's handler (for k8s) and leaves it
+    there. Started where SIGINT is ignored (a script's `make run &`), this process would then
+    ignore SIGTERM, and so would every process it starts after: `kill` could not stop it. So
+    SIGTERM's handler is put back after each run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread sets handlers, Dagster's too
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def _materialize_all(
     instance: dg.DagsterInstance, storage: RolloutStorage, steps: dict[int, list[SourceFile]]
 ) -> int:
@@ -118,14 +138,15 @@ def _materialize_all(
             )
             continue
         started = time.perf_counter()
-        result = job.execute_in_process(
-            run_config=QUIET,
-            partition_key=key,
-            instance=instance,
-            resources={"rollout_storage": storage},
-            tags=root_tags(storage),
-            raise_on_error=False,
-        )
+        with _sigterm_kept():
+            result = job.execute_in_process(
+                run_config=QUIET,
+                partition_key=key,
+                instance=instance,
+                resources={"rollout_storage": storage},
+                tags=root_tags(storage),
+                raise_on_error=False,
+            )
         if result.success:
             print(_summary(step, storage, time.perf_counter() - started))
         else:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
@@ -36,6 +39,25 @@ def test_run_all_builds_every_step(roots: Roots, capsys: pytest.CaptureFixture[s
         assert (roots.output / f"step={step}" / "manifest.json").is_file()
     instance = dg.DagsterInstance.get()
     assert instance.get_dynamic_partitions(rollout_steps.name) == EMBEDDED_KEYS
+
+
+def test_started_with_sigint_ignored_sigterm_still_stops_it(roots: Roots) -> None:
+    """A script's `make run &` starts it with SIGINT ignored; Dagster's run points SIGTERM
+    at SIGINT's handler. After the runs, SIGTERM still stops this process and its children."""
+    sigterm = signal.getsignal(signal.SIGTERM)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert run_all.main() == 0
+        assert signal.getsignal(signal.SIGTERM) is sigterm
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        try:
+            child.terminate()
+            assert child.wait(timeout=60) == -signal.SIGTERM
+        finally:
+            child.kill()
+            child.wait()
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_run_all_reports_an_invalid_step_and_builds_the_rest(
