@@ -45,6 +45,12 @@ sys.path.insert(0, str(HERE))
 import bench_record  # noqa: E402
 from run import PYTHON, timed  # noqa: E402  (bench/run.py, beside this script)
 
+# The guest kernel's free page reporting (mm/page_reporting.c): freed blocks of at least
+# 2**order pages go back to the host, once min_free_ms has passed.
+REPORTING = Path("/sys/module/page_reporting/parameters")
+# `--stream-above` (MiB) of the in-memory run: past any step's input.
+HELD_MIB = 1 << 30
+
 PROFILED = """
 import json, sys, time, threading
 from pathlib import Path
@@ -129,15 +135,6 @@ def main(argv: list[str] | None = None) -> int:
         return measure(args, argv)
 
 
-# The guest kernel's free page reporting (mm/page_reporting.c): freed blocks of at least
-# 2**order pages go back to the host, once min_free_ms has passed.
-REPORTING = Path("/sys/module/page_reporting/parameters")
-
-
-# `--stream-above` (MiB) of the in-memory run: past any step's input.
-HELD_MIB = 1 << 30
-
-
 def reporting_settings() -> dict[str, str]:
     """The kernel's page reporting parameters (none where it has none)."""
     names = ("page_reporting_order", "min_free_ms", "max_waiting_mib")
@@ -186,9 +183,9 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> int:
 
     cases = []
     for step in args.steps:
-        runs: dict[str, list[dict[str, float]]] = {"floor": [], "build": []}
-        if args.in_memory:
-            runs["in_memory"] = []
+        # the builds after each floor run: their --stream-above (MiB)
+        builds = {"build": 0, **({"in_memory": HELD_MIB} if args.in_memory else {})}
+        runs: dict[str, list[dict[str, float]]] = {"floor": [], **{name: [] for name in builds}}
         out = args.work / "out"
         for _ in range(args.rounds):  # alternated, floor first
             floor = timed(
@@ -204,19 +201,10 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> int:
                 inputs=step,
             )
             (args.work / "floor.parquet").unlink(missing_ok=True)
-            built = timed(
-                build_command(step, out, 0),
-                args.work / "build.log",
-                env=env,
-                inputs=step,
-            )
-            shutil.rmtree(out, ignore_errors=True)
-            done = [("floor", floor), ("build", built)]
-            if args.in_memory:
-                held = build_command(step, out, HELD_MIB)
-                done.append(
-                    ("in_memory", timed(held, args.work / "held.log", env=env, inputs=step))
-                )
+            done = [("floor", floor)]
+            for name, stream_above_mib in builds.items():
+                command = build_command(step, out, stream_above_mib)
+                done.append((name, timed(command, args.work / f"{name}.log", env=env, inputs=step)))
                 shutil.rmtree(out, ignore_errors=True)
             for name, run in done:
                 runs[name].append(
