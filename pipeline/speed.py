@@ -15,6 +15,8 @@ list or `all`, so one tree can be measured against itself
   (sha256, fsync, footer) on other threads while the next ranks are written.
 - `arrow_pool`: a read in parts allocates from Arrow's jemalloc pool, set to give pages
   back at once (`returning_arrow_pool`).
+- `small_writes`: a read in parts writes its spill in writes of `SMALL_WRITE` bytes
+  (`step.readers.spill`), where Polars would hand the kernel a whole buffer at once.
 - `process`: the programs that build (the CLI, the Pipes worker) give Polars' allocator one
   arena whose freed pages are kept a while, and OpenBLAS one thread (`tune_process`).
 
@@ -35,7 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 OFF_ENV = "ROLLOUT_SHARDS_OFF"
-SWITCHES = ("head_start", "read_threads", "write_threads", "arrow_pool", "process")
+SWITCHES = ("head_start", "read_threads", "write_threads", "arrow_pool", "small_writes", "process")
 
 
 def on(switch: str) -> bool:
@@ -180,6 +182,36 @@ def returning_arrow_pool() -> Iterator[None]:
         yield
     finally:
         pa.set_memory_pool(previous)
+
+
+# A write(2) of many bytes makes the page cache take large folios for the file (Linux 6.x),
+# and where the kernel returns free memory to a hypervisor (free page reporting) those come
+# from the blocks it returned, each page of which the host must back again; a write of this
+# many bytes takes small folios, from pages the machine still holds.
+SMALL_WRITE = 64 << 10
+
+
+class SmallWrites:
+    """A file, for `pyarrow.PythonFile`, that hands the OS at most `SMALL_WRITE` bytes per
+    write(2) (see `SMALL_WRITE`); it neither opens nor closes `fd`."""
+
+    closed = False
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def write(self, data: bytes | memoryview) -> int:
+        view = memoryview(data).cast("B")
+        size = len(view)
+        while view:
+            view = view[os.write(self.fd, view[:SMALL_WRITE]) :]
+        return size
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 ALLOCATOR_ENV = "_RJEM_MALLOC_CONF"

@@ -4,6 +4,7 @@ cannot vouch for, and no spill left behind."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -15,6 +16,7 @@ from typing import Any
 import polars as pl
 import pytest
 
+from pipeline import speed
 from pipeline.errors import StepError
 from pipeline.io.discovery import SourceFile, find_sources
 from pipeline.io.load import group_steps
@@ -260,3 +262,48 @@ def test_the_threshold_is_the_inputs_size_on_disk(tmp_path: Path, streamed: list
     assert streamed == ["memory"]
     build_step(step, files, settings.replace(stream_above=size // 2**20), tmp_path / "b")
     assert streamed == ["memory", "spill"]
+
+
+LISTS = pl.DataFrame(
+    {
+        "tokens": [[1, 2, 3], [], None, list(range(5000))],
+        "loss_mask": [[1, 0, 1], [], [1], [0] * 5000],
+        "rollout_log_probs": [[-0.5, -1.25, 0.0], None, [], [-2.5] * 5000],
+    },
+    schema={
+        "tokens": pl.List(pl.Int32),
+        "loss_mask": pl.List(pl.Int8),
+        "rollout_log_probs": pl.List(pl.Float32),
+    },
+)
+
+
+def test_the_spill_in_small_writes_reads_back_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part spilled in writes of at most `SMALL_WRITE` bytes, each of which the OS may take
+    only in part, is the part's lists again when a rank takes its rows back."""
+    calls: list[int] = []
+    write = os.write
+
+    def short(fd: int, data: Any) -> int:  # the OS takes at most 100 bytes of a write
+        calls.append(len(data))
+        return write(fd, data[:100])
+
+    monkeypatch.setattr(os, "write", short)
+    path = tmp_path / "part=0.arrow"
+    spill.write_small(LISTS, path)
+    monkeypatch.undo()
+
+    assert max(calls) <= speed.SMALL_WRITE and len(calls) > path.stat().st_size // 100
+    taken = spill.take_rows([(path, 0, LISTS.height)], dict(LISTS.schema), pl.Series([0, 2, 3]))
+    assert taken.equals(LISTS[[0, 2, 3]])
+    assert pl.read_ipc(path).equals(LISTS)
+
+
+def test_a_spill_to_a_full_disk_is_the_os_error() -> None:
+    """/dev/full fails every write with ENOSPC, as a full disk does: the spill raises the
+    OSError the command line turns into its one line."""
+    with pytest.raises(OSError) as raised:
+        spill.write_small(LISTS, Path("/dev/full"))
+    assert raised.value.errno == errno.ENOSPC

@@ -37,7 +37,7 @@ from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import read_in_parts
 from pipeline.io.step_files import StepFiles
-from pipeline.speed import read_threads, thread_pool
+from pipeline.speed import SmallWrites, on, read_threads, thread_pool
 from pipeline.step.check import ReadStep, typed_part
 from pipeline.step.tables import RankRows, TrainBatch, compact
 from pipeline.transforms.shard_columns import loss_masks, optional_shard_columns
@@ -98,7 +98,10 @@ class Spill:
 
     def add(self, lists: pl.DataFrame) -> None:
         path = self.folder / f"part={len(self.parts)}.arrow"
-        lists.write_ipc(path, compression="uncompressed")
+        if on("small_writes"):
+            write_small(lists, path)
+        else:
+            lists.write_ipc(path, compression="uncompressed")
         self.parts.append((path, self.rows, lists.height))
         self.rows += lists.height
         for name, dtype in lists.schema.items():
@@ -162,6 +165,21 @@ class SpillReader:
 
     def planned(self, batch: TrainBatch) -> TrainBatch:
         return spilled(batch, self.spill)
+
+
+def write_small(lists: pl.DataFrame, path: Path) -> None:
+    """`lists` to an uncompressed Arrow file at `path`, handed to the kernel in small writes
+    (`speed.SmallWrites`); a full disk is the OSError it is."""
+    import pyarrow as pa
+    import pyarrow.ipc
+
+    table = lists.to_arrow()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with pyarrow.ipc.new_file(pa.PythonFile(SmallWrites(fd), mode="w"), table.schema) as out:
+            out.write_table(table)
+    finally:
+        os.close(fd)
 
 
 def take_rows(
