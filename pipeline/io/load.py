@@ -336,8 +336,9 @@ def read_in_parts(
         return _read_rest(source, step, (0, None), take, None, False)
     handle, info = _opened(path, step)
     with handle, thread_pool(1) as pool, returning_arrow_pool():
-        taken = _taken(early, info)
-        hashing = taken is None and row_groups is None
+        # A digest begun early is waited for once the rows are read, never before: the
+        # head start may still be hashing this file while it decodes.
+        hashing = early is None and row_groups is None
         digest = pool.submit(_digest, handle, None) if hashing else None
 
         try:
@@ -376,7 +377,11 @@ def read_in_parts(
         if not handed:  # no rows: the file's columns, as a whole read gives them
             whole = _read_rest(source, step, (first, last), take, None, False)
             return whole if row_groups is None else None
-        sha256 = digest.result() if digest is not None else taken
+        sha256 = None  # a share's read hashes nothing
+        if digest is not None:
+            sha256 = digest.result()
+        elif row_groups is None:  # the early digest, unless it was of other bytes
+            sha256 = _taken(early, info) or _digest(handle, None)
     _check_unchanged(path, info, step)
     return sha256
 

@@ -6,14 +6,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from concurrent.futures import Future
+import threading
+from concurrent.futures import Future, InvalidStateError
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
 
 from pipeline.cli import main
 from pipeline.io import discovery
-from pipeline.io.load import read_file
+from pipeline.io.discovery import SourceFile
+from pipeline.io.load import read_file, read_in_parts
 from pipeline.speed import TABLE_SUFFIXES, HeadStart, Identity
 from tests.support.samples import sample, write_step
 
@@ -75,6 +78,38 @@ def test_the_read_takes_the_digest_only_of_the_file_as_it_was_hashed(tmp_path: P
     gone: Future[tuple[Identity, str] | None] = Future()
     gone.set_result(None)
     assert read_file(path, 1, gone).sha256 == _sha256(path)
+
+
+def test_a_read_in_parts_decodes_while_the_early_digest_is_still_taken(tmp_path: Path) -> None:
+    path = write_step(tmp_path / "in", [sample(i) for i in range(4)])
+    head_start = HeadStart([str(path)])
+    taken = _taken(head_start, path)
+    assert taken is not None
+    early: Future[tuple[Identity, str] | None] = Future()
+    parts = []
+
+    def take(frame: object, first: int) -> None:
+        # the digest is done only once the read has handed rows on
+        parts.append(first)
+        with suppress(InvalidStateError):
+            early.set_result((taken[0], "0" * 64))
+
+    def give_up() -> None:  # a read that waited first gets no digest, and hashes the file
+        with suppress(InvalidStateError):
+            early.set_result(None)
+
+    timer = threading.Timer(10, give_up)
+    timer.start()
+    try:
+        assert read_in_parts(SourceFile(path, 1), 1, 1 << 20, take, early) == "0" * 64
+    finally:
+        timer.cancel()
+    assert parts == [0]
+
+    other: Future[tuple[Identity, str] | None] = Future()
+    other.set_result(((0, 0, 0, 0), "0" * 64))  # a digest of another file's bytes
+    hashed = read_in_parts(SourceFile(path, 1), 1, 1 << 20, lambda *_: None, other)
+    assert hashed == _sha256(path)
 
 
 def test_a_build_records_the_sha256_of_its_inputs(
