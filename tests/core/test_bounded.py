@@ -18,6 +18,7 @@ import pytest
 
 from pipeline import speed
 from pipeline.errors import StepError
+from pipeline.io import writer
 from pipeline.io.discovery import SourceFile, find_sources
 from pipeline.io.load import group_steps
 from pipeline.settings import Settings
@@ -249,6 +250,43 @@ def test_no_spill_is_left_and_a_killed_builds_is_removed(
     build_step(step, files, Settings(global_batch_size=64, dp_size=4, stream_above=0), root)
     assert streamed == ["spill"]
     assert sorted(p.name for p in root.iterdir()) == [".locks", "README.md", "step=0"]
+
+
+def test_the_parts_are_removed_while_the_last_ranks_are_written(
+    tmp_path: Path, streamed: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[tuple[str, list[str]]] = []
+    all_taken = spill.Spill.all_taken
+
+    def told(self: spill.Spill) -> None:
+        events.append(("all taken", sorted(p.name for p in self.folder.iterdir())))
+        all_taken(self)
+        assert self._remover is not None
+        self._remover.shutdown()  # the removal done
+        events.append(("removed", sorted(p.name for p in self.folder.iterdir())))
+
+    write = writer.write_parquet
+
+    def written(frame: pl.DataFrame, path: Path) -> None:
+        events.append(("write", [path.name]))
+        write(frame, path)
+
+    monkeypatch.setattr(spill.Spill, "all_taken", told)
+    monkeypatch.setattr(writer, "write_parquet", written)
+    folder = generated_step(tmp_path / "in")
+    (step, files), *_ = _sources(folder).items()
+    settings = Settings(global_batch_size=64, dp_size=4, stream_above=0)
+    memory = build_step(step, files, settings.replace(stream_above=None), tmp_path / "memory")
+    events.clear()
+    bounded = build_step(step, files, settings, tmp_path / "out")
+    assert streamed == ["memory", "spill"]
+    kinds = [kind for kind, _ in events]
+    assert kinds.count("all taken") == kinds.count("removed") == 1
+    taken = kinds.index("all taken")
+    assert len(events[taken][1]) > 1 and all(n.startswith("part=") for n in events[taken][1])
+    assert events[taken + 1] == ("removed", [])
+    assert 0 < kinds[:taken].count("write") < 4 and kinds[taken:].count("write") >= 1
+    assert [o.sha256 for o in bounded.outputs] == [o.sha256 for o in memory.outputs]
 
 
 def test_the_threshold_is_the_inputs_size_on_disk(tmp_path: Path, streamed: list[str]) -> None:

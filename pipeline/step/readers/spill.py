@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from pathlib import Path
 from types import TracebackType
@@ -37,7 +38,7 @@ from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import read_in_parts
 from pipeline.io.step_files import StepFiles
-from pipeline.speed import SmallWrites, on, read_threads, thread_pool
+from pipeline.speed import SmallWrites, on, read_threads, thread_pool, write_threads
 from pipeline.step.check import ReadStep, typed_part
 from pipeline.step.tables import RankRows, TrainBatch, compact
 from pipeline.transforms.shard_columns import loss_masks, optional_shard_columns
@@ -68,9 +69,9 @@ def input_bytes(sources: Sequence[SourceFile]) -> int:
 
 class Spill:
     """A private folder of the output root holding one build's lists until they are written
-    (`writer.private_name`: removed when the build ends, however it ends; on an interrupt
-    by `writer.remove_held`; a killed build's folder by the next build). The check's
-    `Lists` of a read in parts."""
+    (`writer.private_name`: its parts removed once the writer has taken every row, the
+    folder when the build ends, however it ends; on an interrupt by `writer.remove_held`; a
+    killed build's folder by the next build). The check's `Lists` of a read in parts."""
 
     def __init__(self, out_root: Path, step: int) -> None:
         out_root.mkdir(parents=True, exist_ok=True)
@@ -83,6 +84,7 @@ class Spill:
         self.schema: dict[str, pl.DataType] = {}  # every list column any part has
         # The loaded position of each row of the batch, in batch order; None: every row.
         self.kept: pl.Series | None = None
+        self._remover = thread_pool(1) if write_threads()[1] else None
 
     def __enter__(self) -> Spill:
         return self
@@ -93,8 +95,18 @@ class Spill:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
+        if self._remover is not None:
+            self._remover.shutdown()
         shutil.rmtree(self.folder, ignore_errors=True)
         writer.release(self.folder)
+
+    def all_taken(self) -> None:
+        """Every row's lists have been taken for the write: the parts are removed now, on a
+        thread while the last ranks are encoded (with the writer's threads off, when the
+        build ends). Freeing a file's pages waits for those being written back to disk,
+        which a build's end would wait for."""
+        if self._remover is not None:
+            self._remover.submit(_remove, [path for path, _, _ in self.parts])
 
     def add(self, lists: pl.DataFrame) -> None:
         path = self.folder / f"part={len(self.parts)}.arrow"
@@ -112,6 +124,11 @@ class Spill:
 
     def keep(self, rows: pl.Series) -> None:
         self.kept = rows
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
 
 
 class SpillReader:
@@ -221,7 +238,9 @@ def spilled(batch: TrainBatch, spill: Spill) -> TrainBatch:
     loaded = spill.kept if spill.kept is not None else pl.int_range(spill.rows, eager=True)
     spilled_bytes = sum(os.stat(path).st_size for path, _, _ in spill.parts)
     big = spilled_bytes // max(batch.meta.dp_size, 1) >= TWO_RANKS_FROM
-    rank_rows = (BigSpilledRows if big else SpilledRows)(rows, spill.parts, loaded, spill.schema)
+    rank_rows = (BigSpilledRows if big else SpilledRows)(
+        rows, spill.parts, loaded, spill.schema, spill.all_taken
+    )
     return TrainBatch(batch.step, rank_rows, batch.meta, batch.quarantine)
 
 
@@ -238,11 +257,16 @@ class SpilledRows(RankRows):
         parts: list[tuple[Path, int, int]],
         loaded: pl.Series,
         schema: dict[str, pl.DataType],
+        all_taken: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(rows.scalars, rows.inputs, rows.optional, rows.order, rows.columns)
         self.parts = parts  # each part's file, first loaded position and rows
         self.loaded = loaded  # the loaded position of each batch position
         self.schema = schema  # every list column any part has
+        # told once every row has been taken (`Spill.all_taken`), by the writers' threads
+        self.all_taken = all_taken
+        self._untaken = self.order.len()
+        self._lock = threading.Lock()
 
     def for_rank(self, start: int, length: int) -> RankRows:
         """Rows [start, start + length) alone; their lists stay in the spilled parts, where
@@ -261,6 +285,11 @@ class SpilledRows(RankRows):
         loaded = self.loaded.gather(positions)
         wanted = loaded.sort()
         held = take_rows(self.parts, self.schema, wanted)
+        with self._lock:
+            self._untaken -= length
+            done = self._untaken == 0 and length > 0
+        if done and self.all_taken is not None:
+            self.all_taken()
         # a gather gives a chunk per chunk of its indices: one, as the in-memory build's
         where = wanted.search_sorted(loaded).rechunk()
         # column by column, each taken column freed once gathered: the rank's lists are
