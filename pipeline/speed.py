@@ -161,10 +161,12 @@ def write_threads() -> tuple[int, int]:
 
 @contextlib.contextmanager
 def returning_arrow_pool() -> Iterator[None]:
-    """Arrow allocates from its jemalloc pool, set to give freed pages back at once, while
-    the block runs: its default pool (mimalloc) keeps what each decoding thread freed,
-    which grows a read in parts by several parts' worth of pages that the rest of the
-    build cannot reuse (Polars has an allocator of its own)."""
+    """Arrow allocates from its jemalloc pool while the block runs, and the pages it freed
+    meanwhile go back when it ends: its default pool (mimalloc) keeps what each decoding
+    thread freed, which grows a read in parts by several parts' worth of pages that the
+    rest of the build cannot reuse (Polars has an allocator of its own). The arenas its
+    decoding threads take never decay, so each part decodes into the pages the one before
+    freed instead of faulting in new ones; they are purged when the block ends."""
     if not on("arrow_pool"):
         yield
         return
@@ -172,7 +174,7 @@ def returning_arrow_pool() -> Iterator[None]:
 
     try:
         returning = pa.jemalloc_memory_pool()
-        pa.jemalloc_set_decay_ms(0)
+        pa.jemalloc_set_decay_ms(-1)
     except NotImplementedError:  # a pyarrow built without jemalloc keeps its default
         yield
         return
@@ -182,6 +184,7 @@ def returning_arrow_pool() -> Iterator[None]:
         yield
     finally:
         pa.set_memory_pool(previous)
+        returning.release_unused()
 
 
 # A write(2) of many bytes makes the page cache take large folios for the file (Linux 6.x),

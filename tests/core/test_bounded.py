@@ -9,6 +9,7 @@ import json
 import os
 import re
 import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -234,6 +235,33 @@ def test_a_rule_broken_without_quarantine_is_reported_as_in_memory(
     spilled = _refusal(folder, tmp_path / "bounded", settings, 0)
     assert streamed == ["memory", "spill"]
     assert spilled == memory and "response_within_tokens" in memory
+
+
+def test_ranks_written_two_at_once_gather_one_at_a_time(
+    tmp_path: Path, streamed: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ranks are written at once, but one gathers its lists while the other is encoded:
+    both gathering would hold both ranks' lists twice at the same moment."""
+    active, most = [0], [0]
+    take = spill.take_rows
+
+    def taking(*args: Any) -> pl.DataFrame:
+        active[0] += 1
+        most[0] = max(most[0], active[0])
+        time.sleep(0.05)  # a second writer gathering meanwhile would be seen
+        try:
+            return take(*args)
+        finally:
+            active[0] -= 1
+
+    monkeypatch.setattr(spill, "TWO_RANKS_FROM", 0)
+    monkeypatch.setattr(spill, "take_rows", taking)
+    folder = generated_step(tmp_path / "in", non_compact=True)
+    settings = Settings(global_batch_size=64, dp_size=4)
+    memory, bounded = _build_both(folder, tmp_path / "out", settings)
+    assert streamed == ["memory", "spill"]
+    assert most == [1]
+    assert memory == bounded
 
 
 def test_no_spill_is_left_and_a_killed_builds_is_removed(

@@ -45,3 +45,15 @@ def test_the_switches_read_the_environment(monkeypatch: pytest.MonkeyPatch, valu
     for switch in speed.SWITCHES:
         assert speed.on(switch) is not (switch in off or "all" in off)
     assert speed.read_threads() == (1 if "all" in off else max(2, os.cpu_count() or 1))
+
+
+def test_the_read_decodes_from_arrows_jemalloc_pool_and_gives_it_back() -> None:
+    import pyarrow as pa
+
+    before = pa.default_memory_pool().backend_name
+    with speed.returning_arrow_pool():
+        assert pa.default_memory_pool().backend_name == "jemalloc"
+        kept = pa.allocate_buffer(1 << 20)
+        assert pa.jemalloc_memory_pool().bytes_allocated() >= 1 << 20
+    assert pa.default_memory_pool().backend_name == before != "jemalloc"
+    del kept

@@ -263,10 +263,9 @@ class SpilledRows(RankRows):
         self.parts = parts  # each part's file, first loaded position and rows
         self.loaded = loaded  # the loaded position of each batch position
         self.schema = schema  # every list column any part has
-        # told once every row has been taken (`Spill.all_taken`), by the writers' threads
-        self.all_taken = all_taken
+        self.all_taken = all_taken  # told once every row has been taken (`Spill.all_taken`)
         self._untaken = self.order.len()
-        self._lock = threading.Lock()
+        self._gathering = threading.Lock()  # held by the writer's thread gathering a rank
 
     def for_rank(self, start: int, length: int) -> RankRows:
         """Rows [start, start + length) alone; their lists stay in the spilled parts, where
@@ -281,14 +280,18 @@ class SpilledRows(RankRows):
         return SpilledRows(mine, self.parts, self.loaded, self.schema)
 
     def rows(self, start: int, length: int) -> pl.DataFrame:
+        # One rank gathers at a time; the other's file is encoded meanwhile. Two ranks
+        # gathering at once would each hold their lists about twice at the same moment.
+        with self._gathering:
+            return self._gathered(start, length)
+
+    def _gathered(self, start: int, length: int) -> pl.DataFrame:
         positions = self.order.slice(start, length)
         loaded = self.loaded.gather(positions)
         wanted = loaded.sort()
         held = take_rows(self.parts, self.schema, wanted)
-        with self._lock:
-            self._untaken -= length
-            done = self._untaken == 0 and length > 0
-        if done and self.all_taken is not None:
+        self._untaken -= length
+        if self._untaken == 0 and length > 0 and self.all_taken is not None:
             self.all_taken()
         # a gather gives a chunk per chunk of its indices: one, as the in-memory build's
         where = wanted.search_sorted(loaded).rechunk()
