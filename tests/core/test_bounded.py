@@ -311,7 +311,7 @@ def test_the_parts_are_removed_while_the_last_ranks_are_written(
     kinds = [kind for kind, _ in events]
     assert kinds.count("all taken") == kinds.count("removed") == 1
     taken = kinds.index("all taken")
-    assert len(events[taken][1]) > 1 and all(n.startswith("part=") for n in events[taken][1])
+    assert events[taken][1] and all(n.startswith("part=") for n in events[taken][1])
     assert events[taken + 1] == ("removed", [])
     assert 0 < kinds[:taken].count("write") < 4 and kinds[taken:].count("write") >= 1
     assert [o.sha256 for o in bounded.outputs] == [o.sha256 for o in memory.outputs]
@@ -347,8 +347,8 @@ LISTS = pl.DataFrame(
 def test_the_spill_in_small_writes_reads_back_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A part spilled in writes of at most `SMALL_WRITE` bytes, each of which the OS may take
-    only in part, is the part's lists again when a rank takes its rows back."""
+    """Parts spilled in writes of at most `SMALL_WRITE` bytes, each of which the OS may take
+    only in part, are the parts' lists again when a rank takes its rows back."""
     calls: list[int] = []
     write = os.write
 
@@ -357,19 +357,47 @@ def test_the_spill_in_small_writes_reads_back_as_written(
         return write(fd, data[:100])
 
     monkeypatch.setattr(os, "write", short)
-    path = tmp_path / "part=0.arrow"
-    spill.write_small(LISTS, path)
-    monkeypatch.undo()
+    with spill.Spill(tmp_path, 0) as kept:
+        kept.add(LISTS)
+        kept.add(LISTS.reverse())
+        kept.close()
+        monkeypatch.undo()
+        ((path, first, rows),) = kept.parts  # one file of both parts
+        assert (first, rows) == (0, 2 * LISTS.height)
+        assert max(calls) <= speed.SMALL_WRITE and len(calls) > path.stat().st_size // 100
+        taken = kept.take(pl.Series([0, 2, LISTS.height + 1]))
+        assert pl.DataFrame(taken).equals(pl.concat([LISTS, LISTS.reverse()])[[0, 2, 5]])
+        assert pl.read_ipc(path).equals(pl.concat([LISTS, LISTS.reverse()]))
 
-    assert max(calls) <= speed.SMALL_WRITE and len(calls) > path.stat().st_size // 100
-    taken = spill.take_rows([(path, 0, LISTS.height)], dict(LISTS.schema), pl.Series([0, 2, 3]))
-    assert taken.equals(LISTS[[0, 2, 3]])
-    assert pl.read_ipc(path).equals(LISTS)
+
+def test_parts_share_a_file_up_to_its_size_and_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(spill, "FILE_BYTES", LISTS.to_arrow().nbytes * 2)
+    other = LISTS.drop(LISTS.columns[-1])  # a file of the step without one list column
+    with spill.Spill(tmp_path, 0) as kept:
+        for lists in (LISTS, LISTS, LISTS, other, other):
+            kept.add(lists)
+        kept.close()
+        height = LISTS.height
+        assert [(first, rows) for _, first, rows in kept.parts] == [
+            (0, 2 * height),
+            (2 * height, height),
+            (3 * height, 2 * height),
+        ]
+        taken = pl.DataFrame(kept.take(pl.Series([1, 3 * height])))
+    assert taken.columns == LISTS.columns
+    assert taken.row(0) == LISTS.row(1)
+    assert taken.row(1) == (*other.row(0), None)
 
 
 def test_a_spill_to_a_full_disk_is_the_os_error() -> None:
     """/dev/full fails every write with ENOSPC, as a full disk does: the spill raises the
     OSError the command line turns into its one line."""
     with pytest.raises(OSError) as raised:
-        spill.write_small(LISTS, Path("/dev/full"))
+        spilled = spill.SpillFile(Path("/dev/full"), LISTS.to_arrow().schema)
+        try:
+            spilled.write(LISTS.to_arrow())
+        finally:
+            spilled.close()
     assert raised.value.errno == errno.ENOSPC

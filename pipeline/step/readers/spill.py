@@ -7,12 +7,12 @@ time. Here:
 
 1. read: each input file comes in parts (`io.load.read_in_parts`); a part is typed and split
    (`check.typed_part`): its rows keep each list's shape and the per-row scalars the rules,
-   the plan and the metrics read, its lists go to an uncompressed Arrow file in a private
-   folder of the output root (`Spill`);
+   the plan and the metrics read, its lists go to an uncompressed Arrow file (with the
+   parts before it, up to `FILE_BYTES`) in a private folder of the output root (`Spill`);
 2. the check (`check.check`) validates the rows as it validates every reader's; the
    trajectories a quarantine sets aside take their lists back from the spill (`Spill.take`);
 3. write: `write_shards` asks for each rank's rows; `SpilledRows` takes that rank's lists
-   from each spilled part, mapped, reading only their pages (`take_rows`), and gathers them
+   from each spill file, mapped, reading only their pages (`take_rows`), and gathers them
    into training order, one frame per rank file as the in-memory build writes it, so the
    files are byte-identical.
 
@@ -27,6 +27,7 @@ import shutil
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
+from contextlib import suppress
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -44,11 +45,16 @@ from pipeline.step.tables import RankRows, TrainBatch, compact
 from pipeline.transforms.shard_columns import loss_masks, optional_shard_columns
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from pipeline.step.build import StepJob
 
 # Decoded bytes of one part of an input file: what the read holds at once beside the
 # rows without their lists.
 PART_BYTES = 16 << 20
+# Spilled bytes from which the next part starts a file of its own: each rank's writer maps
+# every file in turn, and a file of several parts is one map and one frame for them all.
+FILE_BYTES = 48 << 20
 # Spilled bytes per rank from which two ranks are written at once (`SpilledRows`): below
 # it a second rank's lists weigh more against the process's fixed memory than the overlap
 # saves in time (at 128k samples and dp 8 they took the build past half the floor's peak).
@@ -69,7 +75,7 @@ def input_bytes(sources: Sequence[SourceFile]) -> int:
 
 class Spill:
     """A private folder of the output root holding one build's lists until they are written
-    (`writer.private_name`: its parts removed once the writer has taken every row, the
+    (`writer.private_name`: its files removed once the writer has taken every row, the
     folder when the build ends, however it ends; on an interrupt by `writer.remove_held`; a
     killed build's folder by the next build). The check's `Lists` of a read in parts."""
 
@@ -78,8 +84,10 @@ class Spill:
         self.folder = out_root / writer.private_name("tmp", f"spill-step={step}")
         writer.hold(self.folder)
         self.folder.mkdir()
-        # each part's file, first loaded position and rows, in load order
+        # each file's path, first loaded position and rows, in load order (a file holds
+        # consecutive parts of one schema)
         self.parts: list[tuple[Path, int, int]] = []
+        self._open: SpillFile | None = None  # the file the next part of its schema joins
         self.rows = 0  # rows spilled so far
         self.schema: dict[str, pl.DataType] = {}  # every list column any part has
         # The loaded position of each row of the batch, in batch order; None: every row.
@@ -95,13 +103,15 @@ class Spill:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
+        with suppress(OSError):  # the build's error is the one to report
+            self.close()
         if self._remover is not None:
             self._remover.shutdown()
         shutil.rmtree(self.folder, ignore_errors=True)
         writer.release(self.folder)
 
     def all_taken(self) -> None:
-        """Every row's lists have been taken for the write: the parts are removed now, on a
+        """Every row's lists have been taken for the write: the files are removed now, on a
         thread while the last ranks are encoded (with the writer's threads off, when the
         build ends). Freeing a file's pages waits for those being written back to disk,
         which a build's end would wait for."""
@@ -109,15 +119,25 @@ class Spill:
             self._remover.submit(_remove, [path for path, _, _ in self.parts])
 
     def add(self, lists: pl.DataFrame) -> None:
-        path = self.folder / f"part={len(self.parts)}.arrow"
-        if on("small_writes"):
-            write_small(lists, path)
-        else:
-            lists.write_ipc(path, compression="uncompressed")
-        self.parts.append((path, self.rows, lists.height))
+        table = lists.to_arrow()
+        held = self._open
+        if held is not None and (held.schema != table.schema or held.bytes >= FILE_BYTES):
+            self.close()
+        if self._open is None:
+            self._open = SpillFile(self.folder / f"part={len(self.parts)}.arrow", table.schema)
+            self.parts.append((self._open.path, self.rows, 0))
+        self._open.write(table)
+        path, first, rows = self.parts[-1]
+        self.parts[-1] = (path, first, rows + lists.height)
         self.rows += lists.height
         for name, dtype in lists.schema.items():
             self.schema.setdefault(name, dtype)
+
+    def close(self) -> None:
+        """Finish the file being written: the spill is read from here on."""
+        if self._open is not None:
+            held, self._open = self._open, None
+            held.close()
 
     def take(self, rows: pl.Series) -> list[pl.Series]:
         return take_rows(self.parts, self.schema, rows).get_columns()
@@ -178,34 +198,55 @@ class SpillReader:
                     pending.result()  # the last part (its error, a full spill disk, say)
                 assert sha256 is not None, "a whole file is hashed"
                 files.add_file(source, sha256, rows)
+        spill.close()
         return ReadStep(files.loaded(), spill)
 
     def planned(self, batch: TrainBatch) -> TrainBatch:
         return spilled(batch, self.spill)
 
 
-def write_small(lists: pl.DataFrame, path: Path) -> None:
-    """`lists` to an uncompressed Arrow file at `path`, handed to the kernel in small writes
-    (`speed.SmallWrites`); a full disk is the OSError it is."""
-    import pyarrow as pa
-    import pyarrow.ipc
+class SpillFile:
+    """An uncompressed Arrow file at `path` taking tables of one schema until `close`, which
+    writes its footer. Its bytes go to the kernel in small writes (`speed.SmallWrites`)
+    where `small_writes` is on, in whole buffers where it is off; a full disk is the OSError
+    it is."""
 
-    table = lists.to_arrow()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with pyarrow.ipc.new_file(pa.PythonFile(SmallWrites(fd), mode="w"), table.schema) as out:
-            out.write_table(table)
-    finally:
-        os.close(fd)
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        import pyarrow as pa
+        import pyarrow.ipc
+
+        self.path, self.schema = path, schema
+        self.bytes = 0  # the tables' bytes written so far
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            sink = (
+                SmallWrites(self._fd) if on("small_writes") else open(self._fd, "wb", closefd=False)
+            )
+            self._sink = sink
+            self._writer = pyarrow.ipc.new_file(pa.PythonFile(sink, mode="w"), schema)
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def write(self, table: pa.Table) -> None:
+        self._writer.write_table(table)
+        self.bytes += table.nbytes
+
+    def close(self) -> None:
+        try:
+            self._writer.close()
+            self._sink.flush()
+        finally:
+            os.close(self._fd)
 
 
 def take_rows(
     parts: list[tuple[Path, int, int]], schema: dict[str, pl.DataType], wanted: pl.Series
 ) -> pl.DataFrame:
     """The lists of the rows at these loaded positions (ascending), in that order, from the
-    spilled `parts` (file, first loaded position, rows). Each part is mapped
-    (`pyarrow.memory_map`) and only the wanted rows' pages are read; a part is unmapped
-    before the next, so no more than one part's pages are resident besides the rows."""
+    spill files `parts` (file, first loaded position, rows). Each file is mapped
+    (`pyarrow.memory_map`) and only the wanted rows' pages are read; a file is unmapped
+    before the next, so no more than one file's pages are resident besides the rows."""
     import pyarrow as pa
     import pyarrow.ipc
 
@@ -260,7 +301,7 @@ class SpilledRows(RankRows):
         all_taken: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(rows.scalars, rows.inputs, rows.optional, rows.order, rows.columns)
-        self.parts = parts  # each part's file, first loaded position and rows
+        self.parts = parts  # each spill file, its first loaded position and rows
         self.loaded = loaded  # the loaded position of each batch position
         self.schema = schema  # every list column any part has
         self.all_taken = all_taken  # told once every row has been taken (`Spill.all_taken`)
