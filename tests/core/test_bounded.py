@@ -280,7 +280,7 @@ def test_no_spill_is_left_and_a_killed_builds_is_removed(
     assert sorted(p.name for p in root.iterdir()) == [".locks", "README.md", "step=0"]
 
 
-def test_the_parts_are_removed_while_the_last_ranks_are_written(
+def test_the_spill_files_are_removed_while_the_last_ranks_are_written(
     tmp_path: Path, streamed: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     events: list[tuple[str, list[str]]] = []

@@ -219,11 +219,9 @@ class SpillFile:
         self.bytes = 0  # the tables' bytes written so far
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            sink = (
-                SmallWrites(self._fd) if on("small_writes") else open(self._fd, "wb", closefd=False)
-            )
-            self._sink = sink
-            self._writer = pyarrow.ipc.new_file(pa.PythonFile(sink, mode="w"), schema)
+            small = on("small_writes")
+            self._sink = SmallWrites(self._fd) if small else open(self._fd, "wb", closefd=False)
+            self._writer = pyarrow.ipc.new_file(pa.PythonFile(self._sink, mode="w"), schema)
         except BaseException:
             os.close(self._fd)
             raise
