@@ -159,6 +159,11 @@ def write_threads() -> tuple[int, int]:
     return (2, 2) if on("write_threads") else (1, 0)
 
 
+def one_at_a_time() -> contextlib.AbstractContextManager[bool]:
+    """A lock for work the writer's threads take in turns (a rank's gather from the spill)."""
+    return threading.Lock()
+
+
 @contextlib.contextmanager
 def returning_arrow_pool() -> Iterator[None]:
     """Arrow allocates from its jemalloc pool while the block runs, and the pages it freed

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from contextlib import suppress
@@ -39,7 +38,14 @@ from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import read_in_parts
 from pipeline.io.step_files import StepFiles
-from pipeline.speed import SmallWrites, on, read_threads, thread_pool, write_threads
+from pipeline.speed import (
+    SmallWrites,
+    on,
+    one_at_a_time,
+    read_threads,
+    thread_pool,
+    write_threads,
+)
 from pipeline.step.check import ReadStep, typed_part
 from pipeline.step.tables import RankRows, TrainBatch, compact
 from pipeline.transforms.shard_columns import loss_masks, optional_shard_columns
@@ -304,7 +310,7 @@ class SpilledRows(RankRows):
         self.schema = schema  # every list column any part has
         self.all_taken = all_taken  # told once every row has been taken (`Spill.all_taken`)
         self._untaken = self.order.len()
-        self._gathering = threading.Lock()  # held by the writer's thread gathering a rank
+        self._gathering = one_at_a_time()  # held by the writer's thread gathering a rank
 
     def for_rank(self, start: int, length: int) -> RankRows:
         """Rows [start, start + length) alone; their lists stay in the spilled parts, where
