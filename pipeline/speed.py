@@ -171,7 +171,8 @@ def returning_arrow_pool() -> Iterator[None]:
     thread freed, which grows a read in parts by several parts' worth of pages that the
     rest of the build cannot reuse (Polars has an allocator of its own). The arenas its
     decoding threads take never decay, so each part decodes into the pages the one before
-    freed instead of faulting in new ones; they are purged when the block ends."""
+    freed instead of faulting in new ones; when the block ends the pool is asked to give
+    back what it holds unused (pages freed later stay with it)."""
     if not on("arrow_pool"):
         yield
         return
