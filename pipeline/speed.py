@@ -13,8 +13,8 @@ list or `all`, so one tree can be measured against itself
   parts types and spills a part while the next decodes (`step.readers.spill`).
 - `write_threads`: two ranks gathered and encoded at once, and each written file sealed
   (sha256, fsync, footer) on other threads while the next ranks are written.
-- `arrow_pool`: a read in parts allocates from Arrow's jemalloc pool, set to give pages
-  back at once (`returning_arrow_pool`).
+- `arrow_pool`: a read in parts has Arrow's pool give back its freed pages when the read
+  ends (`returning_arrow_pool`).
 - `small_writes`: a read in parts writes its spill in writes of `SMALL_WRITE` bytes
   (`step.readers.spill`), where Polars would hand the kernel a whole buffer at once.
 - `process`: the programs that build (the CLI, the Pipes worker) give Polars' allocator one
@@ -166,31 +166,22 @@ def one_at_a_time() -> contextlib.AbstractContextManager[bool]:
 
 @contextlib.contextmanager
 def returning_arrow_pool() -> Iterator[None]:
-    """Arrow allocates from its jemalloc pool while the block runs, and the pages it freed
-    meanwhile go back when it ends: its default pool (mimalloc) keeps what each decoding
-    thread freed, which grows a read in parts by several parts' worth of pages that the
-    rest of the build cannot reuse (Polars has an allocator of its own). The arenas its
-    decoding threads take never decay, so each part decodes into the pages the one before
-    freed instead of faulting in new ones; when the block ends the pool is asked to give
-    back what it holds unused (pages freed later stay with it)."""
+    """When the block ends, Arrow's default pool gives the operating system back the pages
+    freed while it ran (`release_unused`). Its pool (mimalloc) keeps a decoding thread's
+    freed pages for that thread's next part, so each part decodes into the pages the part
+    before freed instead of faulting in new ones; the release keeps the rest of the build
+    from carrying them (Polars has an allocator of its own). Arrow's jemalloc pool faults
+    in every part anew (its arenas decay freed pages within a second) and gives back
+    nothing when asked."""
     if not on("arrow_pool"):
         yield
         return
     import pyarrow as pa
 
     try:
-        returning = pa.jemalloc_memory_pool()
-        pa.jemalloc_set_decay_ms(-1)
-    except NotImplementedError:  # a pyarrow built without jemalloc keeps its default
-        yield
-        return
-    previous = pa.default_memory_pool()
-    pa.set_memory_pool(returning)
-    try:
         yield
     finally:
-        pa.set_memory_pool(previous)
-        returning.release_unused()
+        pa.default_memory_pool().release_unused()
 
 
 # A write(2) of many bytes makes the page cache take large folios for the file (Linux 6.x),
