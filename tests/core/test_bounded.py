@@ -264,6 +264,36 @@ def test_ranks_written_two_at_once_gather_one_at_a_time(
     assert memory == bounded
 
 
+@pytest.mark.parametrize(("layout", "reordered"), [("strided", False), ("balanced", False), ("cp schedule", True)])
+def test_a_rank_in_load_order_is_written_as_its_rows_were_taken(
+    tmp_path: Path,
+    streamed: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    layout: str,
+    reordered: bool,
+) -> None:
+    """A rank whose rows a layout keeps in load order (as strided and balanced ranks are) is
+    written from its rows as they were taken from the spill, a chunk per spill file they
+    come from; a rank whose micro-batches reorder its rows has them gathered into one. The
+    bytes are the in-memory build's either way."""
+    chunks: list[int] = []
+    rows = spill.SpilledRows.rows
+
+    def gathered(self: spill.SpilledRows, start: int, length: int) -> pl.DataFrame:
+        frame = rows(self, start, length)
+        chunks.append(frame.get_column("tokens").n_chunks())
+        return frame
+
+    monkeypatch.setattr(spill.SpilledRows, "rows", gathered)
+    monkeypatch.setattr(spill, "FILE_BYTES", 1)  # a spill file per part
+    folder = generated_step(tmp_path / "in", non_compact=True)
+    memory, bounded = _build_both(folder, tmp_path / "out", Settings(**LAYOUTS[layout]))
+    assert streamed == ["memory", "spill"]
+    assert memory == bounded
+    assert len(chunks) == LAYOUTS[layout]["dp_size"]
+    assert (1 in chunks) if reordered else (min(chunks) > 1)
+
+
 def test_no_spill_is_left_and_a_killed_builds_is_removed(
     tmp_path: Path, streamed: list[str]
 ) -> None:

@@ -333,19 +333,26 @@ class SpilledRows(RankRows):
     def _gathered(self, start: int, length: int) -> pl.DataFrame:
         positions = self.order.slice(start, length)
         loaded = self.loaded.gather(positions)
-        wanted = loaded.sort()
+        # Where the rank's rows come in load order (strided and balanced layouts keep it; a
+        # micro-batch schedule may not), the rows taken from the spill are the rank's rows
+        # as they are, without a second copy to reorder them.
+        in_order = loaded.is_sorted()
+        wanted = loaded if in_order else loaded.sort()
         held = take_rows(self.parts, self.schema, wanted)
         self._untaken -= length
         if self._untaken == 0 and length > 0 and self.all_taken is not None:
             self.all_taken()
-        # a gather gives a chunk per chunk of its indices: one, as the in-memory build's
-        where = wanted.search_sorted(loaded).rechunk()
-        # column by column, each taken column freed once gathered: the rank's lists are
-        # held about once, not twice
-        lists = []
-        for name in list(held.columns):
-            lists.append(held.get_column(name).gather(where))
-            held = held.drop(name)
+        if in_order:
+            lists = held.get_columns()
+        else:
+            # a gather gives a chunk per chunk of its indices: one
+            where = wanted.search_sorted(loaded).rechunk()
+            # column by column, each taken column freed once gathered: the rank's lists
+            # are held about once, not twice
+            lists = []
+            for name in list(held.columns):
+                lists.append(held.get_column(name).gather(where))
+                held = held.drop(name)
         picked = self.inputs[positions].hstack(lists)
         written = picked.select(
             pl.col(c.TOKENS), loss_masks(picked), *optional_shard_columns(self.optional)
