@@ -237,30 +237,39 @@ def test_a_rule_broken_without_quarantine_is_reported_as_in_memory(
     assert spilled == memory and "response_within_tokens" in memory
 
 
-def test_ranks_written_two_at_once_gather_one_at_a_time(
+def test_two_ranks_gather_at_once_and_the_spill_is_told_once_it_is_all_taken(
     tmp_path: Path, streamed: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two ranks are written at once, but one gathers its lists while the other is encoded:
-    both gathering would hold both ranks' lists twice at the same moment."""
-    active, most = [0], [0]
+    """Big ranks are written two at once, each gathering its lists while the other gathers
+    or encodes (a rank's rows taken once, not twice, so both fit); the spill hears once,
+    after the last rank's rows are taken, that its files can go."""
+    active, most, told = [0], [0], []
     take = spill.take_rows
 
     def taking(*args: Any) -> pl.DataFrame:
         active[0] += 1
         most[0] = max(most[0], active[0])
-        time.sleep(0.05)  # a second writer gathering meanwhile would be seen
+        time.sleep(0.05)  # a second writer gathering meanwhile is seen
         try:
             return take(*args)
         finally:
             active[0] -= 1
 
+    all_taken = spill.Spill.all_taken
+
+    def all_taken_once(self: spill.Spill) -> None:
+        told.append(active[0])
+        all_taken(self)
+
     monkeypatch.setattr(spill, "TWO_RANKS_FROM", 0)
     monkeypatch.setattr(spill, "take_rows", taking)
+    monkeypatch.setattr(spill.Spill, "all_taken", all_taken_once)
     folder = generated_step(tmp_path / "in", non_compact=True)
     settings = Settings(global_batch_size=64, dp_size=4)
     memory, bounded = _build_both(folder, tmp_path / "out", settings)
     assert streamed == ["memory", "spill"]
-    assert most == [1]
+    assert most == [2]
+    assert told == [0]  # once, with no rank still taking
     assert memory == bounded
 
 
