@@ -160,7 +160,7 @@ def write_threads() -> tuple[int, int]:
 
 
 def one_at_a_time() -> contextlib.AbstractContextManager[bool]:
-    """A lock for what the writer's threads update in turns (the rows taken from a spill)."""
+    """A lock for work the writer's threads take in turns (a rank's gather from the spill)."""
     return threading.Lock()
 
 

@@ -310,7 +310,7 @@ class SpilledRows(RankRows):
         self.schema = schema  # every list column any part has
         self.all_taken = all_taken  # told once every row has been taken (`Spill.all_taken`)
         self._untaken = self.order.len()
-        self._counting = one_at_a_time()  # the two writer threads take rows at once
+        self._gathering = one_at_a_time()  # held by the writer's thread gathering a rank
 
     def for_rank(self, start: int, length: int) -> RankRows:
         """Rows [start, start + length) alone; their lists stay in the spilled parts, where
@@ -325,30 +325,29 @@ class SpilledRows(RankRows):
         return SpilledRows(mine, self.parts, self.loaded, self.schema)
 
     def rows(self, start: int, length: int) -> pl.DataFrame:
+        # One rank gathers at a time; the other's file is encoded meanwhile. Two ranks
+        # gathering at once would each hold their lists about twice at the same moment.
+        with self._gathering:
+            return self._gathered(start, length)
+
+    def _gathered(self, start: int, length: int) -> pl.DataFrame:
         positions = self.order.slice(start, length)
         loaded = self.loaded.gather(positions)
-        # Where the rank's rows come in load order (strided and balanced layouts keep it; a
-        # micro-batch schedule may not), the rows taken from the spill are the rank's rows
-        # as they are, without a second copy to reorder them.
-        in_order = loaded.is_sorted()
-        wanted = loaded if in_order else loaded.sort()
+        wanted = loaded.sort()
         held = take_rows(self.parts, self.schema, wanted)
-        with self._counting:
-            self._untaken -= length
-            last = self._untaken == 0 and length > 0
-        if last and self.all_taken is not None:
+        self._untaken -= length
+        if self._untaken == 0 and length > 0 and self.all_taken is not None:
             self.all_taken()
-        if in_order:
-            lists = held.get_columns()
-        else:
-            # a gather gives a chunk per chunk of its indices: one
-            where = wanted.search_sorted(loaded).rechunk()
-            # column by column, each taken column freed once gathered: the rank's lists
-            # are held about once, not twice
-            lists = []
-            for name in list(held.columns):
-                lists.append(held.get_column(name).gather(where))
-                held = held.drop(name)
+        # One chunk per list column, as the in-memory build's, even where the rows are in
+        # order as taken (a chunk per spill file): Polars sizes a row group's pages by the
+        # buffers it is cut from. A gather gives a chunk per chunk of its indices.
+        where = wanted.search_sorted(loaded).rechunk()
+        # column by column, each taken column freed once gathered: the rank's lists are
+        # held about once, not twice
+        lists = []
+        for name in list(held.columns):
+            lists.append(held.get_column(name).gather(where))
+            held = held.drop(name)
         picked = self.inputs[positions].hstack(lists)
         written = picked.select(
             pl.col(c.TOKENS), loss_masks(picked), *optional_shard_columns(self.optional)
@@ -358,7 +357,7 @@ class SpilledRows(RankRows):
 
 class BigSpilledRows(SpilledRows):
     """`SpilledRows` of ranks of `TWO_RANKS_FROM` spilled bytes or more, written two at once
-    as in memory: one rank's gather from the spill overlaps the other's gather or encode
-    (each alone leaves a core idle), for a second rank's lists in memory."""
+    as in memory: one rank's gather from the spill overlaps the other's encode (each alone
+    leaves a core idle), for a second rank's lists in memory."""
 
     parallel_ranks = 2
