@@ -13,6 +13,9 @@ list or `all`, so one tree can be measured against itself
   parts types and spills a part while the next decodes (`step.readers.spill`).
 - `write_threads`: two ranks gathered and encoded at once, and each written file sealed
   (sha256, fsync, footer) on other threads while the next ranks are written.
+- `background`: those sealing threads run at the lowest priority (`Background`), on the
+  cores the writers leave idle; what is left when the writers are done is sealed at the
+  build's own priority.
 - `arrow_pool`: a read in parts has Arrow's pool give back its freed pages when the read
   ends (`returning_arrow_pool`).
 - `small_writes`: a read in parts writes its spill in writes of `SMALL_WRITE` bytes
@@ -32,12 +35,23 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from types import TracebackType
+from typing import Generic, TypeVar
 
 OFF_ENV = "ROLLOUT_SHARDS_OFF"
-SWITCHES = ("head_start", "read_threads", "write_threads", "arrow_pool", "small_writes", "process")
+SWITCHES = (
+    "head_start",
+    "read_threads",
+    "write_threads",
+    "background",
+    "arrow_pool",
+    "small_writes",
+    "process",
+)
 
 
 def on(switch: str) -> bool:
@@ -162,6 +176,121 @@ def write_threads() -> tuple[int, int]:
 def one_at_a_time() -> contextlib.AbstractContextManager[bool]:
     """A lock for work the writer's threads take in turns (a rank's gather from the spill)."""
     return threading.Lock()
+
+
+T = TypeVar("T")
+# The nice value of `Background`'s threads: the lowest priority there is.
+BACKGROUND_NICE = 19
+
+
+class Later(Generic[T]):
+    """A job of `Background`: a generator whose steps run one at a time, on a background
+    thread or on the thread that waits for its value (`result`)."""
+
+    def __init__(self, steps: Generator[None, None, T]) -> None:
+        self._steps = steps
+        self._lock = threading.Lock()  # held while a step runs
+        self._claimed = False  # a waiting thread runs the rest: no background step begins
+        self._done = False
+        self._value: T | None = None
+        self._error: BaseException | None = None
+
+    def _step(self) -> None:
+        """One step; the caller holds the lock and the job is not done."""
+        try:
+            next(self._steps)
+        except StopIteration as stop:
+            self._value, self._done = stop.value, True
+        except BaseException as exc:  # noqa: BLE001 - raised again by `result`
+            self._error, self._done = exc, True
+
+    def result(self) -> T:
+        """The job's value (or its error), its steps left run on this thread, at its own
+        priority, once the one running (if any) is done."""
+        self._claimed = True
+        with self._lock:
+            while not self._done:
+                self._step()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+    def cancel(self) -> None:
+        """Stop the job where it is (its generator closed: its files closed)."""
+        self._claimed = True
+        with self._lock:
+            if not self._done:
+                self._done = True
+                self._steps.close()
+
+
+class Background:
+    """`threads` threads of the lowest priority (nice `BACKGROUND_NICE`) running jobs whose
+    value is wanted only later (a written rank file's seal): they take the cores the
+    build's own threads leave idle instead of sharing them. A job waited for is finished
+    by the waiting thread, at its priority: on a machine busy with other programs a
+    nice-19 thread gets almost no time. With 0 threads `submit` runs a job to its end
+    before it returns; with the `background` switch off the threads have the build's
+    priority. Closed by its `with`: jobs not waited for are cancelled."""
+
+    def __init__(self, threads: int) -> None:
+        self._ready = threading.Condition()
+        self._queue: deque[Later[object]] = deque()
+        self._jobs: list[Later[object]] = []
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, daemon=True) for _ in range(threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def __enter__(self) -> Background:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        with self._ready:
+            self._closed = True
+            self._queue.clear()
+            self._ready.notify_all()
+        for job in self._jobs:
+            job.cancel()
+        for thread in self._threads:
+            thread.join()
+
+    def submit(self, steps: Generator[None, None, T]) -> Later[T]:
+        job: Later[T] = Later(steps)
+        if not self._threads:
+            with job._lock:  # its error is raised by `result`
+                while not job._done:
+                    job._step()
+            return job
+        with self._ready:
+            self._jobs.append(job)  # type: ignore[arg-type]
+            self._queue.append(job)  # type: ignore[arg-type]
+            self._ready.notify()
+        return job
+
+    def _work(self) -> None:
+        if on("background") and sys.platform.startswith("linux"):
+            # Linux gives each thread a nice value of its own (elsewhere the call would
+            # renice a process)
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+        while True:
+            with self._ready:
+                while not self._queue and not self._closed:
+                    self._ready.wait()
+                if self._closed:
+                    return
+                job = self._queue.popleft()
+            while True:
+                with job._lock:
+                    if job._claimed or job._done:
+                        break
+                    job._step()
 
 
 @contextlib.contextmanager

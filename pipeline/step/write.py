@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import NamedTuple
@@ -19,7 +19,7 @@ from pipeline.io import writer
 from pipeline.io.regular import read_regular
 from pipeline.manifest import MANIFEST, Manifest
 from pipeline.report import REPORT
-from pipeline.speed import thread_pool, write_threads
+from pipeline.speed import Background, Later, thread_pool, write_threads
 from pipeline.step.one_trainer import RULE as ONE_TRAINER
 from pipeline.step.one_trainer import other_trainer
 from pipeline.step.tables import TrainBatch
@@ -60,25 +60,27 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
     ranks_at_once, sealers = write_threads()
 
     def write_ranks(staged: Path) -> list[RankFile]:
-        def write(rank: int) -> tuple[str, int, int, str, Future[tuple[str, int | str]]]:
+        def write(rank: int) -> tuple[str, int, int, str, Later[tuple[str, int | str]]]:
             name, rows, tokens, rewards = _write_rank_file(batch, rank, bounds, staged)
-            if sealers:
-                return name, rows, tokens, rewards, sealer.submit(_seal_rank, staged / name)
-            sealed: Future[tuple[str, int | str]] = Future()
-            sealed.set_result(_seal_rank(staged / name))
-            return name, rows, tokens, rewards, sealed
+            return name, rows, tokens, rewards, sealer.submit(_sealing_rank(staged / name))
 
         # Polars gathers and encodes, and hashlib hashes, without the GIL: two ranks at a
         # time keep two cores busy where one small file leaves one idle, and the sealers
-        # seal each written file (its digest, fsync and footer) while the writers go on
-        # to the next ranks. A file's bytes do not depend on the threads.
+        # seal each written file (its digest, fsync and footer) on the cores the writers
+        # leave idle; once every rank is written, threads of the writers' priority seal
+        # what is left.
+        # A file's bytes do not depend on the threads.
         with (
             thread_pool(min(ranks_at_once, batch.parallel_ranks)) as pool,
-            thread_pool(max(sealers, 1)) as sealer,
+            Background(sealers) as sealer,
         ):
+            written = list(pool.map(write, range(dp)))
+            # what the sealers have not done yet, on as many threads of this priority
+            with thread_pool(max(sealers, 1)) as finishing:
+                seals = list(finishing.map(Later.result, [sealing for *_, sealing in written]))
             return [
-                RankFile(name, rows, tokens, rewards, *sealing.result())
-                for name, rows, tokens, rewards, sealing in pool.map(write, range(dp))
+                RankFile(name, rows, tokens, rewards, *sealed)
+                for (name, rows, tokens, rewards, _), sealed in zip(written, seals, strict=True)
             ]
 
     return commit_shards(batch, out_root, write_ranks)
@@ -188,6 +190,12 @@ def _seal_rank(path: Path) -> tuple[str, int | str]:
     """A written rank file made durable: its sha256 and what its footer says (the check the
     step gets before it is published, read here while the writers are busy)."""
     return writer.seal(path), footer_rows(path)
+
+
+def _sealing_rank(path: Path) -> Generator[None, None, tuple[str, int | str]]:
+    """`_seal_rank` in steps (`writer.sealing`): a job of `speed.Background`."""
+    digest = yield from writer.sealing(path)
+    return digest, footer_rows(path)
 
 
 # The build id in a card: what `next_build_id` reads back from the previous card.

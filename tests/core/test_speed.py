@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -67,3 +71,89 @@ def test_the_read_gives_the_pages_arrow_freed_back_when_it_ends() -> None:
         del parts
         held = _anonymous_mib()  # freed, and kept by the pool for its next allocations
     assert held - _anonymous_mib() >= 64
+
+
+def _steps(
+    log: list[tuple[str, int]], name: str, count: int, gate: threading.Event | None = None
+) -> Generator[None, None, str]:
+    """A `Background` job of `count` steps logging the thread of each; it waits for `gate`
+    before its second step, and returns its name."""
+    for step in range(count):
+        if step == 1 and gate is not None:
+            assert gate.wait(timeout=60)
+        log.append((name, threading.get_native_id()))
+        yield
+    return name
+
+
+def _within(seconds: float, wait: Callable[[], str]) -> str:
+    """`wait()` on another thread, failing the test if it takes longer than `seconds`."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(wait).result(timeout=seconds)
+
+
+def test_background_threads_run_at_the_lowest_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    def nice() -> Generator[None, None, int]:
+        yield
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    for off, expected in (("", speed.BACKGROUND_NICE), ("background", ours)):
+        monkeypatch.setenv(speed.OFF_ENV, off)
+        with speed.Background(1) as background:
+            job = background.submit(nice())
+            deadline = time.monotonic() + 60
+            while not job._done and time.monotonic() < deadline:  # run by the thread
+                time.sleep(0.01)
+            assert job.result() == expected
+
+
+def test_a_job_waited_for_is_finished_by_the_thread_that_waits() -> None:
+    log: list[tuple[str, int]] = []
+    gate = threading.Event()
+    with speed.Background(1) as background:
+        first = background.submit(_steps(log, "first", 4, gate))
+        second = background.submit(_steps(log, "second", 3))
+        deadline = time.monotonic() + 60
+        while not log and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # the background thread has taken the first job's first step and waits at the
+        # gate: the second job, never begun, is run whole by the thread that waits for it
+        assert _within(60, second.result) == "second"
+        waiter = [thread for name, thread in log if name == "second"]
+        assert len(waiter) == 3 and len(set(waiter)) == 1
+        gate.set()
+        assert first.result() == "first"
+    threads = [thread for name, thread in log if name == "first"]
+    assert len(threads) == 4 and waiter[0] not in threads[:1]
+    assert set(threads) <= {threads[0], threading.get_native_id()}
+
+
+def test_a_job_s_error_is_raised_where_it_is_waited_for() -> None:
+    def failing() -> Generator[None, None, None]:
+        yield
+        raise OSError(28, "No space left on device", "rank=0.parquet")
+
+    for threads in (0, 2):
+        with speed.Background(threads) as background:
+            job = background.submit(failing())
+            with pytest.raises(OSError, match="No space left"):
+                job.result()
+
+
+def test_jobs_not_waited_for_are_closed_when_the_background_closes() -> None:
+    closed: list[str] = []
+
+    def endless() -> Generator[None, None, None]:
+        try:
+            while True:
+                time.sleep(0.001)
+                yield
+        finally:
+            closed.append("endless")
+
+    with speed.Background(2) as background:
+        background.submit(endless())
+        background.submit(endless())
+        time.sleep(0.05)
+    assert closed == ["endless", "endless"]
