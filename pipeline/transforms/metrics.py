@@ -46,6 +46,8 @@ _OLDEST = "_oldest_weight_version"
 _MIXED = "_mixed_versions"
 _HAS_VERSIONS = "_has_weight_versions"
 _FIRST = "_first_reward"
+_LAST = "_last_reward"
+_SUM = "_reward_sum"
 _ZERO_STD = "_zero_std"
 _TOKENS = "_rank_tokens"
 _REMOVED = "_removed"
@@ -148,16 +150,34 @@ def _episode_metrics(values: pl.DataFrame) -> dict[str, float]:
     rollout the raw rewards' mean (Python's `sum / len`), the effective lengths summed (0 for a
     `remove_sample` row) and the response lengths summed. The input carries no adapter, so
     every row is of one adapter's rollouts (#2778 scopes keys by adapter)."""
-    episodes = values.group_by(c.GROUP_INDEX, _ID, maintain_order=True).agg(
+    keys = [c.GROUP_INDEX, _ID]
+    raw = pl.col(_RAW)
+    episodes = values.group_by(keys, maintain_order=True).agg(
         pl.when(pl.col(_REMOVED))
         .then(0)
         .otherwise(pl.col(_EFFECTIVE_LENGTH))
         .sum()
         .alias(_EPISODE_EFFECTIVE),
         pl.col(_RESPONSE).sum().alias(_EPISODE_TOTAL),
-        # a sequential sum, as Python's sum() over the rollout's rewards
-        (pl.col(_RAW).cum_sum().last() / pl.len()).alias(_EPISODE_REWARD),
+        pl.len().alias(_SIZE),
+        raw.first().alias(_FIRST),
+        raw.last().alias(_LAST),
     )
+    # The rollout's rewards summed in order from 0.0, as Python's sum() (a running sum's
+    # last value: null where the last reward is, a null before skipped): one or two
+    # rewards in one expression; a rollout of more (a multi-leaf trajectory) by a running
+    # sum, the only per-group evaluation, on those rows alone.
+    first, last, size = pl.col(_FIRST), pl.col(_LAST), pl.col(_SIZE)
+    pair = pl.when(last.is_not_null()).then((0.0 + first.fill_null(0.0)) + last)
+    total: pl.Expr = pl.when(size == 1).then(0.0 + first).otherwise(pair)
+    if episodes.get_column(_SIZE).max() > 2:  # type: ignore[operator]
+        longer = values.filter(pl.len().over(keys) > 2)
+        running = longer.group_by(keys, maintain_order=True).agg(raw.cum_sum().last().alias(_SUM))
+        episodes = episodes.join(
+            running, on=keys, how="left", nulls_equal=True, maintain_order="left"
+        )
+        total = pl.when(size > 2).then(pl.col(_SUM)).otherwise(total)
+    episodes = episodes.with_columns((total / size).alias(_EPISODE_REWARD))
     stats = {NUM_TRAINING_SAMPLES: float(values.height)}
     stats |= _statistics(episodes, _EPISODE_EFFECTIVE, EPISODE_RESPONSE_LENGTH)
     scalars = episodes.select(

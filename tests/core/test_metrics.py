@@ -16,9 +16,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, reject, settings
 from hypothesis import strategies as st
 
+from pipeline import columns as c
 from pipeline.errors import StepError
 from pipeline.manifest import Manifest
 from pipeline.step.build import alarm_lines
+from pipeline.transforms import metrics as m
 from pipeline.transforms.metrics import rollout_metrics
 from tests.reference import (
     compute_statistics,
@@ -296,3 +298,48 @@ def test_alarming_metrics_get_a_line(
     assert len(lines) == len(alarms)
     for line, alarm in zip(lines, alarms, strict=True):
         assert line.startswith("step 1: warning: ") and alarm in line
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rollouts=st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.integers(0, 2)),  # group index
+            st.lists(
+                st.one_of(
+                    st.sampled_from([0.0, -0.0, 1.0, 0.1, 0.2, 0.3, 1e16, -1e16]),
+                    st.floats(-2.0, 2.0),
+                ),
+                min_size=1,
+                max_size=4,
+            ),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_episode_rewards_are_running_sums_of_each_rollout(
+    rollouts: list[tuple[int | None, list[float]]],
+) -> None:
+    """The episode raw reward of each rollout is the last value of its rewards' running
+    sum (Polars' `cum_sum`, from 0.0) over its size, bit for bit, whatever its size,
+    rounding and group (null being one)."""
+    rows = [
+        {m._ID: key, c.GROUP_INDEX: group, m._RAW: reward}
+        for key, (group, rewards) in enumerate(rollouts)
+        for reward in rewards
+    ]
+    values = pl.DataFrame(
+        rows, schema={m._ID: pl.Int64, c.GROUP_INDEX: pl.Int64, m._RAW: pl.Float64}
+    ).with_columns(
+        pl.lit(1, dtype=pl.Int64).alias(m._EFFECTIVE_LENGTH),
+        pl.lit(False).alias(m._REMOVED),
+        pl.lit(1, dtype=pl.Int64).alias(m._RESPONSE),
+    )
+    running = values.group_by(c.GROUP_INDEX, m._ID, maintain_order=True).agg(
+        (pl.col(m._RAW).cum_sum().last() / pl.len()).alias("episode")
+    )
+    want = running.select(
+        (pl.col("episode").cum_sum().last() / pl.len()).alias(m.EPISODE_RAW_REWARD)
+    ).item()
+    assert m._episode_metrics(values)[m.EPISODE_RAW_REWARD].hex() == want.hex()
