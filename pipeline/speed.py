@@ -39,7 +39,6 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
 from typing import Generic, TypeVar
 
 OFF_ENV = "ROLLOUT_SHARDS_OFF"
@@ -245,12 +244,7 @@ class Background:
     def __enter__(self) -> Background:
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *raised: object) -> None:
         with self._ready:
             self._closed = True
             self._queue.clear()
