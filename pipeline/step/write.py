@@ -68,8 +68,7 @@ def write_shards(batch: TrainBatch, out_root: Path) -> Manifest:
         # time keep two cores busy where one small file leaves one idle, and the sealers
         # seal each written file (its digest, fsync and footer) on the cores the writers
         # leave idle; once every rank is written, threads of the writers' priority seal
-        # what is left.
-        # A file's bytes do not depend on the threads.
+        # what is left. A file's bytes do not depend on the threads.
         with (
             thread_pool(min(ranks_at_once, batch.parallel_ranks)) as pool,
             Background(sealers) as sealer,
