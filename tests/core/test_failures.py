@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -173,14 +173,15 @@ def test_a_rank_file_that_cannot_be_made_durable_publishes_nothing(
 ) -> None:
     """The thread that seals each rank file (its digest and fsync) reports a failing fsync
     as the build's one line, naming the file, and nothing of the step is published."""
-    original = writer.seal
+    original = writer.sealing
 
-    def failing(path: Path) -> str:
-        if path.name == "rank=1.parquet":
+    def failing(path: Path) -> Generator[None, None, str]:
+        digest = yield from original(path)
+        if path.name == "rank=1.parquet":  # its bytes hashed, its fsync failing
             raise OSError(errno.EIO, "Input/output error", str(path))
-        return original(path)
+        return digest
 
-    monkeypatch.setattr(writer, "seal", failing)
+    monkeypatch.setattr(writer, "sealing", failing)
     err = _refused_on_two_ranks(capsys, step_input, tmp_path / "shards", recorded=False)
 
     assert err.startswith("rollout-shards: build: step 1: rule os_error: Input/output error on ")

@@ -69,7 +69,8 @@ SPILL_POINTS = [
     ("pipeline.step.build.plan_batch", 1, "before"),
     ("pipeline.step.readers.spill.take_rows", 1, "before"),  # the quarantine's lists
     ("pipeline.step.write._write_rank_file", 2, "before"),
-    ("pipeline.io.writer.seal", 1, "before"),
+    ("pipeline.io.writer.sealing", 2, "before"),  # a rank file sealed in the background
+    ("pipeline.io.writer.seal", 1, "before"),  # the quarantine's
     ("pipeline.io.writer.write_text_atomically", 1, "after"),  # the card, in the commit
     ("pipeline.io.writer.commit_folder", 1, "after"),
 ]
