@@ -42,6 +42,7 @@ from pipeline import columns as c
 from pipeline.errors import StepError, Violation
 from pipeline.io.checksums import sha256_of
 from pipeline.manifest import OutputFile
+from pipeline.speed import Later
 
 # The file of set-aside rows in staging folders. A committed step's quarantine lives outside
 # the rank-file tree (`quarantine_path`), so a reader of the whole output root sees only
@@ -366,12 +367,7 @@ SEAL_WINDOW = 256 << 10
 def seal(path: Path) -> str:
     """The sha256 of a written file's bytes, read from its pages in the page cache, never
     from disk; then the file is fsynced."""
-    steps = sealing(path)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return str(done.value)
+    return Later(sealing(path)).result()
 
 
 def sealing(path: Path) -> Generator[None, None, str]:

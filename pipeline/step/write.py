@@ -188,7 +188,7 @@ def _write_rank_file(
 def _seal_rank(path: Path) -> tuple[str, int | str]:
     """A written rank file made durable: its sha256 and what its footer says (the check the
     step gets before it is published, read here while the writers are busy)."""
-    return writer.seal(path), footer_rows(path)
+    return Later(_sealing_rank(path)).result()
 
 
 def _sealing_rank(path: Path) -> Generator[None, None, tuple[str, int | str]]:
