@@ -50,6 +50,7 @@ POLARS1_TESTS := $(addprefix tests/core/,test_bad_inputs.py \
 	test_torch_float.py test_validate_query.py test_worked_cases.py \
 	test_bounded.py::test_non_compact_step_is_trimmed_alike \
 	test_bounded.py::test_ranks_written_two_at_once_or_one_alike \
+	test_bounded.py::test_ranks_of_several_row_groups_from_several_spill_files_as_in_memory \
 	test_shares.py::test_non_compact_step_is_trimmed_alike \
 	test_shares.py::test_every_trainer_profile_alike) \
 	tests/trainers/miles/test_miles_dump.py tests/trainers/miles/test_miles_dump_build.py \

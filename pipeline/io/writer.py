@@ -56,11 +56,12 @@ LOCK_FOLDER = ".locks"
 # time for little. Groups of 1024 rows let a reader decode a rank file's groups in parallel
 # at no cost in size or writing time. Min/max statistics serve no reader that reads every
 # row.
+ROW_GROUP = 1024
 PARQUET_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
     "compression_level": 1,
     "statistics": False,
-    "row_group_size": 1024,
+    "row_group_size": ROW_GROUP,
 }
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100

@@ -243,19 +243,23 @@ def test_ranks_written_two_at_once_gather_one_at_a_time(
     """Two ranks are written at once, but one gathers its lists while the other is encoded:
     both gathering would hold both ranks' lists twice at the same moment."""
     active, most = [0], [0]
-    take = spill.take_rows
 
-    def taking(*args: Any) -> pl.DataFrame:
-        active[0] += 1
-        most[0] = max(most[0], active[0])
-        time.sleep(0.05)  # a second writer gathering meanwhile would be seen
-        try:
-            return take(*args)
-        finally:
-            active[0] -= 1
+    def counted(take: Callable[..., Any]) -> Callable[..., Any]:
+        def taking(*args: Any) -> Any:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+            time.sleep(0.05)  # a second writer gathering meanwhile would be seen
+            try:
+                return take(*args)
+            finally:
+                active[0] -= 1
+
+        return taking
 
     monkeypatch.setattr(spill, "TWO_RANKS_FROM", 0)
-    monkeypatch.setattr(spill, "take_rows", taking)
+    # rows in spill order are taken by row group, others taken whole and gathered
+    monkeypatch.setattr(spill, "take_groups", counted(spill.take_groups))
+    monkeypatch.setattr(spill, "take_rows", counted(spill.take_rows))
     folder = generated_step(tmp_path / "in", non_compact=True)
     settings = Settings(global_batch_size=64, dp_size=4)
     memory, bounded = _build_both(folder, tmp_path / "out", settings)
@@ -264,17 +268,36 @@ def test_ranks_written_two_at_once_gather_one_at_a_time(
     assert memory == bounded
 
 
+@pytest.mark.parametrize(
+    ("layout", "taken_by"), [("strided", "take_groups"), ("cp schedule", "take_rows")]
+)
 def test_ranks_of_several_row_groups_from_several_spill_files_as_in_memory(
-    tmp_path: Path, streamed: list[str], monkeypatch: pytest.MonkeyPatch
+    layout: str,
+    taken_by: str,
+    tmp_path: Path,
+    streamed: list[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Polars sizes a row group's pages by the buffers it is cut from: a rank of several
     row groups whose rows come from several spill files has the in-memory build's bytes
-    only if its lists are written from one buffer each, as the in-memory build's are."""
+    only if each row group's lists are written from buffers of their own, as the in-memory
+    build's are, a group across two spill files included. Rows in spill order are taken
+    group by group (`take_groups`); rows a schedule reorders are taken whole and gathered
+    by group (`take_rows`)."""
+    calls: list[str] = []
+
+    def counted(name: str) -> Callable[..., Any]:
+        take = getattr(spill, name)
+        return lambda *args: (calls.append(name), take(*args))[1]
+
+    for name in ("take_groups", "take_rows"):
+        monkeypatch.setattr(spill, name, counted(name))
     monkeypatch.setattr(spill, "FILE_BYTES", 1)  # a spill file per part
     folder = generated_step(tmp_path / "in", non_compact=True)
-    settings = Settings(global_batch_size=64, dp_size=2)
+    settings = Settings(**{**LAYOUTS[layout], "dp_size": 2})
     memory, bounded = _build_both(folder, tmp_path / "out", settings)
     assert streamed == ["memory", "spill"]
+    assert set(calls) == {taken_by}
     rank = "step=0/rank=0.parquet"
     assert pl.read_parquet(memory[rank]).height > 1024  # more than one row group
     assert [name for name in memory if memory[name] != bounded[name]] == []

@@ -37,10 +37,10 @@ from pipeline.io.discovery import SourceFile
 from pipeline.io.load import is_parquet, read_in_parts, read_source
 from pipeline.io.step_files import StepFiles
 from pipeline.io.storage import ObjectPath
+from pipeline.io.writer import ROW_GROUP
 from pipeline.step.check import ReadStep, split_lists
 from pipeline.step.readers.spill import PART_BYTES
-from pipeline.step.tables import RankRows, TrainBatch, compact
-from pipeline.transforms.shard_columns import loss_masks, optional_shard_columns
+from pipeline.step.tables import RankRows, TrainBatch, by_group, compact, gathered_columns
 
 # Decoded bytes of Parquet row groups a share reads (a row group is never cut).
 SHARE_BYTES = 64 << 20
@@ -208,21 +208,18 @@ def lists_at(
     place: pl.DataFrame,
     schema: dict[str, pl.DataType],
     fetch: Callable[[list[tuple[int, pl.Series]]], list[pl.DataFrame]],
-) -> list[pl.Series]:
-    """The lists of the rows at `place` (SHARE, SOURCE_ROW per row), in that order: `fetch`
-    gets each share's wanted file rows (ascending) and returns their lists."""
+) -> tuple[list[pl.Series], pl.Series]:
+    """The lists the rows at `place` (SHARE, SOURCE_ROW per row) need, each list column
+    once, and where each of those rows finds its lists among them: `fetch` gets each
+    share's wanted file rows (ascending) and returns their lists."""
     wanted = place.unique().sort(SHARE, SOURCE_ROW)
     by_share = wanted.partition_by(SHARE, maintain_order=True, as_dict=True)
     asked = [(int(key[0]), part.get_column(SOURCE_ROW)) for key, part in by_share.items()]
-    held = pl.concat(fetch(asked)) if asked else pl.DataFrame(schema=schema)
     key = (pl.col(SHARE).cast(pl.Int64) * (1 << 40) + pl.col(SOURCE_ROW)).alias("key")
-    # a gather gives a chunk per chunk of its indices: one, as the in-memory build's
+    # a gather gives a chunk per chunk of its indices
     where = wanted.select(key).to_series().search_sorted(place.select(key).to_series()).rechunk()
-    lists = []
-    for name in list(held.columns):
-        lists.append(held.get_column(name).gather(where))
-        held = held.drop(name)
-    return lists
+    held = pl.concat(fetch(asked)) if asked else pl.DataFrame(schema=schema)
+    return held.get_columns(), where
 
 
 class SourceRows(RankRows):
@@ -254,7 +251,7 @@ class SourceRows(RankRows):
         return SourceRows(mine, self.shares, self.place[order], self.schema)
 
     def rows(self, start: int, length: int) -> pl.DataFrame:
-        positions = self.order.slice(start, length)
+        positions = self.order.slice(start, length).rechunk()
         held = self.held
 
         def fetch(asked: list[tuple[int, pl.Series]]) -> list[pl.DataFrame]:
@@ -262,12 +259,14 @@ class SourceRows(RankRows):
                 return [held[share] for share, _ in asked]
             return [share_lists(self.shares[share], rows, self.schema) for share, rows in asked]
 
-        lists = lists_at(self.place[positions], self.schema, fetch)
-        picked = self.inputs[positions].hstack(lists)
-        written = picked.select(
-            pl.col(c.TOKENS), loss_masks(picked), *optional_shard_columns(self.optional)
+        # one frame per row group, each list column freed once gathered
+        lists = gathered_columns(*lists_at(self.place[positions], self.schema, fetch))
+        return by_group(
+            length,
+            lambda at, rows: self.written(
+                start + at, self.inputs[positions.slice(at, rows)].hstack(lists[at // ROW_GROUP])
+            ),
         )
-        return compact(self.scalars, start, length).hstack(written).select(*self.columns)
 
 
 @dataclass
@@ -327,7 +326,8 @@ class SharesReader:
             calls = [(share_lists, (self.shares[i], rows, self.schema)) for i, rows in asked]
             return list(self.tasks.run(calls))
 
-        return lists_at(self.places.gather(rows), self.schema, fetch)
+        held, where = lists_at(self.places.gather(rows), self.schema, fetch)
+        return [column.gather(where) for column in held]
 
     def keep(self, rows: pl.Series) -> None:
         assert self.places is not None, "lists of a share read"

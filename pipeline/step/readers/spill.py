@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from pipeline import columns as c
 from pipeline.io import writer
 from pipeline.io.discovery import SourceFile
 from pipeline.io.load import read_in_parts
 from pipeline.io.step_files import StepFiles
+from pipeline.io.writer import ROW_GROUP
 from pipeline.speed import (
     SmallWrites,
     on,
@@ -47,8 +47,7 @@ from pipeline.speed import (
     write_threads,
 )
 from pipeline.step.check import ReadStep, typed_part
-from pipeline.step.tables import RankRows, TrainBatch, compact
-from pipeline.transforms.shard_columns import loss_masks, optional_shard_columns
+from pipeline.step.tables import RankRows, TrainBatch, by_group, compact, gathered_columns
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -265,13 +264,52 @@ def take_rows(
             assert isinstance(mapped, pl.DataFrame)
             frame = mapped[local]
             del mapped
-        taken.append(
-            frame.select(
-                pl.col(n) if n in frame.columns else pl.lit(None, dtype=d).alias(n)
-                for n, d in schema.items()
-            )
-        )
-    return pl.concat(taken) if taken else pl.DataFrame(schema=schema)
+        taken.append(_with_schema(frame, schema))
+    return pl.concat(taken) if taken else _empty(schema)
+
+
+def _with_schema(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """`frame`'s columns of `schema`, a column the spill file lacks all null."""
+    return frame.select(
+        pl.col(n) if n in frame.columns else pl.repeat(None, frame.height, dtype=d).alias(n)
+        for n, d in schema.items()
+    )
+
+
+def _empty(schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    return pl.DataFrame(schema=schema)
+
+
+def take_groups(
+    parts: list[tuple[Path, int, int]], schema: dict[str, pl.DataType], wanted: pl.Series
+) -> list[pl.DataFrame]:
+    """`take_rows` of rows whose loaded positions `wanted` ascend in write order: one frame
+    per row group of the rank file, each group's rows taken from the mapped files straight
+    into buffers of their own (a group that spans two files joins its pieces)."""
+    import pyarrow as pa
+    import pyarrow.ipc
+
+    pieces: list[list[pl.DataFrame]] = [[] for _ in range(0, max(wanted.len(), 1), ROW_GROUP)]
+    taken = 0
+    for path, first, height in parts:
+        local = (wanted.filter((wanted >= first) & (wanted < first + height)) - first).rechunk()
+        if local.is_empty():
+            continue
+        with pa.memory_map(str(path)) as source:
+            mapped = pl.from_arrow(pyarrow.ipc.open_file(source).read_all())
+            assert isinstance(mapped, pl.DataFrame)
+            at = 0
+            while at < local.len():
+                group, offset = divmod(taken + at, ROW_GROUP)
+                rows = min(ROW_GROUP - offset, local.len() - at)
+                pieces[group].append(_with_schema(mapped[local.slice(at, rows)], schema))
+                at += rows
+            del mapped
+        taken += local.len()
+    return [
+        group[0] if len(group) == 1 else pl.concat(group).rechunk() if group else _empty(schema)
+        for group in pieces
+    ]
 
 
 def spilled(batch: TrainBatch, spill: Spill) -> TrainBatch:
@@ -331,28 +369,25 @@ class SpilledRows(RankRows):
             return self._gathered(start, length)
 
     def _gathered(self, start: int, length: int) -> pl.DataFrame:
-        positions = self.order.slice(start, length)
+        positions = self.order.slice(start, length).rechunk()
         loaded = self.loaded.gather(positions)
-        wanted = loaded.sort()
-        held = take_rows(self.parts, self.schema, wanted)
+        if loaded.is_sorted():  # in spill order: each row group taken straight from the files
+            lists = take_groups(self.parts, self.schema, loaded)
+        else:
+            wanted = loaded.sort()
+            where = wanted.search_sorted(loaded)
+            lists = gathered_columns(
+                take_rows(self.parts, self.schema, wanted).get_columns(), where
+            )
         self._untaken -= length
         if self._untaken == 0 and length > 0 and self.all_taken is not None:
             self.all_taken()
-        # One chunk per list column, as the in-memory build's, even where the rows are in
-        # order as taken (a chunk per spill file): Polars sizes a row group's pages by the
-        # buffers it is cut from. A gather gives a chunk per chunk of its indices.
-        where = wanted.search_sorted(loaded).rechunk()
-        # column by column, each taken column freed once gathered: the rank's lists are
-        # held about once, not twice
-        lists = []
-        for name in list(held.columns):
-            lists.append(held.get_column(name).gather(where))
-            held = held.drop(name)
-        picked = self.inputs[positions].hstack(lists)
-        written = picked.select(
-            pl.col(c.TOKENS), loss_masks(picked), *optional_shard_columns(self.optional)
+        return by_group(
+            length,
+            lambda at, rows: self.written(
+                start + at, self.inputs[positions.slice(at, rows)].hstack(lists[at // ROW_GROUP])
+            ),
         )
-        return compact(self.scalars, start, length).hstack(written).select(*self.columns)
 
 
 class BigSpilledRows(SpilledRows):
