@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -54,23 +53,19 @@ class RankRows:
 
     def rows(self, start: int, length: int) -> pl.DataFrame:
         """Rows [start, start + length) in write order with every column, gathered: each
-        row group's rows into buffers of their own (`gathered`)."""
-        positions = self.order.slice(start, length).rechunk()
-        return by_group(
-            length,
-            lambda at, rows: self.written(start + at, self.inputs[positions.slice(at, rows)]),
-        )
+        row group's rows into buffers of their own (`by_group`)."""
+        return self.written(start, self.inputs[by_group(self.order.slice(start, length))])
 
     def written(self, start: int, picked: pl.DataFrame) -> pl.DataFrame:
-        """The rank-file columns of the rows [start, start + picked.height), at most one row
-        group, from their input columns `picked` (lists included)."""
+        """The rank-file columns of the rows [start, start + picked.height) from their input
+        columns `picked` (lists included), gathered by row group (`by_group`)."""
         lists = picked.select(
             pl.col(c.TOKENS),
             loss_masks(picked),
             *optional_shard_columns(self.optional),
         )
-        scalars = self.scalars[pl.int_range(start, start + picked.height, eager=True)]
-        return scalars.hstack(lists).select(*self.columns)
+        # by name, not `select`: a select of a frame with a literal column gives one chunk
+        return compact(self.scalars, start, picked.height).hstack(lists)[list(self.columns)]
 
     def for_rank(self, start: int, length: int) -> RankRows:
         """Rows [start, start + length) alone, with only their own lists (what one rank's
@@ -86,45 +81,35 @@ def _report_columns(scalars: pl.DataFrame) -> pl.DataFrame | None:
 
 
 def compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
-    """Rows [start, start + length), each row group's in buffers of their own (`gathered`),
+    """Rows [start, start + length), each row group's in buffers of their own (`by_group`),
     whichever path (CLI or staged Dagster batch) produced the rows."""
-    return gathered(frame, pl.int_range(start, start + length, dtype=pl.Int64, eager=True))
+    return frame[by_group(pl.int_range(start, start + length, dtype=pl.Int64, eager=True))]
 
 
-def gathered(frame: pl.DataFrame, positions: pl.Series) -> pl.DataFrame:
-    """`frame`'s rows at `positions`, the rows of each of a rank file's row groups
-    (`writer.ROW_GROUP`) gathered into buffers of their own. Polars sizes a row group's
-    Parquet pages by the buffers it is cut from: a group held alone is written the same
-    whichever path gathered it (in memory, from the spill, from the input files), and in
-    fewer, larger pages than a slice of one big buffer."""
-    positions = positions.rechunk()  # a gather gives a chunk per chunk of its indices
-    return by_group(positions.len(), lambda start, length: frame[positions.slice(start, length)])
+def by_group(positions: pl.Series) -> pl.Series:
+    """`positions` cut into a chunk per row group of a rank file (`writer.ROW_GROUP`): a
+    frame's gather gives a chunk per chunk of its indices, so each group's rows land in
+    buffers of their own. Polars sizes a row group's Parquet pages by the buffers it is cut
+    from: a group held alone is written the same whichever path gathered it (in memory,
+    from the spill, from the input files), and in fewer, larger pages than a slice of one
+    big buffer."""
+    if positions.len() <= ROW_GROUP:
+        return positions.rechunk()
+    groups = [positions.slice(start, ROW_GROUP) for start in range(0, positions.len(), ROW_GROUP)]
+    return pl.concat([group.rechunk() for group in groups], rechunk=False)
 
 
-def gathered_columns(columns: list[pl.Series], where: pl.Series) -> list[pl.DataFrame]:
-    """The rows at `where` of `columns`, one frame per row group (what `by_group` joins),
-    each group's rows in buffers of their own. The list is emptied as it goes: a column is
-    freed once gathered, so the rows are held about once, not twice."""
-    where = where.rechunk()  # a gather gives a chunk per chunk of its indices
-    starts = range(0, max(where.len(), 1), ROW_GROUP)
-    groups: list[list[pl.Series]] = [[] for _ in starts]
+def gathered_columns(columns: list[pl.Series], where: pl.Series) -> pl.DataFrame:
+    """The rows at `where` of `columns`, gathered by row group (`by_group`). The list is
+    emptied as it goes: a column is freed once gathered, so the rows are held about once,
+    not twice."""
+    groups = by_group(where)
+    gathered = []
     while columns:
         column = columns.pop(0)
-        for group, start in zip(groups, starts, strict=True):
-            group.append(column.gather(where.slice(start, ROW_GROUP)))
+        gathered.append(column.to_frame()[groups].to_series())
         del column
-    return [pl.DataFrame(group) for group in groups]
-
-
-def by_group(height: int, gather: Callable[[int, int], pl.DataFrame]) -> pl.DataFrame:
-    """The frame of `height` rows made of each row group's rows: `gather(start, length)`
-    gives the rows [start, start + length) of one group, in buffers of their own."""
-    if height <= ROW_GROUP:
-        return gather(0, height)
-    groups = [
-        gather(start, min(ROW_GROUP, height - start)) for start in range(0, height, ROW_GROUP)
-    ]
-    return pl.concat(groups, rechunk=False)
+    return pl.DataFrame(gathered)
 
 
 class TrainBatch:

@@ -15,6 +15,7 @@ import pytest
 from pipeline.io.checksums import sha256_of
 from pipeline.io.discovery import find_sources
 from pipeline.io.load import group_steps
+from pipeline.io.writer import PARQUET_OPTIONS, ROW_GROUP
 from pipeline.settings import Settings
 from pipeline.step.build import build_step
 from tests.support.parquet_pages import decoded_digest
@@ -170,3 +171,23 @@ def test_recorded_hashes_are_those_of_the_files(tmp_path: Path) -> None:
     assert [o.sha256 for o in manifest.outputs] == [
         sha256_of(folder / o.path) for o in manifest.outputs
     ]
+
+
+def test_a_rank_file_is_its_row_groups_written_each_from_buffers_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """Polars sizes a row group's pages by the buffers it is cut from. A rank file of
+    several row groups holds the bytes Polars writes from each group's rows copied alone,
+    whichever path gathered them: fewer, larger pages than one buffer cut into groups."""
+    inputs = generated_step(tmp_path / "in", non_compact=True)
+    sources = group_steps(find_sources([inputs]))[0]
+    build_step(0, sources, Settings(global_batch_size=64, dp_size=2), tmp_path / "out")
+    built = tmp_path / "out" / "step=0" / "rank=0.parquet"
+    rows = pl.read_parquet(built)
+    assert rows.height > ROW_GROUP
+    starts = range(0, rows.height, ROW_GROUP)
+    alone = [rows[pl.int_range(s, min(s + ROW_GROUP, rows.height), eager=True)] for s in starts]
+    pl.concat(alone, rechunk=False).write_parquet(tmp_path / "alone.parquet", **PARQUET_OPTIONS)
+    rows.rechunk().write_parquet(tmp_path / "one.parquet", **PARQUET_OPTIONS)
+    assert built.read_bytes() == (tmp_path / "alone.parquet").read_bytes()
+    assert built.read_bytes() != (tmp_path / "one.parquet").read_bytes()

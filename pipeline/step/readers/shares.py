@@ -37,7 +37,6 @@ from pipeline.io.discovery import SourceFile
 from pipeline.io.load import is_parquet, read_in_parts, read_source
 from pipeline.io.step_files import StepFiles
 from pipeline.io.storage import ObjectPath
-from pipeline.io.writer import ROW_GROUP
 from pipeline.step.check import ReadStep, split_lists
 from pipeline.step.readers.spill import PART_BYTES
 from pipeline.step.tables import RankRows, TrainBatch, by_group, compact, gathered_columns
@@ -259,14 +258,9 @@ class SourceRows(RankRows):
                 return [held[share] for share, _ in asked]
             return [share_lists(self.shares[share], rows, self.schema) for share, rows in asked]
 
-        # one frame per row group, each list column freed once gathered
+        # gathered by row group, each list column freed once gathered
         lists = gathered_columns(*lists_at(self.place[positions], self.schema, fetch))
-        return by_group(
-            length,
-            lambda at, rows: self.written(
-                start + at, self.inputs[positions.slice(at, rows)].hstack(lists[at // ROW_GROUP])
-            ),
-        )
+        return self.written(start, self.inputs[by_group(positions)].hstack(lists))
 
 
 @dataclass

@@ -12,9 +12,10 @@ time. Here:
 2. the check (`check.check`) validates the rows as it validates every reader's; the
    trajectories a quarantine sets aside take their lists back from the spill (`Spill.take`);
 3. write: `write_shards` asks for each rank's rows; `SpilledRows` takes that rank's lists
-   from each spill file, mapped, reading only their pages (`take_rows`), and gathers them
-   into training order, one frame per rank file as the in-memory build writes it, so the
-   files are byte-identical.
+   from each spill file, mapped, reading only their pages, each row group's rows into
+   buffers of their own as the in-memory build gathers them (`tables.by_group`), so the
+   files are byte-identical: rows in spill order straight from the files (`take_groups`),
+   others taken (`take_rows`) and gathered into training order.
 
 The driver (`step.build`) chooses this read up front, from the size of the step's input
 files (the `stream_above` setting), and reads a step once.
@@ -282,34 +283,39 @@ def _empty(schema: dict[str, pl.DataType]) -> pl.DataFrame:
 
 def take_groups(
     parts: list[tuple[Path, int, int]], schema: dict[str, pl.DataType], wanted: pl.Series
-) -> list[pl.DataFrame]:
-    """`take_rows` of rows whose loaded positions `wanted` ascend in write order: one frame
-    per row group of the rank file, each group's rows taken from the mapped files straight
-    into buffers of their own (a group that spans two files joins its pieces)."""
+) -> pl.DataFrame:
+    """`take_rows` of rows whose loaded positions `wanted` ascend in write order, taken from
+    the mapped files straight into buffers of their own per row group of the rank file
+    (`tables.by_group`); a group that spans two files joins its pieces."""
     import pyarrow as pa
     import pyarrow.ipc
 
     pieces: list[list[pl.DataFrame]] = [[] for _ in range(0, max(wanted.len(), 1), ROW_GROUP)]
     taken = 0
     for path, first, height in parts:
-        local = (wanted.filter((wanted >= first) & (wanted < first + height)) - first).rechunk()
+        local = wanted.filter((wanted >= first) & (wanted < first + height)) - first
         if local.is_empty():
             continue
+        # cut where the rank's row groups begin: the file's first piece ends the group
+        # an earlier file began
+        starts = [0, *range(-taken % ROW_GROUP or ROW_GROUP, local.len(), ROW_GROUP)]
+        ends = [*starts[1:], local.len()]
+        cuts = [local.slice(a, b - a) for a, b in zip(starts, ends, strict=True)]
         with pa.memory_map(str(path)) as source:
             mapped = pl.from_arrow(pyarrow.ipc.open_file(source).read_all())
             assert isinstance(mapped, pl.DataFrame)
-            at = 0
-            while at < local.len():
-                group, offset = divmod(taken + at, ROW_GROUP)
-                rows = min(ROW_GROUP - offset, local.len() - at)
-                pieces[group].append(_with_schema(mapped[local.slice(at, rows)], schema))
-                at += rows
+            got = mapped[pl.concat(cuts, rechunk=False)]  # a chunk per cut
             del mapped
+        at = 0
+        for cut in cuts:
+            group = (taken + at) // ROW_GROUP
+            pieces[group].append(_with_schema(got.slice(at, cut.len()), schema))
+            at += cut.len()
         taken += local.len()
-    return [
-        group[0] if len(group) == 1 else pl.concat(group).rechunk() if group else _empty(schema)
-        for group in pieces
+    groups = [
+        group[0] if len(group) == 1 else pl.concat(group).rechunk() for group in pieces if group
     ]
+    return pl.concat(groups, rechunk=False) if groups else _empty(schema)
 
 
 def spilled(batch: TrainBatch, spill: Spill) -> TrainBatch:
@@ -382,12 +388,7 @@ class SpilledRows(RankRows):
         self._untaken -= length
         if self._untaken == 0 and length > 0 and self.all_taken is not None:
             self.all_taken()
-        return by_group(
-            length,
-            lambda at, rows: self.written(
-                start + at, self.inputs[positions.slice(at, rows)].hstack(lists[at // ROW_GROUP])
-            ),
-        )
+        return self.written(start, self.inputs[by_group(positions)].hstack(lists))
 
 
 class BigSpilledRows(SpilledRows):
