@@ -123,8 +123,8 @@ class Plan(NamedTuple):
     stored_as: str | None = None
 
 
-def _plan(frame: pl.DataFrame, name: str, target: pl.DataType, json_numbers: bool) -> Plan:
-    source = frame.schema[name]
+def _plan(schema: pl.Schema, name: str, target: pl.DataType, json_numbers: bool) -> Plan:
+    source = schema[name]
     value = pl.col(name)
     json_kind = dtype_kind(source) in ("list", "struct") and not _holds_binary(source)
     if name in JSON_TEXT_COLUMNS and json_kind:
@@ -136,9 +136,13 @@ def _plan(frame: pl.DataFrame, name: str, target: pl.DataType, json_numbers: boo
     return Plan(value.cast(target, strict=False), bad)
 
 
+def _no_rows(frame: pl.DataFrame) -> pl.Series:
+    return pl.repeat(False, frame.height, eager=True)
+
+
 def _bad_rows(frame: pl.DataFrame, plans: dict[str, Plan]) -> dict[str, pl.Series]:
     """Per planned column, the mask of rows whose value does not fit, in one query."""
-    none = pl.repeat(False, frame.height, eager=True)
+    none = _no_rows(frame)
     checks = {name: plan.bad for name, plan in plans.items() if plan.bad is not None}
     found = frame.select(*checks.values())
     return {name: found.get_column(name) if name in checks else none for name in plans}
@@ -191,7 +195,7 @@ def cast_column(
     frame: pl.DataFrame, name: str, target: pl.DataType, json_numbers: bool
 ) -> tuple[pl.Expr, pl.Series]:
     """One column as its contract type, and the mask of rows whose value does not fit."""
-    plan = _plan(frame, name, target, json_numbers)
+    plan = _plan(frame.schema, name, target, json_numbers)
     return plan.cast, _bad_rows(frame, {name: plan})[name]
 
 
@@ -236,10 +240,9 @@ def conform(
             ]
         )
     types = contract_types(frame)
+    schema = frame.schema
     plans = {
-        name: _plan(frame, name, types[name], json_numbers)
-        for name in frame.columns
-        if name in types
+        name: _plan(schema, name, types[name], json_numbers) for name in schema if name in types
     }
     internal = [n for n in frame.columns if n.startswith((JSON_RULE, JSON_VALUE))]
     flagged_keys = [n.removeprefix(JSON_RULE) for n in internal if n.startswith(JSON_RULE)]
@@ -248,7 +251,7 @@ def conform(
     violations: list[tuple[str, Violation]] = []
     masks = _bad_rows(frame, plans)
     for name in dict.fromkeys([*plans, *flagged_keys]):
-        bad = masks.get(name, pl.repeat(False, frame.height, eager=True))
+        bad = masks[name] if name in masks else _no_rows(frame)
         if name in plans:
             cast_columns.append(plans[name].cast)
         flagged = _json_flags(frame, name)

@@ -6,6 +6,8 @@ whole plan run on a few scalar columns per row.
 
 from __future__ import annotations
 
+import math
+
 import polars as pl
 
 from pipeline import columns as c
@@ -72,6 +74,16 @@ def _log_probs_finite(schema: pl.Schema) -> pl.Expr:
         return pl.lit(None, dtype=pl.Boolean)
     finite = [pl.col(n).list.eval(pl.element().is_finite()).list.all() for n in names]
     return pl.all_horizontal(f.fill_null(True) for f in finite)
+
+
+def log_probs_all_finite(frame: pl.DataFrame) -> bool:
+    """Whether `frame` holds log-prob lists and every value in them is finite, judged by
+    one sum of all values per column (a NaN or an infinity makes the sum non-finite). False
+    also where finite values sum past the float range: the rows are then judged one by one
+    (`_log_prob_sums_finite`, then exactly)."""
+    names = _log_prob_lists(frame.schema)
+    sums = [frame.get_column(n).explode().sum() for n in names]
+    return bool(names) and all(math.isfinite(total) for total in sums)
 
 
 def _log_prob_sums_finite(schema: pl.Schema) -> pl.Expr:
@@ -153,9 +165,10 @@ def reduced_lists(frame: pl.DataFrame) -> pl.DataFrame:
         c.has_column(name): pl.col(name).is_not_null() if name in frame.columns else pl.lit(False)
         for name in c.PER_TOKEN_COLUMNS
     }
-    reduced = frame.select(
-        expr.alias(name) for name, expr in (list_reductions(frame.schema) | flags).items()
-    )
+    reductions = list_reductions(frame.schema) | flags
+    if log_probs_all_finite(frame):
+        reductions[LOG_PROBS_FINITE] = pl.lit(True)
+    reduced = frame.select(expr.alias(name) for name, expr in reductions.items())
     quick = reduced.get_column(LOG_PROBS_FINITE)
     suspects = quick.not_().fill_null(False).arg_true()
     if suspects.len():
@@ -164,10 +177,14 @@ def reduced_lists(frame: pl.DataFrame) -> pl.DataFrame:
     return reduced
 
 
-def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.LazyFrame:
+def light_columns(
+    lf: pl.LazyFrame, reward_key: str | None, step: int, finite: bool = False
+) -> pl.LazyFrame:
     """The per-row scalars every rule and the plan need, without any list column; its
-    LOG_PROBS_FINITE is the quick one (`light_frame` gives the exact frame). A frame whose
-    lists were reduced (`reduced_lists`) gives the same columns from the reductions."""
+    LOG_PROBS_FINITE is the quick one (`light_frame` gives the exact frame), or true on
+    every row where the caller knows every log prob `finite` (`log_probs_all_finite`). A
+    frame whose lists were reduced (`reduced_lists`) gives the same columns from the
+    reductions."""
     schema = lf.collect_schema()
     # reduced lists win over lists in place: a step read in parts or shares
     # (`step.readers`) keeps each list's shape (null or not), its values kept elsewhere
@@ -175,6 +192,8 @@ def light_columns(lf: pl.LazyFrame, reward_key: str | None, step: int) -> pl.Laz
     reductions = {
         name: pl.col(name) if reduced else expr for name, expr in list_reductions(schema).items()
     }
+    if finite and not reduced:
+        reductions[LOG_PROBS_FINITE] = pl.lit(True)
     # A text that starts with "{" and parses (json_path_match gives null when it does
     # not) is a JSON object; a null train_metadata is the all-or-none rule's to judge.
     metadata = pl.col(c.TRAIN_METADATA)
@@ -240,11 +259,14 @@ LIST_REDUCTIONS = (
 
 def light_frame(frame: pl.DataFrame, reward_key: str | None, step: int) -> pl.DataFrame:
     """The light columns of `frame`, one row per row of it. Finiteness of the log probs is
-    first judged by their sums (a sum is finite only if every value is, and summing is
-    cheaper than `is_finite` on each value), then decided value by value on the rows whose
-    sum is not finite."""
-    light = light_columns(frame.lazy(), reward_key, step).collect()
+    first judged by sums (a sum is finite only if every value is, and summing is cheaper
+    than `is_finite` on each value): of all values at once, then of each row's, then value
+    by value on the rows whose sum is not finite."""
     if N_TOKENS in frame.columns:  # reduced lists: LOG_PROBS_FINITE is exact already
+        return light_columns(frame.lazy(), reward_key, step).collect()
+    finite = log_probs_all_finite(frame)
+    light = light_columns(frame.lazy(), reward_key, step, finite).collect()
+    if finite:
         return light
     quick = light.get_column(LOG_PROBS_FINITE)
     suspects = quick.not_().fill_null(False).arg_true()

@@ -97,6 +97,42 @@ def test_log_probs_are_judged_finite_by_their_sums_then_value_by_value(tmp_path:
     assert exact.to_list() == [True, False, False, False, False, True, True, True, True, True, True]
 
 
+def test_log_probs_are_judged_finite_at_once_by_the_sum_of_all_their_values(
+    tmp_path: Path,
+) -> None:
+    """`log_probs_all_finite` says yes only where every value is finite, of the rows the
+    frame holds (a slice's alone); no where finite values overflow the sum, whose rows the
+    per-row test then settles. Either way `light_frame` and `reduced_lists` give each row
+    the exact answer."""
+    from pipeline import columns as c
+    from pipeline.io.load import load_step
+    from pipeline.transforms import samples
+
+    nan = float("nan")
+    lists = [[nan], [-0.5, -1.0], [], None, [None, -2.0], [3e38, 3e38], [-1.0]]
+    rows = [sample(i, rollout_log_probs=value) for i, value in enumerate(lists)]
+    ((step, sources),) = group_steps(find_sources([write_step(tmp_path, rows)])).items()
+    frame = load_step(step, sources).frame
+
+    def exact(part: pl.DataFrame) -> list[bool]:
+        return part.select(samples._log_probs_finite(part.schema)).to_series().to_list()
+
+    for part, at_once in [
+        (frame, False),  # a NaN
+        (frame.slice(1, 4), True),  # the NaN's row is not in the slice
+        (frame.slice(1), False),  # finite, but 3e38 + 3e38 is past the float32 range
+        (frame.slice(6), True),
+        (frame.drop(c.ROLLOUT_LOG_PROBS), False),  # no log probs to judge
+    ]:
+        assert samples.log_probs_all_finite(part) is at_once
+        light = samples.light_frame(part, None, step).get_column(c.LOG_PROBS_FINITE)
+        reduced = samples.reduced_lists(part).get_column(c.LOG_PROBS_FINITE)
+        if c.ROLLOUT_LOG_PROBS in part.columns:
+            assert light.to_list() == reduced.to_list() == exact(part)
+        else:
+            assert light.null_count() == reduced.null_count() == part.height
+
+
 def test_a_loss_mask_is_judged_binary_by_its_least_and_greatest_value(tmp_path: Path) -> None:
     """MASK_BINARY from the list's min and max is what testing each value gives."""
     from pipeline import columns as c
