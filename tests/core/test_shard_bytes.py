@@ -1,9 +1,10 @@
 """The bytes a build writes: rank files equal to the digests recorded for these steps and
 settings (a change of the shard bytes shows here first), and the manifest's digests are
-those of the files. Polars 1.42 and 2.x write the same pages of the same values; the
+those of the files. Polars 1.42 through 2.1 write the same pages of the same values; the
 bytes differ in the footer's `created_by` and in the runs that encode list columns'
-repetition levels, so the file digests are recorded per Polars major version and the
-decoded content (`parquet_pages.decoded`) once for both."""
+repetition levels, so the file digests are recorded per Polars line and the decoded content
+(`parquet_pages.decoded`) once for them. Polars 2.2 cuts a row group's pages otherwise:
+its files and decoded content are recorded apart."""
 
 from __future__ import annotations
 
@@ -26,7 +27,13 @@ SETTINGS = {
     "strided": {"global_batch_size": 64, "dp_size": 4},
     "balanced": {"global_batch_size": 64, "dp_size": 4, "balance_data": True},
 }
-POLARS_MAJOR = pl.__version__.split(".")[0]
+POLARS = tuple(int(part) for part in pl.__version__.split(".")[:2])
+# Polars 2.2 cuts a row group's pages alike whatever buffers its rows are in; before it, a
+# row group's pages were sized by the buffers it was cut from.
+PAGES_BY_BUFFERS = POLARS < (2, 2)
+# The Polars versions whose shard bytes are recorded: 1.42, 2.0 and 2.1 (the same pages),
+# 2.2 on.
+POLARS_LINE = "1" if POLARS[0] == 1 else "2.1" if PAGES_BY_BUFFERS else "2.2"
 # sha256 of rank=0..3 as Polars 2.1 writes them; they change only when the shard columns
 # change on purpose (SEMANTICS 6.1's train_step; step, rank and every optional column;
 # miles' two sampling-mask columns; last: miles' weight_version_spans, null in these steps,
@@ -86,8 +93,62 @@ BEFORE_1 = {
         "a54827e2df7a8775da10e878d27ff9f34e6830105398272abd19fb62b3d1ca09",
     ],
 }
-BEFORE = {"1": BEFORE_1, "2": BEFORE_2}
-# `decoded_digest` of those rank files, the same under Polars 1.42 and 2.x.
+# The same files as Polars 2.2 writes them.
+BEFORE_22 = {
+    "compact-strided": [
+        "e471b740616acbcb3d83b5fe57c56df809aca3854caa90d2bf8e1a103ed0f1d2",
+        "3e9ad205391095959ecfdb12b6dc6a4c3d72d2ee29df4fbdec6110d3f1bf9ce0",
+        "0a23e5e4ada612ca26e40c0cf8d0d1b0a44a91477c061b9a54e68b7c9dda2e21",
+        "959babc9d84ed3de209a8667cc49e4eaad08a364dc80a798795c9cab04fd2fdc",
+    ],
+    "compact-balanced": [
+        "18b328da8d47fa9287dd54fe27fef87f493539aeb494ae219a16326bff3bea69",
+        "79bfeac252e585db191a93a038ac4c5191c8a006948286ab3f9d2869d1d6c476",
+        "241e36965c14c10398fd7d66810fe01bc8e2ad4adc938303b7ca638be2c4e9c6",
+        "846d863ff74c774750079a4e185e4f7a15c4dbd9bf5551124fe6e284085e8868",
+    ],
+    "non-compact-strided": [
+        "090e4ff0bf4acd3059a9925d7855fd384fbd393f212a10137fe305b676f01599",
+        "a0c81c90f5dc814bce411089bd86b2fc8d51e1c2b56018b6d0e037948b48444e",
+        "4ccb8f316cf53f36fcb4253f9614e27b6659b32f6bc36b9217a4bfcdcf26a87c",
+        "082cd0836b975fe3318c449e95ac3b02876b7571f2f28526355c848b37c575f7",
+    ],
+    "non-compact-balanced": [
+        "a513ec4b7aa6c3660202beb7e21072b460693c456e2c76997d4634eaa1e20aba",
+        "6877819f752f78663d3fb960a47d1a0561ad7b636f91c6f5bc0b9151ddc31137",
+        "43f8e7256b40d0c472c137e8218dbd0664c480fc81ed71ad0a57d3382a1cf675",
+        "87fb98ff68756c67b4a1992850f1452d5839111624a282047f43f9d141e198cf",
+    ],
+}
+# `decoded_digest` of those rank files as Polars 2.2 writes them.
+DECODED_22 = {
+    "compact-strided": [
+        "48155382e7c6a8a386b6c13b66e2fc61ea87195522f95be0e5e34f349c45c4ff",
+        "5a9191ef4333bc0649af0bfef7404528e1f5f3b9ad480022163a6d5044ea90c0",
+        "7fd2116eeff1fba768a5d9459cdbe53104814a8467e627a0742818e4959ae940",
+        "b079605854c01c078b848cd3de3477e1aaceea9406527c95a513a8f5fd2c9f46",
+    ],
+    "compact-balanced": [
+        "cf64b09cc20d6108f9a2bb16d8e1148938e8bc1757a9533a65e9262794795a8d",
+        "fc0d67c86b4869573d83937244cdafba4d187245a416dc78fda0835e2e055977",
+        "2615b6bcef30c3edea4593c6a06c053e5af138d47b7f31e269033d6e8d0cedef",
+        "f5d3b76453a46c92be2676d45d1a0242b5149fb26723dc04f8ed21cf1034cd11",
+    ],
+    "non-compact-strided": [
+        "c0941004f044685375a9f6645c5c539ed323ef01d6840a76cd25a9b7eef81424",
+        "6d6f5960f6ab505605aa2a5fac7cf10a6b4d48bfc033b584f17f4b15d1568d63",
+        "2afda24e260c2633c808f022d46f657e2bb97ffe3655c1fcf71d3cfdbd2022ea",
+        "dbc97ed4128a5b3ec41766311fecf9e29ac413e5104ee5e24053c9b7a48475dc",
+    ],
+    "non-compact-balanced": [
+        "17faacf2316f0e340a8cb937283c7f27bdf816e0f97f5a99552f2ba29214d2ee",
+        "e108b99360a836cbd81ad88541e813a0e37bbe2a2964b5c10dfdf3fdc3771fa9",
+        "fbbd5e1261c1af1929ca4b651218c7c6b60cc2a45e38a124911afa026c727ba4",
+        "0ca25c5adcf4ca9938dc94089ea0749a096235130270701fc35033949b084b15",
+    ],
+}
+BEFORE = {"1": BEFORE_1, "2.1": BEFORE_2, "2.2": BEFORE_22}
+# `decoded_digest` of those rank files, the same under Polars 1.42 through 2.1.
 DECODED = {
     "compact-strided": [
         "87b0be92b3d77b1e839fcea99e6788f96be5c1d687c0dea7709b712e4b34cfd5",
@@ -144,9 +205,10 @@ def test_shards_are_the_bytes_written_before(tmp_path: Path, kind: str) -> None:
         ranks = manifest.rank_outputs()  # then the report (tests/core/test_report.py)
         assert [o.path for o in manifest.outputs] == [o.path for o in ranks] + ["report.html"]
         assert [o.path for o in ranks] == [f"rank={r}.parquet" for r in range(4)]
-        assert [o.sha256 for o in ranks] == BEFORE[POLARS_MAJOR][f"{kind}-{name}"]
+        assert [o.sha256 for o in ranks] == BEFORE[POLARS_LINE][f"{kind}-{name}"]
         folder = tmp_path / name / "step=0"
-        assert [decoded_digest(folder / o.path) for o in ranks] == DECODED[f"{kind}-{name}"], name
+        decoded = DECODED if PAGES_BY_BUFFERS else DECODED_22
+        assert [decoded_digest(folder / o.path) for o in ranks] == decoded[f"{kind}-{name}"], name
 
 
 def test_the_sample_steps_hold_the_same_pages_on_every_polars(tmp_path: Path) -> None:
@@ -176,9 +238,10 @@ def test_recorded_hashes_are_those_of_the_files(tmp_path: Path) -> None:
 def test_a_rank_file_is_its_row_groups_written_each_from_buffers_of_its_own(
     tmp_path: Path,
 ) -> None:
-    """Polars sizes a row group's pages by the buffers it is cut from. A rank file of
-    several row groups holds the bytes Polars writes from each group's rows copied alone,
-    whichever path gathered them: fewer, larger pages than one buffer cut into groups."""
+    """Polars before 2.2 sizes a row group's pages by the buffers it is cut from. A rank
+    file of several row groups holds the bytes Polars writes from each group's rows copied
+    alone, whichever path gathered them: there, fewer, larger pages than one buffer cut
+    into groups; from Polars 2.2 on, the pages of one buffer."""
     inputs = generated_step(tmp_path / "in", non_compact=True)
     sources = group_steps(find_sources([inputs]))[0]
     build_step(0, sources, Settings(global_batch_size=64, dp_size=2), tmp_path / "out")
@@ -190,4 +253,5 @@ def test_a_rank_file_is_its_row_groups_written_each_from_buffers_of_its_own(
     pl.concat(alone, rechunk=False).write_parquet(tmp_path / "alone.parquet", **PARQUET_OPTIONS)
     rows.rechunk().write_parquet(tmp_path / "one.parquet", **PARQUET_OPTIONS)
     assert built.read_bytes() == (tmp_path / "alone.parquet").read_bytes()
-    assert built.read_bytes() != (tmp_path / "one.parquet").read_bytes()
+    one_buffer = (tmp_path / "one.parquet").read_bytes()
+    assert (built.read_bytes() != one_buffer) is PAGES_BY_BUFFERS, pl.__version__
