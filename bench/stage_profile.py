@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -235,7 +236,12 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> int:
     result = bench_record.record(
         "stage_profile.py",
         argv,
-        {"machine": f"{os.cpu_count()} cores, shared", "page_reporting": reporting_settings()},
+        {
+            "machine": f"{os.cpu_count()} cores, shared",
+            "page_reporting": reporting_settings(),
+            # the floor and the build decode with these: a release moves both
+            "versions": {name: metadata.version(name) for name in ("polars", "pyarrow")},
+        },
         load_before,
         dp_size=args.dp_size,
         global_batch_size=args.global_batch_size,
