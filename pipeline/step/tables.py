@@ -89,10 +89,10 @@ def compact(frame: pl.DataFrame, start: int, length: int) -> pl.DataFrame:
 def by_group(positions: pl.Series) -> pl.Series:
     """`positions` cut into a chunk per row group of a rank file (`writer.ROW_GROUP`): a
     frame's gather gives a chunk per chunk of its indices, so each group's rows land in
-    buffers of their own. Polars sizes a row group's Parquet pages by the buffers it is cut
-    from: a group held alone is written the same whichever path gathered it (in memory,
-    from the spill, from the input files), and in fewer, larger pages than a slice of one
-    big buffer."""
+    buffers of their own. Polars before 2.2 sizes a row group's Parquet pages by the
+    buffers it is cut from: a group held alone is written the same whichever path gathered
+    it (in memory, from the spill, from the input files), and in fewer, larger pages than a
+    slice of one big buffer (Polars 2.2 cuts pages alike either way)."""
     if positions.len() <= ROW_GROUP:
         return positions.rechunk()
     groups = [positions.slice(start, ROW_GROUP) for start in range(0, positions.len(), ROW_GROUP)]
