@@ -2,13 +2,16 @@
 
 For each step folder given (one `step=0.parquet`, as `bench/generate.py` writes it), in
 alternated rounds: the floor (`bench/run.py _floor`: Polars reads the step and writes it
-back with the shards' Parquet options) and the rank-bounded build (`--stream-above 0`),
-each a process of its own (wall, CPU and peak RSS from `os.wait4`); then one profiled build
+back with the shards' Parquet options), the least build (`bench/least_build.py`: the floor
+plus what the contract adds, the input's and every rank file's sha256 and fsync, the step
+held whole) and the rank-bounded build (`--stream-above 0`), each a process of its own
+(wall, CPU and peak RSS from `os.wait4`), all with the allocator settings a build gives
+Polars; then one profiled build
 in a child of its own that records each stage's wall and CPU seconds (`run_step`'s
 reporter) and per rank the gather of its lists (`SpilledRows.rows`), the Parquet write
 (`writer.write_parquet`) and the seal (hash, fsync, footer), each call's wall and thread CPU
-seconds. The ratios to watch: build/floor as the step grows, and which stage grows faster
-than the step.
+seconds. The ratios to watch: build/floor as the step grows, least/floor (no build is
+faster than the least one), and which stage grows faster than the step.
 
     python bench/stage_profile.py bench/out/inputs/non-compact-32768-950 \\
         bench/out/inputs/non-compact-131072-950 bench/out/inputs/non-compact-409600-950
@@ -163,10 +166,14 @@ def reporting_order(order: int | None) -> Iterator[None]:
 
 def measure(args: argparse.Namespace, argv: list[str] | None) -> int:
     from pipeline.io.writer import PARQUET_OPTIONS
+    from pipeline.speed import ALLOCATOR_CONF, ALLOCATOR_ENV
 
     load_before = os.getloadavg()
     args.work.mkdir(parents=True, exist_ok=True)
     env = {
+        # the floor and the least build read and write with a build's allocator settings
+        # (unless the user set their own), as `bench/run.py` runs the floor
+        ALLOCATOR_ENV: ALLOCATOR_CONF,
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "BENCH_PARQUET_OPTIONS": json.dumps(PARQUET_OPTIONS),
@@ -186,7 +193,11 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> int:
     for step in args.steps:
         # the builds after each floor run: their --stream-above (MiB)
         builds = {"build": 0, **({"in_memory": HELD_MIB} if args.in_memory else {})}
-        runs: dict[str, list[dict[str, float]]] = {"floor": [], **{name: [] for name in builds}}
+        runs: dict[str, list[dict[str, float]]] = {
+            "floor": [],
+            "least": [],
+            **{name: [] for name in builds},
+        }
         out = args.work / "out"
         for _ in range(args.rounds):  # alternated, floor first
             floor = timed(
@@ -202,7 +213,14 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> int:
                 inputs=step,
             )
             (args.work / "floor.parquet").unlink(missing_ok=True)
-            done = [("floor", floor)]
+            least = timed(
+                [PYTHON, HERE / "least_build.py", step / "step=0.parquet", out, args.dp_size],
+                args.work / "least.log",
+                env=env,
+                inputs=step,
+            )
+            shutil.rmtree(out, ignore_errors=True)
+            done = [("floor", floor), ("least", least)]
             for name, stream_above_mib in builds.items():
                 command = build_command(step, out, stream_above_mib)
                 done.append((name, timed(command, args.work / f"{name}.log", env=env, inputs=step)))
@@ -223,6 +241,8 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> int:
                 "input_mib": round((step / "step=0.parquet").stat().st_size / 2**20, 1),
                 "runs": runs,
                 "build_over_floor_best_wall": round(best["build"] / best["floor"], 3),
+                "least_over_floor_best_wall": round(best["least"] / best["floor"], 3),
+                "build_over_least_best_wall": round(best["build"] / best["least"], 3),
                 "build_over_floor_peak_rss": round(rss["build"] / rss["floor"], 3),
                 **(
                     {"in_memory_over_floor_best_wall": round(best["in_memory"] / best["floor"], 3)}
