@@ -38,7 +38,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -259,8 +258,6 @@ def measure(args: argparse.Namespace, argv: list[str] | None) -> int:
         {
             "machine": f"{os.cpu_count()} cores, shared",
             "page_reporting": reporting_settings(),
-            # the floor and the build decode with these: a release moves both
-            "versions": {name: metadata.version(name) for name in ("polars", "pyarrow")},
         },
         load_before,
         dp_size=args.dp_size,
