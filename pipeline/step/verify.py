@@ -18,6 +18,7 @@ from pipeline.errors import StepError, Violation, first_line
 from pipeline.io import writer
 from pipeline.io.checksums import sha256_of
 from pipeline.manifest import Manifest
+from pipeline.speed import thread_pool, write_threads
 
 ROWS_SHOWN = 10
 SPLIT_STEPS = "train_steps"
@@ -67,14 +68,17 @@ def rank_file_problems(
     off: the writer computed it from the bytes it wrote; `footers`, what `footer_rows`
     gave for files the writer read back already)."""
     recorded = {output.path: output for output in manifest.outputs}
+    names = rank_files(manifest)
+    present = [name for name in names if name in recorded and (folder / name).is_file()]
+    digests = sha256_of_files(folder, present) if hash_files else {}
     problems = []
-    for name in rank_files(manifest):
+    for name in names:
         path = folder / name
         if name not in recorded:
             problems.append((name, "not in the manifest"))
-        elif not path.is_file():
+        elif name not in present:
             problems.append((name, "missing"))
-        elif hash_files and sha256_of(path) != recorded[name].sha256:
+        elif hash_files and digests[name] != recorded[name].sha256:
             problems.append((name, "sha256 differs from the manifest"))
         else:
             count = footers[name] if footers and name in footers else footer_rows(path)
@@ -83,6 +87,13 @@ def rank_file_problems(
             elif count != recorded[name].rows:
                 problems.append((name, f"{count} rows, manifest says {recorded[name].rows}"))
     return problems
+
+
+def sha256_of_files(folder: Path, names: Sequence[str]) -> dict[str, str]:
+    """The sha256 of each named file of `folder`, by name: hashed on the threads that seal
+    written files (`speed.write_threads`), as hashlib lets go of the GIL while it hashes."""
+    with thread_pool(max(1, write_threads()[1])) as pool:
+        return dict(zip(names, pool.map(lambda name: sha256_of(folder / name), names), strict=True))
 
 
 def split_rollouts(manifest: Manifest, folder: Path) -> pl.DataFrame:
